@@ -1,0 +1,58 @@
+"""Scaled dot-product attention with grouped key/value heads.
+
+Each of `heads` query heads attends over the keys and values of head `h // (heads / kv_heads)`:
+multi-head attention when `kv_heads == heads`, grouped-query when fewer, multi-query when one.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import KVCache
+from .norms import RMSNorm
+from .rope import RoPE
+
+
+class Attention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim) + causal mask) v, projected back to the model width."""
+
+    def __init__(
+        self,
+        dims: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        rope: RoPE | None = None,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm_eps: float | None = None,
+    ):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(dims, heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(heads * head_dim, dims, bias=out_bias)
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        self.rope = rope
+        self.scale = head_dim**-0.5
+
+    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+        batch, tokens, _ = x.shape
+        q = self.q_proj(x).reshape(batch, tokens, self.heads, self.head_dim)
+        k = self.k_proj(x).reshape(batch, tokens, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(batch, tokens, self.kv_heads, self.head_dim)
+        if "q_norm" in self:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        if self.rope is not None:
+            offset = cache.offset if cache is not None else 0
+            q, k = self.rope(q, offset), self.rope(k, offset)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal" if tokens > 1 else None)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
+
+    def make_cache(self) -> KVCache:
+        return KVCache()

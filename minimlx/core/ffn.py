@@ -1,0 +1,39 @@
+"""Position-wise feed-forward networks: widen, apply a non-linearity, project back."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+ACTIVATIONS = {
+    "gelu": nn.gelu,
+    "gelu_new": nn.gelu_approx,
+    "gelu_pytorch_tanh": nn.gelu_approx,
+    "gelu_tanh": nn.gelu_approx,
+    "relu": nn.relu,
+    "silu": nn.silu,
+}
+
+
+class MLP(nn.Module):
+    """down(act(up(x))): the two-matrix FFN of GPT-2 (GELU, exact or tanh-approximated)."""
+
+    def __init__(self, dims: int, hidden_dims: int, activation: str = "gelu", bias: bool = True):
+        super().__init__()
+        self.up_proj = nn.Linear(dims, hidden_dims, bias=bias)
+        self.down_proj = nn.Linear(hidden_dims, dims, bias=bias)
+        self.activation = ACTIVATIONS[activation]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(self.activation(self.up_proj(x)))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)): the gated FFN of LLaMA, Qwen and DeepSeek."""
+
+    def __init__(self, dims: int, hidden_dims: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(dims, hidden_dims, bias=bias)
+        self.up_proj = nn.Linear(dims, hidden_dims, bias=bias)
+        self.down_proj = nn.Linear(hidden_dims, dims, bias=bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,30 @@
+"""Normalisations: rescale each token's vector before a sub-layer reads it."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight: no centring, no bias (LLaMA, Qwen, DeepSeek)."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """(x - mean) / std * weight + bias (GPT-2)."""
+
+    def __init__(self, dims: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        if bias:
+            self.bias = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.layer_norm(x, self.weight, self.get("bias"), self.eps)

@@ -1,0 +1,100 @@
+"""Rotary position embedding: rotate pairs of query/key features by position-dependent angles.
+
+Pair i of a head turns by `position * inv_freq[i]` with `inv_freq[i] = base ** (-2i / dims)`.
+Scalings change `inv_freq` (and, for yarn, the size of the result) to stretch the context:
+
+- `linear`: every frequency divided by `factor`.
+- `llama3`: low frequencies divided by `factor`, high ones kept, a smooth blend between.
+- `yarn`: the same idea with a linear ramp over rotation counts, plus an attention temperature.
+
+`traditional=True` rotates adjacent pairs (x0, x1), (x2, x3)... (the layout GGUF files use);
+the default rotates the two halves of the head against each other (Hugging Face's rotate-half).
+"""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def _llama3_inv_freq(inv_freq: mx.array, scaling: dict, max_positions: int) -> mx.array:
+    factor = scaling["factor"]
+    low_freq_factor = scaling.get("low_freq_factor", 1.0)
+    high_freq_factor = scaling.get("high_freq_factor", 4.0)
+    old_context = scaling.get("original_max_position_embeddings", max_positions)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = mx.where(wavelen > old_context / low_freq_factor, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_context / high_freq_factor) & (wavelen <= old_context / low_freq_factor)
+    return mx.where(medium, smoothed, scaled)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """Yarn's attention temperature: 0.1 * mscale * ln(factor) + 1 (1 when not stretching)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(dims: int, base: float, scaling: dict, max_positions: int) -> tuple[mx.array, float]:
+    factor = scaling["factor"]
+    original = scaling.get("original_max_position_embeddings") or max_positions
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    if low == high:
+        high += 0.001
+    ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / (high - low), 0, 1)
+    extrapolate = 1 - ramp
+    inv_freq = base ** (-mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(factor)
+    return inv_freq, attention_factor
+
+
+class RoPE(nn.Module):
+    """Rotates the first `dims` features of each head; `scaling` is a Hugging Face `rope_scaling` dict."""
+
+    def __init__(
+        self,
+        dims: int,
+        base: float = 10000.0,
+        scaling: dict | None = None,
+        max_positions: int = 2048,
+        traditional: bool = False,
+    ):
+        super().__init__()
+        self.dims = dims
+        self.traditional = traditional
+        self.output_scale = 1.0
+        kind = (scaling or {}).get("rope_type", "default")
+        inv_freq = base ** (-mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        if kind == "linear":
+            inv_freq = inv_freq / scaling["factor"]
+        elif kind == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, scaling, max_positions)
+        elif kind == "yarn":
+            inv_freq, self.output_scale = _yarn_inv_freq(dims, base, scaling, max_positions)
+        elif kind != "default":
+            raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn")
+        self._wavelengths = 1.0 / inv_freq
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        """x: (batch, heads, tokens, head_dim), tokens starting at position `offset`."""
+        y = mx.fast.rope(
+            x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
+        )
+        return y * self.output_scale if self.output_scale != 1.0 else y

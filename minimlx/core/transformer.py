@@ -1,0 +1,59 @@
+"""The one loop every architecture runs: embed (+ positions) -> blocks -> final norm -> head."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .recorder import Recorder
+
+
+class Transformer(nn.Module):
+    """A decoder-only language model assembled from core parts by an architecture plugin.
+
+    `head=None` ties the output projection to the token embedding (its transpose scores tokens).
+    `positions` is a learned position embedding (GPT-2); rotary models leave it None.
+    """
+
+    def __init__(
+        self,
+        embed: nn.Module,
+        layers: list[nn.Module],
+        norm: nn.Module,
+        head: nn.Module | None = None,
+        positions: nn.Module | None = None,
+    ):
+        super().__init__()
+        self.embed = embed
+        if positions is not None:
+            self.positions = positions
+        self.layers = layers
+        self.norm = norm
+        if head is not None:
+            self.head = head
+
+    @property
+    def tied_head(self) -> bool:
+        return "head" not in self
+
+    def __call__(self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None) -> mx.array:
+        """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given."""
+        x = self.embed(ids)
+        if "positions" in self:
+            start = cache[0].offset if cache is not None else 0
+            x = x + self.positions(mx.arange(start, start + ids.shape[1]))
+        if recorder is not None:
+            recorder(embed=x)
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                cache[i] if cache is not None else None,
+                recorder.scope(f"layers.{i}.") if recorder is not None else None,
+            )
+        x = self.norm(x)
+        logits = self.embed.as_linear(x) if self.tied_head else self.head(x)
+        if recorder is not None:
+            recorder(final_norm=x, logits=logits)
+        return logits
+
+    def make_cache(self) -> list:
+        """One cache per layer, of the kind that layer's attention needs."""
+        return [layer.attn.make_cache() for layer in self.layers]

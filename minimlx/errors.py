@@ -1,0 +1,25 @@
+"""One exception type per user-facing failure family.
+
+Every message says what went wrong and what to do about it; the CLI prints it as one line
+and exits with status 2.
+"""
+
+
+class MinimlxError(Exception):
+    """A problem with what the user asked for (not a bug in minimlx)."""
+
+
+class ModelNotFoundError(MinimlxError):
+    """The named model (folder, file, repo id or short name) could not be found."""
+
+
+class UnsupportedArchitectureError(MinimlxError):
+    """The checkpoint's `model_type` (or GGUF architecture) has no registered plugin."""
+
+
+class CheckpointError(MinimlxError):
+    """The checkpoint's files disagree with its config: missing, unexpected or misshapen tensors, unreadable files."""
+
+
+class InvalidSettingError(MinimlxError):
+    """A setting is out of range (sampling parameters, dtype, device, prompt length)."""

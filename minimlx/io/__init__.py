@@ -1,0 +1,1 @@
+"""Reading checkpoints: Hugging Face folders, config layouts, tensor names."""

@@ -1,0 +1,60 @@
+"""Small random reference models built with transformers, and the helpers the parity tests share."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def require(module: str):
+    """Import a reference package; in CI a missing reference is a failure, elsewhere a skip."""
+    if os.environ.get("CI"):
+        return __import__(module)
+    return pytest.importorskip(module)
+
+
+def save_reference(folder: Path, config_class: str, seed: int = 0, **config):
+    """Build a seeded random transformers model from `config`, save it to `folder`, return the torch model."""
+    torch = require("torch")
+    transformers = require("transformers")
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_class)(**config)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():  # transformers initialises some weights (norms, biases) to constants: randomise all
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] == config.get("hidden_size", 0) else 0.0))
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def reference_logits(model, ids: np.ndarray) -> np.ndarray:
+    torch = require("torch")
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+def relative_error(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def to_v4_layout(folder: Path) -> None:
+    """Rewrite `config.json` the way transformers 4 wrote it: rope_theta + rope_scaling, torch_dtype."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    rope = config.pop("rope_parameters", None)
+    if rope:
+        rope = dict(rope)
+        config["rope_theta"] = rope.pop("rope_theta")
+        config["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+    if "dtype" in config:
+        config["torch_dtype"] = config.pop("dtype")
+    if config.get("model_type") == "gpt2":
+        config["n_ctx"] = config["n_positions"]
+    path.write_text(json.dumps(config))
+
+
+def random_ids(vocab: int, batch: int = 2, tokens: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=(batch, tokens))
