@@ -1,0 +1,103 @@
+"""The tokenizer generation uses: a `tokenizers.Tokenizer` plus special ids, the chat template and streaming."""
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as Backend
+from tokenizers import processors
+
+from ..errors import CheckpointError, InvalidSettingError
+from .chat import render_chat
+from .detokenizer import ByteDetokenizer, RedecodingDetokenizer, byte_table
+from .gguf_vocab import read_vocab
+
+
+class Tokenizer:
+    def __init__(self, backend: Backend, bos_token: str | None, eos_token: str | None,
+                 eos_token_ids: set[int], chat_template: str | None):
+        self.backend = backend
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
+        named_eos = {backend.token_to_id(eos_token)} if eos_token else set()
+        self.eos_token_ids = {token_id for token_id in named_eos | set(eos_token_ids) if token_id is not None}
+        self.chat_template = chat_template
+        self._byte_tables = {}
+
+    @classmethod
+    def from_folder(cls, path) -> "Tokenizer":
+        """From tokenizer.json plus tokenizer_config.json, chat_template.jinja, generation_config.json when present."""
+        folder = Path(path)
+        if not (folder / "tokenizer.json").is_file():
+            raise CheckpointError(
+                f"{folder} has no tokenizer.json; copy it from the model's Hugging Face repository into the folder"
+            )
+        backend = Backend.from_file(str(folder / "tokenizer.json"))
+        config = _read_json(folder / "tokenizer_config.json")
+        bos_token, eos_token = _content(config.get("bos_token")), _content(config.get("eos_token"))
+        # Like transformers: explicit add_bos/add_eos flags (or no post-processor at all) replace tokenizer.json's.
+        if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
+            add_special_tokens(backend, bos_token if config.get("add_bos_token") else None,
+                               eos_token if config.get("add_eos_token") else None)
+        generation_eos = _read_json(folder / "generation_config.json").get("eos_token_id", [])
+        template_file = folder / "chat_template.jinja"
+        chat_template = template_file.read_text() if template_file.is_file() else config.get("chat_template")
+        if isinstance(chat_template, list):  # several named templates: generation uses the default one
+            chat_template = {entry["name"]: entry["template"] for entry in chat_template}.get("default")
+        eos_ids = set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
+        return cls(backend, bos_token, eos_token, eos_ids, chat_template)
+
+    @classmethod
+    def from_gguf(cls, metadata: dict) -> "Tokenizer":
+        """From a GGUF file's metadata, as `mx.load(path, return_metadata=True)[1]` returns it."""
+        vocab = read_vocab(metadata)
+        add_special_tokens(vocab.backend, vocab.bos_token if vocab.add_bos_token else None,
+                           vocab.eos_token if vocab.add_eos_token else None)
+        return cls(vocab.backend, vocab.bos_token, vocab.eos_token, vocab.end_token_ids, vocab.chat_template)
+
+    @property
+    def vocab_size(self) -> int:
+        """How many ids the tokenizer knows, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise InvalidSettingError(
+                "This model has no chat template; pass --no-chat-template to send the prompt as raw text"
+            )
+        special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        return render_chat(self.chat_template, messages, add_generation_prompt,
+                           **{name: token for name, token in special.items() if token})
+
+    def detokenizer(self, skip_special_tokens: bool = False):
+        """A streaming decoder: `add(token_id)` returns the text that token completes, `finalize()` the rest."""
+        if skip_special_tokens not in self._byte_tables:
+            self._byte_tables[skip_special_tokens] = byte_table(self.backend, skip_special_tokens)
+        table = self._byte_tables[skip_special_tokens]
+        if table is None:
+            return RedecodingDetokenizer(self.backend, skip_special_tokens)
+        return ByteDetokenizer(*table)
+
+
+def add_special_tokens(backend: Backend, bos_token: str | None, eos_token: str | None) -> None:
+    """Make `encode(..., add_special_tokens=True)` put `bos_token` first and `eos_token` last (either may be None)."""
+    single = " ".join([f"{bos_token}:0"] * bool(bos_token) + ["$A:0"] + [f"{eos_token}:0"] * bool(eos_token))
+    pair = " ".join([single] + [f"{bos_token}:1"] * bool(bos_token) + ["$B:1"] + [f"{eos_token}:1"] * bool(eos_token))
+    named = dict.fromkeys(token for token in (bos_token, eos_token) if token)
+    backend.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(token, backend.token_to_id(token)) for token in named]
+    )
+
+
+def _content(token) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict with `content`."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
