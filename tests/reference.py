@@ -15,8 +15,11 @@ def require(module: str):
     return pytest.importorskip(module)
 
 
-def save_reference(folder: Path, config_class: str, seed: int = 0, **config):
-    """Build a seeded random transformers model from `config`, save it to `folder`, return the torch model."""
+def save_reference(folder: Path, config_class: str, seed: int = 0, random_buffers: tuple = (), **config):
+    """Build a seeded random transformers model from `config`, save it to `folder`, return the torch model.
+
+    Buffers whose names end with one of `random_buffers` (e.g. a router's correction bias) are randomised too.
+    """
     torch = require("torch")
     transformers = require("transformers")
     torch.manual_seed(seed)
@@ -25,6 +28,9 @@ def save_reference(folder: Path, config_class: str, seed: int = 0, **config):
     with torch.no_grad():  # transformers initialises some weights (norms, biases) to constants: randomise all
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] == config.get("hidden_size", 0) else 0.0))
+        for name, b in model.named_buffers():
+            if name.endswith(tuple(random_buffers)):
+                b.copy_(torch.randn_like(b) * 0.2)
     model.save_pretrained(folder, safe_serialization=True)
     return model
 

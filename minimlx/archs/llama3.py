@@ -16,6 +16,9 @@ from .registry import register
 HF_NAMES = [
     (r"^model\.embed_tokens\.", "embed."),
     (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
+    # a mixture of experts' router (its experts are stacked by `core.stack_experts`)
+    (r"^model\.layers\.(\d+)\.mlp\.gate\.weight$", r"layers.\1.ffn.router.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$", r"layers.\1.ffn.router.score_bias"),
     (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.ffn."),
     (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
     (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
@@ -27,6 +30,17 @@ HF_NAMES = [
 @register("llama")
 @dataclass
 class Llama3Config:
+    # A tiny model of this family in config.json form; `minimlx archs` builds it (lazily) to list the parts.
+    example_config = {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+
     vocab_size: int
     dims: int
     layers: int
@@ -73,11 +87,14 @@ class Llama3Config:
     def ffn(self, layer: int) -> nn.Module:
         return SwiGLU(self.dims, self.ffn_dims, bias=self.mlp_bias)
 
+    def block(self, layer: int) -> Block:
+        """Pre-norm wiring: RMSNorm before attention and before the FFN."""
+        return Block(
+            self.attention(), self.ffn(layer), RMSNorm(self.dims, self.norm_eps), RMSNorm(self.dims, self.norm_eps)
+        )
+
     def build(self) -> Transformer:
-        blocks = [
-            Block(self.attention(), self.ffn(i), RMSNorm(self.dims, self.norm_eps), RMSNorm(self.dims, self.norm_eps))
-            for i in range(self.layers)
-        ]
+        blocks = [self.block(i) for i in range(self.layers)]
         head = None if self.tied_head else nn.Linear(self.dims, self.vocab_size, bias=False)
         return Transformer(nn.Embedding(self.vocab_size, self.dims), blocks, RMSNorm(self.dims, self.norm_eps), head)
 

@@ -1,8 +1,14 @@
-"""Qwen3: LLaMA's block with an RMSNorm on each query and key head before RoPE."""
+"""Qwen3: LLaMA's block with an RMSNorm on each query and key head before RoPE.
 
-from dataclasses import dataclass
+Qwen3-MoE swaps the FFN of every `decoder_sparse_step`-th layer (except `mlp_only_layers`) for a
+mixture of experts: softmax router, top `num_experts_per_tok`, optionally renormalised, no shared expert.
+"""
 
-from ..core import Attention
+from dataclasses import dataclass, replace
+
+import mlx.nn as nn
+
+from ..core import Attention, Experts, MoE, Router, is_moe_layer, stack_experts
 from ..io.config import normalize_config
 from .llama3 import Llama3Config
 from .registry import register
@@ -23,3 +29,46 @@ class Qwen3Config(Llama3Config):
         return Attention(
             self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, qk_norm_eps=self.norm_eps
         )
+
+
+@register("qwen3_moe")
+@dataclass
+class Qwen3MoeConfig(Qwen3Config):
+    example_config = {
+        **Qwen3Config.example_config,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "mlp_only_layers": [0],
+    }
+
+    num_experts: int = 0
+    experts_per_token: int = 1
+    moe_ffn_dims: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple = ()
+
+    @classmethod
+    def from_config(cls, config: dict):
+        c = normalize_config(config)
+        return replace(
+            super().from_config(c),
+            num_experts=c.get("num_experts", c.get("num_local_experts", 0)),
+            experts_per_token=c["num_experts_per_tok"],
+            moe_ffn_dims=c["moe_intermediate_size"],
+            norm_topk_prob=c.get("norm_topk_prob", False),
+            decoder_sparse_step=c.get("decoder_sparse_step") or 1,
+            mlp_only_layers=tuple(c.get("mlp_only_layers") or ()),
+        )
+
+    def ffn(self, layer: int) -> nn.Module:
+        step = self.decoder_sparse_step
+        if self.num_experts == 0 or not is_moe_layer(layer, every=step, phase=step - 1, dense=self.mlp_only_layers):
+            return super().ffn(layer)
+        router = Router(self.dims, self.num_experts, self.experts_per_token, "softmax", self.norm_topk_prob)
+        return MoE(router, Experts(self.dims, self.moe_ffn_dims, self.num_experts))
+
+    def convert_weights(self, weights: dict) -> dict:
+        return stack_experts(super().convert_weights(weights))

@@ -51,3 +51,14 @@ class KVCache(GrowingBuffer):
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         keys, values = self.append(keys, values)
         return keys, values
+
+
+class LatentCache(GrowingBuffer):
+    """Latent attention's cache, (batch, 1, tokens, latent_dims + rope_dims) for one layer.
+
+    Per token it keeps the normed key/value latent and the rotated key part shared by all heads,
+    side by side: what the keys and values of every head are recomputed from.
+    """
+
+    def update(self, latent_keys: mx.array) -> mx.array:
+        return self.append(latent_keys)[0]

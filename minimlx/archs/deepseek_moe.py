@@ -1,0 +1,166 @@
+"""DeepSeek-V2 / V2-Lite / V3 and Kimi K2: latent attention and a mixture of experts with shared experts.
+
+Blocks: RMSNorm -> multi-head latent attention (RoPE, usually yarn-scaled, on a `qk_rope_head_dim`
+slice of each head; interleaved pairs) -> RMSNorm -> a SwiGLU FFN for the first
+`first_k_dense_replace` layers, then a mixture of experts. Routing (`topk_method`):
+- `greedy` (V2-Lite): softmax scores, the top `num_experts_per_tok`;
+- `group_limited_greedy` (V2): the same within the `topk_group` groups holding the highest scores;
+- `noaux_tc` (V3, Kimi K2): sigmoid scores plus a correction bias pick the `topk_group` groups
+  (ranked by their two best) and the experts; the chosen weights are renormalised and scaled.
+Checkpoint layers past `num_hidden_layers` (V3's multi-token-prediction module) are not loaded.
+"""
+
+import re
+from dataclasses import dataclass, replace
+
+import mlx.nn as nn
+
+from ..core import Experts, LatentAttention, MoE, RoPE, Router, SwiGLU, is_moe_layer, stack_experts
+from ..core.rope import yarn_mscale
+from ..errors import UnsupportedArchitectureError
+from ..io.config import normalize_config
+from ..io.names import rename
+from .llama3 import Llama3Config
+from .registry import register
+
+LATENT_ATTENTION_NAMES = [
+    (r"\.q_a_layernorm\.", ".q_a_norm."),
+    (r"\.kv_a_proj_with_mqa\.", ".kv_a_proj."),
+    (r"\.kv_a_layernorm\.", ".kv_a_norm."),
+]
+LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
+@register("deepseek_v2")
+@dataclass
+class DeepseekV2Config(Llama3Config):
+    example_config = {
+        **Llama3Config.example_config,
+        "model_type": "deepseek_v2",
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 8,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "first_k_dense_replace": 1,
+    }
+
+    q_lora_rank: int | None = None
+    latent_dims: int = 512
+    nope_dims: int = 128
+    rope_dims: int = 64
+    value_dims: int = 128
+    rope_interleave: bool = True
+    num_experts: int = 0
+    experts_per_token: int = 1
+    moe_ffn_dims: int = 0
+    shared_ffn_dims: int = 0
+    scoring: str = "softmax"
+    topk_method: str = "greedy"
+    norm_topk_prob: bool = False
+    groups: int = 1
+    groups_kept: int = 1
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
+
+    @classmethod
+    def from_config(cls, config: dict):
+        c = normalize_config(config)
+        c.setdefault("rms_norm_eps", 1e-6)
+        return replace(
+            super().from_config(c),
+            q_lora_rank=c.get("q_lora_rank"),
+            latent_dims=c["kv_lora_rank"],
+            nope_dims=c["qk_nope_head_dim"],
+            rope_dims=c["qk_rope_head_dim"],
+            value_dims=c["v_head_dim"],
+            rope_interleave=c.get("rope_interleave", True),
+            num_experts=c.get("n_routed_experts") or 0,
+            experts_per_token=c.get("num_experts_per_tok") or 1,
+            moe_ffn_dims=c.get("moe_intermediate_size") or 0,
+            shared_ffn_dims=(c.get("moe_intermediate_size") or 0) * (c.get("n_shared_experts") or 0),
+            scoring=c.get("scoring_func") or cls.scoring,
+            topk_method=c.get("topk_method") or cls.topk_method,
+            norm_topk_prob=c.get("norm_topk_prob", cls.norm_topk_prob),
+            groups=c.get("n_group") or 1,
+            groups_kept=c.get("topk_group") or 1,
+            routed_scaling_factor=c.get("routed_scaling_factor", 1.0),
+            first_k_dense_replace=c.get("first_k_dense_replace") or 0,
+            moe_layer_freq=c.get("moe_layer_freq") or 1,
+        )
+
+    def __post_init__(self):
+        if self.topk_method not in TOPK_METHODS or self.scoring not in ("softmax", "sigmoid"):
+            raise UnsupportedArchitectureError(
+                f"unsupported expert routing (topk_method {self.topk_method!r}, scoring_func {self.scoring!r}) "
+                f"in config.json; minimlx routes with topk_method {', '.join(TOPK_METHODS)} and scoring_func softmax "
+                "or sigmoid (fix config.json, or register a plugin for this model_type)"
+            )
+
+    def rope(self) -> RoPE:
+        return RoPE(self.rope_dims, self.rope_base, self.rope_scaling, self.max_positions, self.rope_interleave)
+
+    def softmax_scale(self) -> float:
+        """1/sqrt(query head size), times yarn's `mscale_all_dim` temperature squared when the rope is stretched."""
+        scale = (self.nope_dims + self.rope_dims) ** -0.5
+        scaling = self.rope_scaling or {}
+        if scaling.get("mscale_all_dim"):
+            scale *= yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
+        return scale
+
+    def attention(self) -> LatentAttention:
+        return LatentAttention(
+            self.dims,
+            self.heads,
+            self.q_lora_rank,
+            self.latent_dims,
+            self.nope_dims,
+            self.rope_dims,
+            self.value_dims,
+            self.rope(),
+            self.softmax_scale(),
+            self.attention_bias,
+        )
+
+    def ffn(self, layer: int) -> nn.Module:
+        if self.num_experts == 0 or not is_moe_layer(layer, self.first_k_dense_replace, self.moe_layer_freq):
+            return super().ffn(layer)
+        limited = self.topk_method != "greedy"
+        router = Router(
+            self.dims,
+            self.num_experts,
+            self.experts_per_token,
+            self.scoring,
+            self.norm_topk_prob,
+            groups=self.groups if limited else 1,
+            groups_kept=self.groups_kept,
+            group_top=2 if self.topk_method == "noaux_tc" else 1,
+            score_bias=self.topk_method == "noaux_tc",
+            scale=self.routed_scaling_factor,
+        )
+        shared = SwiGLU(self.dims, self.shared_ffn_dims, bias=self.mlp_bias) if self.shared_ffn_dims else None
+        return MoE(router, Experts(self.dims, self.moe_ffn_dims, self.num_experts), shared)
+
+    def convert_weights(self, weights: dict) -> dict:
+        kept = {k: v for k, v in weights.items() if not self._beyond_last_layer(k)}
+        return stack_experts(super().convert_weights(rename(kept, LATENT_ATTENTION_NAMES)))
+
+    def _beyond_last_layer(self, name: str) -> bool:
+        match = LAYER_INDEX.match(name)
+        return match is not None and int(match[1]) >= self.layers
+
+
+@register("deepseek_v3", "kimi_k2")
+@dataclass
+class DeepseekV3Config(DeepseekV2Config):
+    example_config = {**DeepseekV2Config.example_config, "model_type": "deepseek_v3", "q_lora_rank": 16, "n_group": 2}
+
+    scoring: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    norm_topk_prob: bool = True

@@ -1,0 +1,92 @@
+"""Multi-head latent attention: keys and values of all heads rebuilt from one small latent per token.
+
+Each token is compressed to a normed latent `c` (`latent_dims` numbers) and a key part `k_rope`
+(`rope_dims` numbers, rotated, shared by all heads). Head h's key is `[W_uk[h] c, k_rope]` and its
+value `W_uv[h] c`, where `kv_b_proj` stacks W_uk and W_uv for all heads; only `[c, k_rope]` is cached.
+
+Prompts expand the latents into full keys and values. A single new token instead moves W_uk to
+the query side (`q_nope . W_uk c = (q_nope W_uk) . c`) and W_uv to the output side, so decoding
+attends over the cached latents directly and never rebuilds the whole context's keys and values.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import LatentCache
+from .norms import RMSNorm
+from .rope import RoPE
+
+
+class LatentAttention(nn.Module):
+    """Queries (nope_dims + rope_dims per head), optionally from a normed low-rank `q_lora_rank` code."""
+
+    def __init__(
+        self,
+        dims: int,
+        heads: int,
+        q_lora_rank: int | None,
+        latent_dims: int,
+        nope_dims: int,
+        rope_dims: int,
+        value_dims: int,
+        rope: RoPE,
+        scale: float,
+        bias: bool = False,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.heads, self.latent_dims = heads, latent_dims
+        self.nope_dims, self.rope_dims, self.value_dims = nope_dims, rope_dims, value_dims
+        query_dims = heads * (nope_dims + rope_dims)
+        if q_lora_rank is None:
+            self.q_proj = nn.Linear(dims, query_dims, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(dims, q_lora_rank, bias=bias)
+            self.q_a_norm = RMSNorm(q_lora_rank, norm_eps)
+            self.q_b_proj = nn.Linear(q_lora_rank, query_dims, bias=False)
+        self.kv_a_proj = nn.Linear(dims, latent_dims + rope_dims, bias=bias)
+        self.kv_a_norm = RMSNorm(latent_dims, norm_eps)
+        self.kv_b_proj = nn.Linear(latent_dims, heads * (nope_dims + value_dims), bias=False)
+        self.o_proj = nn.Linear(heads * value_dims, dims, bias=bias)
+        self.rope = rope
+        self.scale = scale
+
+    def __call__(self, x: mx.array, cache: LatentCache | None = None) -> mx.array:
+        batch, tokens, _ = x.shape
+        q = self.q_proj(x) if "q_proj" in self else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
+        q = q.reshape(batch, tokens, self.heads, -1).transpose(0, 2, 1, 3)
+        q_nope, q_rope = mx.split(q, [self.nope_dims], axis=-1)
+        latent, k_rope = mx.split(self.kv_a_proj(x)[:, None], [self.latent_dims], axis=-1)
+        offset = cache.offset if cache is not None else 0
+        q_rope, k_rope = self.rope(q_rope, offset), self.rope(k_rope, offset)
+        latent_keys = mx.concatenate([self.kv_a_norm(latent), k_rope], axis=-1)  # (batch, 1, tokens, latent + rope)
+        if cache is not None:
+            latent_keys = cache.update(latent_keys)
+        attend = self._absorbed if tokens == 1 else self._expanded
+        out = attend(q_nope, q_rope, latent_keys)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
+
+    def _expanded(self, q_nope, q_rope, latent_keys) -> mx.array:
+        """Full per-head keys and values from the latents, then causal attention."""
+        latent, k_rope = mx.split(latent_keys, [self.latent_dims], axis=-1)
+        batch, _, context, _ = latent.shape
+        kv = self.kv_b_proj(latent).reshape(batch, context, self.heads, -1).transpose(0, 2, 1, 3)
+        k_nope, values = mx.split(kv, [self.nope_dims], axis=-1)
+        keys = mx.concatenate([k_nope, mx.broadcast_to(k_rope, (*k_nope.shape[:-1], self.rope_dims))], axis=-1)
+        queries = mx.concatenate([q_nope, q_rope], axis=-1)
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask="causal")
+
+    def _absorbed(self, q_nope, q_rope, latent_keys) -> mx.array:
+        """Attention in latent space: queries through W_uk, one shared latent 'head', output through W_uv.
+
+        The cached rows serve as keys and, whole (a slice would be copied), as values; the rope
+        part of the result is dropped.
+        """
+        w = self.kv_b_proj.weight.reshape(self.heads, self.nope_dims + self.value_dims, self.latent_dims)
+        w_uk, w_uv = w[:, : self.nope_dims], w[:, self.nope_dims :]
+        queries = mx.concatenate([q_nope @ w_uk, q_rope], axis=-1)  # (batch, heads, 1, latent + rope)
+        out = mx.fast.scaled_dot_product_attention(queries, latent_keys, latent_keys, scale=self.scale)
+        return out[..., : self.latent_dims] @ w_uv.swapaxes(-1, -2)
+
+    def make_cache(self) -> LatentCache:
+        return LatentCache()

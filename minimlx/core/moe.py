@@ -1,0 +1,163 @@
+"""Mixture of experts: a router sends each token to a few of many SwiGLU experts.
+
+The experts' weights are stacked, `(num_experts, out, in)` per projection, and every token's
+chosen experts are applied with `mx.gather_mm`: one gathered matmul per projection for the
+whole batch, however many experts there are. Shared experts, when present, see every token.
+"""
+
+import re
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .ffn import SwiGLU
+
+
+def is_moe_layer(layer: int, first_dense: int = 0, every: int = 1, phase: int = 0, dense: tuple = ()) -> bool:
+    """Whether layer `layer` is a mixture of experts: from `first_dense` on, when `layer % every == phase`,
+    unless listed in `dense` (the other layers keep a dense FFN)."""
+    return layer >= first_dense and layer % every == phase and layer not in dense
+
+
+class Router(nn.Module):
+    """Scores the experts for each token and picks `experts_per_token` of them.
+
+    Scores are a softmax or an element-wise sigmoid of `weight @ x`. With `groups > 1` the experts
+    form equal groups, each ranked by the sum of its `group_top` best scores, and only experts of the
+    `groups_kept` best groups can be chosen. `score_bias` shifts the scores used for choosing only;
+    the weights of the chosen experts are the unshifted scores, renormalised to sum to 1 when
+    `normalize`, then multiplied by `scale`.
+    """
+
+    def __init__(
+        self,
+        dims: int,
+        num_experts: int,
+        experts_per_token: int,
+        scoring: str = "softmax",
+        normalize: bool = False,
+        groups: int = 1,
+        groups_kept: int = 1,
+        group_top: int = 1,
+        score_bias: bool = False,
+        scale: float = 1.0,
+    ):
+        super().__init__()
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unsupported expert scoring {scoring!r}; supported: softmax, sigmoid")
+        self.weight = mx.zeros((num_experts, dims))
+        if score_bias:
+            self.score_bias = mx.zeros((num_experts,))
+        self.experts_per_token = experts_per_token
+        self.scoring, self.normalize, self.scale = scoring, normalize, scale
+        self.groups, self.groups_kept, self.group_top = groups, groups_kept, group_top
+
+    def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """x: (..., dims) -> expert_indices (..., k) int, expert_weights (..., k) float32."""
+        logits = (x @ self.weight.T).astype(mx.float32)
+        scores = mx.sigmoid(logits) if self.scoring == "sigmoid" else mx.softmax(logits, axis=-1)
+        choice = scores + self.score_bias.astype(mx.float32) if "score_bias" in self else scores
+        if self.groups > 1:
+            grouped = choice.reshape(*choice.shape[:-1], self.groups, -1)
+            group_scores = mx.topk(grouped, self.group_top, axis=-1).sum(axis=-1)
+            threshold = mx.topk(group_scores, self.groups_kept, axis=-1).min(axis=-1, keepdims=True)
+            choice = mx.where((group_scores >= threshold)[..., None], grouped, -mx.inf).reshape(choice.shape)
+        k = self.experts_per_token
+        expert_indices = mx.argpartition(-choice, k - 1, axis=-1)[..., :k]
+        expert_weights = mx.take_along_axis(scores, expert_indices, axis=-1)
+        if self.normalize:
+            expert_weights = expert_weights / (expert_weights.sum(axis=-1, keepdims=True) + 1e-20)
+        return expert_indices, expert_weights * self.scale if self.scale != 1.0 else expert_weights
+
+
+class ExpertLinear(nn.Module):
+    """`num_experts` bias-free linear maps in one `(num_experts, out, in)` weight; each row uses its expert's."""
+
+    def __init__(self, in_dims: int, out_dims: int, num_experts: int):
+        super().__init__()
+        self.weight = mx.zeros((num_experts, out_dims, in_dims))
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices)
+
+
+class Experts(nn.Module):
+    """The routed SwiGLU experts: down(silu(gate(x)) * up(x)) with each token's chosen experts' weights.
+
+    For many (token, expert) pairs the pairs are first sorted by expert, so that each expert's
+    weights are read once in a row rather than once per token.
+    """
+
+    sort_from = 64  # (token, expert) pairs
+
+    def __init__(self, dims: int, hidden_dims: int, num_experts: int):
+        super().__init__()
+        self.gate_proj = ExpertLinear(dims, hidden_dims, num_experts)
+        self.up_proj = ExpertLinear(dims, hidden_dims, num_experts)
+        self.down_proj = ExpertLinear(hidden_dims, dims, num_experts)
+
+    def __call__(self, x: mx.array, expert_indices: mx.array) -> mx.array:
+        """x: (..., dims), expert_indices: (..., k) -> each chosen expert's output (..., k, dims)."""
+        rows = mx.expand_dims(x, (-2, -3))  # (..., 1, 1, dims): one 1-row matrix per token
+        indices, sort = expert_indices, expert_indices.size >= self.sort_from
+        if sort:
+            k = expert_indices.shape[-1]
+            order = mx.argsort(expert_indices.flatten())
+            rows, indices = rows.flatten(0, -3)[order // k], expert_indices.flatten()[order]
+        hidden = nn.silu(self.gate_proj(rows, indices, sort)) * self.up_proj(rows, indices, sort)
+        out = self.down_proj(hidden, indices, sort)
+        if sort:
+            out = mx.unflatten(out[mx.argsort(order)], 0, expert_indices.shape)
+        return out.squeeze(-2)
+
+
+class MoE(nn.Module):
+    """sum_k weight_k * expert_k(x) over the routed experts, plus the shared experts' SwiGLU if any."""
+
+    def __init__(self, router: Router, experts: Experts, shared_experts: SwiGLU | None = None):
+        super().__init__()
+        self.router = router
+        self.experts = experts
+        if shared_experts is not None:
+            self.shared_experts = shared_experts
+        self.num_experts = router.weight.shape[0]
+        self.experts_per_token = router.experts_per_token
+
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """(expert_indices, expert_weights), each (..., experts_per_token), for the tokens of x."""
+        return self.router(x)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        expert_indices, expert_weights = self.router(x)
+        out = self.experts(x, expert_indices)
+        out = (out * expert_weights[..., None].astype(out.dtype)).sum(axis=-2)
+        if "shared_experts" in self:
+            out = out + self.shared_experts(x)
+        return out
+
+
+_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+_FUSED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Checkpoint expert tensors -> the stacked `experts.{gate,up,down}_proj.weight` of `Experts`.
+
+    Accepts per-expert tensors `...experts.{e}.{proj}.weight` (what published checkpoints hold),
+    and the fused `...experts.gate_up_proj` (num_experts, 2 * hidden, dims) and
+    `...experts.down_proj` (num_experts, dims, hidden) that transformers 5 keeps in memory.
+    """
+    out, per_expert = {}, {}
+    for name, w in weights.items():
+        if m := _PER_EXPERT.match(name):
+            per_expert.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = w
+        elif m := _FUSED.match(name):
+            if m[2] == "gate_up_proj":
+                out[f"{m[1]}.gate_proj.weight"], out[f"{m[1]}.up_proj.weight"] = mx.split(w, 2, axis=1)
+            else:
+                out[f"{m[1]}.down_proj.weight"] = w
+        else:
+            out[name] = w
+    for name, experts in per_expert.items():
+        out[name] = mx.stack([experts[e] for e in sorted(experts)])
+    return out
