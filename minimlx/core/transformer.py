@@ -49,10 +49,14 @@ class Transformer(nn.Module):
                 recorder.scope(f"layers.{i}.") if recorder is not None else None,
             )
         x = self.norm(x)
-        logits = self.embed.as_linear(x) if self.tied_head else self.head(x)
+        logits = self.unembed(x)
         if recorder is not None:
             recorder(final_norm=x, logits=logits)
         return logits
+
+    def unembed(self, x: mx.array) -> mx.array:
+        """Token scores from final-normed hidden states: the lm_head, or the tied embedding's transpose."""
+        return self.embed.as_linear(x) if self.tied_head else self.head(x)
 
     def make_cache(self) -> list:
         """One cache per layer, of the kind that layer's attention needs."""

@@ -1,0 +1,71 @@
+"""Named activations of one forward pass through the one loop.
+
+The model runs with a `Recorder`; each block hands over `resid_pre`, `attn_out`, `resid_mid`,
+`mlp_out` and `resid_post` (as `layers.{i}.<what>`), the loop adds `embed`, `final_norm` and
+`logits`. For MoE layers the routing decision is recomputed from the recorded `resid_mid`
+(`layers.{i}.expert_indices` / `expert_weights`), so the production path never does that work.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..core import Recorder
+from ..errors import InvalidSettingError
+
+BLOCK_ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
+ROUTING = ("expert_indices", "expert_weights")
+
+
+def activation_names(model: nn.Module) -> list[str]:
+    """Every name `trace` can return for `model`, in the order the forward pass produces them."""
+    names = ["embed"]
+    for i, layer in enumerate(model.layers):
+        names += [f"layers.{i}.{what}" for what in BLOCK_ACTIVATIONS]
+        if hasattr(layer.ffn, "route"):
+            names += [f"layers.{i}.{what}" for what in ROUTING]
+    return names + ["final_norm", "logits"]
+
+
+def _as_batch(ids) -> mx.array:
+    ids = mx.array(ids)
+    return ids[None] if ids.ndim == 1 else ids
+
+
+def trace(model: nn.Module, ids, names: list[str] | None = None) -> dict[str, mx.array]:
+    """Run `model` on `ids` ((batch,) tokens) and return the activations named in `names` (all when None).
+
+    The result is evaluated and ordered as `names`, or as the forward pass produces them.
+    """
+    if names is not None:
+        unknown = sorted(set(names) - set(activation_names(model)))
+        if unknown:
+            raise InvalidSettingError(
+                f"no activation named {unknown[0]!r}; use embed, layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ROUTING)}>, "
+                "final_norm or logits (routing only for MoE layers)"
+            )
+    routed = [
+        i
+        for i, layer in enumerate(model.layers)
+        if hasattr(layer.ffn, "route") and (names is None or any(f"layers.{i}.{w}" in names for w in ROUTING))
+    ]
+    wanted = None if names is None else set(names) | {f"layers.{i}.resid_mid" for i in routed}
+    recorder = Recorder(wanted)
+    model(_as_batch(ids), recorder=recorder)
+    values = recorder.values
+    for i in routed:
+        layer = model.layers[i]
+        indices, weights = layer.ffn.route(layer.ffn_norm(values[f"layers.{i}.resid_mid"]))
+        values[f"layers.{i}.expert_indices"], values[f"layers.{i}.expert_weights"] = indices, weights
+    values = {name: values[name] for name in (activation_names(model) if names is None else names)}
+    mx.eval(values)
+    return values
+
+
+def residual_stream(model: nn.Module, ids) -> mx.array:
+    """The residual stream of one sequence (`ids`: its tokens) after the embedding and after each block.
+
+    Shape (layers + 1, tokens, dims): row 0 is what enters the first block, row i + 1 what leaves block i.
+    """
+    names = ["embed"] + [f"layers.{i}.resid_post" for i in range(len(model.layers))]
+    values = trace(model, ids, names)
+    return mx.stack([values[name][0] for name in names])
