@@ -54,7 +54,7 @@ def trace(model: nn.Module, ids, names: list[str] | None = None) -> dict[str, mx
     values = recorder.values
     for i in routed:
         layer = model.layers[i]
-        indices, weights = layer.ffn.route(layer.ffn_norm(values[f"layers.{i}.resid_mid"]))
+        indices, weights = layer.ffn.route(layer.ffn_input(values[f"layers.{i}.resid_mid"]))
         values[f"layers.{i}.expert_indices"], values[f"layers.{i}.expert_weights"] = indices, weights
     values = {name: values[name] for name in (activation_names(model) if names is None else names)}
     mx.eval(values)

@@ -25,6 +25,9 @@ HF_NAMES = [
 @register("gpt2")
 @dataclass
 class GPT2Config:
+    # A tiny model of this family in config.json form; `minimlx archs` builds it (lazily) to list the parts.
+    example_config = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32}
+
     vocab_size: int = 50257
     dims: int = 768
     layers: int = 12

@@ -3,7 +3,8 @@
 Built-in plugins register with the `@register(...)` decorator when `minimlx.archs` is imported.
 Third-party packages register through the `minimlx.archs` entry-point group: each entry point
 names a module (or object) whose import runs `@register`. Entry points load on the first lookup;
-one that fails to import, or claims a `model_type` already taken, gives a warning and is skipped.
+one that fails to import, or claims a `model_type` already taken, gives a warning naming its
+package and is skipped, so the other architectures keep working.
 """
 
 import warnings
@@ -12,33 +13,51 @@ from importlib.metadata import entry_points
 
 from ..errors import UnsupportedArchitectureError
 
+GROUP = "minimlx.archs"
+
 
 @dataclass(frozen=True)
 class Registration:
     model_type: str
     plugin: type
-    source: str  # "built-in" or the distribution that registered it
+    source: str  # "built-in", or the distribution (pip package) that registered it
 
 
 _registry: dict[str, Registration] = {}
-_current_source = "built-in"
 _entry_points_loaded = False
+
+
+def source_of(plugin: type) -> str:
+    """"built-in" for minimlx's own plugins, else the distribution whose entry point names the plugin's package.
+
+    Found from the plugin's module rather than from load order, so a plugin imported directly before
+    the entry points load is still credited to its package; a module no installed package declares
+    is named as it is.
+    """
+    package = plugin.__module__.split(".")[0]
+    if package == "minimlx":
+        return "built-in"
+    for ep in entry_points(group=GROUP):
+        if ep.module.split(".")[0] == package:
+            return ep.dist.name if ep.dist is not None else ep.value
+    return plugin.__module__
 
 
 def register(*model_types: str):
     """Class decorator: make a plugin config class the handler of `model_types`."""
 
     def decorate(plugin: type) -> type:
+        source = source_of(plugin)
         for model_type in model_types:
             taken = _registry.get(model_type)
             if taken is not None:
                 warnings.warn(
-                    f"{_current_source}: model_type {model_type!r} is already registered by {taken.source} "
-                    f"({taken.plugin.__module__}); keeping that one",
+                    f"{source}: model_type {model_type!r} is already registered by {taken.source} "
+                    f"({taken.plugin.__module__}.{taken.plugin.__name__}); keeping that one",
                     stacklevel=2,
                 )
                 continue
-            _registry[model_type] = Registration(model_type, plugin, _current_source)
+            _registry[model_type] = Registration(model_type, plugin, source)
         return plugin
 
     return decorate
@@ -46,18 +65,16 @@ def register(*model_types: str):
 
 def load_entry_points() -> None:
     """Import the plugins that installed packages declare in the `minimlx.archs` group (once)."""
-    global _entry_points_loaded, _current_source
+    global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in entry_points(group="minimlx.archs"):
-        _current_source = ep.dist.name if ep.dist is not None else ep.value
+    for ep in entry_points(group=GROUP):
         try:
             ep.load()
         except Exception as e:  # a broken plugin must not take the others down
-            warnings.warn(f"minimlx plugin {ep.name!r} from {_current_source} failed to load: {e}", stacklevel=2)
-        finally:
-            _current_source = "built-in"
+            source = ep.dist.name if ep.dist is not None else ep.value
+            warnings.warn(f"{source}: minimlx plugin {ep.name!r} failed to load and is skipped ({e!r})", stacklevel=2)
 
 
 def registrations() -> list[Registration]:

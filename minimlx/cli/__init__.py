@@ -1,6 +1,7 @@
 """The `minimlx` command. Each subcommand lives in its own module of this package."""
 
 import sys
+import warnings
 
 import click
 
@@ -8,14 +9,16 @@ from ..errors import MinimlxError
 
 
 class Group(click.Group):
-    """Turns user errors into one line on stderr and exit status 2, never a traceback."""
+    """Turns user errors into one line on stderr and exit status 2, never a traceback; warnings into one line each."""
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except MinimlxError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *where, **how: click.echo(f"warning: {message}", err=True)
+            try:
+                return super().invoke(ctx)
+            except MinimlxError as e:
+                click.echo(f"error: {e}", err=True)
+                sys.exit(2)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,6 +29,9 @@ def main():
 
 def _add_commands():
     from . import archs  # noqa: F401  (each module registers its command on `main`)
+    from . import anatomy, compare, lens  # noqa: F401
+    from . import bench  # noqa: F401
+    from . import chat, run  # noqa: F401
 
 
 _add_commands()

@@ -13,7 +13,11 @@ from .rope import RoPE
 
 
 class Attention(nn.Module):
-    """softmax(q k^T / sqrt(head_dim) + causal mask) v, projected back to the model width."""
+    """softmax(q k^T / sqrt(head_dim) + causal mask) v, projected back to the model width.
+
+    With `qk_norm_eps`, queries and keys go through an RMSNorm before RoPE: each head on its own,
+    or with `qk_norm_per_head=False` the whole projection (all heads) at once.
+    """
 
     def __init__(
         self,
@@ -25,6 +29,7 @@ class Attention(nn.Module):
         qkv_bias: bool = False,
         out_bias: bool = False,
         qk_norm_eps: float | None = None,
+        qk_norm_per_head: bool = True,
     ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -33,17 +38,21 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * head_dim, dims, bias=out_bias)
         if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.q_norm = RMSNorm(head_dim if qk_norm_per_head else heads * head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim if qk_norm_per_head else kv_heads * head_dim, qk_norm_eps)
+        self.qk_norm_per_head = qk_norm_per_head
         self.rope = rope
         self.scale = head_dim**-0.5
 
     def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
         batch, tokens, _ = x.shape
-        q = self.q_proj(x).reshape(batch, tokens, self.heads, self.head_dim)
-        k = self.k_proj(x).reshape(batch, tokens, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(batch, tokens, self.kv_heads, self.head_dim)
-        if "q_norm" in self:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if "q_norm" in self and not self.qk_norm_per_head:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(batch, tokens, self.heads, self.head_dim)
+        k = k.reshape(batch, tokens, self.kv_heads, self.head_dim)
+        v = v.reshape(batch, tokens, self.kv_heads, self.head_dim)
+        if "q_norm" in self and self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         if self.rope is not None:

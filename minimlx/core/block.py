@@ -14,11 +14,35 @@ class Block(nn.Module):
         self.attn_norm, self.attn = attn_norm, attn
         self.ffn_norm, self.ffn = ffn_norm, ffn
 
+    def attn_branch(self, x: mx.array, cache=None) -> mx.array:
+        return self.attn(self.attn_norm(x), cache)
+
+    def ffn_input(self, x: mx.array) -> mx.array:
+        """What the FFN reads from the residual stream (the routing a trace reports is computed from it)."""
+        return self.ffn_norm(x)
+
+    def ffn_branch(self, x: mx.array) -> mx.array:
+        return self.ffn(self.ffn_input(x))
+
     def __call__(self, x: mx.array, cache=None, recorder: Recorder | None = None) -> mx.array:
-        attn_out = self.attn(self.attn_norm(x), cache)
+        attn_out = self.attn_branch(x, cache)
         mid = x + attn_out
-        mlp_out = self.ffn(self.ffn_norm(mid))
+        mlp_out = self.ffn_branch(mid)
         out = mid + mlp_out
         if recorder is not None:
             recorder(resid_pre=x, attn_out=attn_out, resid_mid=mid, mlp_out=mlp_out, resid_post=out)
         return out
+
+
+class PostNormBlock(Block):
+    """x + attn_norm(attn(x)), then + ffn_norm(ffn(.)): each sub-layer reads the raw residual stream
+    and its output is normalised before it is added (the stream itself is never normalised)."""
+
+    def attn_branch(self, x: mx.array, cache=None) -> mx.array:
+        return self.attn_norm(self.attn(x, cache))
+
+    def ffn_input(self, x: mx.array) -> mx.array:
+        return x
+
+    def ffn_branch(self, x: mx.array) -> mx.array:
+        return self.ffn_norm(self.ffn(x))
