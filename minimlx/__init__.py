@@ -1,7 +1,12 @@
 """minimlx: run transformer language models with MLX and see what happens inside them."""
 
+from . import blas  # noqa: F401, I001  (first: the BLAS must be loaded before mlx.core)
 from .archs import list_archs, register
 from .io.checkpoint import load_model
+from .loading import load
+from .generate import generate, stream_generate
+from .anatomy import ledger, trace
+from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
-__all__ = ["list_archs", "load_model", "register"]
+__all__ = ["generate", "ledger", "lens", "list_archs", "load", "load_model", "register", "stream_generate", "trace"]

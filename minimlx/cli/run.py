@@ -1,0 +1,112 @@
+"""`minimlx run`: answer one prompt, streaming the text as it is generated.
+
+Heavy modules load inside the command, so `minimlx --help` and error messages stay instant and
+the first token comes soon after the process starts.
+"""
+
+import sys
+
+import click
+
+from ..errors import InvalidSettingError, ModelNotFoundError
+from . import main
+
+
+def generation_options(command):
+    """The options `run` and `chat` share: model, device, dtype and sampling."""
+    options = [
+        click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
+        click.option("--max-tokens", default=256, show_default=True, help="Most tokens to generate."),
+        click.option("--temp", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."),
+        click.option("--top-p", default=1.0, show_default=True, help="Keep the most likely tokens holding this mass."),
+        click.option("--top-k", default=0, show_default=True, help="Keep this many most likely tokens; 0 keeps all."),
+        click.option("--min-p", default=0.0, show_default=True, help="Drop tokens below min-p times the top one."),
+        click.option("--repetition-penalty", default=1.0, show_default=True, help="Above 1 discourages repeats."),
+        click.option("--seed", type=int, help="Seed that makes sampling reproducible."),
+        click.option("--system", help="System prompt (through the chat template)."),
+        click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
+            help="Execution dtype; default float32 on the CPU, the file's own on a GPU.",
+        ),
+        click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def sampling(options: dict) -> dict:
+    """stream_generate's settings from the shared options, checked before anything loads."""
+    from ..core.sampling import check_settings
+
+    settings = {
+        "max_tokens": options["max_tokens"],
+        "temperature": options["temp"],
+        "top_p": options["top_p"],
+        "top_k": options["top_k"],
+        "min_p": options["min_p"],
+        "repetition_penalty": options["repetition_penalty"],
+        "seed": options["seed"],
+    }
+    check_settings(*(settings[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")))
+    if settings["max_tokens"] < 1:
+        raise InvalidSettingError(f"--max-tokens must be at least 1, got {settings['max_tokens']}")
+    return settings
+
+
+def open_model(options: dict):
+    """(model, tokenizer) on the chosen device; without --model the smollm2-135m package's GGUF."""
+    import mlx.core as mx
+
+    from ..io.resolve import DEFAULT_MODEL, GET_DEFAULT, short_name_path
+    from ..loading import load
+
+    if options["device"] == "gpu":
+        if not mx.is_available(mx.gpu):
+            raise InvalidSettingError("MLX has no GPU on this machine; use --device cpu")
+        mx.set_default_device(mx.gpu)
+    elif options["device"] == "cpu":
+        mx.set_default_device(mx.cpu)
+    name = options["model"]
+    if name is None:
+        if short_name_path(DEFAULT_MODEL) is None:
+            raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
+        name = DEFAULT_MODEL
+    return load(name, options["dtype"])
+
+
+def print_stats(response) -> None:
+    click.echo(
+        f"prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.1f} tokens/s\n"
+        f"generation: {response.generation_tokens} tokens, {response.generation_tps:.1f} tokens/s "
+        f"({response.finish_reason or 'interrupted'})\n"
+        f"peak memory: {response.peak_memory_gb:.3f} GB",
+        err=True,
+    )
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@generation_options
+@click.option("--no-chat-template", is_flag=True, help="Send the prompt as raw text (completion).")
+def run(prompt, no_chat_template, **options):
+    """Generate an answer to PROMPT ("-" or nothing: read it from stdin)."""
+    settings = sampling(options)
+    if prompt in (None, "-"):
+        if prompt is None and sys.stdin.isatty():
+            raise InvalidSettingError('no prompt; pass one, e.g. minimlx run "Hello", or pipe it in with "-"')
+        prompt = sys.stdin.read().rstrip("\n")  # the newline that echo and heredocs add
+    from ..generate import stream_generate
+
+    model, tokenizer = open_model(options)
+    response = None
+    for response in stream_generate(
+        model, tokenizer, prompt, chat_template=not no_chat_template, system=options["system"], **settings
+    ):
+        sys.stdout.write(response.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if options["stats"] and response is not None:
+        print_stats(response)

