@@ -45,6 +45,9 @@ def read_safetensors(folder: Path) -> dict[str, mx.array]:
     return weights
 
 
+MISMATCH = "the weights and the config disagree: re-download the checkpoint or fix its config"
+
+
 def check_weights(model: nn.Module, weights: dict[str, mx.array], origin: dict[int, str]) -> None:
     """Every parameter present with the config's shape, nothing left over; errors name the tensor."""
     expected = dict(tree_flatten(model.parameters()))
@@ -56,18 +59,18 @@ def check_weights(model: nn.Module, weights: dict[str, mx.array], origin: dict[i
     missing = sorted(set(expected) - set(weights))
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise CheckpointError(f"checkpoint is missing tensor {missing[0]!r}{more}; the files do not match config.json")
+        raise CheckpointError(f"checkpoint is missing tensor {missing[0]!r}{more}; {MISMATCH}")
     unexpected = sorted(set(weights) - set(expected))
     if unexpected:
         more = f" and {len(unexpected) - 1} more" if len(unexpected) > 1 else ""
         raise CheckpointError(
-            f"checkpoint has unexpected tensor {called(unexpected[0])}{more}; the files do not match config.json"
+            f"checkpoint has unexpected tensor {called(unexpected[0])}{more}; {MISMATCH}"
         )
     for name, param in expected.items():
         if tuple(weights[name].shape) != tuple(param.shape):
             raise CheckpointError(
-                f"tensor {called(name)} has shape {tuple(weights[name].shape)} but config.json implies "
-                f"{tuple(param.shape)}; the files do not match config.json"
+                f"tensor {called(name)} has shape {tuple(weights[name].shape)} but the config implies "
+                f"{tuple(param.shape)}; {MISMATCH}"
             )
 
 
