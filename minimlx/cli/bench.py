@@ -1,0 +1,76 @@
+"""`minimlx bench MODEL`: how fast this machine loads a model, reads a prompt and writes tokens."""
+
+import json
+import random
+import resource
+import statistics
+import time
+
+import click
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .. import blas
+from ..core.sampling import make_sampler
+from ..generate import generate_tokens
+from ..loading import default_dtype, load
+from . import main
+
+
+def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int) -> tuple[float, float]:
+    """(seconds to the first token, seconds from the first to the last) of a greedy run of exactly
+    `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it."""
+    tokens = generate_tokens(model, prompt, model.make_cache(), make_sampler(), gen_tokens, prefill_step)
+    start = time.perf_counter()
+    next(tokens)
+    first = time.perf_counter()
+    for _ in tokens:
+        pass
+    return first - start, time.perf_counter() - first
+
+
+@main.command()
+@click.argument("model")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Length of the prompt (random token ids, no chat template).")
+@click.option("--gen-tokens", type=click.IntRange(min=2), default=64, show_default=True,
+              help="Tokens generated per run, end-of-sequence ignored.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Measured runs after one warm-up; the figures are their medians.")
+@click.option("--dtype", default=None, help="Execution dtype: float32, float16, bfloat16 or quantized "
+              "(default: float32 on the CPU, as stored on a GPU).")
+@click.option("--prefill-step", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Prompt tokens per prefill chunk.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_json):
+    """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL."""
+    start = time.perf_counter()
+    net, tokenizer = load(model, dtype)
+    load_s = time.perf_counter() - start
+    rng = random.Random(0)
+    prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(prompt_tokens)]
+    timed_generation(net, prompt, min(gen_tokens, 4), prefill_step)
+    runs = [timed_generation(net, prompt, gen_tokens, prefill_step) for _ in range(repeats)]
+    ttft = statistics.median(first for first, _ in runs)
+    decode = statistics.median(rest for _, rest in runs)
+    weights = tree_flatten(net.parameters())
+    result = {
+        "load_s": load_s,
+        "prefill_tps": prompt_tokens / ttft,
+        "decode_tps": (gen_tokens - 1) / decode,
+        "ttft_s": ttft,
+        "peak_memory_gb": mx.get_peak_memory() / 1e9,
+        "weights_gb": sum(w.nbytes for _, w in weights) / 1e9,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # Linux counts kB
+        "dtype": dtype or default_dtype() or "as stored",
+        "device": str(mx.default_device()),
+        "blas": blas.loaded,
+    }
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    click.echo(f"{model}: {result['dtype']} weights {result['weights_gb']:.3f} GB on {result['device']}, "
+               f"BLAS {blas.loaded or 'as MLX ships it'}")
+    click.echo(f"load {load_s:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
+               f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
+               f"peak memory {result['peak_memory_gb']:.3f} GB (median of {repeats})")

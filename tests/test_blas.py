@@ -1,0 +1,95 @@
+"""The optimized BLAS that minimlx loads under MLX: same results, really used, never a broken import."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minimlx import blas
+
+MATMULS = """
+import json, sys
+import numpy as np
+import minimlx
+import mlx.core as mx
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((96, 512), dtype=np.float32), rng.standard_normal((512, 384), dtype=np.float32)
+with mx.stream(mx.cpu):
+    np.save(sys.argv[1], np.array(mx.array(a) @ mx.array(b)))
+    np.save(sys.argv[2], np.array(mx.array(a[:1]) @ mx.array(b)))
+print(json.dumps(minimlx.blas.loaded))
+"""
+
+
+INSTALLED = [path for path in blas.candidates() if os.path.exists(path)]
+NOT_INSTALLED = pytest.param(None, marks=pytest.mark.skip(reason="no optimized BLAS installed here"))
+
+
+def run_python(code: str, *args, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("MINIMLX_BLAS", "MKL_THREADING_LAYER", "MKL_VERBOSE")}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=environ | env,
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+def optimized_blas() -> str:
+    if not INSTALLED:
+        pytest.skip("no optimized BLAS installed here (pip install mkl, or apt-get install libopenblas0-pthread)")
+    return INSTALLED[0]
+
+
+def matmuls(tmp_path, name: str, **env):
+    gemm, gemv = tmp_path / f"{name}_gemm.npy", tmp_path / f"{name}_gemv.npy"
+    loaded = json.loads(run_python(MATMULS, gemm, gemv, **env).stdout.splitlines()[-1])
+    return loaded, np.load(gemm), np.load(gemv)
+
+
+def test_the_best_blas_found_is_loaded(tmp_path):
+    assert matmuls(tmp_path, "on")[0] == optimized_blas()
+
+
+@pytest.mark.parametrize("library", INSTALLED or [NOT_INSTALLED])
+def test_optimized_blas_gives_the_same_matmuls(tmp_path, library):
+    loaded, gemm, gemv = matmuls(tmp_path, "on", MINIMLX_BLAS=library)
+    assert loaded == library
+    off, gemm_off, gemv_off = matmuls(tmp_path, "off", MINIMLX_BLAS="off")
+    assert off is None
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape, dtype=np.float32).astype(np.float64) for shape in ((96, 512), (512, 384)))
+    for result in (gemm, gemm_off):
+        np.testing.assert_allclose(result, a @ b, rtol=0, atol=1e-3)
+    for result in (gemv, gemv_off):
+        np.testing.assert_allclose(result, a[:1] @ b, rtol=0, atol=1e-3)
+    # A different BLAS sums in a different order: bit-identical results would mean MLX never called it.
+    assert not np.array_equal(gemm, gemm_off)
+
+
+def test_mkl_runs_mlx_matmuls_with_gnu_openmp(tmp_path):
+    mkl = next((path for path in INSTALLED if "libmkl_rt" in path), None)
+    if mkl is None:
+        pytest.skip("MKL is not installed here (pip install mkl)")
+    code = MATMULS + "import os; print(os.environ['MKL_THREADING_LAYER'])"
+    out = run_python(code, tmp_path / "a.npy", tmp_path / "b.npy", MINIMLX_BLAS=mkl, MKL_VERBOSE="1").stdout
+    assert out.splitlines()[-1] == "GNU"
+    assert "gnu_thread" in out
+    assert "SGEMM(T,N,384,96,512" in out or "SGEMM(N,N,384,96,512" in out
+
+
+@pytest.mark.parametrize("setting, warning", [("off", None), ("missing", "does not exist"), ("not_a_library", "could not load")])
+def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
+    (tmp_path / "not_a_library").write_text("not an ELF file")
+    value = setting if setting == "off" else str(tmp_path / setting)
+    process = run_python("import minimlx, mlx.core as mx; print(minimlx.blas.loaded, (mx.ones((2, 3)) @ mx.ones((3, 4))).sum().item())",
+                         MINIMLX_BLAS=value)
+    assert process.stdout.split() == ["None", "24.0"]
+    if warning:
+        assert warning in process.stderr
+    else:
+        assert process.stderr == ""
+
+
+def test_mlx_imported_first_is_left_alone():
+    out = run_python("import mlx.core, minimlx; print(minimlx.blas.loaded)").stdout
+    assert out.split() == ["None"]
