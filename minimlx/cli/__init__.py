@@ -27,11 +27,4 @@ def main():
     """Run transformer language models with MLX and look inside them."""
 
 
-def _add_commands():
-    from . import archs  # noqa: F401  (each module registers its command on `main`)
-    from . import anatomy, compare, lens  # noqa: F401
-    from . import bench  # noqa: F401
-    from . import chat, run  # noqa: F401
-
-
-_add_commands()
+from . import anatomy, archs, bench, chat, compare, lens, run  # noqa: E402, F401  (each adds its command to `main`)
