@@ -76,6 +76,20 @@ def generate_tokens(
         y = next_y
 
 
+def check_generation_settings(
+    max_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+) -> None:
+    """Refuse settings that mean nothing (InvalidSettingError naming the allowed range), before any work."""
+    check_settings(temperature, top_p, top_k, min_p, repetition_penalty)
+    if max_tokens < 1:
+        raise InvalidSettingError(f"max_tokens must be at least 1, got {max_tokens}")
+
+
 def encode_prompt(tokenizer, prompt: str | Sequence[int], chat_template: bool = True, system: str | None = None):
     """Token ids of the prompt: ids pass through; text goes through the chat template when the model has one."""
     if not isinstance(prompt, str):
@@ -122,9 +136,7 @@ def stream_generate(
     Pass a `cache` (from `model.make_cache()`) to continue a conversation: `prompt` then holds only
     the new tokens. The repetition penalty counts the tokens of this prompt and of the answer.
     """
-    check_settings(temperature, top_p, top_k, min_p, repetition_penalty)
-    if max_tokens < 1:
-        raise InvalidSettingError(f"max_tokens must be at least 1, got {max_tokens}")
+    check_generation_settings(max_tokens, temperature, top_p, top_k, min_p, repetition_penalty)
     ids = encode_prompt(tokenizer, prompt, chat_template, system)
     cache = model.make_cache() if cache is None else cache
     context, used = getattr(model.config, "max_positions", None), cache[0].offset if cache else 0

@@ -39,7 +39,7 @@ def generation_options(command):
 
 def sampling(options: dict) -> dict:
     """stream_generate's settings from the shared options, checked before anything loads."""
-    from ..core.sampling import check_settings
+    from ..generate import check_generation_settings
 
     settings = {
         "max_tokens": options["max_tokens"],
@@ -48,12 +48,9 @@ def sampling(options: dict) -> dict:
         "top_k": options["top_k"],
         "min_p": options["min_p"],
         "repetition_penalty": options["repetition_penalty"],
-        "seed": options["seed"],
     }
-    check_settings(*(settings[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")))
-    if settings["max_tokens"] < 1:
-        raise InvalidSettingError(f"--max-tokens must be at least 1, got {settings['max_tokens']}")
-    return settings
+    check_generation_settings(**settings)
+    return {**settings, "seed": options["seed"]}
 
 
 def open_model(options: dict):
