@@ -21,6 +21,14 @@ class Group(click.Group):
                 sys.exit(2)
 
 
+dtype_option = click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
+    help="Execution dtype (default: float32 on the CPU, as stored on a GPU); quantized keeps a GGUF file's 4/8-bit weights.",
+)
+"""The `--dtype` option of every command that loads a model."""
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="minimlx")
 def main():

@@ -14,7 +14,7 @@ from .. import blas
 from ..core.sampling import make_sampler
 from ..generate import generate_tokens
 from ..loading import default_dtype, load
-from . import main
+from . import dtype_option, main
 
 
 def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int) -> tuple[float, float]:
@@ -37,8 +37,7 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
               help="Tokens generated per run, end-of-sequence ignored.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Measured runs after one warm-up; the figures are their medians.")
-@click.option("--dtype", default=None, help="Execution dtype: float32, float16, bfloat16 or quantized "
-              "(default: float32 on the CPU, as stored on a GPU).")
+@dtype_option
 @click.option("--prefill-step", type=click.IntRange(min=1), default=512, show_default=True,
               help="Prompt tokens per prefill chunk.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")

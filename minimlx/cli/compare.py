@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.similarity import compare_word
 from ..loading import load
-from . import main
+from . import dtype_option, main
 
 
 @main.command()
@@ -15,8 +15,7 @@ from . import main
 @click.argument("second")
 @click.option("--word", required=True, help="A word that occurs in both sentences.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
-              help="Compute in this dtype (default: float32 on the CPU, as stored on a GPU).")
+@dtype_option
 def compare(model, first, second, word, as_json, dtype):
     """Cosine similarity of WORD's hidden state in sentence FIRST and in sentence SECOND, per layer."""
     model, tokenizer = load(model, dtype=dtype)

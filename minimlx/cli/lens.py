@@ -7,7 +7,7 @@ import click
 from ..anatomy.lens import LensResult, logit_lens
 from ..errors import InvalidSettingError
 from ..loading import load
-from . import main
+from . import dtype_option, main
 
 
 def grid(result: LensResult, longest: int = 16) -> str:
@@ -62,8 +62,7 @@ def draw(result: LensResult, path: str) -> None:
 @click.option("--top-k", default=5, show_default=True, help="Guesses kept per cell (the grid shows the first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Also draw the grid as a heatmap (needs matplotlib).")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
-              help="Compute in this dtype (default: float32 on the CPU, as stored on a GPU).")
+@dtype_option
 def lens(model, prompt, top_k, as_json, png, dtype):
     """Apply the final norm and lm_head after every block: the logit lens of PROMPT (no chat template)."""
     model, tokenizer = load(model, dtype=dtype)

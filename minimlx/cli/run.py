@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import main
+from . import dtype_option, main
 
 
 def generation_options(command):
@@ -25,11 +25,7 @@ def generation_options(command):
         click.option("--seed", type=int, help="Seed that makes sampling reproducible."),
         click.option("--system", help="System prompt (through the chat template)."),
         click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
-        click.option(
-            "--dtype",
-            type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
-            help="Execution dtype; default float32 on the CPU, the file's own on a GPU.",
-        ),
+        dtype_option,
         click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
     ]
     for option in reversed(options):
