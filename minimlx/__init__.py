@@ -2,8 +2,7 @@
 
 from . import blas  # noqa: F401, I001  (first: the BLAS must be loaded before mlx.core)
 from .archs import list_archs, register
-from .io.checkpoint import load_model
-from .loading import load
+from .loading import load, load_model
 from .generate import generate, stream_generate
 from .anatomy import ledger, trace
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)

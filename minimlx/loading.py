@@ -1,21 +1,93 @@
-"""`minimlx.load`: a model name -> (model, tokenizer), in the execution dtype that suits the device."""
+"""Loading a model: file -> plugin -> lazy model -> checked weights, packed or dequantized.
+
+This is where io (files) and archs (plugins) meet: io reads config and tensors, the registry
+names the plugin, the plugin renames and re-lays its tensors, and `quantization` decides how
+packed weights run. Neither io nor archs imports the other.
+"""
 
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import CheckpointError
-from .io.checkpoint import load_model
-from .io.gguf import load_gguf
+from .archs import build, get_arch, get_gguf_arch
+from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
+from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
+from .io.config import read_config
+from .io.gguf_file import read_gguf
 from .io.resolve import resolve
+from .quantization import dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
+
+DTYPE_CHOICES = ("quantized", *DTYPES)
 
 
 def default_dtype() -> str | None:
     """float32 on the CPU, where MLX's quantized and half-precision matmuls are far slower than BLAS
-    float32 ones; on a GPU, None: weights stay as stored (GGUF quantized, folders in their dtype)."""
+    float32 ones; on a GPU, None: weights stay as stored (quantized stays packed, floats in their dtype)."""
     return "float32" if mx.default_device() == mx.cpu else None
+
+
+def assemble(
+    arch, weights: dict[str, mx.array], dtype: str | None, entry: dict | None = None, origin: dict[int, str] = {}
+) -> nn.Module:
+    """The model of plugin config `arch`, holding `weights` (model names; packed triples where quantized).
+
+    `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
+    floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
+    gathered expert matmuls take float32 only. A float dtype dequantizes every packed weight into it. `entry` is the config's quantization entry, checked against
+    the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
+    emptied as tensors are installed, so that no second copy of the model stays referenced.
+    """
+    if dtype not in (None, *DTYPE_CHOICES):
+        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
+    model = build(arch)
+    spec = packed_modules(model, weights, entry)
+    if dtype in (None, "quantized"):
+        quantize_modules(model, spec)
+        execution = mx.float32 if mx.default_device() == mx.cpu else None
+    else:
+        dequantize_weights(weights, spec)
+        execution = DTYPES[dtype]
+    check_weights(model, weights, origin)
+    install_weights(model, weights, execution)
+    return model
+
+
+def load_model(path: str | Path, dtype: str | None = None) -> nn.Module:
+    """A checkpoint folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not) as a model."""
+    folder = Path(path)
+    if not folder.exists():
+        raise ModelNotFoundError(f"no such model folder: {folder}")
+    config = read_config(folder)
+    arch = get_arch(config.get("model_type")).from_config(config)
+    weights, origin = folder_weights(arch, folder)
+    return assemble(arch, weights, dtype, config.get("quantization") or config.get("quantization_config"), origin)
+
+
+def folder_weights(arch, folder: Path) -> tuple[dict[str, mx.array], dict[int, str]]:
+    """A folder's tensors under the model's names (lazy: nothing is read yet), and their checkpoint names by id.
+
+    Only the returned dict refers to the tensors, so installing them one by one frees each source as it goes.
+    """
+    raw = read_safetensors(folder)
+    return arch.convert_weights(raw), {id(w): name for name, w in raw.items()}
+
+
+def load_gguf(path: str | Path, dtype: str | None = None) -> tuple[nn.Module, dict]:
+    """A GGUF file as a model, and the file's metadata (which also holds the tokenizer).
+
+    `dtype` None or "quantized" keeps the tensor types MLX can run packed (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K)
+    packed and reads the others (llama.cpp's reference dequantizer) as float16; a float dtype reads and
+    dequantizes everything into it.
+    """
+    if dtype not in (None, *DTYPE_CHOICES):
+        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
+    tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
+    reader = get_gguf_arch(metadata.get("general.architecture"))
+    config = reader.gguf_config(metadata, tensors)
+    arch = get_arch(config["model_type"]).from_config(config)
+    return assemble(arch, arch.convert_gguf_weights(tensors, metadata), dtype), metadata
 
 
 def load(path_or_name: str | Path, dtype: str | None = None) -> tuple[nn.Module, Tokenizer]:
@@ -23,7 +95,7 @@ def load(path_or_name: str | Path, dtype: str | None = None) -> tuple[nn.Module,
     (local cache first) or a short name such as `smollm2-135m`.
 
     `dtype`: None picks by device (see `default_dtype`); "float32", "float16" or "bfloat16" casts
-    (dequantizing GGUF tensors); "quantized" keeps a GGUF file's quantized tensors as they are.
+    (dequantizing packed weights); "quantized" keeps packed weights packed.
     """
     path = resolve(path_or_name)
     dtype = dtype or default_dtype()

@@ -47,7 +47,8 @@ def relative_error(a, b) -> float:
 
 
 def to_v4_layout(folder: Path) -> None:
-    """Rewrite `config.json` the way transformers 4 wrote it: rope_theta + rope_scaling, torch_dtype."""
+    """Rewrite `config.json` the way transformers 4 wrote it (and published checkpoints hold it): rope_theta +
+    rope_scaling, torch_dtype, Qwen3-MoE's num_experts."""
     path = folder / "config.json"
     config = json.loads(path.read_text())
     rope = config.pop("rope_parameters", None)
@@ -57,6 +58,8 @@ def to_v4_layout(folder: Path) -> None:
         config["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
     if "dtype" in config:
         config["torch_dtype"] = config.pop("dtype")
+    if "num_local_experts" in config and config.get("model_type") == "qwen3_moe":
+        config["num_experts"] = config.pop("num_local_experts")
     if config.get("model_type") == "gpt2":
         config["n_ctx"] = config["n_positions"]
     path.write_text(json.dumps(config))

@@ -59,7 +59,7 @@ def test_folder_without_config(runner, tmp_path):
 
 def test_gguf_of_an_unsupported_architecture(runner, tmp_path):
     path = write_gguf(tmp_path / "mamba.gguf", "F32", architecture="mamba")
-    one_line_error(runner.invoke(main, ["run", "hi", "--model", str(path)]), "'mamba' is not supported yet")
+    one_line_error(runner.invoke(main, ["run", "hi", "--model", str(path)]), "GGUF architecture 'mamba' has no plugin", "llama")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 from reference import reference_logits, relative_error, require
 
 from minimlx.errors import CheckpointError, UnsupportedArchitectureError
-from minimlx.io.gguf import load_gguf
+from minimlx.loading import load_gguf
 
 CONFIG = dict(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -116,7 +116,7 @@ def test_gguf_kept_quantized(tmp_path, tensor_type, bits):
 
 def test_unsupported_gguf_architecture(tmp_path):
     path = write_gguf(tmp_path / "model.gguf", "F32", architecture="mamba")
-    with pytest.raises(UnsupportedArchitectureError, match="'mamba' is not supported yet"):
+    with pytest.raises(UnsupportedArchitectureError, match="GGUF architecture 'mamba' has no plugin"):
         load_gguf(path)
 
 

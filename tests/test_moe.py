@@ -15,7 +15,7 @@ import pytest
 import minimlx
 from minimlx.core import LatentCache, MoE, SwiGLU
 from minimlx.errors import UnsupportedArchitectureError
-from minimlx.io.checkpoint import build_model
+from minimlx.archs import build_model
 from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 VOCAB = 96
@@ -158,7 +158,7 @@ def test_correction_bias_chooses_experts_but_does_not_weight_them(build):
     moe = minimlx.load_model(folder).layers[2].ffn
     x = mx.random.normal((2, 16, 48), key=mx.random.key(0))
     expert_indices, expert_weights = moe.route(x)
-    chosen = np.take_along_axis(np.array(mx.sigmoid(x @ moe.router.weight.T)), np.array(expert_indices), axis=-1)
+    chosen = np.take_along_axis(np.array(mx.sigmoid(x @ moe.router.proj.weight.T)), np.array(expert_indices), axis=-1)
     np.testing.assert_allclose(np.array(expert_weights), 2.5 * chosen / chosen.sum(-1, keepdims=True), rtol=1e-5)
     moe.router.score_bias = mx.zeros_like(moe.router.score_bias)
     assert not np.array_equal(np.sort(np.array(moe.route(x)[0]), -1), np.sort(np.array(expert_indices), -1))

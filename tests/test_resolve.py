@@ -1,6 +1,8 @@
-"""Model names: a Hugging Face repo id found in the local cache loads with its tokenizer and generates."""
+"""Model names: a Hugging Face repo id found in the local cache loads with its tokenizer and generates; a repo of GGUF
+files gives one, named or alone, and only a named one is downloaded."""
 
 import json
+from fnmatch import fnmatch
 
 import numpy as np
 import pytest
@@ -18,13 +20,23 @@ CONFIG = dict(
 )
 
 
+def cached_repo(cache, repo_id: str, *files: str):
+    """A snapshot of `repo_id` in the Hugging Face cache layout, holding `files` (empty)."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abc")
+    for name in files:
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).touch()
+    return snapshot
+
+
 @pytest.fixture()
 def hub(tmp_path, monkeypatch):
     """A Hugging Face cache holding `org/tiny` (a random llama and a word-level tokenizer), and its torch model."""
-    snapshot = tmp_path / "models--org--tiny" / "snapshots" / "0123abc"
-    snapshot.mkdir(parents=True)
-    (tmp_path / "models--org--tiny" / "refs").mkdir()
-    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("0123abc")
+    snapshot = cached_repo(tmp_path, "org/tiny")
     torch_model = save_reference(snapshot, "LlamaConfig", **CONFIG)
     words = {f"w{i}": i for i in range(VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(words, unk_token="w0"))
@@ -57,3 +69,68 @@ def test_repo_id_missing_from_the_cache(hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the download attempt must fail at once, not wait on a network
     with pytest.raises(ModelNotFoundError, match="neither a folder nor in the Hugging Face cache"):
         resolve("org/absent")
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache, and a hub that has nothing: tests replace what they expect to be called."""
+    huggingface_hub = require("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    for name in ("hf_hub_download", "snapshot_download"):
+        monkeypatch.setattr(huggingface_hub, name, lambda *args, **kwargs: pytest.fail("no download expected"))
+    return tmp_path
+
+
+def test_repo_of_one_gguf_resolves_to_it(cache):
+    snapshot = cached_repo(cache, "org/tiny-GGUF", "tiny.Q4_K_M.gguf", "README.md")
+    assert resolve("org/tiny-GGUF") == snapshot / "tiny.Q4_K_M.gguf"
+
+
+def test_repo_of_several_ggufs_asks_for_one(cache):
+    cached_repo(cache, "org/tiny-GGUF", "tiny.Q8_0.gguf", "tiny.Q4_K_M.gguf")
+    with pytest.raises(ModelNotFoundError, match=r"several GGUF files \(tiny.Q4_K_M.gguf, tiny.Q8_0.gguf\); "
+                                                 r"name one, as in org/tiny-GGUF/tiny.Q4_K_M.gguf"):
+        resolve("org/tiny-GGUF")
+
+
+def test_named_gguf_resolves_in_the_cached_snapshot(cache):
+    snapshot = cached_repo(cache, "org/tiny-GGUF", "tiny.Q8_0.gguf", "q4/tiny.Q4_K_M.gguf")
+    assert resolve("org/tiny-GGUF/tiny.Q8_0.gguf") == snapshot / "tiny.Q8_0.gguf"
+    assert resolve("org/tiny-GGUF/q4/tiny.Q4_K_M.gguf") == snapshot / "q4" / "tiny.Q4_K_M.gguf"
+
+
+def test_checkpoint_folder_wins_over_its_ggufs(cache):
+    snapshot = cached_repo(cache, "org/tiny", "config.json", "model.safetensors", "tiny.Q8_0.gguf")
+    assert resolve("org/tiny") == snapshot
+
+
+def test_named_gguf_missing_from_the_cache_downloads_alone(cache, monkeypatch):
+    huggingface_hub = require("huggingface_hub")
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda repo_id, filename: asked.append((repo_id, filename)) or str(cache / filename))
+    cached_repo(cache, "org/tiny-GGUF", "tiny.Q8_0.gguf")
+    assert resolve("org/tiny-GGUF/tiny.Q4_K_M.gguf") == cache / "tiny.Q4_K_M.gguf"
+    assert asked == [("org/tiny-GGUF", "tiny.Q4_K_M.gguf")]
+
+
+def test_named_gguf_that_cannot_be_downloaded(cache, monkeypatch):
+    huggingface_hub = require("huggingface_hub")
+
+    def offline(repo_id, filename):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline, and not in the cache")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(ModelNotFoundError, match="tiny.Q4_K_M.gguf is not in the Hugging Face cache of org/absent"):
+        resolve("org/absent/tiny.Q4_K_M.gguf")
+
+
+def test_repo_download_leaves_ggufs_out(cache, monkeypatch):
+    huggingface_hub = require("huggingface_hub")
+    patterns = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, allow_patterns: patterns.extend(
+        allow_patterns) or str(cached_repo(cache, repo_id, "config.json")))
+    assert resolve("org/remote") == cache / "models--org--remote" / "snapshots" / "0123abc"
+    fetched = [name for name in ("config.json", "model.safetensors", "tiny.Q4_K_M.gguf")
+               if any(fnmatch(name, pattern) for pattern in patterns)]
+    assert fetched == ["config.json", "model.safetensors"]

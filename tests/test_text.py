@@ -117,7 +117,7 @@ def with_pre(metadata: dict, pre: str) -> dict:
             "tokenizer.ggml.token_type": metadata["tokenizer.ggml.token_type"].tolist() + [1, 1]}
 
 
-@pytest.mark.parametrize("pre", ["gpt2", "default", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("pre", ["gpt-2", "default", "llama-bpe", "qwen2"])
 def test_pre_tokenizers_match_transformers(metadata, pre):
     require("transformers")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
@@ -133,10 +133,10 @@ def test_pre_tokenizers_match_transformers(metadata, pre):
 
 def test_pre_tokenizers_split_digits_their_own_way(metadata):
     digits = {pre: Tokenizer.from_gguf(with_pre(metadata, pre)).encode("4123")
-              for pre in ("smollm", "gpt2", "llama-bpe")}
+              for pre in ("smollm", "gpt-2", "llama-bpe")}
     four, one, two, three, twelve, one_two_three = 36, 33, 34, 35, 49152, 49153
     assert digits == {"smollm": [four, one, two, three],  # each digit alone
-                      "gpt2": [four, one_two_three],  # digits together
+                      "gpt-2": [four, one_two_three],  # digits together
                       "llama-bpe": [four, twelve, three]}  # digits in threes: "412", "3"
 
 

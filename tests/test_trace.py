@@ -7,7 +7,7 @@ from mlx.utils import tree_map
 import minimlx
 from minimlx.anatomy.trace import BLOCK_ACTIVATIONS, activation_names
 from minimlx.errors import InvalidSettingError
-from minimlx.io.checkpoint import build_model
+from minimlx.archs import build_model
 
 VOCAB = 64
 CONFIGS = {

@@ -9,15 +9,16 @@ SwiGLU FFN and most tensor names are LLaMA's, so this recipe extends minimlx's L
 from dataclasses import dataclass
 
 from minimlx import register
-from minimlx.archs.llama3 import Llama3Config
+from minimlx.archs.llama3 import NAMES, Llama3Config
 from minimlx.core import Attention, PostNormBlock, RMSNorm
-from minimlx.io.names import rename
 
-# The two checkpoint names whose meaning differs from LLaMA's; Llama3Config maps all the others.
-NORMS_AFTER_SUBLAYERS = [
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.attn_norm."),
-    (r"^model\.layers\.(\d+)\.post_feedforward_layernorm\.", r"layers.\1.ffn_norm."),
-]
+# The two checkpoint names whose meaning differs from LLaMA's; LLaMA's map covers all the others.
+NORMS_AFTER_SUBLAYERS = NAMES.extended(
+    [
+        ("model.layers.{i}.post_attention_layernorm.", "layers.{i}.attn_norm."),
+        ("model.layers.{i}.post_feedforward_layernorm.", "layers.{i}.ffn_norm."),
+    ]
+)
 
 
 @register("olmo2")
@@ -34,6 +35,8 @@ class Olmo2Config(Llama3Config):
         "num_key_value_heads": 2,
         "max_position_embeddings": 64,
     }
+    names = NORMS_AFTER_SUBLAYERS
+    gguf_architectures = ()  # llama.cpp's olmo2 files are not read by this plugin
 
     def attention(self) -> Attention:
         """LLaMA's attention with one RMSNorm over all query heads together and one over all key heads."""
@@ -48,6 +51,3 @@ class Olmo2Config(Llama3Config):
         return PostNormBlock(
             self.attention(), self.ffn(layer), RMSNorm(self.dims, self.norm_eps), RMSNorm(self.dims, self.norm_eps)
         )
-
-    def convert_weights(self, weights: dict) -> dict:
-        return super().convert_weights(rename(weights, NORMS_AFTER_SUBLAYERS))

@@ -21,8 +21,10 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..errors import ModelNotFoundError
-from ..io.checkpoint import DTYPES, build_model
-from ..io.config import normalize_config, read_config
+from ..archs import build_model
+from ..archs.config import normalize_config
+from ..io.checkpoint import DTYPES
+from ..io.config import read_config
 
 COMPONENTS = {
     "token_embedding": "token embedding",

@@ -13,22 +13,29 @@ Checkpoint layers past `num_hidden_layers` (V3's multi-token-prediction module) 
 import re
 from dataclasses import dataclass, replace
 
+import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Experts, LatentAttention, MoE, RoPE, Router, SwiGLU, is_moe_layer, stack_experts
 from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
-from ..io.config import normalize_config
-from ..io.names import rename
+from .config import normalize_config
+from .llama3 import NAMES as LLAMA_NAMES
 from .llama3 import Llama3Config
 from .registry import register
 
-LATENT_ATTENTION_NAMES = [
-    (r"\.q_a_layernorm\.", ".q_a_norm."),
-    (r"\.kv_a_proj_with_mqa\.", ".kv_a_proj."),
-    (r"\.kv_a_layernorm\.", ".kv_a_norm."),
-]
+# Latent attention's names; mlx-lm stores kv_b_proj already split per head as embed_q / unembed_out.
+NAMES = LLAMA_NAMES.extended(
+    [
+        ("model.layers.{i}.self_attn.q_a_layernorm.", "layers.{i}.attn.q_a_norm."),
+        ("model.layers.{i}.self_attn.kv_a_proj_with_mqa.", "layers.{i}.attn.kv_a_proj."),
+        ("model.layers.{i}.self_attn.kv_a_layernorm.", "layers.{i}.attn.kv_a_norm."),
+        ("model.layers.{i}.self_attn.embed_q.", "layers.{i}.attn.key_up_proj."),
+        ("model.layers.{i}.self_attn.unembed_out.", "layers.{i}.attn.value_up_proj."),
+    ]
+)
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+KV_B_PROJ = re.compile(r"^(layers\.\d+\.attn\.)kv_b_proj\.weight$")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
@@ -49,6 +56,7 @@ class DeepseekV2Config(Llama3Config):
         "moe_intermediate_size": 16,
         "first_k_dense_replace": 1,
     }
+    names = NAMES
 
     q_lora_rank: int | None = None
     latent_dims: int = 512
@@ -149,7 +157,19 @@ class DeepseekV2Config(Llama3Config):
 
     def convert_weights(self, weights: dict) -> dict:
         kept = {k: v for k, v in weights.items() if not self._beyond_last_layer(k)}
-        return stack_experts(super().convert_weights(rename(kept, LATENT_ATTENTION_NAMES)))
+        return stack_experts(self.split_kv_b_proj(super().convert_weights(kept)))
+
+    def split_kv_b_proj(self, weights: dict) -> dict:
+        """Hugging Face's `kv_b_proj` (heads * (nope + value), latent) -> the per-head W_uk^T and W_uv."""
+        out = {}
+        for name, w in weights.items():
+            if match := KV_B_PROJ.match(name):
+                w = w.reshape(self.heads, self.nope_dims + self.value_dims, self.latent_dims)
+                out[f"{match[1]}key_up_proj.weight"] = mx.contiguous(w[:, : self.nope_dims].swapaxes(-1, -2))
+                out[f"{match[1]}value_up_proj.weight"] = mx.contiguous(w[:, self.nope_dims :])
+            else:
+                out[name] = w
+        return out
 
     def _beyond_last_layer(self, name: str) -> bool:
         match = LAYER_INDEX.match(name)

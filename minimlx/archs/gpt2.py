@@ -6,20 +6,27 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import MLP, Attention, Block, LayerNorm, Transformer
-from ..io.config import normalize_config
-from ..io.names import rename
+from .config import normalize_config
+from .names import NameMap
 from .registry import register
 
-HF_NAMES = [
-    (r"^wte\.", "embed."),
-    (r"^wpe\.", "positions."),
-    (r"^h\.(\d+)\.ln_1\.", r"layers.\1.attn_norm."),
-    (r"^h\.(\d+)\.ln_2\.", r"layers.\1.ffn_norm."),
-    (r"^h\.(\d+)\.attn\.c_proj\.", r"layers.\1.attn.o_proj."),
-    (r"^h\.(\d+)\.mlp\.c_fc\.", r"layers.\1.ffn.up_proj."),
-    (r"^h\.(\d+)\.mlp\.c_proj\.", r"layers.\1.ffn.down_proj."),
-    (r"^ln_f\.", "norm."),
-]
+# mlx-lm's names; Hugging Face's are the same without `model.` (or with `transformer.` instead).
+NAMES = NameMap(
+    [
+        ("model.wte.", "embed."),
+        ("model.wpe.", "positions."),
+        ("model.h.{i}.ln_1.", "layers.{i}.attn_norm."),
+        ("model.h.{i}.ln_2.", "layers.{i}.ffn_norm."),
+        ("model.h.{i}.attn.c_attn.", "layers.{i}.attn.qkv_proj."),
+        ("model.h.{i}.attn.c_proj.", "layers.{i}.attn.o_proj."),
+        ("model.h.{i}.mlp.c_fc.", "layers.{i}.ffn.up_proj."),
+        ("model.h.{i}.mlp.c_proj.", "layers.{i}.ffn.down_proj."),
+        ("model.ln_f.", "norm."),
+    ],
+    drop=[r"\.attn\.(masked_)?bias$", r"lm_head\."],
+)
+CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # stored (in, out) by Hugging Face
+QKV = ("q_proj", "k_proj", "v_proj")
 
 
 @register("gpt2")
@@ -71,17 +78,29 @@ class GPT2Config:
         )
 
     def convert_weights(self, weights: dict) -> dict:
-        """Strip `transformer.`, transpose Conv1D (in, out) weights, split the fused q/k/v projection."""
-        weights = {name.removeprefix("transformer."): w for name, w in weights.items()}
+        """Hugging Face (Conv1D weights transposed) or mlx-lm tensors -> the model's; q, k, v split apart."""
         out = {}
         for name, w in weights.items():
-            if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")) and w.ndim == 2:
-                w = w.T
-            if ".attn.c_attn." in name:
-                prefix = name.split(".attn.c_attn.")[0].replace("h.", "layers.", 1) + ".attn."
-                kind = name.rsplit(".", 1)[1]
-                for proj, part in zip(("q_proj", "k_proj", "v_proj"), mx.split(w, 3, axis=0)):
-                    out[f"{prefix}{proj}.{kind}"] = part
+            if not name.startswith("model."):
+                name = "model." + name.removeprefix("transformer.")
+                w = w.T if name.endswith(CONV1D) and w.ndim == 2 else w
+            out[name] = w
+        weights = {}
+        for name, w in NAMES.to_ours(out).items():
+            if ".attn.qkv_proj." in name:
+                for proj, part in zip(QKV, mx.split(w, 3, axis=0)):
+                    weights[name.replace("qkv_proj", proj)] = part
             else:
-                out[name] = w
-        return rename(out, HF_NAMES, drop=[r"\.attn\.(masked_)?bias$", r"^lm_head\."])
+                weights[name] = w
+        return weights
+
+    def export_weights(self, weights: dict) -> dict:
+        """The model's tensors in mlx-lm's layout: q, k, v fused back into `c_attn`, (out, in) weights."""
+        fused = {}
+        for name, w in weights.items():
+            if ".attn.q_proj." in name:
+                parts = [weights[name.replace("q_proj", proj)] for proj in QKV]
+                fused[name.replace("q_proj", "qkv_proj")] = mx.concatenate(parts, axis=0)
+            elif ".attn.k_proj." not in name and ".attn.v_proj." not in name:
+                fused[name] = w
+        return NAMES.to_theirs(fused)

@@ -9,22 +9,54 @@ from dataclasses import dataclass
 import mlx.nn as nn
 
 from ..core import Attention, Block, RMSNorm, RoPE, SwiGLU, Transformer
-from ..io.config import normalize_config
-from ..io.names import rename
+from ..errors import UnsupportedArchitectureError
+from .config import normalize_config
+from .gguf import Metadata, llama_config, unpermute_rows
+from .names import NameMap
 from .registry import register
 
-HF_NAMES = [
-    (r"^model\.embed_tokens\.", "embed."),
-    (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
-    # a mixture of experts' router (its experts are stacked by `core.stack_experts`)
-    (r"^model\.layers\.(\d+)\.mlp\.gate\.weight$", r"layers.\1.ffn.router.weight"),
-    (r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$", r"layers.\1.ffn.router.score_bias"),
-    (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.ffn."),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
-    (r"^model\.norm\.", "norm."),
-    (r"^lm_head\.", "head."),
-]
+# Hugging Face and mlx-lm names (mlx-lm's first where they differ: that is the layout `convert` writes).
+# The router and expert names serve the mixture-of-experts families built on this one.
+NAMES = NameMap(
+    [
+        ("model.embed_tokens.", "embed."),
+        ("model.layers.{i}.self_attn.", "layers.{i}.attn."),
+        ("model.layers.{i}.mlp.gate.e_score_correction_bias", "layers.{i}.ffn.router.score_bias"),
+        ("model.layers.{i}.mlp.gate.", "layers.{i}.ffn.router.proj."),
+        ("model.layers.{i}.mlp.switch_mlp.", "layers.{i}.ffn.experts."),
+        ("model.layers.{i}.mlp.", "layers.{i}.ffn."),
+        ("model.layers.{i}.input_layernorm.", "layers.{i}.attn_norm."),
+        ("model.layers.{i}.post_attention_layernorm.", "layers.{i}.ffn_norm."),
+        ("model.norm.", "norm."),
+        ("lm_head.", "head."),
+    ],
+    drop=[r"rotary_emb\.inv_freq$"],
+)
+
+# llama.cpp's names (`llama`, and the families that share its tensors).
+GGUF_NAMES = NameMap(
+    [
+        ("token_embd.", "embed."),
+        ("output_norm.", "norm."),
+        ("output.", "head."),
+        ("blk.{i}.attn_norm.", "layers.{i}.attn_norm."),
+        ("blk.{i}.attn_q_norm.", "layers.{i}.attn.q_norm."),
+        ("blk.{i}.attn_k_norm.", "layers.{i}.attn.k_norm."),
+        ("blk.{i}.attn_q.", "layers.{i}.attn.q_proj."),
+        ("blk.{i}.attn_k.", "layers.{i}.attn.k_proj."),
+        ("blk.{i}.attn_v.", "layers.{i}.attn.v_proj."),
+        ("blk.{i}.attn_output.", "layers.{i}.attn.o_proj."),
+        ("blk.{i}.ffn_norm.", "layers.{i}.ffn_norm."),
+        ("blk.{i}.ffn_gate_inp.", "layers.{i}.ffn.router.proj."),
+        ("blk.{i}.ffn_gate_exps.", "layers.{i}.ffn.experts.gate_proj."),
+        ("blk.{i}.ffn_up_exps.", "layers.{i}.ffn.experts.up_proj."),
+        ("blk.{i}.ffn_down_exps.", "layers.{i}.ffn.experts.down_proj."),
+        ("blk.{i}.ffn_gate.", "layers.{i}.ffn.gate_proj."),
+        ("blk.{i}.ffn_up.", "layers.{i}.ffn.up_proj."),
+        ("blk.{i}.ffn_down.", "layers.{i}.ffn.down_proj."),
+    ],
+    drop=[r"^rope_freqs\."],
+)
 
 
 @register("llama")
@@ -40,6 +72,9 @@ class Llama3Config:
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
     }
+    names = NAMES
+    gguf_architectures = ("llama",)
+    gguf_names = GGUF_NAMES
 
     vocab_size: int
     dims: int
@@ -99,5 +134,25 @@ class Llama3Config:
         return Transformer(nn.Embedding(self.vocab_size, self.dims), blocks, RMSNorm(self.dims, self.norm_eps), head)
 
     def convert_weights(self, weights: dict) -> dict:
-        drop = [r"rotary_emb\.inv_freq$"] + ([r"^lm_head\."] if self.tied_head else [])
-        return rename(weights, HF_NAMES, drop)
+        """Hugging Face or mlx-lm tensors -> the model's (a tied model's stray lm_head is dropped)."""
+        weights = self.names.to_ours(weights)
+        return {k: v for k, v in weights.items() if not (self.tied_head and k.startswith("head."))}
+
+    def export_weights(self, weights: dict) -> dict:
+        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes)."""
+        return self.names.to_theirs(weights)
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        config = llama_config(metadata, tensors, "llama")
+        if Metadata(metadata).get("rope.dimension_count", config["head_dim"]) != config["head_dim"]:
+            raise UnsupportedArchitectureError("GGUF files with partial rotary embeddings are not supported yet")
+        return config
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's names -> the model's, with the q/k rows back in rotate-half order."""
+        weights = self.gguf_names.to_ours(tensors)
+        for name, w in weights.items():
+            if ".attn.q_proj." in name or ".attn.k_proj." in name:
+                weights[name] = unpermute_rows(w, self.heads if ".q_proj." in name else self.kv_heads)
+        return weights

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 import mlx.nn as nn
 
 from ..core import Attention, Experts, MoE, Router, is_moe_layer, stack_experts
-from ..io.config import normalize_config
+from .config import normalize_config
+from .gguf import Metadata, llama_config
 from .llama3 import Llama3Config
 from .registry import register
 
@@ -17,6 +18,8 @@ from .registry import register
 @register("qwen3")
 @dataclass
 class Qwen3Config(Llama3Config):
+    gguf_architectures = ("qwen3",)
+
     @classmethod
     def from_config(cls, config: dict):
         c = normalize_config(config)
@@ -30,6 +33,14 @@ class Qwen3Config(Llama3Config):
             self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, qk_norm_eps=self.norm_eps
         )
 
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        return llama_config(metadata, tensors, "qwen3")
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's names -> the model's (its converter keeps Qwen's q/k rows in rotate-half order)."""
+        return self.gguf_names.to_ours(tensors)
+
 
 @register("qwen3_moe")
 @dataclass
@@ -42,6 +53,7 @@ class Qwen3MoeConfig(Qwen3Config):
         "moe_intermediate_size": 16,
         "mlp_only_layers": [0],
     }
+    gguf_architectures = ("qwen3moe",)
 
     num_experts: int = 0
     experts_per_token: int = 1
@@ -72,3 +84,14 @@ class Qwen3MoeConfig(Qwen3Config):
 
     def convert_weights(self, weights: dict) -> dict:
         return stack_experts(super().convert_weights(weights))
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        m = Metadata(metadata)
+        return {
+            **llama_config(metadata, tensors, "qwen3_moe"),
+            "num_experts": m["expert_count"],
+            "num_experts_per_tok": m["expert_used_count"],
+            "moe_intermediate_size": m["expert_feed_forward_length"],
+            "norm_topk_prob": True,  # llama.cpp's qwen3moe graph always renormalises the chosen weights
+        }

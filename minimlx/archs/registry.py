@@ -5,11 +5,16 @@ Third-party packages register through the `minimlx.archs` entry-point group: eac
 names a module (or object) whose import runs `@register`. Entry points load on the first lookup;
 one that fails to import, or claims a `model_type` already taken, gives a warning naming its
 package and is skipped, so the other architectures keep working.
+
+A plugin that reads GGUF files lists llama.cpp's architecture names in its own `gguf_architectures`
+(not inherited: a subclass that reads other files declares its own).
 """
 
 import warnings
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+
+import mlx.nn as nn
 
 from ..errors import UnsupportedArchitectureError
 
@@ -96,3 +101,29 @@ def get_arch(model_type: str | None) -> type:
         f"unsupported model_type {model_type!r}; registered: {', '.join(sorted(_registry))} "
         "(install a plugin package that registers it, see docs/adding-an-architecture.md)"
     )
+
+
+def get_gguf_arch(architecture: str | None) -> type:
+    """The plugin that reads GGUF files of llama.cpp architecture `architecture`."""
+    known = {}
+    for registration in registrations():
+        for name in vars(registration.plugin).get("gguf_architectures", ()):
+            known.setdefault(name, registration.plugin)
+    if architecture in known:
+        return known[architecture]
+    raise UnsupportedArchitectureError(
+        f"GGUF architecture {architecture!r} has no plugin (GGUF architectures supported: {', '.join(sorted(known))}); "
+        "use the model's Hugging Face folder, or install a plugin that reads it"
+    )
+
+
+def build_model(config: dict) -> nn.Module:
+    """The model a config dict describes, with lazy (unallocated) parameters; `model.config` is the plugin config."""
+    return build(get_arch(config.get("model_type")).from_config(config))
+
+
+def build(arch) -> nn.Module:
+    """The model of a plugin config, lazy; `model.config` is that plugin config."""
+    model = arch.build()
+    model.config = arch
+    return model

@@ -2,7 +2,9 @@
 
 Each token is compressed to a normed latent `c` (`latent_dims` numbers) and a key part `k_rope`
 (`rope_dims` numbers, rotated, shared by all heads). Head h's key is `[W_uk[h] c, k_rope]` and its
-value `W_uv[h] c`, where `kv_b_proj` stacks W_uk and W_uv for all heads; only `[c, k_rope]` is cached.
+value `W_uv[h] c`; only `[c, k_rope]` is cached. Checkpoints stack W_uk and W_uv of all heads in one
+`kv_b_proj`; here they are two per-head maps (`key_up_proj` holds W_uk transposed, `value_up_proj`
+W_uv), each quantizable along the dimension it contracts, as mlx-lm stores them.
 
 Prompts expand the latents into full keys and values. A single new token instead moves W_uk to
 the query side (`q_nope . W_uk c = (q_nope W_uk) . c`) and W_uv to the output side, so decoding
@@ -14,7 +16,32 @@ import mlx.nn as nn
 
 from .cache import LatentCache
 from .norms import RMSNorm
+from .quantized import QuantizedWeight
 from .rope import RoPE
+
+
+class HeadLinear(nn.Module):
+    """One `(out_dims, in_dims)` matrix per head: x (..., heads, tokens, in_dims) @ W[h]^T, or
+    with `transpose=False` x (..., heads, tokens, out_dims) @ W[h]."""
+
+    def __init__(self, in_dims: int, out_dims: int, heads: int):
+        super().__init__()
+        self.weight = mx.zeros((heads, out_dims, in_dims))
+
+    def __call__(self, x: mx.array, transpose: bool = True) -> mx.array:
+        return x @ (self.weight.swapaxes(-1, -2) if transpose else self.weight)
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine") -> "QuantizedHeadLinear":
+        return QuantizedHeadLinear(self.weight, group_size, bits, mode)
+
+
+class QuantizedHeadLinear(QuantizedWeight):
+    """`HeadLinear` with packed weights."""
+
+    def __call__(self, x: mx.array, transpose: bool = True) -> mx.array:
+        return mx.quantized_matmul(
+            x, self.weight, self.scales, self.get("biases"), transpose=transpose, **self.quantization()
+        )
 
 
 class LatentAttention(nn.Module):
@@ -46,7 +73,8 @@ class LatentAttention(nn.Module):
             self.q_b_proj = nn.Linear(q_lora_rank, query_dims, bias=False)
         self.kv_a_proj = nn.Linear(dims, latent_dims + rope_dims, bias=bias)
         self.kv_a_norm = RMSNorm(latent_dims, norm_eps)
-        self.kv_b_proj = nn.Linear(latent_dims, heads * (nope_dims + value_dims), bias=False)
+        self.key_up_proj = HeadLinear(nope_dims, latent_dims, heads)
+        self.value_up_proj = HeadLinear(latent_dims, value_dims, heads)
         self.o_proj = nn.Linear(heads * value_dims, dims, bias=bias)
         self.rope = rope
         self.scale = scale
@@ -69,9 +97,7 @@ class LatentAttention(nn.Module):
     def _expanded(self, q_nope, q_rope, latent_keys) -> mx.array:
         """Full per-head keys and values from the latents, then causal attention."""
         latent, k_rope = mx.split(latent_keys, [self.latent_dims], axis=-1)
-        batch, _, context, _ = latent.shape
-        kv = self.kv_b_proj(latent).reshape(batch, context, self.heads, -1).transpose(0, 2, 1, 3)
-        k_nope, values = mx.split(kv, [self.nope_dims], axis=-1)
+        k_nope, values = self.key_up_proj(latent, transpose=False), self.value_up_proj(latent)
         keys = mx.concatenate([k_nope, mx.broadcast_to(k_rope, (*k_nope.shape[:-1], self.rope_dims))], axis=-1)
         queries = mx.concatenate([q_nope, q_rope], axis=-1)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask="causal")
@@ -82,11 +108,9 @@ class LatentAttention(nn.Module):
         The cached rows serve as keys and, whole (a slice would be copied), as values; the rope
         part of the result is dropped.
         """
-        w = self.kv_b_proj.weight.reshape(self.heads, self.nope_dims + self.value_dims, self.latent_dims)
-        w_uk, w_uv = w[:, : self.nope_dims], w[:, self.nope_dims :]
-        queries = mx.concatenate([q_nope @ w_uk, q_rope], axis=-1)  # (batch, heads, 1, latent + rope)
+        queries = mx.concatenate([self.key_up_proj(q_nope), q_rope], axis=-1)  # (batch, heads, 1, latent + rope)
         out = mx.fast.scaled_dot_product_attention(queries, latent_keys, latent_keys, scale=self.scale)
-        return out[..., : self.latent_dims] @ w_uv.swapaxes(-1, -2)
+        return self.value_up_proj(out[..., : self.latent_dims])
 
     def make_cache(self) -> LatentCache:
         return LatentCache()

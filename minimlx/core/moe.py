@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .ffn import SwiGLU
+from .quantized import QuantizedWeight
 
 
 def is_moe_layer(layer: int, first_dense: int = 0, every: int = 1, phase: int = 0, dense: tuple = ()) -> bool:
@@ -45,7 +46,8 @@ class Router(nn.Module):
         super().__init__()
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unsupported expert scoring {scoring!r}; supported: softmax, sigmoid")
-        self.weight = mx.zeros((num_experts, dims))
+        self.proj = nn.Linear(dims, num_experts, bias=False)
+        self.num_experts = num_experts
         if score_bias:
             self.score_bias = mx.zeros((num_experts,))
         self.experts_per_token = experts_per_token
@@ -54,7 +56,7 @@ class Router(nn.Module):
 
     def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """x: (..., dims) -> expert_indices (..., k) int, expert_weights (..., k) float32."""
-        logits = (x @ self.weight.T).astype(mx.float32)
+        logits = self.proj(x).astype(mx.float32)
         scores = mx.sigmoid(logits) if self.scoring == "sigmoid" else mx.softmax(logits, axis=-1)
         choice = scores + self.score_bias.astype(mx.float32) if "score_bias" in self else scores
         if self.groups > 1:
@@ -79,6 +81,24 @@ class ExpertLinear(nn.Module):
 
     def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
         return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices)
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine") -> "QuantizedExpertLinear":
+        return QuantizedExpertLinear(self.weight, group_size, bits, mode)
+
+
+class QuantizedExpertLinear(QuantizedWeight):
+    """`ExpertLinear` with packed weights: one gathered quantized matmul (`mx.gather_qmm`) for all experts."""
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        return mx.gather_qmm(
+            x,
+            self.weight,
+            self.scales,
+            self.get("biases"),
+            rhs_indices=expert_indices,
+            sorted_indices=sorted_indices,
+            **self.quantization(),
+        )
 
 
 class Experts(nn.Module):
@@ -120,7 +140,7 @@ class MoE(nn.Module):
         self.experts = experts
         if shared_experts is not None:
             self.shared_experts = shared_experts
-        self.num_experts = router.weight.shape[0]
+        self.num_experts = router.num_experts
         self.experts_per_token = router.experts_per_token
 
     def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
@@ -136,21 +156,22 @@ class MoE(nn.Module):
         return out
 
 
-_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.(weight|scales|biases)$")
 _FUSED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 
 
 def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """Checkpoint expert tensors -> the stacked `experts.{gate,up,down}_proj.weight` of `Experts`.
 
-    Accepts per-expert tensors `...experts.{e}.{proj}.weight` (what published checkpoints hold),
+    Accepts per-expert tensors `...experts.{e}.{proj}.weight` (what published checkpoints hold; quantized
+    ones with their `scales` and `biases`),
     and the fused `...experts.gate_up_proj` (num_experts, 2 * hidden, dims) and
     `...experts.down_proj` (num_experts, dims, hidden) that transformers 5 keeps in memory.
     """
     out, per_expert = {}, {}
     for name, w in weights.items():
         if m := _PER_EXPERT.match(name):
-            per_expert.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = w
+            per_expert.setdefault(f"{m[1]}.{m[3]}.{m[4]}", {})[int(m[2])] = w
         elif m := _FUSED.match(name):
             if m[2] == "gate_up_proj":
                 out[f"{m[1]}.gate_proj.weight"], out[f"{m[1]}.up_proj.weight"] = mx.split(w, 2, axis=1)

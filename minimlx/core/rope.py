@@ -6,6 +6,8 @@ Scalings change `inv_freq` (and, for yarn, the size of the result) to stretch th
 - `linear`: every frequency divided by `factor`.
 - `llama3`: low frequencies divided by `factor`, high ones kept, a smooth blend between.
 - `yarn`: the same idea with a linear ramp over rotation counts, plus an attention temperature.
+- `per_frequency`: each pair's frequency divided by its own factor from `factors` (how GGUF files
+  carry llama3 scaling: the factors llama3's rule gives, precomputed).
 
 `traditional=True` rotates adjacent pairs (x0, x1), (x2, x3)... (the layout GGUF files use);
 the default rotates the two halves of the head against each other (Hugging Face's rotate-half).
@@ -86,10 +88,12 @@ class RoPE(nn.Module):
             inv_freq = inv_freq / scaling["factor"]
         elif kind == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling, max_positions)
+        elif kind == "per_frequency":
+            inv_freq = inv_freq / mx.array(scaling["factors"], dtype=mx.float32)
         elif kind == "yarn":
             inv_freq, self.output_scale = _yarn_inv_freq(dims, base, scaling, max_positions)
         elif kind != "default":
-            raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn")
+            raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency")
         self._wavelengths = 1.0 / inv_freq
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:

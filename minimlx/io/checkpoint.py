@@ -1,4 +1,8 @@
-"""Loading a model: config -> plugin -> lazy model -> checked, renamed, cast weights."""
+"""Checkpoint folders: safetensors shards in, checked weights into a model.
+
+io knows files, not architectures: the caller (`minimlx.loading`) asks the registry for the plugin
+that names and builds the model, and hands its tensors back here to be checked and installed.
+"""
 
 import json
 from pathlib import Path
@@ -7,9 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..archs import get_arch
-from ..errors import CheckpointError, InvalidSettingError, ModelNotFoundError
-from .config import read_config
+from ..errors import CheckpointError, InvalidSettingError
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -75,31 +77,16 @@ def check_weights(model: nn.Module, weights: dict[str, mx.array], origin: dict[i
 
 
 def install_weights(model: nn.Module, weights: dict[str, mx.array], dtype: mx.Dtype | None) -> None:
-    """Cast floating tensors to `dtype` (when given), put them in the model and evaluate."""
-    if dtype is not None:
-        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
-    model.update(tree_unflatten(list(weights.items())))
-    mx.eval(model.parameters())
+    """Cast floating tensors to `dtype` (when given) and put them in the model, one tensor at a time.
 
-
-def build_model(config: dict) -> nn.Module:
-    """The model a config describes, with lazy (unallocated) parameters; `model.config` is the plugin config."""
-    arch = get_arch(config.get("model_type")).from_config(config)
-    model = arch.build()
-    model.config = arch
-    return model
-
-
-def load_model(path: str | Path, dtype: str | None = None) -> nn.Module:
-    """Load a Hugging Face checkpoint folder (config.json + safetensors) as a minimlx model."""
-    folder = Path(path)
-    if not folder.exists():
-        raise ModelNotFoundError(f"no such model folder: {folder}")
-    model = build_model(read_config(folder))
-    arch = model.config
-    raw = read_safetensors(folder)
-    origin = {id(v): k for k, v in raw.items()}
-    weights = arch.convert_weights(raw)
-    check_weights(model, weights, origin)
-    install_weights(model, weights, parse_dtype(dtype))
-    return model
+    Each tensor is computed (read, dequantized, cast) on its own and the dict's reference to its source is
+    dropped, so loading holds the finished model plus one tensor's worth of inputs, never two copies.
+    """
+    done = []
+    for name in list(weights):
+        w = weights.pop(name)
+        if dtype is not None and mx.issubdtype(w.dtype, mx.floating):
+            w = w.astype(dtype)
+        mx.eval(w)
+        done.append((name, w))
+    model.update(tree_unflatten(done))

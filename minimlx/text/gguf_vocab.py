@@ -2,7 +2,8 @@
 
 A GGUF has no `tokenizer.json`: it stores the tokens, merges, token types and special ids under llama.cpp's
 key names, and names the pre-tokenizer (`tokenizer.ggml.pre`) its converter recognised. The result gives the
-ids transformers' GGUF tokenizer gives; the pre-tokenizer splits follow llama.cpp (`llama-vocab.cpp`).
+ids llama.cpp gives: the pre-tokenizer splits are the regexes `llama-vocab.cpp` runs for each name, which are
+those of the model's own tokenizer.json except where llama.cpp's regex engine reads them differently.
 """
 
 from dataclasses import dataclass
@@ -12,27 +13,102 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from ..errors import UnsupportedArchitectureError
 from .byte_level import CHAR_BYTES, spell
 
-GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# The regexes of llama-vocab.cpp's `llm_tokenizer_bpe`, as written there unless a comment says otherwise.
+# llama.cpp's engine has no inline flags, so `(?i:'s|'t|...)` is spelled out, and no letter case: `\p{Lu}` or
+# `\p{Ll}` match any letter (unicode.cpp collapses every letter to one class), which is why the case-aware
+# regexes read "a letter other than a-z". (GPT2 lacks tokenizer.json's final `|\s+`: no split differs without it.)
+CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA3 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN35 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+JAIS2 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+         r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)"
+         r"|\s{1,2}(?!\S)|\s{1}")
+MINICPM5 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+SEED_CODER = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
+BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]|\s+(?!\S)|\s+")
+EXAONE_MOE = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+              r"|\s*[\r\n]|\s+(?!\S)|\s+")
+UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# llama.cpp's stand-ins for tekken's upper- and lower-case letters: a letter other than a-z, other than A-Z
+UPPER, LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*"
+          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+{CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*{CONTRACTIONS}?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GRANITE_EMBED = GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+# youtu's and tiny_aya's case-aware letter runs, which llama.cpp matches as any run of letters and marks
+LETTERS_AND_MARKS = rf"[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}\p{{M}}]+{CONTRACTIONS}?"
+TINY_AYA = LETTERS_AND_MARKS + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+YOUTU = LETTERS_AND_MARKS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+YOUTU_CJK = r"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+"
+# kimi-k2 and afmoe run hand-written splitters in unicode.cpp (tiny_aya's digits too); these regexes do the same.
+HAN = r"\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}"
+KIMI_K2 = (rf"[{HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{HAN}]]+{CONTRACTIONS}?"
+           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+DIGITS_IN_THREES_FROM_THE_RIGHT = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+WORDS = r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+DEEPSEEK3 = WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+SPARK2_5 = WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"
+CJK = r"[一-龥぀-ゟ゠-ヿ]+"
+AFMOE_CJK = r"[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+"
+DEEPSEEK_CJK = r"[一-龥ࠀ-一가-퟿]+"
+# \x{...}: characters that Unicode normalization would change (ώ, ι, ΐ, Ί, Ω, K), so this file keeps them
+DEEPSEEK_LETTERS = (
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿ"
+    r"ᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼ"
+    r"ℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
 )
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-SINGLE_DIGITS = r"\p{N}"
+NOT_PUNCTUATION = r" ?[^(\s|.,!?…。，、।۔،)]+"
 
-# `tokenizer.ggml.pre` -> the regexes that split text before BPE, applied one after the other.
-# "default" (files older than the key) splits like GPT-2, as transformers reads it.
+# `tokenizer.ggml.pre` -> the regexes that split text before BPE, applied one after the other: every name
+# llama.cpp reads for a byte-level BPE vocabulary. Not here: gemma4, granite-embed-multi-311m and sarvam-moe
+# (BPE over raw UTF-8 with "▁" for spaces, not bytes) and whitespace (another tokenizer model).
+# "default" (and no name: files older than the key) splits like GPT-2, as the llama.cpp that wrote those files
+# did and as transformers reads it; llama.cpp today splits such files with a fallback it warns degrades them.
 PRE_TOKENIZER_SPLITS = {
-    **dict.fromkeys(["default", "gpt2", "mpt", "olmo", "jais"], (GPT2_SPLIT,)),
-    **dict.fromkeys(
-        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"], (SINGLE_DIGITS, GPT2_SPLIT)
-    ),
-    **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "dbrx", "smaug-bpe"], (LLAMA3_SPLIT,)),
-    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez"], (QWEN2_SPLIT,)),
+    **dict.fromkeys(["default", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
+                     "gigachat", "a.x-4.0", "mellum", "modern-bert", "roberta-bpe", "jina-es", "jina-de",
+                     "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code"], (GPT2,)),
+    **dict.fromkeys(["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"],
+                    (r"\p{N}", GPT2)),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"),
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                     "jina-v5-nano", "dbrx", "smaug-bpe", "chatglm-bpe", "glm4", "glm5"], (LLAMA3,)),
+    "jais-2": (JAIS2,),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
+                     "grok-2"], (QWEN2,)),
+    "qwen35": (QWEN35,),
+    "laguna": (r"[^\n]+|[\n]+", QWEN2),
+    "ufakzeka": (UFAKZEKA,),
+    "seed-coder": (SEED_CODER,),
+    **dict.fromkeys(["bailingmoe", "bailingmoe2", "llada-moe"], (BAILINGMOE,)),
+    "exaone-moe": (EXAONE_MOE,),
+    "minicpm5": (r"\p{N}{1,3}", MINICPM5),
+    "deepseek-llm": (r"[\r\n]", DEEPSEEK_LETTERS, r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", DEEPSEEK_CJK, r"\p{N}+"),
+    "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", DEEPSEEK_CJK, r"\p{N}"),
+    **dict.fromkeys(["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"], (r"\p{N}{1,3}", CJK, DEEPSEEK3)),
+    "spark2_5": (r"\p{N}{1,3}", CJK, SPARK2_5, r"\p{N}"),
+    "afmoe": (DIGITS_IN_THREES_FROM_THE_RIGHT, AFMOE_CJK, DEEPSEEK3),
+    "youtu": (YOUTU_CJK, YOUTU),
+    **dict.fromkeys(["tiny_aya", "cohere2moe"], (DIGITS_IN_THREES_FROM_THE_RIGHT, TINY_AYA)),
+    **dict.fromkeys(["poro-chat", "bloom", "gpt3-finnish"], (NOT_PUNCTUATION,)),
+    "viking": (NOT_PUNCTUATION, r"\p{N}"),
+    "tekken": (TEKKEN,),
+    "chameleon": ("<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )", r"\p{N}",
+                  r"[\p{P}!-/:-@\[-`{-~]", GPT2),
+    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], (GPT4O,)),
+    "granite-embed-multi-97m": (GRANITE_EMBED,),
+    "kimi-k2": (KIMI_K2,),
+    "superbpe": (r"\p{N}+", "(?=([0-9]{3})+(?![0-9]))"),  # std::regex's \d is ASCII
 }
+# llama.cpp emits a pre-token the vocabulary holds whole before trying merges (`ignore_merges`, as in Llama 3's
+# tokenizer.json): for these names, a token the merges cannot build is still found.
+IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                 "jina-v5-nano", "glm4", "glm5", "youtu", "tekken", "minicpm5", "granite-embed-multi-97m"}
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -94,7 +170,8 @@ def byte_level_bpe(metadata: dict) -> Tokenizer:
         )
     spelled = {token if all(char in CHAR_BYTES for char in token) else spell(token): i
                for i, token in enumerate(metadata["tokenizer.ggml.tokens"])}
-    backend = Tokenizer(models.BPE(spelled, _merges(metadata), continuing_subword_prefix="", end_of_word_suffix=""))
+    backend = Tokenizer(models.BPE(spelled, _merges(metadata), continuing_subword_prefix="", end_of_word_suffix="",
+                                   ignore_merges=pre in IGNORE_MERGES))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in PRE_TOKENIZER_SPLITS[pre]]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]

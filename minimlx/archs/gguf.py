@@ -1,0 +1,88 @@
+"""What plugins share to read GGUF files: metadata under the architecture's prefix, and llama.cpp's layouts.
+
+llama.cpp keeps hyperparameters under `{architecture}.{key}` metadata keys, names tensors `blk.{i}.*`,
+and stores weights row-major as Hugging Face does, except that its converter permutes the q and k
+rows of LLaMA-style models for interleaved RoPE (`unpermute_rows` undoes that). A file without
+`output.weight` ties the head to the token embedding.
+"""
+
+import mlx.core as mx
+
+from ..errors import CheckpointError, UnsupportedArchitectureError
+
+
+class Metadata:
+    """`metadata[key]` looks up `{architecture}.{key}`, with a clear error when a required key is missing."""
+
+    def __init__(self, metadata: dict):
+        self.metadata = metadata
+        self.arch = metadata.get("general.architecture")
+
+    def get(self, key: str, default=None):
+        return self.metadata.get(f"{self.arch}.{key}", default)
+
+    def __getitem__(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise CheckpointError(f"GGUF metadata lacks {self.arch}.{key}; the file is incomplete, re-convert it")
+        return value
+
+
+def llama_config(metadata: dict, tensors: dict, model_type: str) -> dict:
+    """The Hugging Face config keys every LLaMA-like GGUF carries: sizes, attention, norms, RoPE, head."""
+    m = Metadata(metadata)
+    dims, heads = m["embedding_length"], m["attention.head_count"]
+    head_dim = m.get("attention.key_length", dims // heads)
+    rope_dims = m.get("rope.dimension_count", head_dim)
+    return {
+        "model_type": model_type,
+        "vocab_size": m.get("vocab_size", len(metadata.get("tokenizer.ggml.tokens", ()))),
+        "hidden_size": dims,
+        "num_hidden_layers": m["block_count"],
+        "intermediate_size": m["feed_forward_length"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": m.get("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": m.get("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": m.get("rope.freq_base", 10000.0),
+        "rope_scaling": rope_scaling(m, tensors.get("rope_freqs.weight"), rope_dims),
+        "max_position_embeddings": m.get("context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in tensors,
+    }
+
+
+def rope_scaling(m: Metadata, rope_freqs: mx.array | None, rope_dims: int) -> dict | None:
+    """`rope.scaling.*` (or the older `rope.scale_linear`) as a Hugging Face `rope_scaling` dict.
+
+    Llama 3.1+ files carry their llama3 scaling as a `rope_freqs` tensor instead: one factor per rotated
+    pair, by which that pair's wavelength is multiplied (what llama.cpp applies).
+    """
+    if rope_freqs is not None:
+        if rope_freqs.shape != (rope_dims // 2,) or not bool((rope_freqs > 0).all()):
+            raise CheckpointError(
+                f"GGUF rope_freqs has shape {tuple(rope_freqs.shape)}, but rope.dimension_count {rope_dims} needs "
+                f"{rope_dims // 2} positive factors; the file is corrupt, re-convert it"
+            )
+        return {"rope_type": "per_frequency", "factors": rope_freqs.astype(mx.float32).tolist()}
+    kind = m.get("rope.scaling.type", "none")
+    factor = m.get("rope.scaling.factor")
+    if kind == "none" and m.get("rope.scale_linear", 1.0) != 1.0:
+        kind, factor = "linear", m.get("rope.scale_linear")
+    if kind == "none" or factor in (None, 1.0):
+        return None
+    if kind not in ("linear", "yarn"):
+        raise UnsupportedArchitectureError(f"GGUF rope scaling {kind!r} is not supported yet (supported: linear, yarn)")
+    scaling = {"rope_type": kind, "factor": factor}
+    if original := m.get("rope.scaling.original_context_length"):
+        scaling["original_max_position_embeddings"] = original
+    return scaling
+
+
+def unpermute_rows(w: mx.array, heads: int) -> mx.array:
+    """Undo llama.cpp's per-head row order (pairs interleaved) back to rotate-half order (halves).
+
+    Groups of packed weights run along the input dimension, so the same row permutation applies to
+    packed weights, scales and biases alike.
+    """
+    rows = w.shape[0] // heads
+    return w.reshape(heads, rows // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -1,0 +1,104 @@
+"""MLX folders as mlx-lm writes them: quantized (4-bit, 8-bit, the mixed_3_6 recipe) and bfloat16.
+
+Tiny random llama (llama3 RoPE scaling), qwen3, qwen3_moe and deepseek_v3 models are converted by
+mlx-lm itself; minimlx loads its output with the packed weights dequantized to float32 and kept
+packed, and both must give mlx-lm's own float32 logits on the same folder.
+"""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_convert, mlx_lm_logits, save_hf_model
+from reference import random_ids, relative_error
+
+import minimlx
+from minimlx.errors import CheckpointError
+
+VARIANTS = {
+    "4bit-g64": dict(quantize=True, q_bits=4, q_group_size=64),
+    "8bit-g32": dict(quantize=True, q_bits=8, q_group_size=32),
+    "mixed_3_6": dict(quantize=True, q_group_size=64, quant_predicate="mixed_3_6"),
+    "bfloat16": dict(dtype="bfloat16"),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = tmp_path_factory.mktemp(f"hf-{name}")
+            save_hf_model(built[name], name)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_folder(tmp_path_factory, hf_folder):
+    built = {}
+
+    def get(name, variant):
+        if (name, variant) not in built:
+            target = tmp_path_factory.mktemp(f"mlx-{name}") / variant
+            built[name, variant] = mlx_lm_convert(hf_folder(name), target, **VARIANTS[variant])
+        return built[name, variant]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_mlx_lm_folder_matches_mlx_lm(mlx_lm_folder, name, variant):
+    folder = mlx_lm_folder(name, variant)
+    ids = random_ids(VOCAB)
+    expected = np.array(mlx_lm_logits(folder, ids))
+    for dtype in ("float32", "quantized"):
+        model = minimlx.load_model(folder, dtype=dtype)
+        logits = model(mx.array(ids)).astype(mx.float32)
+        assert relative_error(np.array(logits), expected) < 1e-4, (dtype, relative_error(np.array(logits), expected))
+
+
+def test_packed_modules_are_kept_packed(mlx_lm_folder):
+    """Quantized experts, latent attention's per-head maps, the router and the embedding stay packed."""
+    model = minimlx.load_model(mlx_lm_folder("deepseek_v3", "4bit-g64"), dtype="quantized")
+    moe_layer = model.layers[1]
+    for module in (
+        model.embed, moe_layer.attn.key_up_proj, moe_layer.attn.value_up_proj, moe_layer.attn.q_b_proj,
+        moe_layer.ffn.experts.gate_proj, moe_layer.ffn.shared_experts.down_proj, model.head,
+    ):
+        assert module.weight.dtype == mx.uint32 and module.bits == 4 and module.group_size == 64
+    mixed = minimlx.load_model(mlx_lm_folder("qwen3_moe", "mixed_3_6"), dtype="quantized")
+    assert mixed.layers[1].attn.v_proj.bits == 6 and mixed.layers[0].attn.v_proj.bits == 3  # the last eighth: more bits
+    plain = minimlx.load_model(mlx_lm_folder("qwen3_moe", "4bit-g64"), dtype="quantized")
+    assert plain.layers[0].ffn.router.proj.bits == 8  # mlx-lm's own rule for qwen3_moe's router
+
+
+def rewrite_config(folder, target, change):
+    target.mkdir()
+    for item in folder.iterdir():
+        (target / item.name).symlink_to(item)
+    (target / "config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_quantization_entry_with_unusable_bits(mlx_lm_folder, tmp_path):
+    folder = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "bad", lambda c: c["quantization"].update(bits=7))
+    with pytest.raises(CheckpointError, match=r"bits=7, which affine quantization cannot use \(supported: 2, 3, 4, 5, 6, 8\)"):
+        minimlx.load_model(folder)
+
+
+def test_packed_weight_that_disagrees_with_the_declared_bits(mlx_lm_folder, tmp_path):
+    def declare_8_bits(config):
+        config["quantization"] = {"group_size": 64, "bits": 8, "mode": "affine"}
+        config["quantization_config"] = config["quantization"]
+
+    folder = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "bad", declare_8_bits)
+    with pytest.raises(CheckpointError, match=r"tensor .*weight has packed shape \(\d+, 8\).* does not fit 8-bit affine"):
+        minimlx.load_model(folder)
