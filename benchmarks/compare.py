@@ -90,7 +90,8 @@ def quantized_folder(gguf: Path, float32: Path, work: Path) -> Path:
     if not (folder / "model.safetensors").exists():
         import mlx.core as mx
 
-        from minimlx.io.gguf import read_gguf, unpermute_rows
+        from minimlx.archs.gguf import unpermute_rows
+        from minimlx.io.gguf_file import read_gguf
 
         config = json.loads((float32 / "config.json").read_text())
         heads = {"q": config["num_attention_heads"], "k": config["num_key_value_heads"]}

@@ -3,9 +3,11 @@
 from . import blas  # noqa: F401, I001  (first: the BLAS must be loaded before mlx.core)
 from .archs import list_archs, register
 from .loading import load, load_model
+from .quantization import quantize
+from .convert import convert
 from .generate import generate, stream_generate
 from .anatomy import ledger, trace
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
-__all__ = ["generate", "ledger", "lens", "list_archs", "load", "load_model", "register", "stream_generate", "trace"]
+__all__ = ["convert", "generate", "ledger", "lens", "list_archs", "load", "load_model", "quantize", "register", "stream_generate", "trace"]

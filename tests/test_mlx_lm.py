@@ -102,3 +102,22 @@ def test_packed_weight_that_disagrees_with_the_declared_bits(mlx_lm_folder, tmp_
     folder = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "bad", declare_8_bits)
     with pytest.raises(CheckpointError, match=r"tensor .*weight has packed shape \(\d+, 8\).* does not fit 8-bit affine"):
         minimlx.load_model(folder)
+
+
+@pytest.mark.parametrize("variant", ["4bit-g64", "bfloat16"])
+def test_gpt2_folder_from_mlx_lm(tmp_path, variant):
+    """mlx-lm stores GPT-2 under `model.h.*` with its Conv1D weights transposed and c_attn still fused."""
+    from mlx_lm_reference import save_tokenizer
+    from reference import save_reference, to_v4_layout
+
+    source = tmp_path / "hf"
+    save_reference(source, "GPT2Config", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    to_v4_layout(source)
+    tensors = mx.load(str(source / "model.safetensors"))  # published GPT-2 files lack transformers 5's prefix
+    mx.save_safetensors(str(source / "model.safetensors"), {k.removeprefix("transformer."): v for k, v in tensors.items()})
+    save_tokenizer(source)
+    folder = mlx_lm_convert(source, tmp_path / variant, **VARIANTS[variant])
+    assert "model.h.0.attn.c_attn.weight" in mx.load(str(folder / "model.safetensors"))
+    ids = random_ids(VOCAB)
+    logits = minimlx.load_model(folder, dtype="float32")(mx.array(ids))
+    assert relative_error(np.array(logits), np.array(mlx_lm_logits(folder, ids))) < 1e-4

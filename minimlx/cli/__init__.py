@@ -24,7 +24,7 @@ class Group(click.Group):
 dtype_option = click.option(
     "--dtype",
     type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
-    help="Execution dtype (default: float32 on the CPU, as stored on a GPU); quantized keeps a GGUF file's 4/8-bit weights.",
+    help="Execution dtype (default: float32 on the CPU, as stored on a GPU); quantized keeps packed weights (MLX folders, GGUF) packed.",
 )
 """The `--dtype` option of every command that loads a model."""
 
@@ -35,4 +35,4 @@ def main():
     """Run transformer language models with MLX and look inside them."""
 
 
-from . import anatomy, archs, bench, chat, compare, lens, run  # noqa: E402, F401  (each adds its command to `main`)
+from . import anatomy, archs, bench, chat, compare, convert, lens, run  # noqa: E402, F401  (each adds its command to `main`)

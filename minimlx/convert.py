@@ -1,0 +1,377 @@
+"""Converting a checkpoint (Hugging Face folder, MLX folder, GGUF file) into an MLX folder, quantized or not.
+
+The folder written is the one mlx-lm writes and reads: config.json with the `quantization` entry, safetensors
+shards under mlx-lm's tensor names (each plugin's `export_weights`), the tokenizer files and a short README.md.
+
+Nothing is read up front: the source's tensors (`mx.load`), their renaming, dequantization, casting and
+quantization (`mx.quantize` makes graph nodes too) stay one lazy graph, which is evaluated and written one
+output shard at a time; each shard's arrays are dropped once written. Peak memory is near one output shard
+plus the source tensors it is computed from, not the model. (A GGUF file is the exception: its tensors are
+read into memory as they are unpacked, so converting one holds the file's weights.)
+
+Which weights are written how:
+- quantizing (`quantize`, or any of `bits`, `group_size`, `recipe`, a `mode` other than affine): packed source
+  weights are dequantized, every float weight is cast to `dtype` when given, then `minimlx.quantize` packs every
+  linear map, embedding and stack of experts whose input width is a multiple of the group size.
+  Without a `group_size`, affine re-quantization of packed weights keeps their group size (32 for any GGUF):
+  rounding weights onto 4-bit groups of 32 and then onto groups of 64 loses far more than once (SmolLM2-135M's
+  Q4_1 file re-quantized in groups of 64 no longer answers "Paris"; in groups of 32 it does).
+  Expert routers stay in float: they are tiny, their precision decides which experts run, and mlx-lm reads
+  DeepSeek's router only in float.
+- `dtype` alone: packed weights are dequantized into it, and every float tensor is cast to it.
+- neither: tensors are written as they are, packed ones included (an MLX folder keeps its quantization; a
+  GGUF's Q4_0, Q4_1, Q8_0, Q4_K and Q5_K tensors are MLX affine quantization with groups of 32, and stay so).
+Without `dtype`, a dequantized weight takes the dtype of its scales, and other floats keep theirs.
+"""
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .archs import build, get_arch, get_gguf_arch
+from .archs.config import normalize_config
+from .core import Router
+from .errors import CheckpointError, InvalidSettingError, UnsupportedArchitectureError
+from .io.checkpoint import DTYPES, check_weights
+from .io.config import read_config
+from .io.gguf_file import read_gguf
+from .io.resolve import resolve
+from .loading import folder_weights
+from .quantization import MODES, dequantize_weights, packed_modules, quantize_modules
+from .quantization import quantize as quantize_model
+from .text.gguf_vocab import read_vocab
+from .text.tokenizer import add_special_tokens
+
+SHARD_SIZE = 5 << 30  # bytes: mlx-lm's (and the Hugging Face Hub's) largest file
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json",
+)
+
+
+def convert(
+    source: str | Path,
+    out: str | Path,
+    quantize: bool = False,
+    bits: int | None = None,
+    group_size: int | None = None,
+    mode: str = "affine",
+    recipe: str | None = None,
+    dtype: str | None = None,
+    *,
+    shard_size: int = SHARD_SIZE,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Write `source` (a checkpoint folder, a .gguf file, a Hugging Face repo id or a short name) as an MLX
+    folder `out` that minimlx and mlx-lm load; returns `out`.
+
+    `quantize` packs the weights (`bits`, `group_size`, `mode`, `recipe` as in `minimlx.quantize`; giving any of
+    them quantizes too); `dtype` ("float32", "float16", "bfloat16") casts the float tensors. Shards hold at most
+    `shard_size` bytes (a tensor larger than that gets a shard of its own). `progress` receives one line per
+    shard written. `out` must not exist or be an empty folder.
+    """
+    quantize = quantize or any(v is not None for v in (bits, group_size, recipe)) or mode != "affine"
+    recipe = recipe.replace("_", "-") if isinstance(recipe, str) else recipe  # mlx-lm spells them mixed_3_6
+    if dtype is not None and dtype not in DTYPES:
+        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if quantize:
+        check_quantization(bits, group_size, mode, recipe)
+    out = Path(out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidSettingError(f"{out} already exists and is not an empty folder; name a new folder to write to")
+    say = progress or (lambda line: None)
+
+    path = resolve(source)
+    arch, weights, origin, config, entry, tokenizer = read_source(path, dtype)
+    model = build(arch)
+    spec = packed_modules(model, weights, entry)
+    if quantize and group_size is None and mode == "affine" and spec:
+        # re-quantize on the groups the weights were packed in: a second rounding on other groups compounds the first
+        group_size = Counter(q["group_size"] for q in spec.values()).most_common(1)[0][0]
+    doing = plan(quantize, bits, group_size, mode, recipe, dtype, spec)
+    say(f"{path.name} ({config.get('model_type')}) -> {out}: {doing}")
+    if quantize or dtype is not None:
+        weights = float_weights(weights, spec, dtype)
+        check_weights(model, weights, origin)
+        model.update(tree_unflatten(list(weights.items())))
+        if quantize:
+            entry = quantize_floats(model, bits, group_size, mode, recipe)
+    else:
+        quantize_modules(model, spec)
+        check_weights(model, weights, origin)
+        model.update(tree_unflatten(list(weights.items())))
+        if spec:
+            entry = kept_entry(spec, entry)
+    weights.clear()
+    packed = quantized_modules(model)
+    tensors = dict(tree_flatten(model.parameters()))
+    del model  # from here on only `tensors` refers to the (lazy) weights, so each shard is freed once written
+    quantization = mlx_lm_entry(arch, packed, entry) if packed else None
+    tensors = export(arch, tensors)
+    torch_dtype = dtype or dominant_float_dtype(tensors)
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        write_shards(tensors, out, shard_size, say)
+        write_config(config, quantization, torch_dtype, out / "config.json")
+        tokenizer(out)
+        write_readme(out, path, config.get("model_type"), quantization, torch_dtype)
+    except BaseException:  # an interrupted conversion leaves no half-written folder behind
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for item in out.iterdir():
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+        raise
+    say(f"wrote {out}")
+    return out
+
+
+def plan(quantize, bits, group_size, mode, recipe, dtype, spec) -> str:
+    """What the conversion does, in words (the first progress line)."""
+    cast = f", floats in {dtype}" if dtype else ""
+    if quantize:
+        width = f"{recipe} recipe" if recipe else f"{bits or MODES[mode][1]}-bit"
+        return f"{width} {mode} quantization, group size {group_size or MODES[mode][0]}{cast}"
+    if dtype:
+        return f"{dtype} weights" + (" (packed weights unpacked)" if spec else "")
+    return "tensors as stored" + (" (packed weights kept packed)" if spec else "")
+
+
+def check_quantization(bits, group_size, mode, recipe) -> None:
+    """Refuse settings `minimlx.quantize` or MLX would refuse, before anything is read or written."""
+    if group_size is not None and (not isinstance(group_size, int) or group_size <= 0):
+        raise InvalidSettingError(f"group size must be a positive integer, got {group_size!r}")
+    width = group_size or MODES.get(mode, (64,))[0]
+    probe = nn.Module()
+    probe.layers, probe.proj = [], nn.Linear(8 * width, 8, bias=False)
+    try:  # the same checks, and messages, as quantizing the model
+        quantize_model(probe, bits, group_size, mode, recipe)
+        mx.eval(probe.parameters())
+    except ValueError as e:
+        message = str(e).removeprefix("[quantize] ").rstrip(".")
+        raise InvalidSettingError(f"cannot quantize so: {message[:1].lower()}{message[1:]}") from None
+
+
+def read_source(path: Path, dtype: str | None):
+    """(plugin config, lazy weights under the model's names, their checkpoint names by id, the config to write,
+    the source's quantization entry, a function that writes the tokenizer files into a folder)."""
+    if path.is_dir():
+        config = read_config(path)
+        arch = get_arch(config.get("model_type")).from_config(config)
+        weights, origin = folder_weights(arch, path)
+        entry = config.get("quantization") or config.get("quantization_config")
+        return arch, weights, origin, config, entry, lambda out: copy_tokenizer(path, out)
+    if path.suffix.lower() != ".gguf":
+        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
+    tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
+    config = get_gguf_arch(metadata.get("general.architecture")).gguf_config(metadata, tensors)
+    arch = get_arch(config["model_type"]).from_config(config)
+    if (config.get("rope_scaling") or {}).get("rope_type") == "per_frequency":
+        raise UnsupportedArchitectureError(
+            f"{path.name} scales its RoPE frequencies by a rope_freqs tensor, which an MLX folder's config.json "
+            "cannot express; convert the model's Hugging Face folder instead"
+        )
+    words = "".join(part.capitalize() for part in config["model_type"].split("_"))
+    config = {"architectures": [f"{words}ForCausalLM"], **config}
+    weights = arch.convert_gguf_weights(tensors, metadata)
+    return arch, weights, {}, config, None, lambda out: write_gguf_tokenizer(metadata, out)
+
+
+def float_weights(weights: dict, spec: dict, dtype: str | None) -> dict:
+    """Packed weights dequantized (into their scales' dtype, or `dtype`), float tensors cast to `dtype`."""
+    scales = {module: weights[f"{module}.scales"].dtype for module in spec}
+    dequantize_weights(weights, spec)
+    for name, w in weights.items():
+        if not mx.issubdtype(w.dtype, mx.floating):
+            continue
+        target = DTYPES[dtype] if dtype else scales.get(name.removesuffix(".weight"), w.dtype)
+        if not mx.issubdtype(target, mx.floating):  # mxfp4/nvfp4 scales are uint8: stay in float32
+            target = w.dtype
+        weights[name] = w.astype(target) if w.dtype != target else w
+    return weights
+
+
+def quantize_floats(model: nn.Module, bits, group_size, mode, recipe) -> dict:
+    """`minimlx.quantize` with the experts' routers left in float; returns its quantization entry."""
+    routers = [(parent, key, child) for _, parent in model.named_modules() for key, child in parent.children().items()
+               if isinstance(child, Router)]
+    for parent, key, _ in routers:
+        parent.pop(key)
+    try:
+        return quantize_model(model, bits, group_size, mode, recipe)
+    finally:
+        for parent, key, child in routers:
+            parent[key] = child
+
+
+def kept_entry(spec: dict, entry: dict | None) -> dict:
+    """The defaults of a source's packing kept as it is: its config's, or the settings most modules have."""
+    keys = ("group_size", "bits", "mode")
+    if entry and all(key in entry for key in keys[:2]):
+        return {"group_size": entry["group_size"], "bits": entry["bits"], "mode": entry.get("mode", "affine")}
+    common = Counter(tuple(q[key] for key in keys) for q in spec.values()).most_common(1)[0][0]
+    return dict(zip(keys, common))
+
+
+def quantized_modules(model: nn.Module) -> dict[str, dict]:
+    """`{module path: {group_size, bits, mode}}` for each module of `model` that holds packed weights."""
+    return {
+        path: {"group_size": module.group_size, "bits": module.bits, "mode": getattr(module, "mode", "affine")}
+        for path, module in model.named_modules()
+        if "scales" in module and hasattr(module, "bits")
+    }
+
+
+def mlx_lm_entry(arch, packed: dict[str, dict], entry: dict) -> dict:
+    """mlx-lm's `quantization` entry for the modules `packed` names (minimlx paths -> settings): the defaults
+    of `entry`, plus one entry per mlx-lm module path whose settings differ from them."""
+    defaults = {key: entry[key] for key in ("group_size", "bits", "mode")}
+    result = dict(defaults)
+    for theirs, ours in exported_modules(arch, list(packed)).items():
+        settings = {tuple(sorted(packed[m].items())) for m in ours}
+        if len(settings) > 1:
+            raise InvalidSettingError(
+                f"{', '.join(ours)} are written as one tensor ({theirs}) but would be quantized differently; "
+                "quantize without a recipe"
+            )
+        chosen = dict(settings.pop())
+        if chosen != defaults:
+            result[theirs] = chosen
+    return result
+
+
+def exported_modules(arch, modules: list[str]) -> dict[str, list[str]]:
+    """mlx-lm's module path -> the minimlx modules whose weights it holds, found by exporting one 1x1 weight
+    per module that carries the module's number (so fused tensors, like GPT-2's `c_attn`, name all of theirs)."""
+    tags = {f"{module}.weight": mx.array([[i]], dtype=mx.int32) for i, module in enumerate(modules)}
+    found: dict[str, list[str]] = {}
+    for name, tagged in export(arch, tags).items():
+        for i in np.array(tagged).reshape(-1).tolist():
+            found.setdefault(name.removesuffix(".weight"), []).append(modules[i])
+    return found
+
+
+def export(arch, tensors: dict) -> dict:
+    """The model's tensors under mlx-lm's names (the plugin's `export_weights`)."""
+    if not hasattr(arch, "export_weights"):
+        raise UnsupportedArchitectureError(
+            f"the {type(arch).__name__} plugin has no export_weights (its mlx-lm tensor names), so minimlx "
+            "convert cannot write it; add one to the plugin"
+        )
+    return arch.export_weights(tensors)
+
+
+def dominant_float_dtype(tensors: dict) -> str:
+    """The float dtype holding the most elements (what config.json's `torch_dtype` records)."""
+    sizes = Counter()
+    for w in tensors.values():
+        if mx.issubdtype(w.dtype, mx.floating):
+            sizes[w.dtype] += w.size
+    names = {v: k for k, v in DTYPES.items()}
+    return names.get(sizes.most_common(1)[0][0], "float32") if sizes else "float32"
+
+
+def write_shards(tensors: dict, out: Path, shard_size: int, say: Callable[[str], None]) -> None:
+    """Evaluate and save the tensors one shard at a time (mlx-lm's file names and metadata), then the index."""
+    shards, size = [], 0
+    for name, w in tensors.items():
+        if not shards or size + w.nbytes > shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += w.nbytes
+    total = sum(w.nbytes for w in tensors.values())
+    weight_map = {}
+    for i, names in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+        shard = {name: tensors.pop(name) for name in names}
+        for w in shard.values():  # one tensor at a time: MLX would read every input of the shard before using any
+            mx.eval(w)
+        nbytes = sum(w.nbytes for w in shard.values())
+        mx.save_safetensors(str(out / file), shard, metadata={"format": "mlx"})
+        del shard
+        weight_map.update(dict.fromkeys(names, file))
+        say(f"[{i + 1}/{len(shards)}] {file}: {len(names)} tensors, {nbytes / 1e9:.3f} GB")
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4) + "\n")
+
+
+def write_config(config: dict, quantization: dict | None, torch_dtype: str, path: Path) -> None:
+    """The source's config with mlx-lm's `quantization` (and its copy `quantization_config`) and the output dtype,
+    RoPE settings in the layout mlx-lm reads."""
+    config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config", "_name_or_path")}
+    if "rope_parameters" in config:  # transformers 5's layout; mlx-lm reads transformers 4's rope_theta, rope_scaling
+        rope = normalize_config(config)
+        del config["rope_parameters"]
+        keys = ("rope_theta", "rope_scaling", "partial_rotary_factor")
+        config.update({key: rope[key] for key in keys if key in rope})
+    if quantization:
+        config["quantization"] = config["quantization_config"] = quantization
+    config["torch_dtype"] = torch_dtype
+    if "dtype" in config:  # transformers 5's name for it
+        config["dtype"] = torch_dtype
+    path.write_text(json.dumps(dict(sorted(config.items())), indent=4) + "\n")
+
+
+def copy_tokenizer(folder: Path, out: Path) -> None:
+    """The tokenizer, chat template and generation settings files the source folder has."""
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            shutil.copy(folder / name, out / name)
+    if not (folder / "tokenizer.json").is_file():
+        import warnings
+
+        warnings.warn(f"{folder} has no tokenizer.json, so {out} has none; copy it in before loading", stacklevel=3)
+
+
+def write_gguf_tokenizer(metadata: dict, out: Path) -> None:
+    """tokenizer.json rebuilt from the GGUF's vocabulary, plus the files transformers (and mlx-lm) read with it."""
+    vocab = read_vocab(metadata)
+    add_special_tokens(vocab.backend, vocab.bos_token if vocab.add_bos_token else None,
+                       vocab.eos_token if vocab.add_eos_token else None)
+    vocab.backend.save(str(out / "tokenizer.json"))
+    tokens = metadata["tokenizer.ggml.tokens"]
+    named = {f"{name}_token": tokens[int(metadata[f"tokenizer.ggml.{key}_token_id"])]
+             for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+             if f"tokenizer.ggml.{key}_token_id" in metadata}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **named,
+        "add_bos_token": vocab.add_bos_token,
+        "add_eos_token": vocab.add_eos_token,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(metadata.get(f"{metadata.get('general.architecture')}.context_length", 2048)),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    if vocab.chat_template:
+        (out / "chat_template.jinja").write_text(vocab.chat_template)
+    generation = {"eos_token_id": sorted(vocab.end_token_ids)}
+    if vocab.bos_token is not None:
+        generation = {"bos_token_id": vocab.backend.token_to_id(vocab.bos_token), **generation}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def write_readme(out: Path, source: Path, model_type: str, quantization: dict | None, torch_dtype: str) -> None:
+    if quantization:
+        how = f"{quantization['bits']}-bit {quantization['mode']} quantization, group size {quantization['group_size']}"
+        if any(isinstance(v, dict) for v in quantization.values()):
+            how += ", some modules at other settings (see config.json)"
+    else:
+        how = f"{torch_dtype} weights"
+    (out / "README.md").write_text(
+        "---\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n\n"
+        f"# {out.name}\n\n"
+        f"An MLX model (`{model_type}`, {how}) converted by `minimlx convert` from `{source.name}`.\n\n"
+        f"```bash\nminimlx run --model {out.name} \"Hello\"\n"
+        f"mlx_lm.generate --model {out.name} --prompt \"Hello\"\n```\n"
+    )
