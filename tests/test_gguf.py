@@ -1,6 +1,8 @@
 """GGUF loading: small random llama models written with gguf's GGUFWriter, checked against transformers
 reading the same file (it undoes llama.cpp's q/k permutation and dequantizes on its own)."""
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -112,6 +114,15 @@ def test_gguf_kept_quantized(tmp_path, tensor_type, bits):
     assert model.layers[0].attn_norm.weight.dtype == (mx.float32 if on_cpu else mx.float16)
     ours = np.array(model(mx.array(IDS)).astype(mx.float32))
     assert relative_error(ours, reference_logits(transformers_from_gguf(path), IDS)) < 2e-2
+
+
+@pytest.mark.parametrize("recipe", ["Q4_K_M", "Q5_K_S", "Q6_K"])
+def test_llama_quantize_k_quant_files_match_transformers(recipe):
+    """Files llama-quantize wrote (fixtures/make_kquant_fixtures.py), K-quant types chosen per tensor."""
+    path = Path(__file__).parent / "fixtures" / f"tiny-llama-{recipe}.gguf"
+    model, _ = load_gguf(path, "float32")
+    ours = np.array(model(mx.array(IDS)))
+    assert relative_error(ours, reference_logits(transformers_from_gguf(path), IDS)) < 5e-3
 
 
 def test_unsupported_gguf_architecture(tmp_path):

@@ -20,6 +20,8 @@ from ..core import Experts, LatentAttention, MoE, RoPE, Router, SwiGLU, is_moe_l
 from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
 from .config import normalize_config
+from .gguf import Metadata, llama_config, unpacked
+from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
 from .llama3 import NAMES as LLAMA_NAMES
 from .llama3 import Llama3Config
 from .registry import register
@@ -34,6 +36,26 @@ NAMES = LLAMA_NAMES.extended(
         ("model.layers.{i}.self_attn.unembed_out.", "layers.{i}.attn.value_up_proj."),
     ]
 )
+# llama.cpp's names (`deepseek2`). Its converter splits kv_b_proj into attn_k_b (W_uk transposed) and attn_v_b, the
+# layout of key_up_proj and value_up_proj; files written before that hold attn_kv_b.
+GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
+    [
+        ("blk.{i}.attn_q_a_norm.", "layers.{i}.attn.q_a_norm."),
+        ("blk.{i}.attn_q_a.", "layers.{i}.attn.q_a_proj."),
+        ("blk.{i}.attn_q_b.", "layers.{i}.attn.q_b_proj."),
+        ("blk.{i}.attn_kv_a_mqa.", "layers.{i}.attn.kv_a_proj."),
+        ("blk.{i}.attn_kv_a_norm.", "layers.{i}.attn.kv_a_norm."),
+        ("blk.{i}.attn_kv_b.", "layers.{i}.attn.kv_b_proj."),
+        ("blk.{i}.attn_k_b.", "layers.{i}.attn.key_up_proj."),
+        ("blk.{i}.attn_v_b.", "layers.{i}.attn.value_up_proj."),
+        ("blk.{i}.exp_probs_b.bias", "layers.{i}.ffn.router.score_bias"),
+        ("blk.{i}.ffn_gate_shexp.", "layers.{i}.ffn.shared_experts.gate_proj."),
+        ("blk.{i}.ffn_up_shexp.", "layers.{i}.ffn.shared_experts.up_proj."),
+        ("blk.{i}.ffn_down_shexp.", "layers.{i}.ffn.shared_experts.down_proj."),
+    ]
+)
+GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
+SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 KV_B_PROJ = re.compile(r"^(layers\.\d+\.attn\.)kv_b_proj\.weight$")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -57,6 +79,8 @@ class DeepseekV2Config(Llama3Config):
         "first_k_dense_replace": 1,
     }
     names = NAMES
+    gguf_architectures = ("deepseek2",)
+    gguf_names = GGUF_NAMES
 
     q_lora_rank: int | None = None
     latent_dims: int = 512
@@ -174,6 +198,59 @@ class DeepseekV2Config(Llama3Config):
     def _beyond_last_layer(self, name: str) -> bool:
         match = LAYER_INDEX.match(name)
         return match is not None and int(match[1]) >= self.layers
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """V2 (softmax routing) or V3 (sigmoid, with a correction bias: files before `expert_gating_func` had
+        either softmax or the bias) from llama.cpp's `deepseek2` keys. Its MLA heads: key_length_mla (older
+        files: key_length) = nope + rope, value_length_mla (value_length) = value."""
+        m = Metadata(metadata)
+        config = llama_config(metadata, tensors, "deepseek_v2")
+        rope = m["rope.dimension_count"]
+        biased = any(name.endswith(".exp_probs_b.bias") for name in tensors)
+        gating = m.get("expert_gating_func") or (SIGMOID if biased else SOFTMAX)
+        if gating not in (SOFTMAX, SIGMOID):
+            raise UnsupportedArchitectureError(
+                f"GGUF expert_gating_func {gating} is not supported (supported: 1 softmax, 2 sigmoid)"
+            )
+        groups = m.get("expert_group_count") or 1
+        log_mul = m.get("rope.scaling.yarn_log_multiplier")  # 0.1 * mscale_all_dim; llama.cpp rotates as if mscale
+        if config["rope_scaling"] and log_mul:  # equalled it (it does in DeepSeek's releases)
+            config["rope_scaling"]["mscale"] = config["rope_scaling"]["mscale_all_dim"] = log_mul / 0.1
+        return {
+            **config,
+            "model_type": "deepseek_v3" if gating == SIGMOID else "deepseek_v2",
+            "num_hidden_layers": m["block_count"] - m.get("nextn_predict_layers", 0),
+            "num_key_value_heads": config["num_attention_heads"],  # llama.cpp stores MLA as one shared kv head
+            "head_dim": rope,
+            "q_lora_rank": m.get("attention.q_lora_rank"),
+            "kv_lora_rank": m["attention.kv_lora_rank"],
+            "qk_nope_head_dim": (m.get("attention.key_length_mla") or m["attention.key_length"]) - rope,
+            "qk_rope_head_dim": rope,
+            "v_head_dim": m.get("attention.value_length_mla") or m["attention.value_length"],
+            "rope_interleave": True,  # llama.cpp rotates adjacent pairs, as DeepSeek does
+            "n_routed_experts": m.get("expert_count"),
+            "num_experts_per_tok": m.get("expert_used_count"),
+            "moe_intermediate_size": m.get("expert_feed_forward_length"),
+            "n_shared_experts": m.get("expert_shared_count", 0),
+            "first_k_dense_replace": m.get("leading_dense_block_count", 0),
+            "scoring_func": "sigmoid" if gating == SIGMOID else "softmax",
+            "topk_method": "noaux_tc" if gating == SIGMOID else "group_limited_greedy" if groups > 1 else "greedy",
+            "n_group": groups,
+            "topk_group": m.get("expert_group_used_count") or 1,
+            "norm_topk_prob": m.get("expert_weights_norm", False),
+            "routed_scaling_factor": m.get("expert_weights_scale", 1.0),
+        }
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's names -> the model's, as stored (its converter does not permute DeepSeek's q or kv_a rows);
+        an older file's attn_kv_b split per head; multi-token-prediction layers dropped."""
+        layer = {name: GGUF_LAYER_INDEX.match(name) for name in tensors}
+        kept = {name: w for name, w in tensors.items() if not layer[name] or int(layer[name][1]) < self.layers}
+        weights = self.gguf_names.to_ours(kept)
+        for name in [n for n in weights if KV_B_PROJ.match(n)]:
+            weights[name] = unpacked(weights, name)
+        return self.split_kv_b_proj(weights)
 
 
 @register("deepseek_v3", "kimi_k2")

