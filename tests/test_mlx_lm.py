@@ -121,3 +121,22 @@ def test_gpt2_folder_from_mlx_lm(tmp_path, variant):
     ids = random_ids(VOCAB)
     logits = minimlx.load_model(folder, dtype="float32")(mx.array(ids))
     assert relative_error(np.array(logits), np.array(mlx_lm_logits(folder, ids))) < 1e-4
+
+
+def test_bad_quantized_files_give_one_line_and_exit_2(mlx_lm_folder, tmp_path):
+    """The command line's side of the errors above, and of a GGUF tensor type nothing can read."""
+    from click.testing import CliRunner
+    from test_cli_run import one_line_error
+    from test_gguf_tensors import write
+
+    from minimlx.cli import main
+
+    seven = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "seven", lambda c: c["quantization"].update(bits=7))
+    eight = rewrite_config(
+        mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "eight", lambda c: c.update(quantization={"group_size": 64, "bits": 8})
+    )
+    q8_k = write(tmp_path / "q8_k.gguf", {"blk.0.attn_q.weight": (np.zeros((2, 292), np.uint8), "Q8_K")})
+    runner = CliRunner()
+    one_line_error(runner.invoke(main, ["run", "w2", "--model", str(seven)]), "bits=7", "re-convert the model")
+    one_line_error(runner.invoke(main, ["run", "w2", "--model", str(eight)]), "does not fit 8-bit affine")
+    one_line_error(runner.invoke(main, ["run", "w2", "--model", str(q8_k)]), "type Q8_K is not supported")
