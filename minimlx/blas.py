@@ -9,7 +9,11 @@ docs/performance.md); opened after `mlx.core`, it changes nothing, which is why
 `minimlx/__init__.py` imports this module first.
 
 `MINIMLX_BLAS=off` keeps MLX's own BLAS; `MINIMLX_BLAS=/path/to/libblas.so` loads that
-library instead of searching. Nothing found is not an error: MLX's BLAS stays.
+library instead of searching. Nothing found is not an error: MLX's BLAS stays, and the commands
+that run a model say once how to get a fast one (`advice`).
+
+On Linux x86-64 minimlx depends on the `mkl` wheel, so a plain `pip install` brings MKL. On aarch64
+Linux no wheel exports the plain `cblas_*` names MLX binds to; Debian's OpenBLAS or BLIS packages do.
 """
 
 import ctypes
@@ -33,6 +37,15 @@ def candidates() -> list[str]:
     debian = f"/usr/lib/{os.uname().machine}-linux-gnu"
     blis, openblas = f"{debian}/blis-pthread/libblis.so.4", f"{debian}/openblas-pthread/libopenblas.so.0"
     return mkl + [blis, openblas] if intel_cpu() else [blis, *mkl, openblas]
+
+
+def advice() -> str | None:
+    """One line saying that float32 matmuls run on MLX's reference BLAS and how to fix it, or None when
+    they do not (another BLAS is loaded, `MINIMLX_BLAS=off` asked for it, or the platform is not Linux)."""
+    if loaded or not sys.platform.startswith("linux") or os.environ.get("MINIMLX_BLAS") == "off":
+        return None
+    fix = "pip install mkl" if os.uname().machine == "x86_64" else "apt-get install libopenblas0-pthread"
+    return f"note: MLX runs on its reference BLAS here, so CPU matmuls are about 20x slower; to fix it: {fix}"
 
 
 def intel_cpu() -> bool:

@@ -93,3 +93,16 @@ def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
 def test_mlx_imported_first_is_left_alone():
     out = run_python("import mlx.core, minimlx; print(minimlx.blas.loaded)").stdout
     assert out.split() == ["None"]
+
+
+def test_the_commands_say_once_when_mlx_keeps_its_reference_blas():
+    """A missing library leaves MLX's own BLAS: `minimlx bench` says so in one line, with the fix."""
+    environ = {k: v for k, v in os.environ.items() if k != "MINIMLX_BLAS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "minimlx", "bench", "/no/such/model"],
+        env=environ | {"MINIMLX_BLAS": "/no/such/libblas.so"}, capture_output=True, text=True, timeout=120,
+    )
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: MLX runs on its reference BLAS")]
+    fix = "pip install mkl" if os.uname().machine == "x86_64" else "apt-get install libopenblas0-pthread"
+    assert len(notes) == 1 and notes[0].endswith(f"to fix it: {fix}"), result.stderr
+    assert blas.advice() is None or not INSTALLED  # with a library loaded, nothing is said
