@@ -22,7 +22,7 @@ from test_generate import smollm2_path
 
 import minimlx
 from minimlx.cli import main
-from minimlx.io.gguf_file import Reader
+from minimlx.io.gguf_file import read_gguf
 from minimlx.text import Tokenizer
 
 VARIANTS = {
@@ -143,8 +143,7 @@ def test_gguf_to_4bit_still_answers_paris(smollm2_4bit):
 def test_gguf_conversion_reads_in_transformers_and_mlx_lm(smollm2_4bit):
     transformers, mlx_lm = require("transformers"), require("mlx_lm")
     _, tokenizer = minimlx.load(smollm2_4bit)
-    fields = Reader(smollm2_path()).fields
-    gguf_tokenizer = Tokenizer.from_gguf({name: field.contents() for name, field in fields.items()})
+    gguf_tokenizer = Tokenizer.from_gguf(read_gguf(smollm2_path())[1])
     theirs = transformers.AutoTokenizer.from_pretrained(str(smollm2_4bit))
     text = "Hello world, <|im_start|> 12345 héllo"
     assert theirs.encode(text) == tokenizer.encode(text) == gguf_tokenizer.encode(text)

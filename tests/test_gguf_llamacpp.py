@@ -18,14 +18,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from llamacpp import convert, llamacpp_sources, smollm2_tokenizer
+from llamacpp import Reader, convert, llamacpp_sources, smollm2_tokenizer
 from reference import reference_logits, relative_error, require, save_reference, to_v4_layout
 
 import minimlx
 from minimlx import loading
 from minimlx.archs import get_arch, get_gguf_arch
 from minimlx.errors import UnsupportedArchitectureError
-from minimlx.io.gguf_file import Reader, read_gguf
+from minimlx.io.gguf_file import read_gguf
 from minimlx.io.resolve import short_name_path
 
 VOCAB = 49152

@@ -154,8 +154,11 @@ def test_mx_load_types_are_bit_identical_to_mx_load(written, tmp_path):
     _, raw, _ = written
     kinds = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]  # what mx.load reads right (BF16 it turns into float16)
     path = write(tmp_path / "mx_load_types.gguf", {f"{kind}.weight": (raw[kind], kind) for kind in kinds})
-    ours, theirs = read_gguf(path)[0], mx.load(str(path))
-    assert ours.keys() == theirs.keys()
+    theirs = mx.load(str(path))
+    assert read_gguf(path)[0].keys() == theirs.keys()  # a file of these types only is read by mx.load itself
+    path = write(tmp_path / "and_bf16.gguf", {f"{kind}.weight": (raw[kind], kind) for kind in [*kinds, "BF16"]})
+    ours = read_gguf(path)[0]  # a BF16 tensor beside them: minimlx's own conversion of each, compared here
+    assert ours.keys() - {"BF16.weight"} == theirs.keys()
     for name in theirs:
         assert ours[name].dtype == theirs[name].dtype and ours[name].shape == theirs[name].shape, name
         assert np.array_equal(np.array(ours[name]).view(np.uint8), np.array(theirs[name]).view(np.uint8)), name
