@@ -1,0 +1,106 @@
+"""Families a few parameters away from LLaMA and Qwen: qwen2, mistral, mixtral, qwen2_moe, phi3, smollm3.
+
+Each tiny random transformers model is saved, loaded by minimlx and compared on float32 logits, for the
+whole sequence, token by token through the cache, and in the transformers 4 config layout.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
+
+import minimlx
+
+VOCAB = 96
+BASE = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+)
+CONFIGS = {
+    "qwen2": ("Qwen2Config", dict(BASE, rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    "mistral": ("MistralConfig", dict(BASE, sliding_window=None)),
+    "mixtral": ("MixtralConfig", dict(BASE, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(BASE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+             norm_topk_prob=False),  # no mlp_only_layers: mlx-lm reads none
+    ),
+    "phi3": ("Phi3Config", dict(BASE, pad_token_id=0, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                          partial_rotary_factor=0.5))),
+    "smollm3": ("SmolLM3Config", dict(BASE, pad_token_id=None, bos_token_id=None, eos_token_id=None, no_rope_layer_interval=2)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    config_class, config = CONFIGS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    torch_model = save_reference(folder, config_class, **config)
+    ids = random_ids(VOCAB)
+    return request.param, folder, reference_logits(torch_model, ids), ids
+
+
+def test_logits_match_transformers(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+    cache = model.make_cache()
+    steps = [model(mx.array(ids[:, :9]), cache)] + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, 16)]
+    assert relative_error(np.array(mx.concatenate(steps, axis=1)), reference) <= 1e-4
+
+
+def test_transformers_4_layout(checkpoint, tmp_path):
+    import shutil
+
+    _, folder, reference, ids = checkpoint
+    shutil.copytree(folder, tmp_path / "v4")
+    to_v4_layout(tmp_path / "v4")
+    model = minimlx.load_model(tmp_path / "v4", dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+
+
+def test_a_sliding_window_shorter_than_the_context_becomes_the_context(tmp_path):
+    """Mistral v0.1's window: exact for texts up to the window (the reference attends over all 16 tokens)."""
+    torch_model = save_reference(tmp_path, "MistralConfig", **dict(BASE, sliding_window=16))
+    ids = random_ids(VOCAB)
+    model = minimlx.load_model(tmp_path, dtype="float32")
+    assert model.config.max_positions == 16
+    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4
+
+
+@pytest.mark.parametrize("checkpoint", ["phi3"], indirect=True)
+def test_phi3_rotates_half_of_each_head_and_writes_fused_projections(checkpoint):
+    _, folder, *_ = checkpoint
+    model = minimlx.load_model(folder)
+    assert model.layers[0].attn.rope.dims == 8  # head_dim 16, partial_rotary_factor 0.5
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    assert written["model.layers.0.self_attn.qkv_proj.weight"].shape == (64 + 2 * 32, 64)
+    assert written["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 96, 64)
+
+
+@pytest.mark.parametrize("checkpoint", ["smollm3"], indirect=True)
+def test_smollm3_leaves_rope_out_of_every_other_layer(checkpoint):
+    _, folder, *_ = checkpoint
+    model = minimlx.load_model(folder)
+    assert [layer.attn.rope is not None for layer in model.layers] == [True, False, True, False]
+
+
+@pytest.mark.parametrize("checkpoint", ["mixtral", "phi3", "qwen2_moe"], indirect=True)
+def test_mlx_lm_4bit_folder_matches_mlx_lm(checkpoint, tmp_path):
+    """mlx-lm's own names and layouts: Mixtral's switch_mlp, Phi-3's fused projections kept packed, Qwen2-MoE's
+    shared expert and gate."""
+    import shutil
+
+    from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
+
+    _, folder, _, ids = checkpoint
+    source = tmp_path / "source"
+    shutil.copytree(folder, source)
+    to_v4_layout(source)  # the layout mlx-lm reads
+    save_tokenizer(source)
+    converted = mlx_lm_convert(source, tmp_path / "4bit", quantize=True, q_bits=4, q_group_size=32)
+    expected = np.array(mlx_lm_logits(converted, ids))
+    for dtype in ("float32", "quantized"):
+        model = minimlx.load_model(converted, dtype=dtype)
+        assert relative_error(np.array(model(mx.array(ids))), expected) <= 1e-4, dtype
