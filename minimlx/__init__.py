@@ -5,9 +5,9 @@ from .archs import list_archs, register
 from .loading import load, load_model
 from .quantization import quantize
 from .convert import convert
-from .generate import generate, stream_generate
+from .generate import batch_generate, generate, stream_generate
 from .anatomy import ledger, trace
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
-__all__ = ["convert", "generate", "ledger", "lens", "list_archs", "load", "load_model", "quantize", "register", "stream_generate", "trace"]
+__all__ = ["batch_generate", "convert", "generate", "ledger", "lens", "list_archs", "load", "load_model", "quantize", "register", "stream_generate", "trace"]

@@ -41,8 +41,9 @@ def candidates() -> list[str]:
 
 def advice() -> str | None:
     """One line saying that float32 matmuls run on MLX's reference BLAS and how to fix it, or None when
-    they do not (another BLAS is loaded, `MINIMLX_BLAS=off` asked for it, or the platform is not Linux)."""
-    if loaded or not sys.platform.startswith("linux") or os.environ.get("MINIMLX_BLAS") == "off":
+    they do not, or cannot be known (another BLAS is loaded, `MINIMLX_BLAS=off` asked for MLX's own, the platform
+    is not Linux, or `mlx.core` was imported before minimlx, so no search ran)."""
+    if loaded or not searched:
         return None
     fix = "pip install mkl" if os.uname().machine == "x86_64" else "apt-get install libopenblas0-pthread"
     return f"note: MLX runs on its reference BLAS here, so CPU matmuls are about 20x slower; to fix it: {fix}"
@@ -76,5 +77,7 @@ def load() -> str | None:
     return None
 
 
+searched: bool = sys.platform.startswith("linux") and os.environ.get("MINIMLX_BLAS") != "off" and "mlx.core" not in sys.modules
+"""Whether minimlx looked for a BLAS (on Linux, when asked to, before `mlx.core` was imported)."""
 loaded: str | None = load()
 """Path of the BLAS library loaded into this process, or None when MLX keeps its own."""

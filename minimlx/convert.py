@@ -35,7 +35,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .archs import build, get_arch, get_gguf_arch
+from .archs import build, get_gguf_arch, plugin_config
 from .archs.config import normalize_config
 from .core import Router
 from .errors import CheckpointError, InvalidSettingError, UnsupportedArchitectureError
@@ -166,7 +166,7 @@ def read_source(path: Path, dtype: str | None):
     the source's quantization entry, a function that writes the tokenizer files into a folder)."""
     if path.is_dir():
         config = read_config(path)
-        arch = get_arch(config.get("model_type")).from_config(config)
+        arch = plugin_config(config, str(path / "config.json"))
         weights, origin = folder_weights(arch, path)
         entry = config.get("quantization") or config.get("quantization_config")
         return arch, weights, origin, config, entry, lambda out: copy_tokenizer(path, out)
@@ -174,7 +174,7 @@ def read_source(path: Path, dtype: str | None):
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
     tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
     config = get_gguf_arch(metadata.get("general.architecture")).gguf_config(metadata, tensors)
-    arch = get_arch(config["model_type"]).from_config(config)
+    arch = plugin_config(config, str(path))
     if (config.get("rope_scaling") or {}).get("rope_type") == "per_frequency":
         raise UnsupportedArchitectureError(
             f"{path.name} scales its RoPE frequencies by a rope_freqs tensor, which an MLX folder's config.json "

@@ -5,12 +5,13 @@ names the plugin, the plugin renames and re-lays its tensors, and `quantization`
 packed weights run. Neither io nor archs imports the other.
 """
 
+import os
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .archs import build, get_arch, get_gguf_arch
+from .archs import build, gguf_plugin_config, plugin_config
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
@@ -60,7 +61,7 @@ def load_model(path: str | Path, dtype: str | None = None) -> nn.Module:
     if not folder.exists():
         raise ModelNotFoundError(f"no such model folder: {folder}")
     config = read_config(folder)
-    arch = get_arch(config.get("model_type")).from_config(config)
+    arch = plugin_config(config, str(folder / "config.json"))
     weights, origin = folder_weights(arch, folder)
     return assemble(arch, weights, dtype, config.get("quantization") or config.get("quantization_config"), origin)
 
@@ -84,9 +85,7 @@ def load_gguf(path: str | Path, dtype: str | None = None) -> tuple[nn.Module, di
     if dtype not in (None, *DTYPE_CHOICES):
         raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
     tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
-    reader = get_gguf_arch(metadata.get("general.architecture"))
-    config = reader.gguf_config(metadata, tensors)
-    arch = get_arch(config["model_type"]).from_config(config)
+    arch = gguf_plugin_config(metadata, tensors, str(path))
     return assemble(arch, arch.convert_gguf_weights(tensors, metadata), dtype), metadata
 
 
@@ -97,11 +96,21 @@ def load(path_or_name: str | Path, dtype: str | None = None) -> tuple[nn.Module,
     `dtype`: None picks by device (see `default_dtype`); "float32", "float16" or "bfloat16" casts
     (dequantizing packed weights); "quantized" keeps packed weights packed.
     """
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise InvalidSettingError(f"load takes a folder, a .gguf file or a model name, not {path_or_name!r}")
     path = resolve(path_or_name)
     dtype = dtype or default_dtype()
     if path.is_dir():
-        return load_model(path, dtype), Tokenizer.from_folder(path)
-    if path.suffix.lower() != ".gguf":
+        model, tokenizer = load_model(path, dtype), Tokenizer.from_folder(path)
+    elif path.suffix.lower() != ".gguf":
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
-    model, metadata = load_gguf(path, dtype)
-    return model, Tokenizer.from_gguf(metadata)
+    else:
+        model, metadata = load_gguf(path, dtype)
+        tokenizer = Tokenizer.from_gguf(metadata)
+    vocabulary = getattr(model.config, "vocab_size", None)
+    if vocabulary is not None and tokenizer.vocab_size > vocabulary:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} token ids but the model's embedding holds {vocabulary}; "
+            "the tokenizer belongs to another model, put the right one beside the weights"
+        )
+    return model, tokenizer

@@ -1,4 +1,22 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def hf_folder(tmp_path_factory):
+    """name -> the tiny Hugging Face folder of tests/mlx_lm_reference.py's model `name`, built once per session."""
+    from mlx_lm_reference import save_hf_model
+
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = tmp_path_factory.mktemp(f"hf-{name}")
+            save_hf_model(built[name], name)
+        return built[name]
+
+    return get

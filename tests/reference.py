@@ -55,6 +55,8 @@ def to_v4_layout(folder: Path) -> None:
     if rope:
         rope = dict(rope)
         config["rope_theta"] = rope.pop("rope_theta")
+        if "partial_rotary_factor" in rope:
+            config["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
         config["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
     if "dtype" in config:
         config["torch_dtype"] = config.pop("dtype")

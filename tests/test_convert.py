@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_logits, save_hf_model
+from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_logits
 from reference import random_ids, relative_error, require
 from test_generate import smollm2_path
 
@@ -47,19 +47,6 @@ def convert(*args):
     result = CliRunner().invoke(main, ["convert", *map(str, args)])
     assert result.exit_code == 0, result.output
     return result
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    built = {}
-
-    def get(name):
-        if name not in built:
-            built[name] = tmp_path_factory.mktemp(f"hf-{name}")
-            save_hf_model(built[name], name)
-        return built[name]
-
-    return get
 
 
 @pytest.fixture(scope="module")

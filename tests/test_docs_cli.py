@@ -6,35 +6,16 @@ text) only has to exit with status 0. Every command and option of the CLI must a
 """
 
 import re
-import subprocess
 from pathlib import Path
 
 import click
 import pytest
+from doc_pages import console_commands, matches, shell
 
 from minimlx.cli import main
 
 CLI_MD = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-BLOCK = re.compile(r"^```console( varies)?\n(.*?)^```", re.S | re.M)
-
-
-def documented_commands() -> list[tuple[str, list[str] | None]]:
-    """(command line, documented output lines or None when the block varies) for each `$ ` line."""
-    runs = []
-    for varies, body in BLOCK.findall(CLI_MD.read_text()):
-        for chunk in re.split(r"^\$ ", body, flags=re.M)[1:]:
-            command, *output = chunk.rstrip("\n").split("\n")
-            runs.append((command, None if varies else [line.rstrip() for line in output]))
-    return runs
-
-
-COMMANDS = documented_commands()
-
-
-def matches(documented: list[str], actual: list[str]) -> bool:
-    """The documented lines in order, where `...` matches any run of lines."""
-    pattern = "".join(r"(?:.*\n)*?" if line == "..." else re.escape(line) + r"\n" for line in documented)
-    return re.fullmatch(pattern, "".join(line + "\n" for line in actual)) is not None
+COMMANDS = console_commands(CLI_MD)
 
 
 def test_the_page_has_commands_for_every_subcommand():
@@ -51,15 +32,7 @@ def test_every_option_is_documented(name):
 
 @pytest.mark.parametrize("command, output", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_documented_command_runs_as_written(command, output, tmp_path):
-    run = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", command],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        timeout=300,
-    )
+    run = shell(command, tmp_path)
     assert run.returncode == 0, run.stdout
     if output is not None:
         actual = [line.rstrip() for line in run.stdout.rstrip("\n").split("\n")]

@@ -48,6 +48,8 @@ LATENT = dict(
 )
 # name -> (transformers config class, config, llama.cpp architecture, tensors the file must hold,
 #          config values to give transformers reading the GGUF (None: it cannot read the architecture))
+# (A dense qwen2 model is missing: for model_type qwen2, transformers tokenizes SmolLM2's vocabulary in a way
+# llama.cpp's converter does not recognise, and no Qwen tokenizer is at hand offline.)
 MODELS = {
     "llama": (  # untied head, biases (transformers' GGUF reader needs telling)
         "LlamaConfig", dict(DENSE, tie_word_embeddings=False, attention_bias=True, mlp_bias=True), "llama",
@@ -65,6 +67,16 @@ MODELS = {
         "Qwen3MoeConfig",
         dict(DENSE, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
         "qwen3moe", ("blk.1.ffn_down_exps.weight",), {"moe_intermediate_size": 32},
+    ),
+    "qwen2_moe": (  # a shared expert with its gate beside the routed ones, no renormalisation
+        "Qwen2MoeConfig",
+        dict(DENSE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+             norm_topk_prob=False),
+        "qwen2moe", ("blk.1.ffn_gate_inp_shexp.weight", "blk.1.ffn_down_exps.weight"), None,
+    ),
+    "mixtral": (
+        "MixtralConfig", dict(DENSE, num_local_experts=4, num_experts_per_tok=2), "llama",
+        ("blk.1.ffn_gate_exps.weight",), None,
     ),
     "gpt2": (
         "GPT2Config", dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64), "gpt2",

@@ -10,7 +10,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_convert, mlx_lm_logits, save_hf_model
+from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_convert, mlx_lm_logits
 from reference import random_ids, relative_error
 
 import minimlx
@@ -22,19 +22,6 @@ VARIANTS = {
     "mixed_3_6": dict(quantize=True, q_group_size=64, quant_predicate="mixed_3_6"),
     "bfloat16": dict(dtype="bfloat16"),
 }
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    built = {}
-
-    def get(name):
-        if name not in built:
-            built[name] = tmp_path_factory.mktemp(f"hf-{name}")
-            save_hf_model(built[name], name)
-        return built[name]
-
-    return get
 
 
 @pytest.fixture(scope="module")

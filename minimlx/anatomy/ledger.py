@@ -38,7 +38,7 @@ COMPONENTS = {
     "lm_head": "lm_head",
     "other": "other",
 }
-FFN_PARTS = {"router": "router", "experts": "routed_experts", "shared_experts": "shared_experts"}
+FFN_PARTS = {"router": "router", "experts": "routed_experts", "shared_experts": "shared_experts", "shared_gate": "shared_experts"}
 TOP_LEVEL = {"embed": "token_embedding", "positions": "position_embedding", "head": "lm_head"}
 QUANTIZATION_DATA = ("scales", "biases")
 
@@ -70,9 +70,9 @@ def preset(name: str) -> dict:
     return json.loads(resources.files("minimlx.anatomy").joinpath("presets", f"{name}.json").read_text())
 
 
-def lazy_model(config: dict) -> nn.Module:
+def lazy_model(config: dict, source: str = "the config") -> nn.Module:
     """The model a config describes, unallocated, with parameters in the checkpoint's dtype."""
-    model = build_model(config)
+    model = build_model(config, source)
     dtype = DTYPES.get(normalize_config(config).get("dtype"))
     if dtype is not None:
         model.set_dtype(dtype)
@@ -179,9 +179,9 @@ def ledger(model_or_config: nn.Module | dict | str | Path) -> Ledger:
         return count(lazy_model(model_or_config))
     name = str(model_or_config)
     if name in presets():
-        return count(lazy_model(preset(name)))
+        return count(lazy_model(preset(name), f"preset {name}"))
     if Path(name).is_dir():
-        return count(lazy_model(read_config(Path(name))))
+        return count(lazy_model(read_config(Path(name)), str(Path(name) / "config.json")))
     raise ModelNotFoundError(
         f"{name!r} is neither a preset ({', '.join(presets())}) nor a checkpoint folder; pass one of those"
     )

@@ -9,6 +9,7 @@ The model runs with a `Recorder`; each block hands over `resid_pre`, `attn_out`,
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..checks import check_ids, vocab_size
 from ..core import Recorder
 from ..errors import InvalidSettingError
 
@@ -26,9 +27,14 @@ def activation_names(model: nn.Module) -> list[str]:
     return names + ["final_norm", "logits"]
 
 
-def _as_batch(ids) -> mx.array:
-    ids = mx.array(ids)
-    return ids[None] if ids.ndim == 1 else ids
+def _as_batch(model: nn.Module, ids) -> mx.array:
+    """(batch, tokens) ids from one sequence or a batch of equally long ones, each id checked against the vocabulary."""
+    rows = ids.tolist() if hasattr(ids, "tolist") else list(ids) if hasattr(ids, "__iter__") else ids
+    rows = rows if isinstance(rows, list) and rows and isinstance(rows[0], (list, tuple)) else [rows]
+    rows = [check_ids(row, vocab_size(model)) for row in rows]
+    if len({len(row) for row in rows}) > 1:
+        raise InvalidSettingError("the sequences of a batch must be equally long; trace them one at a time")
+    return mx.array(rows)
 
 
 def trace(model: nn.Module, ids, names: list[str] | None = None) -> dict[str, mx.array]:
@@ -50,7 +56,7 @@ def trace(model: nn.Module, ids, names: list[str] | None = None) -> dict[str, mx
     ]
     wanted = None if names is None else set(names) | {f"layers.{i}.resid_mid" for i in routed}
     recorder = Recorder(wanted)
-    model(_as_batch(ids), recorder=recorder)
+    model(_as_batch(model, ids), recorder=recorder)
     values = recorder.values
     for i in routed:
         layer = model.layers[i]

@@ -1,11 +1,23 @@
-"""Hugging Face `config.json` in the one layout the plugins read.
+"""Hugging Face `config.json` in the one layout the plugins read, and checked reads of its values.
 
 Two generations of transformers write configs differently:
 - transformers 4: `rope_theta` and `rope_scaling` (with `type` or `rope_type`), `torch_dtype`;
 - transformers 5: `rope_parameters` holding `rope_theta` and the scaling, `dtype`.
 `normalize_config` returns the first shape with `rope_scaling` either None or a dict whose
 `rope_type` names the scaling, and `dtype`. It is idempotent.
+
+Plugins read values with `number`, `flag`, `choice` and `rope_scaling`, which check type and range and raise
+CheckpointError naming the key; the registry adds the file's name (`registry.plugin_config`).
 """
+
+import math
+
+from ..errors import CheckpointError, UnsupportedArchitectureError
+
+MISSING = object()
+ROPE_TYPES = ("linear", "llama3", "yarn", "per_frequency")
+MAX_SIZE = 2**31 - 1  # MLX's largest array dimension
+MAX_LAYERS = 4096  # over 30 times the deepest published model (126): more is a typo, and would not fit in memory
 
 
 def normalize_config(config: dict) -> dict:
@@ -14,7 +26,7 @@ def normalize_config(config: dict) -> dict:
     if isinstance(rope, dict) and "rope_theta" not in rope and rope:
         rope = next(iter(rope.values()))  # per-layer-type rope parameters: the first type's
     if rope:
-        rope = dict(rope)
+        rope = dict(_object(rope, "rope_parameters"))
         if "rope_theta" in rope:
             config["rope_theta"] = rope.pop("rope_theta")
         if "partial_rotary_factor" in rope:
@@ -22,7 +34,7 @@ def normalize_config(config: dict) -> dict:
         config["rope_scaling"] = rope
     scaling = config.get("rope_scaling")
     if scaling:
-        scaling = dict(scaling)
+        scaling = dict(_object(scaling, "rope_scaling"))
         scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type") or "default"
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
     else:
@@ -31,3 +43,74 @@ def normalize_config(config: dict) -> dict:
         config["dtype"] = config["torch_dtype"]
     config.pop("torch_dtype", None)
     return config
+
+
+def _object(value, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"config key {key!r} must be an object, got {value!r}; fix the config")
+    return value
+
+
+def number(config: dict, key: str, default=MISSING, kind: type = int, low: int = 1, high: int = MAX_SIZE, label=None):
+    """`config[key]` (`default` when absent or null) as `kind`: an int >= `low` (and <= `high`), or a positive
+    finite float. CheckpointError naming the key (as `label`, when given) otherwise."""
+    label = label or key
+    value = config.get(key)
+    if value is None:
+        if default is MISSING:
+            raise CheckpointError(f"config key {label!r} is missing; add it to the config")
+        return default
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind is int:
+        ok = numeric and float(value).is_integer() and low <= value <= high
+        wanted = f"an integer from {low} to {high:,}"
+    else:
+        ok, wanted = numeric and value > 0, "a positive number"
+    if not ok:
+        raise CheckpointError(f"config key {label!r} must be {wanted}, got {value!r}; fix the config")
+    return kind(value)
+
+
+def flag(config: dict, key: str, default: bool = False) -> bool:
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config key {key!r} must be true or false, got {value!r}; fix the config")
+    return value
+
+
+def choice(config: dict, key: str, default: str, choices) -> str:
+    value = config.get(key, default)
+    if value not in choices:
+        raise UnsupportedArchitectureError(
+            f"config key {key!r} is {value!r}, which minimlx does not support (supported: {', '.join(choices)})"
+        )
+    return value
+
+
+def rope_scaling(config: dict) -> dict | None:
+    """A normalized config's `rope_scaling`, its type one that minimlx computes and its factors positive."""
+    scaling = config["rope_scaling"]
+    if scaling is None:
+        return None
+    kind = scaling["rope_type"]
+    if kind not in ROPE_TYPES:
+        raise UnsupportedArchitectureError(
+            f"rope_scaling type {kind!r} is not supported (supported: default, {', '.join(ROPE_TYPES)}); fix the config"
+        )
+    if kind == "per_frequency":
+        factors = scaling.get("factors")
+        if not isinstance(factors, list) or not factors:
+            raise CheckpointError(f"config key 'rope_scaling.factors' must be a list of numbers, got {factors!r}")
+        for i in range(len(factors)):
+            number(dict(enumerate(factors)), i, kind=float, label=f"rope_scaling.factors[{i}]")
+    else:
+        number(scaling, "factor", kind=float, label="rope_scaling.factor")
+    return scaling
+
+
+def require(condition: bool, message: str) -> None:
+    """CheckpointError(`message`) unless `condition`: for rules between keys."""
+    if not condition:
+        raise CheckpointError(f"{message}; fix the config")

@@ -19,7 +19,7 @@ import mlx.nn as nn
 from ..core import Experts, LatentAttention, MoE, RoPE, Router, SwiGLU, is_moe_layer, stack_experts
 from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
-from .config import normalize_config
+from .config import flag, normalize_config, number, require
 from .gguf import Metadata, llama_config, unpacked
 from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
 from .llama3 import NAMES as LLAMA_NAMES
@@ -105,27 +105,34 @@ class DeepseekV2Config(Llama3Config):
     def from_config(cls, config: dict):
         c = normalize_config(config)
         c.setdefault("rms_norm_eps", 1e-6)
-        return replace(
+        moe_ffn_dims = number(c, "moe_intermediate_size", 0, low=0)
+        arch = replace(
             super().from_config(c),
-            q_lora_rank=c.get("q_lora_rank"),
-            latent_dims=c["kv_lora_rank"],
-            nope_dims=c["qk_nope_head_dim"],
-            rope_dims=c["qk_rope_head_dim"],
-            value_dims=c["v_head_dim"],
-            rope_interleave=c.get("rope_interleave", True),
-            num_experts=c.get("n_routed_experts") or 0,
-            experts_per_token=c.get("num_experts_per_tok") or 1,
-            moe_ffn_dims=c.get("moe_intermediate_size") or 0,
-            shared_ffn_dims=(c.get("moe_intermediate_size") or 0) * (c.get("n_shared_experts") or 0),
+            q_lora_rank=number(c, "q_lora_rank", None),
+            latent_dims=number(c, "kv_lora_rank"),
+            nope_dims=number(c, "qk_nope_head_dim"),
+            rope_dims=number(c, "qk_rope_head_dim", low=2),
+            value_dims=number(c, "v_head_dim"),
+            rope_interleave=flag(c, "rope_interleave", True),
+            num_experts=number(c, "n_routed_experts", 0, low=0),
+            experts_per_token=number(c, "num_experts_per_tok", 1),
+            moe_ffn_dims=moe_ffn_dims,
+            shared_ffn_dims=moe_ffn_dims * number(c, "n_shared_experts", 0, low=0),
             scoring=c.get("scoring_func") or cls.scoring,
             topk_method=c.get("topk_method") or cls.topk_method,
-            norm_topk_prob=c.get("norm_topk_prob", cls.norm_topk_prob),
-            groups=c.get("n_group") or 1,
-            groups_kept=c.get("topk_group") or 1,
-            routed_scaling_factor=c.get("routed_scaling_factor", 1.0),
-            first_k_dense_replace=c.get("first_k_dense_replace") or 0,
-            moe_layer_freq=c.get("moe_layer_freq") or 1,
+            norm_topk_prob=flag(c, "norm_topk_prob", cls.norm_topk_prob),
+            groups=number(c, "n_group", 1),
+            groups_kept=number(c, "topk_group", 1),
+            routed_scaling_factor=number(c, "routed_scaling_factor", 1.0, float),
+            first_k_dense_replace=number(c, "first_k_dense_replace", 0, low=0),
+            moe_layer_freq=number(c, "moe_layer_freq", 1),
         )
+        if arch.num_experts:
+            require(arch.experts_per_token <= arch.num_experts and arch.num_experts % arch.groups == 0
+                    and arch.groups_kept <= arch.groups,
+                    f"the experts do not add up: n_routed_experts {arch.num_experts}, num_experts_per_tok "
+                    f"{arch.experts_per_token}, n_group {arch.groups}, topk_group {arch.groups_kept}")
+        return arch
 
     def __post_init__(self):
         if self.topk_method not in TOPK_METHODS or self.scoring not in ("softmax", "sigmoid"):

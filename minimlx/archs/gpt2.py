@@ -2,12 +2,13 @@
 
 from dataclasses import dataclass
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import MLP, Attention, Block, LayerNorm, Transformer
+from ..core.ffn import ACTIVATIONS
 from ..errors import UnsupportedArchitectureError
-from .config import normalize_config
+from .config import MAX_LAYERS, choice, normalize_config, number, require
+from .fused import fuse, split_fused
 from .gguf import Metadata
 from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
 from .names import NameMap
@@ -55,15 +56,17 @@ class GPT2Config:
     @classmethod
     def from_config(cls, config: dict):
         c = normalize_config(config)
+        dims, heads = number(c, "n_embd", 768), number(c, "n_head", 12)
+        require(dims % heads == 0, f"n_embd ({dims}) must be a multiple of n_head ({heads})")
         return cls(
-            vocab_size=c.get("vocab_size", 50257),
-            dims=c.get("n_embd", 768),
-            layers=c.get("n_layer", 12),
-            heads=c.get("n_head", 12),
-            max_positions=c.get("n_positions") or c.get("n_ctx", 1024),
-            ffn_dims=c.get("n_inner"),
-            norm_eps=c.get("layer_norm_epsilon", 1e-5),
-            activation=c.get("activation_function", "gelu_new"),
+            vocab_size=number(c, "vocab_size", 50257),
+            dims=dims,
+            layers=number(c, "n_layer", 12, high=MAX_LAYERS),
+            heads=heads,
+            max_positions=number(c, "n_positions", None) or number(c, "n_ctx", 1024),
+            ffn_dims=number(c, "n_inner", None),
+            norm_eps=number(c, "layer_norm_epsilon", 1e-5, float),
+            activation=choice(c, "activation_function", "gelu_new", ACTIVATIONS),
         )
 
     def build(self) -> Transformer:
@@ -93,25 +96,11 @@ class GPT2Config:
                 name = "model." + name.removeprefix("transformer.")
                 w = w.T if name.endswith(CONV1D) and w.ndim == 2 else w
             out[name] = w
-        weights = {}
-        for name, w in NAMES.to_ours(out).items():
-            if ".attn.qkv_proj." in name:
-                for proj, part in zip(QKV, mx.split(w, 3, axis=0)):
-                    weights[name.replace("qkv_proj", proj)] = part
-            else:
-                weights[name] = w
-        return weights
+        return split_fused(NAMES.to_ours(out), "qkv_proj", self.qkv_rows())
 
     def export_weights(self, weights: dict) -> dict:
         """The model's tensors in mlx-lm's layout: q, k, v fused back into `c_attn`, (out, in) weights."""
-        fused = {}
-        for name, w in weights.items():
-            if ".attn.q_proj." in name:
-                parts = [weights[name.replace("q_proj", proj)] for proj in QKV]
-                fused[name.replace("q_proj", "qkv_proj")] = mx.concatenate(parts, axis=0)
-            elif ".attn.k_proj." not in name and ".attn.v_proj." not in name:
-                fused[name] = w
-        return NAMES.to_theirs(fused)
+        return NAMES.to_theirs(fuse(weights, "qkv_proj", list(QKV)))
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
@@ -134,10 +123,8 @@ class GPT2Config:
 
     def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
         """llama.cpp's names -> the model's; the fused q/k/v rows (weight, packed or not, and bias) split apart."""
-        weights = {}
-        for name, w in GGUF_NAMES.to_ours(tensors).items():
-            if ".attn.qkv_proj." in name:
-                weights.update({name.replace("qkv_proj", p): part for p, part in zip(QKV, mx.split(w, 3, axis=0))})
-            else:
-                weights[name] = w
-        return weights
+        return split_fused(GGUF_NAMES.to_ours(tensors), "qkv_proj", self.qkv_rows())
+
+    def qkv_rows(self) -> list[tuple[str, int]]:
+        """The fused projection's parts: q, k and v, `dims` rows each."""
+        return [(proj, self.dims) for proj in QKV]

@@ -10,7 +10,7 @@ import mlx.nn as nn
 
 from ..core import Attention, Block, RMSNorm, RoPE, SwiGLU, Transformer
 from ..errors import UnsupportedArchitectureError
-from .config import normalize_config
+from .config import MAX_LAYERS, flag, normalize_config, number, require, rope_scaling
 from .gguf import Metadata, llama_config, unpermute_rows
 from .names import NameMap
 from .registry import register
@@ -94,22 +94,27 @@ class Llama3Config:
     @classmethod
     def from_config(cls, config: dict):
         c = normalize_config(config)
-        heads = c["num_attention_heads"]
+        dims, heads = number(c, "hidden_size"), number(c, "num_attention_heads")
+        kv_heads = number(c, "num_key_value_heads", heads)
+        head_dim = number(c, "head_dim", dims // heads)
+        require(heads % kv_heads == 0,
+                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+        require(head_dim > 0, f"hidden_size ({dims}) is below num_attention_heads ({heads}) and no head_dim is given")
         return cls(
-            vocab_size=c["vocab_size"],
-            dims=c["hidden_size"],
-            layers=c["num_hidden_layers"],
+            vocab_size=number(c, "vocab_size"),
+            dims=dims,
+            layers=number(c, "num_hidden_layers", high=MAX_LAYERS),
             heads=heads,
-            kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            ffn_dims=c["intermediate_size"],
-            norm_eps=c.get("rms_norm_eps", 1e-5),
-            rope_base=c.get("rope_theta", 10000.0),
-            rope_scaling=c["rope_scaling"],
-            max_positions=c.get("max_position_embeddings", 2048),
-            attention_bias=c.get("attention_bias", False),
-            mlp_bias=c.get("mlp_bias", False),
-            tied_head=c.get("tie_word_embeddings", False),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn_dims=number(c, "intermediate_size"),
+            norm_eps=number(c, "rms_norm_eps", 1e-5, float),
+            rope_base=number(c, "rope_theta", 10000.0, float),
+            rope_scaling=rope_scaling(c),
+            max_positions=number(c, "max_position_embeddings", 2048),
+            attention_bias=flag(c, "attention_bias"),
+            mlp_bias=flag(c, "mlp_bias"),
+            tied_head=flag(c, "tie_word_embeddings"),
         )
 
     def rope(self) -> RoPE:
@@ -144,8 +149,13 @@ class Llama3Config:
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's `llama` files: LLaMA, Mistral, and (with experts) Mixtral."""
+        m = Metadata(metadata)
         config = llama_config(metadata, tensors, "llama")
-        if Metadata(metadata).get("rope.dimension_count", config["head_dim"]) != config["head_dim"]:
+        if m.get("expert_count"):
+            config.update(num_local_experts=m["expert_count"], num_experts_per_tok=m["expert_used_count"])
+            config["model_type"] = "mixtral"
+        if m.get("rope.dimension_count", config["head_dim"]) != config["head_dim"]:
             raise UnsupportedArchitectureError("GGUF files with partial rotary embeddings are not supported yet")
         return config
 

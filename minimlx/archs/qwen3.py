@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import mlx.nn as nn
 
 from ..core import Attention, Experts, MoE, Router, is_moe_layer, stack_experts
-from .config import normalize_config
+from .config import flag, normalize_config, number, require
 from .gguf import Metadata, llama_config
 from .llama3 import Llama3Config
 from .registry import register
@@ -65,22 +65,29 @@ class Qwen3MoeConfig(Qwen3Config):
     @classmethod
     def from_config(cls, config: dict):
         c = normalize_config(config)
-        return replace(
+        arch = replace(
             super().from_config(c),
-            num_experts=c.get("num_experts", c.get("num_local_experts", 0)),
-            experts_per_token=c["num_experts_per_tok"],
-            moe_ffn_dims=c["moe_intermediate_size"],
-            norm_topk_prob=c.get("norm_topk_prob", False),
-            decoder_sparse_step=c.get("decoder_sparse_step") or 1,
+            num_experts=number(c, "num_experts", None, low=0) or number(c, "num_local_experts", 0, low=0),
+            experts_per_token=number(c, "num_experts_per_tok"),
+            moe_ffn_dims=number(c, "moe_intermediate_size"),
+            norm_topk_prob=flag(c, "norm_topk_prob"),
+            decoder_sparse_step=number(c, "decoder_sparse_step", 1),
             mlp_only_layers=tuple(c.get("mlp_only_layers") or ()),
         )
+        require(arch.experts_per_token <= max(arch.num_experts, 1), f"num_experts_per_tok ({arch.experts_per_token}) "
+                f"must be at most num_experts ({arch.num_experts})")
+        return arch
 
     def ffn(self, layer: int) -> nn.Module:
         step = self.decoder_sparse_step
         if self.num_experts == 0 or not is_moe_layer(layer, every=step, phase=step - 1, dense=self.mlp_only_layers):
             return super().ffn(layer)
         router = Router(self.dims, self.num_experts, self.experts_per_token, "softmax", self.norm_topk_prob)
-        return MoE(router, Experts(self.dims, self.moe_ffn_dims, self.num_experts))
+        return MoE(router, Experts(self.dims, self.moe_ffn_dims, self.num_experts), *self.shared_expert())
+
+    def shared_expert(self) -> tuple:
+        """The shared expert beside the routed ones, and its gate: none in Qwen3-MoE."""
+        return ()
 
     def convert_weights(self, weights: dict) -> dict:
         return stack_experts(super().convert_weights(weights))

@@ -11,12 +11,13 @@ A plugin that reads GGUF files lists llama.cpp's architecture names in its own `
 """
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 import mlx.nn as nn
 
-from ..errors import UnsupportedArchitectureError
+from ..errors import CheckpointError, MinimlxError, UnsupportedArchitectureError
 
 GROUP = "minimlx.archs"
 
@@ -77,7 +78,7 @@ def load_entry_points() -> None:
     for ep in entry_points(group=GROUP):
         try:
             ep.load()
-        except Exception as e:  # a broken plugin must not take the others down
+        except BaseException as e:  # a broken plugin (even one that calls sys.exit) must not take the others down
             source = ep.dist.name if ep.dist is not None else ep.value
             warnings.warn(f"{source}: minimlx plugin {ep.name!r} failed to load and is skipped ({e!r})", stacklevel=2)
 
@@ -95,7 +96,7 @@ def list_archs() -> list[str]:
 def get_arch(model_type: str | None) -> type:
     """The plugin class registered for `model_type`."""
     load_entry_points()
-    if model_type in _registry:
+    if isinstance(model_type, str) and model_type in _registry:
         return _registry[model_type].plugin
     raise UnsupportedArchitectureError(
         f"unsupported model_type {model_type!r}; registered: {', '.join(sorted(_registry))} "
@@ -117,9 +118,43 @@ def get_gguf_arch(architecture: str | None) -> type:
     )
 
 
-def build_model(config: dict) -> nn.Module:
+def plugin_config(config: dict, source: str = "the config"):
+    """The plugin config that a config.json dict (read from `source`) describes.
+
+    Errors name `source`; a plugin that fails other than with a MinimlxError is named too.
+    """
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{source} must hold a JSON object, not {type(config).__name__}; fix it")
+    model_type = config.get("model_type")
+    plugin = get_arch(model_type)
+    with reported(plugin, source, f"the plugin for model_type {model_type!r}"):
+        return plugin.from_config(config)
+
+
+def gguf_plugin_config(metadata: dict, tensors: dict, source: str):
+    """The plugin config that a GGUF file's metadata and tensors describe; errors name `source` as plugin_config's do."""
+    reader = get_gguf_arch(metadata.get("general.architecture"))
+    with reported(reader, source, f"the plugin for GGUF architecture {metadata.get('general.architecture')!r}"):
+        config = reader.gguf_config(metadata, tensors)
+    return plugin_config(config, source)
+
+
+@contextmanager
+def reported(plugin: type, source: str, who: str):
+    """While `plugin` (described as `who`) reads `source`: a MinimlxError gains the source's name, any other
+    error becomes a CheckpointError naming the plugin, its class and its package."""
+    try:
+        yield
+    except MinimlxError as e:
+        raise type(e)(f"{source}: {e}") from None
+    except Exception as e:
+        plugin_name = f"{plugin.__module__}.{plugin.__name__}, {source_of(plugin)}"
+        raise CheckpointError(f"{source}: {who} ({plugin_name}) cannot read it: {e!r}") from None
+
+
+def build_model(config: dict, source: str = "the config") -> nn.Module:
     """The model a config dict describes, with lazy (unallocated) parameters; `model.config` is the plugin config."""
-    return build(get_arch(config.get("model_type")).from_config(config))
+    return build(plugin_config(config, source))
 
 
 def build(arch) -> nn.Module:

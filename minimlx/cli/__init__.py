@@ -1,24 +1,84 @@
 """The `minimlx` command. Each subcommand lives in its own module of this package."""
 
+import os
 import sys
 import warnings
 
 import click
 
-from ..errors import MinimlxError
+from ..errors import InvalidSettingError, MinimlxError
+
+
+def fail(message: str, status: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(status)
 
 
 class Group(click.Group):
-    """Turns user errors into one line on stderr and exit status 2, never a traceback; warnings into one line each."""
+    """Ends every failure with one line on stderr and a non-zero status, never a traceback: user errors and
+    usage errors exit 2, an interrupt 130, a failed read or write (closed pipe, full disk) 1. Warnings are
+    one line each."""
 
-    def invoke(self, ctx):
+    def main(self, args=None, prog_name=None, **extra):
         with warnings.catch_warnings():
             warnings.showwarning = lambda message, *where, **how: click.echo(f"warning: {message}", err=True)
             try:
-                return super().invoke(ctx)
+                if sys.stdout is None:
+                    raise InvalidSettingError("standard output is closed; redirect it to a file or /dev/null")
+                status = super().main(args, prog_name, standalone_mode=False, **extra)
             except MinimlxError as e:
-                click.echo(f"error: {e}", err=True)
-                sys.exit(2)
+                fail(str(e), 2)
+            except click.exceptions.NoArgsIsHelpError as e:  # `minimlx` alone: the help, as click shows it
+                e.show()
+                sys.exit(e.exit_code)
+            except click.ClickException as e:
+                fail(e.format_message(), e.exit_code)
+            except (click.Abort, KeyboardInterrupt):
+                fail("interrupted", 130)
+        sys.exit(status or 0)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as e:  # a closed pipe or a full disk (caught here: click would end a closed pipe silently)
+            silence_stdout()  # what is left of the output cannot be written either
+            fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no stdout, or one without a file descriptor
+        pass
+
+
+def clean(text: str, where: str) -> str:
+    """`text` with invalid UTF-8 (which Python keeps as lone surrogates) replaced by U+FFFD, said once on stderr."""
+    fixed = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if fixed != text:
+        warnings.warn(f"{where} is not valid UTF-8; the invalid bytes were replaced by \N{REPLACEMENT CHARACTER}")
+    return fixed
+
+
+class Text(click.ParamType):
+    """A text argument: invalid UTF-8 replaced (with a warning), as `clean` does."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        return clean(value, f"the {param.human_readable_name.lower()} argument")
+
+
+TEXT = Text()
+
+
+def read_stdin() -> str:
+    """All of stdin as text (invalid UTF-8 replaced, with a warning), without the newline echo and heredocs add."""
+    if sys.stdin is None:
+        raise InvalidSettingError("standard input is closed; pass the prompt as an argument")
+    sys.stdin.reconfigure(errors="surrogateescape")
+    return clean(sys.stdin.read(), "standard input").rstrip("\n")
 
 
 dtype_option = click.option(
@@ -35,4 +95,4 @@ def main():
     """Run transformer language models with MLX and look inside them."""
 
 
-from . import anatomy, archs, bench, chat, compare, convert, lens, run  # noqa: E402, F401  (each adds its command to `main`)
+from . import anatomy, archs, bench, chat, compare, convert, lens, run, serve  # noqa: E402, F401  (each adds its command to `main`)

@@ -11,6 +11,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .. import blas
+from ..errors import InvalidSettingError
 from ..core.sampling import make_sampler
 from ..generate import generate_tokens
 from ..loading import default_dtype, load
@@ -43,9 +44,17 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_json):
     """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL."""
+    if mx.default_device() == mx.cpu and (note := blas.advice()):
+        click.echo(note, err=True)
     start = time.perf_counter()
     net, tokenizer = load(model, dtype)
     load_s = time.perf_counter() - start
+    context = getattr(net.config, "max_positions", None)
+    if context is not None and prompt_tokens + gen_tokens > context:
+        raise InvalidSettingError(
+            f"--prompt-tokens {prompt_tokens} plus --gen-tokens {gen_tokens} do not fit in the model's context of "
+            f"{context} positions; ask for at most {context} in all"
+        )
     rng = random.Random(0)
     prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(prompt_tokens)]
     timed_generation(net, prompt, min(gen_tokens, 4), prefill_step)

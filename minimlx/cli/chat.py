@@ -5,8 +5,8 @@ from contextlib import closing
 
 import click
 
-from ..errors import MinimlxError
-from . import main
+from ..errors import InvalidSettingError, MinimlxError
+from . import clean, main
 from .run import generation_options, open_model, print_stats, sampling
 
 HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
@@ -17,16 +17,19 @@ HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
 def chat(**options):
     """Talk with a model. Only each new turn is prefilled: the cache holds the conversation."""
     settings = sampling(options)
+    if sys.stdin is None:
+        raise InvalidSettingError("standard input is closed; chat reads your turns from it")
     from ..generate import Conversation
 
     model, tokenizer = open_model(options)
     conversation = Conversation(model, tokenizer, options["system"])
     interactive = sys.stdin.isatty()
+    sys.stdin.reconfigure(errors="surrogateescape")  # a line of invalid UTF-8 is cleaned, not fatal
     if interactive:
         click.echo(HELP, err=True)
     while True:
         try:
-            line = input(">>> " if interactive else "").strip()
+            line = clean(input(">>> " if interactive else ""), "this line").strip()
         except EOFError:
             break
         except KeyboardInterrupt:

@@ -6,14 +6,14 @@ import click
 
 from ..anatomy.similarity import compare_word
 from ..loading import load
-from . import dtype_option, main
+from . import TEXT, dtype_option, main
 
 
 @main.command()
 @click.argument("model")
-@click.argument("first")
-@click.argument("second")
-@click.option("--word", required=True, help="A word that occurs in both sentences.")
+@click.argument("first", type=TEXT)
+@click.argument("second", type=TEXT)
+@click.option("--word", required=True, type=TEXT, help="A word that occurs in both sentences.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @dtype_option
 def compare(model, first, second, word, as_json, dtype):

@@ -7,7 +7,7 @@ import click
 from ..anatomy.lens import LensResult, logit_lens
 from ..errors import InvalidSettingError
 from ..loading import load
-from . import dtype_option, main
+from . import TEXT, dtype_option, main
 
 
 def grid(result: LensResult, longest: int = 16) -> str:
@@ -58,7 +58,7 @@ def draw(result: LensResult, path: str) -> None:
 
 @main.command()
 @click.argument("model")
-@click.argument("prompt")
+@click.argument("prompt", type=TEXT)
 @click.option("--top-k", default=5, show_default=True, help="Guesses kept per cell (the grid shows the first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Also draw the grid as a heatmap (needs matplotlib).")

@@ -8,8 +8,9 @@ import sys
 
 import click
 
+from .. import blas
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import dtype_option, main
+from . import TEXT, dtype_option, main, read_stdin
 
 
 def generation_options(command):
@@ -22,8 +23,8 @@ def generation_options(command):
         click.option("--top-k", default=0, show_default=True, help="Keep this many most likely tokens; 0 keeps all."),
         click.option("--min-p", default=0.0, show_default=True, help="Drop tokens below min-p times the top one."),
         click.option("--repetition-penalty", default=1.0, show_default=True, help="Above 1 discourages repeats."),
-        click.option("--seed", type=int, help="Seed that makes sampling reproducible."),
-        click.option("--system", help="System prompt (through the chat template)."),
+        click.option("--seed", type=int, help="Seed that makes sampling reproducible (0 to 2**64 - 1)."),
+        click.option("--system", type=TEXT, help="System prompt (through the chat template)."),
         click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
         dtype_option,
         click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
@@ -35,6 +36,7 @@ def generation_options(command):
 
 def sampling(options: dict) -> dict:
     """stream_generate's settings from the shared options, checked before anything loads."""
+    from ..checks import check_generation
     from ..generate import check_generation_settings
 
     settings = {
@@ -46,6 +48,7 @@ def sampling(options: dict) -> dict:
         "repetition_penalty": options["repetition_penalty"],
     }
     check_generation_settings(**settings)
+    check_generation(options["max_tokens"], options["seed"])
     return {**settings, "seed": options["seed"]}
 
 
@@ -62,6 +65,8 @@ def open_model(options: dict):
         mx.set_default_device(mx.gpu)
     elif options["device"] == "cpu":
         mx.set_default_device(mx.cpu)
+    if mx.default_device() == mx.cpu and (note := blas.advice()):
+        click.echo(note, err=True)
     name = options["model"]
     if name is None:
         if short_name_path(DEFAULT_MODEL) is None:
@@ -81,16 +86,18 @@ def print_stats(response) -> None:
 
 
 @main.command()
-@click.argument("prompt", required=False)
+@click.argument("prompt", required=False, type=TEXT)
 @generation_options
 @click.option("--no-chat-template", is_flag=True, help="Send the prompt as raw text (completion).")
 def run(prompt, no_chat_template, **options):
     """Generate an answer to PROMPT ("-" or nothing: read it from stdin)."""
     settings = sampling(options)
     if prompt in (None, "-"):
-        if prompt is None and sys.stdin.isatty():
+        if prompt is None and sys.stdin is not None and sys.stdin.isatty():
             raise InvalidSettingError('no prompt; pass one, e.g. minimlx run "Hello", or pipe it in with "-"')
-        prompt = sys.stdin.read().rstrip("\n")  # the newline that echo and heredocs add
+        prompt = read_stdin()
+    if not prompt.strip():
+        raise InvalidSettingError("the prompt is empty; give some text")
     from ..generate import stream_generate
 
     model, tokenizer = open_model(options)

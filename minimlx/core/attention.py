@@ -12,6 +12,11 @@ from .norms import RMSNorm
 from .rope import RoPE
 
 
+def causal(tokens: int) -> str | None:
+    """The mask of `tokens` queries over themselves alone: causal, or none for a single token."""
+    return "causal" if tokens > 1 else None
+
+
 class Attention(nn.Module):
     """softmax(q k^T / sqrt(head_dim) + causal mask) v, projected back to the model width.
 
@@ -55,12 +60,12 @@ class Attention(nn.Module):
         if "q_norm" in self and self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        position, mask = (cache.position, cache.mask(tokens)) if cache is not None else (0, causal(tokens))
         if self.rope is not None:
-            offset = cache.offset if cache is not None else 0
-            q, k = self.rope(q, offset), self.rope(k, offset)
+            q, k = self.rope(q, position), self.rope(k, position)
         if cache is not None:
             k, v = cache.update(k, v)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal" if tokens > 1 else None)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
 
     def make_cache(self) -> KVCache:

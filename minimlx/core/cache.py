@@ -3,19 +3,26 @@
 Every cache follows one protocol: `update(...)` appends this step's entries and returns
 everything cached so far, `offset` is the number of cached tokens, `trim(n)` forgets the last
 n tokens, `nbytes` is the memory held.
+
+A cache may hold several sequences of different lengths, one per batch row, each left-padded to
+the longest (`padding`: how many leading columns of each row hold no token). Attention learns about
+this only through the protocol: `position` (where each row's next token sits in its own sequence,
+for RoPE) and `mask(tokens)` (which cached columns each query may see). `merge` and `select` build
+such caches from others and take rows out of them, which is how sequences join and leave a batch.
 """
 
 import mlx.core as mx
 
 
 class GrowingBuffer:
-    """Arrays of shape (..., tokens, features) preallocated in steps, so appending is a slice write."""
+    """Arrays of shape (batch, ..., tokens, features) preallocated in steps, so appending is a slice write."""
 
     step = 256
 
     def __init__(self):
         self.arrays: list[mx.array] | None = None
         self.offset = 0
+        self.padding: list[int] = []  # per row; empty means no row is padded
 
     def append(self, *new: mx.array) -> list[mx.array]:
         previous, count = self.offset, new[0].shape[-2]
@@ -43,6 +50,72 @@ class GrowingBuffer:
     @property
     def state(self) -> list[mx.array]:
         return self.arrays or []
+
+    @property
+    def position(self) -> int | mx.array:
+        """Position of the next token in its own sequence: `offset`, or one per row (batch,) when rows are padded."""
+        return mx.array([self.offset - p for p in self.padding]) if any(self.padding) else self.offset
+
+    def mask(self, tokens: int) -> str | mx.array | None:
+        """The attention mask for `tokens` new queries over the cache once they are appended: causal,
+        and, when rows are padded, a boolean (batch, 1, tokens, keys) array that also hides the padding."""
+        if not any(self.padding):
+            return "causal" if tokens > 1 else None
+        keys = mx.arange(self.offset + tokens)
+        visible = keys[None, None, None, :] >= mx.array(self.padding)[:, None, None, None]
+        return visible & (keys <= mx.arange(self.offset, self.offset + tokens)[:, None]) if tokens > 1 else visible
+
+    def rows(self) -> int:
+        return self.arrays[0].shape[0] if self.arrays is not None else 1
+
+    def row_padding(self) -> list[int]:
+        return self.padding or [0] * self.rows()
+
+    def select(self, rows: list[int]) -> "GrowingBuffer":
+        """A cache of these rows only (self when that is all of it), without the leading columns none of them uses."""
+        everything = rows == list(range(self.rows()))
+        padding = [self.row_padding()[r] for r in rows]
+        drop = min(padding)
+        if everything and drop == 0:
+            return self
+        picked = type(self)()
+        picked.arrays = [(a if everything else a[mx.array(rows)])[..., drop:, :] for a in self.arrays]
+        picked.offset, picked.padding = self.offset - drop, [p - drop for p in padding]
+        return picked
+
+    def prefix(self, count: int) -> "GrowingBuffer":
+        """A new cache of the first `count` tokens of this one (which holds one unpadded row); appending to it
+        leaves this one as it is."""
+        fresh = type(self)()
+        fresh.arrays, fresh.offset = [a[..., :count, :] for a in self.arrays], count
+        return fresh
+
+    @classmethod
+    def merge(cls, caches: list["GrowingBuffer"]) -> "GrowingBuffer":
+        """One cache holding the rows of `caches` one after another, each left-padded to the longest.
+
+        An empty cache (a sequence with nothing cached yet) counts as one row of padding only.
+        """
+        filled = [c for c in caches if c.arrays is not None]
+        if len(caches) == 1 or not filled:
+            return caches[0] if len(caches) == 1 else cls()
+        offset = max(c.offset for c in caches)
+        capacity = (offset + cls.step - 1) // cls.step * cls.step
+        merged, parts = cls(), []
+        for c in caches:
+            shift = offset - c.offset
+            merged.padding += [p + shift for p in c.row_padding()]
+            if c.arrays is None:
+                parts.append([mx.zeros((1, *a.shape[1:-2], capacity, a.shape[-1]), a.dtype) for a in filled[0].arrays])
+            else:
+                parts.append([pad(a[..., : c.offset, :], shift, capacity - offset) for a in c.arrays])
+        merged.offset, merged.arrays = offset, [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
+        return merged
+
+
+def pad(a: mx.array, before: int, after: int) -> mx.array:
+    """Zeros on both sides of the token axis (-2)."""
+    return mx.pad(a, [(0, 0)] * (a.ndim - 2) + [(before, after), (0, 0)])
 
 
 class KVCache(GrowingBuffer):

@@ -14,6 +14,7 @@ attends over the cached latents directly and never rebuilds the whole context's 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .attention import causal
 from .cache import LatentCache
 from .norms import RMSNorm
 from .quantized import QuantizedWeight
@@ -85,31 +86,31 @@ class LatentAttention(nn.Module):
         q = q.reshape(batch, tokens, self.heads, -1).transpose(0, 2, 1, 3)
         q_nope, q_rope = mx.split(q, [self.nope_dims], axis=-1)
         latent, k_rope = mx.split(self.kv_a_proj(x)[:, None], [self.latent_dims], axis=-1)
-        offset = cache.offset if cache is not None else 0
-        q_rope, k_rope = self.rope(q_rope, offset), self.rope(k_rope, offset)
+        position, mask = (cache.position, cache.mask(tokens)) if cache is not None else (0, causal(tokens))
+        q_rope, k_rope = self.rope(q_rope, position), self.rope(k_rope, position)
         latent_keys = mx.concatenate([self.kv_a_norm(latent), k_rope], axis=-1)  # (batch, 1, tokens, latent + rope)
         if cache is not None:
             latent_keys = cache.update(latent_keys)
         attend = self._absorbed if tokens == 1 else self._expanded
-        out = attend(q_nope, q_rope, latent_keys)
+        out = attend(q_nope, q_rope, latent_keys, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
 
-    def _expanded(self, q_nope, q_rope, latent_keys) -> mx.array:
+    def _expanded(self, q_nope, q_rope, latent_keys, mask) -> mx.array:
         """Full per-head keys and values from the latents, then causal attention."""
         latent, k_rope = mx.split(latent_keys, [self.latent_dims], axis=-1)
         k_nope, values = self.key_up_proj(latent, transpose=False), self.value_up_proj(latent)
         keys = mx.concatenate([k_nope, mx.broadcast_to(k_rope, (*k_nope.shape[:-1], self.rope_dims))], axis=-1)
         queries = mx.concatenate([q_nope, q_rope], axis=-1)
-        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask="causal")
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
-    def _absorbed(self, q_nope, q_rope, latent_keys) -> mx.array:
+    def _absorbed(self, q_nope, q_rope, latent_keys, mask) -> mx.array:
         """Attention in latent space: queries through W_uk, one shared latent 'head', output through W_uv.
 
         The cached rows serve as keys and, whole (a slice would be copied), as values; the rope
         part of the result is dropped.
         """
         queries = mx.concatenate([self.key_up_proj(q_nope), q_rope], axis=-1)  # (batch, heads, 1, latent + rope)
-        out = mx.fast.scaled_dot_product_attention(queries, latent_keys, latent_keys, scale=self.scale)
+        out = mx.fast.scaled_dot_product_attention(queries, latent_keys, latent_keys, scale=self.scale, mask=mask)
         return self.value_up_proj(out[..., : self.latent_dims])
 
     def make_cache(self) -> LatentCache:

@@ -132,14 +132,22 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """sum_k weight_k * expert_k(x) over the routed experts, plus the shared experts' SwiGLU if any."""
+    """sum_k weight_k * expert_k(x) over the routed experts, plus the shared experts' SwiGLU if any.
 
-    def __init__(self, router: Router, experts: Experts, shared_experts: SwiGLU | None = None):
+    With `shared_gate` (a dims -> 1 linear map) the shared experts' output is scaled by a per-token
+    sigmoid(shared_gate(x)) before it is added.
+    """
+
+    def __init__(
+        self, router: Router, experts: Experts, shared_experts: SwiGLU | None = None, shared_gate: nn.Linear | None = None
+    ):
         super().__init__()
         self.router = router
         self.experts = experts
         if shared_experts is not None:
             self.shared_experts = shared_experts
+        if shared_gate is not None:
+            self.shared_gate = shared_gate
         self.num_experts = router.num_experts
         self.experts_per_token = router.experts_per_token
 
@@ -152,7 +160,8 @@ class MoE(nn.Module):
         out = self.experts(x, expert_indices)
         out = (out * expert_weights[..., None].astype(out.dtype)).sum(axis=-2)
         if "shared_experts" in self:
-            out = out + self.shared_experts(x)
+            shared = self.shared_experts(x)
+            out = out + (mx.sigmoid(self.shared_gate(x)) * shared if "shared_gate" in self else shared)
         return out
 
 

@@ -7,6 +7,7 @@ reproducible: the same key and logits give the same token.
 
 import math
 from collections.abc import Callable
+from numbers import Integral, Real
 
 import mlx.core as mx
 
@@ -76,7 +77,13 @@ def make_sampler(temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, m
 def check_settings(
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0
 ) -> None:
-    """Refuse sampling settings that mean nothing, naming the allowed range."""
+    """Refuse sampling settings that mean nothing (NaN, infinite, the wrong type, out of range), naming the range."""
+    reals = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "repetition_penalty": repetition_penalty}
+    for name, value in reals.items():
+        if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
+            raise InvalidSettingError(f"{name} must be a finite number, got {value!r}")
+    if not isinstance(top_k, Integral) or isinstance(top_k, bool):
+        raise InvalidSettingError(f"top_k must be a whole number, got {top_k!r}")
     problems = [
         (temperature < 0, f"temperature must be >= 0 (0 is greedy), got {temperature}"),
         (not 0 < top_p <= 1, f"top_p must be in (0, 1] (1 keeps every token), got {top_p}"),

@@ -38,8 +38,9 @@ class Transformer(nn.Module):
         """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given."""
         x = self.embed(ids)
         if "positions" in self:
-            start = cache[0].offset if cache is not None else 0
-            x = x + self.positions(mx.arange(start, start + ids.shape[1]))
+            start = cache[0].position if cache is not None else 0
+            start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
+            x = x + self.positions(start + mx.arange(ids.shape[1]))
         if recorder is not None:
             recorder(embed=x)
         for i, layer in enumerate(self.layers):

@@ -4,7 +4,6 @@ io knows files, not architectures: the caller (`minimlx.loading`) asks the regis
 that names and builds the model, and hands its tensors back here to be checked and installed.
 """
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,6 +11,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import CheckpointError, InvalidSettingError
+from .config import read_json
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -28,7 +28,10 @@ def read_safetensors(folder: Path) -> dict[str, mx.array]:
     """All tensors of `model.safetensors`, or of the shards `model.safetensors.index.json` lists."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index} has no weight_map of tensor names to file names; re-download it")
+        files = sorted(set(weight_map.values()))
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:

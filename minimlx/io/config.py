@@ -1,9 +1,24 @@
-"""Reading a checkpoint folder's `config.json` (plugins turn it into their config dataclass)."""
+"""Reading a checkpoint folder's JSON files: `config.json` (plugins turn it into their config dataclass) and
+the side files (tokenizer_config.json, generation_config.json, the shard index) through one reader."""
 
 import json
 from pathlib import Path
 
 from ..errors import CheckpointError, ModelNotFoundError
+
+
+def read_json(path: Path, missing: dict | None = None) -> dict:
+    """The JSON object in `path` (`missing` when there is no such file); CheckpointError when it cannot be read
+    or holds something else than an object."""
+    if missing is not None and not path.is_file():
+        return missing
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise CheckpointError(f"{path} is not valid JSON ({e}); re-download the checkpoint") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not {type(value).__name__}; re-download the checkpoint")
+    return value
 
 
 def read_config(folder: Path) -> dict:
@@ -12,7 +27,4 @@ def read_config(folder: Path) -> dict:
         raise ModelNotFoundError(f"no such model folder: {folder}")
     if not path.is_file():
         raise CheckpointError(f"{folder} has no config.json; point at a Hugging Face checkpoint folder or a .gguf file")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); re-download the checkpoint") from None
+    return read_json(path)

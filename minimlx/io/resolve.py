@@ -93,6 +93,8 @@ def repo_file(repo_id: str, filename: str) -> Path:
 
 def resolve(name: str | os.PathLike) -> Path:
     """The folder or `.gguf` file that `name` designates."""
+    if not str(name).strip():  # Path("") would be the current folder
+        raise ModelNotFoundError("the model name is empty; pass a checkpoint folder, a .gguf file or a repo id")
     path = Path(name).expanduser()
     if path.exists():
         return path

