@@ -10,6 +10,7 @@ step would be retraced every token, and compiling the sampler alone saved under 
 """
 
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -167,7 +168,9 @@ class Conversation:
     """A chat whose KV cache holds the conversation so far, so each turn prefills only its new tokens.
 
     Every turn renders the whole conversation with the chat template, keeps the cached tokens
-    that agree with it, trims the rest and feeds only what follows.
+    that agree with it, trims the rest and feeds only what follows. A conversation that no longer
+    leaves room for an answer in the model's context drops its oldest turns (the system prompt stays),
+    with one warning per conversation.
     """
 
     def __init__(self, model: nn.Module, tokenizer, system: str | None = None):
@@ -178,6 +181,10 @@ class Conversation:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
         self.cache = self.model.make_cache()
         self.cached_ids: list[int] = []
+        self.warned = False
+
+    def render(self, messages: list[dict]) -> list[int]:
+        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special_tokens=False)
 
     def keep(self, count: int) -> None:
         """Forget every cached token after the first `count`."""
@@ -191,7 +198,19 @@ class Conversation:
         Closing the iterator early (or an interrupt) keeps the answer so far in the conversation.
         """
         messages = self.messages + [{"role": "user", "content": text}]
-        ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special_tokens=False)
+        ids = self.render(messages)
+        context = getattr(self.model.config, "max_positions", None)
+        room = min(settings.get("max_tokens", 256), context // 4) if context else 0
+        first = 1 if self.system is not None else 0  # the first message that may be dropped
+        while context and len(ids) + room > context and len(messages) - first > 1:
+            messages = messages[:first] + messages[first + 2 :]  # the oldest exchange: a question and its answer
+            ids = self.render(messages)
+            if not self.warned:
+                warnings.warn(
+                    f"the conversation no longer fits the model's context of {context} tokens: dropping its oldest "
+                    "turns (the system prompt stays); /reset starts over"
+                )
+                self.warned = True
         shared = 0
         while shared < min(len(ids) - 1, len(self.cached_ids)) and ids[shared] == self.cached_ids[shared]:
             shared += 1
