@@ -14,10 +14,7 @@ from test_generate import smollm2_path
 PAGES = ["README.md", "docs/anatomy.md", "docs/python-api.md"]
 COMMANDS = [(page, command, output) for page in PAGES for command, output in console_commands(ROOT / page)]
 COMMANDS += [(page, command, None) for page in PAGES for command in bash_commands(ROOT / page)]
-KNOWN = {  # documented output that differs here, for a reason outside the page: xfail until fixed
-    "minimlx anatomy smollm2-135m": "on the CPU, loading keeps norms and quantization scales in float32, so the bytes "
-    "column shows more than the GGUF file's float16 storage that the page documents",
-}
+KNOWN = {}  # documented output that differs here, for a reason outside the page: command -> why (xfail until fixed)
 PROGRAMS = [(page, body, after) for page in PAGES for body, _, after in blocks(ROOT / page, "python")
             if body.startswith(("import ", "from ")) and ">>> " not in body and "path/to" not in body]
 SESSIONS = [page for page in PAGES if any(">>> " in body for body, _, _ in blocks(ROOT / page, "python"))]
