@@ -210,3 +210,17 @@ def test_many_requests_no_errors_and_flat_memory(tiny_server):
         assert all(ask(i) in ("stop", "length") for i in range(500))
         assert all(reason in ("stop", "length") for reason in pool.map(ask, range(200)))
     assert server.memory_info().rss <= 1.1 * after_20, (after_20, server.memory_info().rss)
+
+
+def test_an_address_in_use_is_refused_before_loading(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", "--port", str(port), "--model", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pick another --port or --host"

@@ -3,6 +3,7 @@
 import ctypes
 import importlib.util
 import os
+import socket
 
 import click
 
@@ -26,10 +27,20 @@ def one_blas_thread() -> None:
         ctypes.CDLL(blas.loaded).MKL_Set_Num_Threads(1)
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse an address this process cannot listen on before the model is loaded, not after."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        reason = (e.strerror or str(e)).split(" (while")[0]
+        raise InvalidSettingError(f"cannot listen on {host}:{port} ({reason}); pick another --port or --host") from None
+
+
 @main.command()
 @click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Most sequences decoded together; more requests wait.")
 @click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
@@ -48,6 +59,7 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
     from ..server import serve as run_server
     from .run import open_model
 
+    check_address(host, port)
     one_blas_thread()
     model, tokenizer = open_model(options)
     engine = Engine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
