@@ -69,3 +69,11 @@ def to_v4_layout(folder: Path) -> None:
 
 def random_ids(vocab: int, batch: int = 2, tokens: int = 16, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=(batch, tokens))
+
+
+def reference_checkpoint(tmp_path_factory, name: str, config_class: str, config: dict, vocab: int):
+    """(name, folder, transformers' logits, ids): the random model `config` saved, with its reference logits."""
+    folder = tmp_path_factory.mktemp(name)
+    torch_model = save_reference(folder, config_class, **config)
+    ids = random_ids(vocab)
+    return name, folder, reference_logits(torch_model, ids), ids

@@ -8,7 +8,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
+from reference import (
+    random_ids, reference_checkpoint, reference_logits, relative_error, save_reference, to_v4_layout,
+)
 
 import minimlx
 
@@ -34,11 +36,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def checkpoint(request, tmp_path_factory):
-    config_class, config = CONFIGS[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    torch_model = save_reference(folder, config_class, **config)
-    ids = random_ids(VOCAB)
-    return request.param, folder, reference_logits(torch_model, ids), ids
+    return reference_checkpoint(tmp_path_factory, request.param, *CONFIGS[request.param], VOCAB)
 
 
 def test_logits_match_transformers(checkpoint):

@@ -8,7 +8,9 @@ import pytest
 
 import minimlx
 from minimlx.errors import CheckpointError, UnsupportedArchitectureError
-from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
+from reference import (
+    random_ids, reference_checkpoint, reference_logits, relative_error, save_reference, to_v4_layout,
+)
 
 VOCAB = 96
 
@@ -41,11 +43,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def checkpoint(request, tmp_path_factory):
-    config_class, config = CONFIGS[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    torch_model = save_reference(folder, config_class, **config)
-    ids = random_ids(VOCAB)
-    return request.param, folder, reference_logits(torch_model, ids), ids
+    return reference_checkpoint(tmp_path_factory, request.param, *CONFIGS[request.param], VOCAB)
 
 
 def logits_of(folder, ids):
