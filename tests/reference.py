@@ -77,3 +77,54 @@ def reference_checkpoint(tmp_path_factory, name: str, config_class: str, config:
     torch_model = save_reference(folder, config_class, **config)
     ids = random_ids(vocab)
     return name, folder, reference_logits(torch_model, ids), ids
+
+
+def save_deepseek_moe_reference(folder: Path, config: dict, seed: int = 0):
+    """DeepSeek-MoE (`model_type: deepseek`), which transformers has no class for, assembled from transformers' own
+    modules the way the published modeling_deepseek.py builds it, saved in the published layout; returns the torch model.
+
+    LlamaForCausalLM gives the attention, norms and dense MLPs; from layer `first_k_dense_replace` on, every
+    `moe_layer_freq`-th MLP is a DeepseekV2Moe (greedy softmax routing, `n_shared_experts` shared experts as one MLP),
+    whose router renormalises the chosen weights (+1e-20, as published) when `norm_topk_prob`. `config` is the
+    published config.json; tensors are written per expert, as DeepSeek's checkpoints hold them.
+    """
+    torch = require("torch")
+    transformers = require("transformers")
+    from safetensors.torch import save_file
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+
+    torch.manual_seed(seed)
+    llama_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "rope_theta")
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**{k: config[k] for k in llama_keys}, tie_word_embeddings=False)
+    ).eval()
+    moe_config = transformers.DeepseekV2Config(
+        hidden_size=config["hidden_size"], moe_intermediate_size=config["moe_intermediate_size"],
+        n_routed_experts=config["n_routed_experts"], num_experts_per_tok=config["num_experts_per_tok"],
+        n_shared_experts=config["n_shared_experts"], topk_method="greedy", routed_scaling_factor=1.0,
+    )
+    for i, layer in enumerate(model.model.layers):
+        if i >= config["first_k_dense_replace"] and i % config["moe_layer_freq"] == 0:
+            layer.mlp = DeepseekV2Moe(moe_config)
+            if config["norm_topk_prob"]:
+                layer.mlp.gate.register_forward_hook(
+                    lambda _, __, out: (out[0], out[1] / (out[1].sum(-1, keepdim=True) + 1e-20), out[2])
+                )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.ndim == 1 else 0.0))
+    tensors = {}
+    for name, w in model.state_dict().items():
+        if name.endswith("experts.gate_up_proj"):  # (experts, 2 * hidden, dims): gate rows, then up rows
+            for e, (gate, up) in enumerate(zip(*w.chunk(2, dim=1))):
+                tensors[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate
+                tensors[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = up
+        elif name.endswith("experts.down_proj"):
+            for e, down in enumerate(w):
+                tensors[name.replace("down_proj", f"{e}.down_proj.weight")] = down
+        else:
+            tensors[name] = w
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"), {"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config))
+    return model

@@ -1,12 +1,8 @@
 """DeepSeek-V2 / V2-Lite / V3 and Kimi K2: latent attention and a mixture of experts with shared experts.
 
-Blocks: RMSNorm -> multi-head latent attention (RoPE, usually yarn-scaled, on a `qk_rope_head_dim`
-slice of each head; interleaved pairs) -> RMSNorm -> a SwiGLU FFN for the first
-`first_k_dense_replace` layers, then a mixture of experts. Routing (`topk_method`):
-- `greedy` (V2-Lite): softmax scores, the top `num_experts_per_tok`;
-- `group_limited_greedy` (V2): the same within the `topk_group` groups holding the highest scores;
-- `noaux_tc` (V3, Kimi K2): sigmoid scores plus a correction bias pick the `topk_group` groups
-  (ranked by their two best) and the experts; the chosen weights are renormalised and scaled.
+DeepSeek-MoE's blocks and experts (deepseek.py) with multi-head latent attention in place of LLaMA's: RoPE,
+usually yarn-scaled, on a `qk_rope_head_dim` slice of each head, interleaved pairs. Routing (`topk_method`):
+`greedy` (V2-Lite), `group_limited_greedy` (V2), `noaux_tc` (V3, Kimi K2), as deepseek.py describes.
 Checkpoint layers past `num_hidden_layers` (V3's multi-token-prediction module) are not loaded.
 """
 
@@ -14,16 +10,15 @@ import re
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
-import mlx.nn as nn
 
-from ..core import Experts, LatentAttention, MoE, RoPE, Router, SwiGLU, is_moe_layer, stack_experts
+from ..core import LatentAttention, RoPE
 from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
-from .config import flag, normalize_config, number, require
+from .config import flag, normalize_config, number
+from .deepseek import DeepseekConfig
 from .gguf import Metadata, llama_config, unpacked
 from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
 from .llama3 import NAMES as LLAMA_NAMES
-from .llama3 import Llama3Config
 from .registry import register
 
 # Latent attention's names; mlx-lm stores kv_b_proj already split per head as embed_q / unembed_out.
@@ -58,14 +53,13 @@ GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 KV_B_PROJ = re.compile(r"^(layers\.\d+\.attn\.)kv_b_proj\.weight$")
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
 @register("deepseek_v2")
 @dataclass
-class DeepseekV2Config(Llama3Config):
+class DeepseekV2Config(DeepseekConfig):
     example_config = {
-        **Llama3Config.example_config,
+        **DeepseekConfig.example_config,
         "model_type": "deepseek_v2",
         "num_key_value_heads": 4,
         "kv_lora_rank": 16,
@@ -74,9 +68,6 @@ class DeepseekV2Config(Llama3Config):
         "v_head_dim": 8,
         "n_routed_experts": 4,
         "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 16,
-        "first_k_dense_replace": 1,
     }
     names = NAMES
     gguf_architectures = ("deepseek2",)
@@ -88,25 +79,11 @@ class DeepseekV2Config(Llama3Config):
     rope_dims: int = 64
     value_dims: int = 128
     rope_interleave: bool = True
-    num_experts: int = 0
-    experts_per_token: int = 1
-    moe_ffn_dims: int = 0
-    shared_ffn_dims: int = 0
-    scoring: str = "softmax"
-    topk_method: str = "greedy"
-    norm_topk_prob: bool = False
-    groups: int = 1
-    groups_kept: int = 1
-    routed_scaling_factor: float = 1.0
-    first_k_dense_replace: int = 0
-    moe_layer_freq: int = 1
 
     @classmethod
     def from_config(cls, config: dict):
         c = normalize_config(config)
-        c.setdefault("rms_norm_eps", 1e-6)
-        moe_ffn_dims = number(c, "moe_intermediate_size", 0, low=0)
-        arch = replace(
+        return replace(
             super().from_config(c),
             q_lora_rank=number(c, "q_lora_rank", None),
             latent_dims=number(c, "kv_lora_rank"),
@@ -114,33 +91,7 @@ class DeepseekV2Config(Llama3Config):
             rope_dims=number(c, "qk_rope_head_dim", low=2),
             value_dims=number(c, "v_head_dim"),
             rope_interleave=flag(c, "rope_interleave", True),
-            num_experts=number(c, "n_routed_experts", 0, low=0),
-            experts_per_token=number(c, "num_experts_per_tok", 1),
-            moe_ffn_dims=moe_ffn_dims,
-            shared_ffn_dims=moe_ffn_dims * number(c, "n_shared_experts", 0, low=0),
-            scoring=c.get("scoring_func") or cls.scoring,
-            topk_method=c.get("topk_method") or cls.topk_method,
-            norm_topk_prob=flag(c, "norm_topk_prob", cls.norm_topk_prob),
-            groups=number(c, "n_group", 1),
-            groups_kept=number(c, "topk_group", 1),
-            routed_scaling_factor=number(c, "routed_scaling_factor", 1.0, float),
-            first_k_dense_replace=number(c, "first_k_dense_replace", 0, low=0),
-            moe_layer_freq=number(c, "moe_layer_freq", 1),
         )
-        if arch.num_experts:
-            require(arch.experts_per_token <= arch.num_experts and arch.num_experts % arch.groups == 0
-                    and arch.groups_kept <= arch.groups,
-                    f"the experts do not add up: n_routed_experts {arch.num_experts}, num_experts_per_tok "
-                    f"{arch.experts_per_token}, n_group {arch.groups}, topk_group {arch.groups_kept}")
-        return arch
-
-    def __post_init__(self):
-        if self.topk_method not in TOPK_METHODS or self.scoring not in ("softmax", "sigmoid"):
-            raise UnsupportedArchitectureError(
-                f"unsupported expert routing (topk_method {self.topk_method!r}, scoring_func {self.scoring!r}) "
-                f"in config.json; minimlx routes with topk_method {', '.join(TOPK_METHODS)} and scoring_func softmax "
-                "or sigmoid (fix config.json, or register a plugin for this model_type)"
-            )
 
     def rope(self) -> RoPE:
         return RoPE(self.rope_dims, self.rope_base, self.rope_scaling, self.max_positions, self.rope_interleave)
@@ -167,28 +118,9 @@ class DeepseekV2Config(Llama3Config):
             self.attention_bias,
         )
 
-    def ffn(self, layer: int) -> nn.Module:
-        if self.num_experts == 0 or not is_moe_layer(layer, self.first_k_dense_replace, self.moe_layer_freq):
-            return super().ffn(layer)
-        limited = self.topk_method != "greedy"
-        router = Router(
-            self.dims,
-            self.num_experts,
-            self.experts_per_token,
-            self.scoring,
-            self.norm_topk_prob,
-            groups=self.groups if limited else 1,
-            groups_kept=self.groups_kept,
-            group_top=2 if self.topk_method == "noaux_tc" else 1,
-            score_bias=self.topk_method == "noaux_tc",
-            scale=self.routed_scaling_factor,
-        )
-        shared = SwiGLU(self.dims, self.shared_ffn_dims, bias=self.mlp_bias) if self.shared_ffn_dims else None
-        return MoE(router, Experts(self.dims, self.moe_ffn_dims, self.num_experts), shared)
-
     def convert_weights(self, weights: dict) -> dict:
         kept = {k: v for k, v in weights.items() if not self._beyond_last_layer(k)}
-        return stack_experts(self.split_kv_b_proj(super().convert_weights(kept)))
+        return self.split_kv_b_proj(super().convert_weights(kept))
 
     def split_kv_b_proj(self, weights: dict) -> dict:
         """Hugging Face's `kv_b_proj` (heads * (nope + value), latent) -> the per-head W_uk^T and W_uv."""

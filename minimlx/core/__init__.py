@@ -5,7 +5,7 @@ from .block import Block, PostNormBlock
 from .cache import KVCache, LatentCache
 from .ffn import MLP, SwiGLU
 from .latent_attention import LatentAttention
-from .moe import Experts, MoE, Router, is_moe_layer, stack_experts
+from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer, stack_experts
 from .norms import LayerNorm, RMSNorm
 from .recorder import Recorder
 from .rope import RoPE
@@ -13,5 +13,6 @@ from .transformer import Transformer
 
 __all__ = [
     "Attention", "Block", "Experts", "KVCache", "LatentAttention", "LatentCache", "LayerNorm", "MLP", "MoE",
-    "PostNormBlock", "RMSNorm", "Recorder", "RoPE", "Router", "SwiGLU", "Transformer", "is_moe_layer", "stack_experts",
+    "PostNormBlock", "RMSNorm", "Recorder", "RoPE", "Router", "SwiGLU", "Transformer", "clamped_swiglu", "is_moe_layer",
+    "stack_experts",
 ]

@@ -6,6 +6,7 @@ whole batch, however many experts there are. Shared experts, when present, see e
 """
 
 import re
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,7 +24,7 @@ def is_moe_layer(layer: int, first_dense: int = 0, every: int = 1, phase: int = 
 class Router(nn.Module):
     """Scores the experts for each token and picks `experts_per_token` of them.
 
-    Scores are a softmax or an element-wise sigmoid of `weight @ x`. With `groups > 1` the experts
+    Scores are a softmax or an element-wise sigmoid of `weight @ x` (`+ bias` with `logit_bias`). With `groups > 1` the experts
     form equal groups, each ranked by the sum of its `group_top` best scores, and only experts of the
     `groups_kept` best groups can be chosen. `score_bias` shifts the scores used for choosing only;
     the weights of the chosen experts are the unshifted scores, renormalised to sum to 1 when
@@ -42,11 +43,12 @@ class Router(nn.Module):
         group_top: int = 1,
         score_bias: bool = False,
         scale: float = 1.0,
+        logit_bias: bool = False,
     ):
         super().__init__()
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unsupported expert scoring {scoring!r}; supported: softmax, sigmoid")
-        self.proj = nn.Linear(dims, num_experts, bias=False)
+        self.proj = nn.Linear(dims, num_experts, bias=logit_bias)
         self.num_experts = num_experts
         if score_bias:
             self.score_bias = mx.zeros((num_experts,))
@@ -73,24 +75,38 @@ class Router(nn.Module):
 
 
 class ExpertLinear(nn.Module):
-    """`num_experts` bias-free linear maps in one `(num_experts, out, in)` weight; each row uses its expert's."""
+    """`num_experts` linear maps in one `(num_experts, out, in)` weight (and `(num_experts, out)` bias when
+    `bias`); each row uses its expert's."""
 
-    def __init__(self, in_dims: int, out_dims: int, num_experts: int):
+    def __init__(self, in_dims: int, out_dims: int, num_experts: int, bias: bool = False):
         super().__init__()
         self.weight = mx.zeros((num_experts, out_dims, in_dims))
+        if bias:
+            self.bias = mx.zeros((num_experts, out_dims))
 
     def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
-        return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices)
+        y = mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices)
+        return with_expert_bias(self, y, expert_indices)
 
     def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine") -> "QuantizedExpertLinear":
-        return QuantizedExpertLinear(self.weight, group_size, bits, mode)
+        return QuantizedExpertLinear(self.weight, group_size, bits, mode, self.get("bias"))
+
+
+def with_expert_bias(module: nn.Module, y: mx.array, expert_indices: mx.array) -> mx.array:
+    """y (..., 1, out) plus each row's expert's bias, when `module` has one."""
+    return y + mx.expand_dims(module.bias[expert_indices], -2) if "bias" in module else y
 
 
 class QuantizedExpertLinear(QuantizedWeight):
     """`ExpertLinear` with packed weights: one gathered quantized matmul (`mx.gather_qmm`) for all experts."""
 
+    def __init__(self, weight: mx.array, group_size: int, bits: int, mode: str = "affine", bias: mx.array | None = None):
+        super().__init__(weight, group_size, bits, mode)
+        if bias is not None:
+            self.bias = bias
+
     def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
-        return mx.gather_qmm(
+        y = mx.gather_qmm(
             x,
             self.weight,
             self.scales,
@@ -99,10 +115,26 @@ class QuantizedExpertLinear(QuantizedWeight):
             sorted_indices=sorted_indices,
             **self.quantization(),
         )
+        return with_expert_bias(self, y, expert_indices)
+
+
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up."""
+    return nn.silu(gate) * up
+
+
+def clamped_swiglu(gate: mx.array, up: mx.array, alpha: float = 1.702, limit: float = 7.0) -> mx.array:
+    """(up + 1) * gate * sigmoid(alpha * gate), with gate clipped to at most `limit` and up to [-limit, limit]:
+    a SwiGLU whose sigmoid gain `alpha` makes it GELU-like and whose clamps bound every expert's output."""
+    gate, up = mx.minimum(gate, limit), mx.clip(up, -limit, limit)
+    return (up + 1) * gate * mx.sigmoid(alpha * gate)
 
 
 class Experts(nn.Module):
-    """The routed SwiGLU experts: down(silu(gate(x)) * up(x)) with each token's chosen experts' weights.
+    """The routed experts: down(activation(gate(x), up(x))) with each token's chosen experts' weights.
+
+    `activation` combines the gate and up projections (`swiglu` by default, or `clamped_swiglu`); with
+    `bias`, every projection adds its expert's bias.
 
     For many (token, expert) pairs the pairs are first sorted by expert, so that each expert's
     weights are read once in a row rather than once per token.
@@ -110,11 +142,14 @@ class Experts(nn.Module):
 
     sort_from = 64  # (token, expert) pairs
 
-    def __init__(self, dims: int, hidden_dims: int, num_experts: int):
+    def __init__(
+        self, dims: int, hidden_dims: int, num_experts: int, bias: bool = False, activation: Callable = swiglu
+    ):
         super().__init__()
-        self.gate_proj = ExpertLinear(dims, hidden_dims, num_experts)
-        self.up_proj = ExpertLinear(dims, hidden_dims, num_experts)
-        self.down_proj = ExpertLinear(hidden_dims, dims, num_experts)
+        self.gate_proj = ExpertLinear(dims, hidden_dims, num_experts, bias)
+        self.up_proj = ExpertLinear(dims, hidden_dims, num_experts, bias)
+        self.down_proj = ExpertLinear(hidden_dims, dims, num_experts, bias)
+        self.activation = activation
 
     def __call__(self, x: mx.array, expert_indices: mx.array) -> mx.array:
         """x: (..., dims), expert_indices: (..., k) -> each chosen expert's output (..., k, dims)."""
@@ -124,7 +159,7 @@ class Experts(nn.Module):
             k = expert_indices.shape[-1]
             order = mx.argsort(expert_indices.flatten())
             rows, indices = rows.flatten(0, -3)[order // k], expert_indices.flatten()[order]
-        hidden = nn.silu(self.gate_proj(rows, indices, sort)) * self.up_proj(rows, indices, sort)
+        hidden = self.activation(self.gate_proj(rows, indices, sort), self.up_proj(rows, indices, sort))
         out = self.down_proj(hidden, indices, sort)
         if sort:
             out = mx.unflatten(out[mx.argsort(order)], 0, expert_indices.shape)
