@@ -50,8 +50,26 @@ def to_v4_layout(folder: Path) -> None:
     """Rewrite `config.json` the way transformers 4 wrote it (and published checkpoints hold it): rope_theta +
     rope_scaling, torch_dtype, Qwen3-MoE's num_experts."""
     path = folder / "config.json"
-    config = json.loads(path.read_text())
+    config = v4_config(json.loads(path.read_text()))
+    path.write_text(json.dumps(config))
+
+
+def v4_config(config: dict) -> dict:
+    if "text_config" in config:  # Gemma 3's image-text configs nest the text model's
+        config["text_config"] = v4_config(config["text_config"])
     rope = config.pop("rope_parameters", None)
+    if rope and "full_attention" in rope:  # Gemma 3: global layers' RoPE, and the local layers' base
+        config["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+        rope = rope["full_attention"]
+    kinds = config.pop("layer_types", None) if config.get("model_type") in ("gemma2", "gemma3_text") else None
+    if kinds:  # sliding_window_pattern: every pattern-th layer global (Gemma 2 always alternated)
+        config.pop("_sliding_window_pattern", None)
+        pattern = kinds.index("full_attention") + 1 if "full_attention" in kinds else len(kinds) + 1
+        assert kinds == ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(len(kinds))]
+        if config["model_type"] == "gemma3_text":
+            config["sliding_window_pattern"] = pattern
+        else:
+            assert pattern == 2
     if rope:
         rope = dict(rope)
         config["rope_theta"] = rope.pop("rope_theta")
@@ -64,7 +82,7 @@ def to_v4_layout(folder: Path) -> None:
         config["num_experts"] = config.pop("num_local_experts")
     if config.get("model_type") == "gpt2":
         config["n_ctx"] = config["n_positions"]
-    path.write_text(json.dumps(config))
+    return config
 
 
 def random_ids(vocab: int, batch: int = 2, tokens: int = 16, seed: int = 0) -> np.ndarray:

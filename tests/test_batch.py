@@ -41,6 +41,11 @@ TINY = {
         dict(SMALL, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
     ),
+    "gemma2": (  # a sliding window of 4 (layer 0) and soft-capped scores: the rotating cache batched
+        "Gemma2Config",
+        dict(SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=12, sliding_window=4,
+             query_pre_attn_scalar=12, attn_logit_softcapping=3.0, final_logit_softcapping=4.0),
+    ),
     "deepseek_v3": (
         "DeepseekV3Config",
         dict(SMALL, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
@@ -131,6 +136,23 @@ def test_every_architecture_batches_exactly(tiny):
     alone = [list(generate_tokens(tiny, p, tiny.make_cache(), greedy, n)) for p, n in zip(prompts, budgets)]
     requests = [Request(p, n, stop_ids=frozenset()) for p, n in zip(prompts, budgets)]
     assert run_batch(tiny, None, requests, max_batch=4) == alone
+
+
+@pytest.mark.parametrize("tiny", ["gemma2"], indirect=True)
+def test_the_prompt_cache_reuses_a_windowed_cache_only_whole(tiny):
+    """A conversation's follow-up reuses everything; a repeated prompt, which would need the cache cut back to
+    tokens its window has dropped, is prefilled afresh. Both give the tokens they get alone."""
+    greedy, prompt = make_sampler(), list(range(1, 11))
+    engine = Engine(tiny, None, prompt_cache_size=2)
+    first = engine.submit(Request(prompt, 6, stop_ids=frozenset()))
+    engine.run()
+    follow_up = prompt + first.tokens + [7, 8, 9]
+    again, longer = engine.submit(Request(prompt, 6, stop_ids=frozenset())), engine.submit(
+        Request(follow_up, 6, stop_ids=frozenset()))
+    engine.run()
+    assert (again.cached_tokens, longer.cached_tokens) == (0, len(prompt) + 5)
+    assert again.tokens == first.tokens
+    assert longer.tokens == list(generate_tokens(tiny, follow_up, tiny.make_cache(), greedy, 6))
 
 
 def test_padded_rows_see_only_their_own_tokens():

@@ -13,10 +13,10 @@ from minimlx.generate import Conversation
 TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}assistant "
 
 
-def chat_model(folder, context: int):
-    """A tiny random llama with a word-level tokenizer and a plain chat template."""
-    save_reference(folder, "LlamaConfig", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
+def chat_model(folder, context: int, config_class: str = "LlamaConfig", **config):
+    """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template."""
+    save_reference(folder, config_class, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, **config)
     save_tokenizer(folder)
     (folder / "chat_template.jinja").write_text(TEMPLATE)
     return folder
@@ -52,3 +52,18 @@ def test_memory_grows_only_by_the_cache(tmp_path):
         if run == 19:
             after_twenty = mx.get_active_memory()
     assert abs(mx.get_active_memory() - after_twenty) < 256 * 1024
+
+
+def test_a_windowed_cache_that_cannot_go_back_starts_over(tmp_path):
+    """Gemma 2 with a 4-token window: cutting the conversation back to tokens the window dropped restarts the
+    cache (keep returns 0), and the next turn answers as a fresh conversation with the same history does."""
+    model, tokenizer = minimlx.load(chat_model(tmp_path, 256, "Gemma2Config", head_dim=8, sliding_window=4), "float32")
+    conversation = Conversation(model, tokenizer)
+    list(conversation.say("w2 w3 w4 w5", max_tokens=4))
+    cached = len(conversation.cached_ids)
+    assert conversation.keep(cached) == cached and conversation.keep(cached - 2) == 0
+    assert [c.offset for c in conversation.cache] == [0, 0] and conversation.cached_ids == []
+    answer = "".join(r.text for r in conversation.say("w6 w7", max_tokens=4))
+    fresh = Conversation(model, tokenizer)
+    fresh.messages = conversation.messages[:2]
+    assert answer == "".join(r.text for r in fresh.say("w6 w7", max_tokens=4))

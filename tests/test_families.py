@@ -1,4 +1,5 @@
-"""Families a few parameters away from LLaMA and Qwen: qwen2, mistral, mixtral, qwen2_moe, phi3, smollm3.
+"""Families a few parameters away from LLaMA and Qwen (qwen2, mistral, mixtral, qwen2_moe, phi3, smollm3), and
+those with sliding windows, soft-caps and four norms a block (gemma2, gemma3_text, gemma3, glm4).
 
 Each tiny random transformers model is saved, loaded by minimlx and compared on float32 logits, for the
 whole sequence, token by token through the cache, and in the transformers 4 config layout.
@@ -19,6 +20,7 @@ BASE = dict(
     vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
 )
+LOCAL_LOCAL_GLOBAL = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 CONFIGS = {
     "qwen2": ("Qwen2Config", dict(BASE, rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
     "mistral": ("MistralConfig", dict(BASE, sliding_window=None)),
@@ -31,6 +33,22 @@ CONFIGS = {
     "phi3": ("Phi3Config", dict(BASE, pad_token_id=0, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                                                           partial_rotary_factor=0.5))),
     "smollm3": ("SmolLM3Config", dict(BASE, pad_token_id=None, bos_token_id=None, eos_token_id=None, no_rope_layer_interval=2)),
+    # Windows of 4 tokens, so the caches roll over within the 16 test tokens (and the 9-token prefill chunk).
+    "gemma2": ("Gemma2Config", GEMMA := dict(BASE, head_dim=16, tie_word_embeddings=True, sliding_window=4,
+                                             query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+                                             final_logit_softcapping=4.0)),
+    "gemma3_text": ("Gemma3TextConfig", GEMMA3 := dict(
+        GEMMA, attn_logit_softcapping=None, final_logit_softcapping=None, layer_types=LOCAL_LOCAL_GLOBAL,
+        rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=100.0),
+                             full_attention=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0)),
+    )),
+    "gemma3": ("Gemma3Config", dict(
+        text_config=GEMMA3, vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4, boi_token_index=93, eoi_token_index=94, image_token_index=95,
+    )),
+    "glm4": ("Glm4Config", dict(BASE, head_dim=16, attention_bias=True, pad_token_id=0,
+                                rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
 }
 
 
@@ -102,3 +120,32 @@ def test_mlx_lm_4bit_folder_matches_mlx_lm(checkpoint, tmp_path):
     for dtype in ("float32", "quantized"):
         model = minimlx.load_model(converted, dtype=dtype)
         assert relative_error(np.array(model(mx.array(ids))), expected) <= 1e-4, dtype
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma3_text"], indirect=True)
+def test_gemma3_layers_are_local_but_every_third_and_their_caches_stay_at_the_window(checkpoint):
+    _, folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert [layer.attn.window for layer in model.layers] == [4, 4, None, 4]
+    assert [layer.attn.rope._wavelengths[1].item() for layer in model.layers[1:3]] == pytest.approx(
+        [100 ** (2 / 16), 2 * 1000000 ** (2 / 16)], rel=1e-5)  # local base 100; global 1e6, linear factor 2
+    cache, held = model.make_cache(), []
+    for t in range(16):
+        model(mx.array(ids[:, t : t + 1]), cache)
+        mx.eval([c.state for c in cache])
+        held.append([c.nbytes for c in cache])
+    token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 rows, 2 kv heads, head_dim 16, float32
+    assert all(sizes[0] == sizes[1] == sizes[3] == 3 * token for sizes in held[3:])
+    assert held[-1][2] >= 16 * token  # the global layer keeps every token
+
+
+@pytest.mark.parametrize("checkpoint", ["glm4"], indirect=True)
+def test_glm4_rotates_interleaved_pairs_of_half_of_each_head_and_writes_a_fused_ffn(checkpoint):
+    _, folder, *_ = checkpoint
+    model = minimlx.load_model(folder)
+    rope = model.layers[0].attn.rope
+    assert rope.dims == 8 and rope.traditional
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    assert written["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 96, 64)
+    assert written["model.layers.0.self_attn.q_proj.bias"].shape == (64,)
+    assert "model.layers.0.self_attn.o_proj.bias" not in written
