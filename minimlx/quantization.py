@@ -6,7 +6,9 @@ MLX's `affine` mode, a `biases` tensor) per group of `group_size` input features
 quantized when the checkpoint holds `scales` beside its weight, and its bits and group size follow
 from the packed shapes. The `quantization` entry of an MLX folder's config.json (mlx-lm's
 `{group_size, bits, mode}`, plus per-module entries for mixed recipes) names the mode and is
-checked against those shapes.
+checked against those shapes. Hugging Face's `quantization_config` with `quant_method: mxfp4` (gpt-oss) names
+MLX's `mxfp4` mode: its checkpoints' `*_blocks` hold the same bytes as MLX's packed weights (`mxfp4_from_blocks`)
+and its `*_scales` the same E8M0 exponents.
 
 How the packed weights run is the caller's choice: kept packed (`mx.quantized_matmul`,
 `mx.gather_qmm`), or dequantized once at load into a float dtype.
@@ -22,12 +24,14 @@ from .errors import CheckpointError, InvalidSettingError
 MODES = {"affine": (64, 4, (2, 3, 4, 5, 6, 8)), "mxfp4": (32, 4, (4,)), "mxfp8": (32, 8, (8,)), "nvfp4": (16, 4, (4,))}
 RECIPES = {"mixed-2-6": (2, 6), "mixed-3-4": (3, 4), "mixed-3-6": (3, 6), "mixed-4-6": (4, 6)}
 FIX = "re-convert the model (minimlx convert or mlx_lm.convert)"
+HF_METHODS = {"mxfp4": "mxfp4"}  # Hugging Face quant_method -> the MLX mode of the same numbers
+SCALED_FLOAT_MODES = {(32, 4): "mxfp4", (32, 8): "mxfp8", (16, 4): "nvfp4"}  # (group size, bits): uint8 scales, no biases
 
 
 def declared(entry: dict | None) -> tuple[str, set[int], set[int]]:
     """Mode, bit widths and group sizes an MLX config's `quantization` entry declares; unusable ones refused."""
     entry = entry or {}
-    mode = entry.get("mode", "affine")
+    mode = entry.get("mode") or HF_METHODS.get(entry.get("quant_method"), "affine")
     if mode not in MODES:
         raise CheckpointError(f"config.json quantization mode {mode!r} is unknown; minimlx reads {', '.join(MODES)}")
     params = [entry] + [v for v in entry.values() if isinstance(v, dict)]
@@ -47,7 +51,9 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
 
     `model` is the unquantized model, whose weight shapes give the input width each packed shape is
     checked against; `entry` is the config's `quantization` entry (None for files that carry their
-    quantization in the tensors, like GGUF).
+    quantization in the tensors, like GGUF). In a folder that mixes modes (say mxfp4 experts beside
+    affine 8-bit attention) each module's mode is the one its tensors are in: affine ones have `biases`,
+    the floating-point formats uint8 scales and none.
     """
     mode, bits_declared, groups_declared = declared(entry)
     params = dict(tree_flatten(model.parameters()))
@@ -59,8 +65,13 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
         in_dims = params[f"{module}.weight"].shape[-1]
         packed, scales = weights[f"{module}.weight"].shape, weights[name].shape
         bits, group_size = packed[-1] * 32 / in_dims, in_dims / scales[-1]
+        module_mode = mode
+        if f"{module}.biases" in weights:
+            module_mode = "affine"
+        elif weights[name].dtype == mx.uint8:
+            module_mode = SCALED_FLOAT_MODES.get((group_size, bits), mode)
         fits = (
-            bits in MODES[mode][2]
+            bits in MODES[module_mode][2]
             and group_size.is_integer()
             and (not bits_declared or bits in bits_declared)
             and (not groups_declared or group_size in groups_declared)
@@ -70,10 +81,16 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
             expected = f"{', '.join(map(str, sorted(bits_declared)))}-bit" if bits_declared else "packed"
             raise CheckpointError(
                 f"tensor {module}.weight has packed shape {tuple(packed)} with scales {tuple(scales)}, which does not "
-                f"fit {expected} {mode} quantization of a {tuple(params[f'{module}.weight'].shape)} weight; {FIX}"
+                f"fit {expected} {module_mode} quantization of a {tuple(params[f'{module}.weight'].shape)} weight; {FIX}"
             )
-        spec[module] = {"group_size": int(group_size), "bits": int(bits), "mode": mode}
+        spec[module] = {"group_size": int(group_size), "bits": int(bits), "mode": module_mode}
     return spec
+
+
+def mxfp4_from_blocks(blocks: mx.array) -> mx.array:
+    """Hugging Face MXFP4 blocks (..., groups, 16) uint8, 32 E2M1 values per group two to a byte (the lower nibble
+    first), as MLX's packed mxfp4 weight (..., groups * 4) uint32: the same bytes, read as little-endian words."""
+    return blocks.view(mx.uint32).flatten(-2)
 
 
 def dequantize(packed: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int, mode: str):

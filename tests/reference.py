@@ -146,3 +146,31 @@ def save_deepseek_moe_reference(folder: Path, config: dict, seed: int = 0):
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"), {"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config))
     return model
+
+
+def save_mxfp4_experts(dense: Path, folder: Path, seed: int = 0):
+    """The gpt-oss checkpoint in `dense` with its experts in MXFP4, written in the published layout
+    (`*_blocks` (experts, out, in / 32, 16) uint8 and `*_scales` (experts, out, in / 32) E8M0 exponents, random,
+    `quantization_config.quant_method: mxfp4`); returns transformers' model of it, dequantized
+    (`Mxfp4Config(dequantize=True)`) in float32."""
+    torch = require("torch")
+    transformers = require("transformers")
+    from safetensors.torch import load_file, save_file
+
+    rng = np.random.default_rng(seed)
+    tensors = load_file(str(dense / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, in_dims, out_dims = tensors.pop(name).shape
+        blocks = rng.integers(0, 256, size=(experts, out_dims, in_dims // 32, 16), dtype=np.uint8)
+        tensors[f"{name}_blocks"] = torch.from_numpy(blocks)
+        tensors[f"{name}_scales"] = torch.from_numpy(rng.integers(120, 125, size=blocks.shape[:-1], dtype=np.uint8))
+    save_file(tensors, str(folder / "model.safetensors"), {"format": "pt"})
+    config = json.loads((dense / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
+    ).eval()
