@@ -14,6 +14,8 @@ How the packed weights run is the caller's choice: kept packed (`mx.quantized_ma
 `mx.gather_qmm`), or dequantized once at load into a float dtype.
 """
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -64,7 +66,7 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
             continue  # not a packed module of this model: reported as unexpected by check_weights
         in_dims = params[f"{module}.weight"].shape[-1]
         packed, scales = weights[f"{module}.weight"].shape, weights[name].shape
-        bits, group_size = packed[-1] * 32 / in_dims, in_dims / scales[-1]
+        bits, group_size = packed[-1] * 32 / in_dims, in_dims / scales[-1] if scales[-1] else math.nan
         module_mode = mode
         if f"{module}.biases" in weights:
             module_mode = "affine"
@@ -73,6 +75,7 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
         fits = (
             bits in MODES[module_mode][2]
             and group_size.is_integer()
+            and (module_mode == "affine" or group_size == MODES[module_mode][0])  # their groups have one size
             and (not bits_declared or bits in bits_declared)
             and (not groups_declared or group_size in groups_declared)
             and packed[:-1] == scales[:-1] == params[f"{module}.weight"].shape[:-1]

@@ -21,6 +21,7 @@ import minimlx
 from minimlx.archs import build_model, plugin_config
 from minimlx.core import MoE, SwiGLU, clamped_swiglu
 from minimlx.core.moe import QuantizedExpertLinear
+from minimlx.errors import CheckpointError
 
 VOCAB = 128
 DEEPSEEK = dict(  # DeepSeek-MoE 16B's config.json, shrunk
@@ -173,6 +174,17 @@ def test_gpt_oss_mxfp4_matches_transformers_dequantized(gpt_oss):
     dequantized = minimlx.load_model(mxfp4, dtype="float32")
     assert dequantized.layers[0].ffn.experts.gate_proj.weight.dtype == mx.float32
     assert relative_error(np.array(dequantized(mx.array(ids))), reference) <= 1e-4
+
+
+def test_gpt_oss_mxfp4_blocks_that_do_not_fit_are_refused_in_one_line(gpt_oss, tmp_path):
+    *_, mxfp4, _, _ = gpt_oss
+    folder = shutil.copytree(mxfp4, tmp_path / "bad")
+    tensors = mx.load(str(folder / "model.safetensors"))
+    name = "model.layers.1.mlp.experts.gate_up_proj_scales"
+    tensors[name] = tensors[name][..., :-1]  # a block short: one scale for 64 features
+    mx.save_safetensors(str(folder / "model.safetensors"), tensors)
+    with pytest.raises(CheckpointError, match=r"layers.1.ffn.experts.(gate|up)_proj.weight .*mxfp4 quantization"):
+        minimlx.load_model(folder)
 
 
 def test_gpt_oss_mxfp4_converts_to_mlx_lm_layout_kept_packed(gpt_oss, tmp_path):
