@@ -4,6 +4,7 @@ import json
 
 import click
 
+from ..anatomy.depth import depth_rows, depth_table as seed_depth_table
 from ..anatomy.ledger import COMPONENTS, Ledger, ledger, presets
 from ..errors import ModelNotFoundError
 from ..io.resolve import resolve
@@ -82,17 +83,26 @@ def depth_table(entries: dict[str, Ledger]) -> str:
 
 
 @main.command()
-@click.argument("models", nargs=-1, required=True, metavar="MODEL_OR_PRESET...")
+@click.argument("models", nargs=-1, metavar="MODEL_OR_PRESET...")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table.")
 @click.option("--per-layer", is_flag=True, help="Also count every layer.")
 @click.option("--compare", is_flag=True, help="Compare several models: layers, width, heads, experts, total, active.")
-def anatomy(models, as_json, per_layer, compare):
+@click.option("--depth-table", "seed_table", is_flag=True,
+              help="Print the seed's table of ten 2024-2025 models (params, active, width, layers, heads) from the presets.")
+def anatomy(models, as_json, per_layer, compare, seed_table):
     """Count the parameters of a model or preset by component.
 
     MODEL_OR_PRESET is a preset (gpt2, llama3-8b, qwen3-8b, qwen3-32b, qwen3-235b-a22b, deepseek-v3,
-    deepseek-v2-lite), a checkpoint folder (counted from config.json, no weights read) or a model
-    name that `minimlx run` accepts.
+    deepseek-v2-lite, kimi-k2, gpt-oss-20b, gpt-oss-120b, glm-4-9b, gemma-3-12b, gemma-3-27b), a
+    checkpoint folder (counted from config.json, no weights read) or a model name that `minimlx run` accepts.
     """
+    if seed_table:
+        if models:
+            raise click.UsageError("--depth-table counts its own ten presets; give no model with it")
+        click.echo(seed_depth_table(depth_rows()))
+        return
+    if not models:
+        raise click.UsageError("give a model or preset (or --depth-table)")
     if len(models) > 1 and not compare:
         raise click.UsageError("give one model, or pass --compare to compare several")
     entries = {name: model_ledger(name) for name in models}
