@@ -9,12 +9,38 @@ import mlx.nn as nn
 
 from .cache import KVCache
 from .norms import RMSNorm
+from .recorder import Recorder
 from .rope import RoPE
 
 
 def causal(tokens: int) -> str | None:
     """The mask of `tokens` queries over themselves alone: causal, or none for a single token."""
     return "causal" if tokens > 1 else None
+
+
+def attention_weights(q: mx.array, k: mx.array, scale: float, mask) -> mx.array:
+    """softmax(q k^T * scale + mask) over the keys, the weights the fused kernel applies without forming them:
+    (batch, heads, queries, keys), float32, each row summing to 1 over the keys it sees.
+
+    q: (batch, heads, queries, head_dim); k: (batch, kv_heads, keys, head_dim), each read by heads // kv_heads
+    query heads; `mask` as the kernel takes it ("causal" aligns the queries with the last keys).
+    """
+    batch, heads, tokens, _ = q.shape
+    kv_heads, keys = k.shape[1], k.shape[2]
+    q = q.reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # the query heads that share each kv head
+    scores = ((q * scale) @ k[:, :, None].swapaxes(-1, -2)).astype(mx.float32)
+    if isinstance(mask, str):
+        mask = mx.arange(keys) <= mx.arange(keys - tokens, keys)[:, None]
+    if mask is not None:
+        scores = mx.where(mask[:, :, None] if mask.ndim == 4 else mask, scores, -mx.inf)
+    return mx.softmax(scores, axis=-1).reshape(batch, heads, tokens, keys)
+
+
+def record_attention(recorder: Recorder, q: mx.array, k: mx.array, scale: float, mask) -> None:
+    """Hand a recorder the queries and keys (after RoPE) and, only when it wants them, the weights they give."""
+    recorder(queries=q, keys=k)
+    if recorder.wants("attn_weights"):
+        recorder(attn_weights=attention_weights(q, k, scale, mask))
 
 
 class Attention(nn.Module):
@@ -49,7 +75,7 @@ class Attention(nn.Module):
         self.rope = rope
         self.scale = head_dim**-0.5
 
-    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache | None = None, recorder: Recorder | None = None) -> mx.array:
         batch, tokens, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if "q_norm" in self and not self.qk_norm_per_head:
@@ -65,6 +91,8 @@ class Attention(nn.Module):
             q, k = self.rope(q, position), self.rope(k, position)
         if cache is not None:
             k, v = cache.update(k, v)
+        if recorder is not None:
+            record_attention(recorder, q, k, self.scale, mask)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
 
