@@ -69,7 +69,7 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw the pattern as a heatmap PNG (needs matplotlib).")
 @dtype_option
 def attention(model, prompt, layer, head, plot, dtype):
-    """Show which earlier tokens each token of PROMPT (no chat template) attends to, in one layer."""
+    """Which earlier tokens each token of PROMPT reads: one layer's attention weights (no chat template)."""
     plt = pyplot() if plot else None  # before the model loads: a missing matplotlib fails at once
     model, tokenizer = load(model, dtype=dtype)
     pattern = attention_pattern(model, tokenizer, prompt, layer, head)
