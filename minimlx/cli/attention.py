@@ -9,7 +9,7 @@ from . import TEXT, dtype_option, main
 from .lens import shown
 
 
-def which(pattern: AttentionPattern) -> str:
+def heads_shown(pattern: AttentionPattern) -> str:
     return f"head {pattern.head}" if pattern.head is not None else f"mean of its {pattern.heads} heads"
 
 
@@ -18,12 +18,11 @@ def table(pattern: AttentionPattern, longest: int = 12) -> str:
     labels = [repr(t)[:longest] for t in pattern.tokens]
     width = max(7, *map(len, labels)) + 2
     lines = [
-        f"layer {pattern.layer}, {which(pattern)}: % of each row's attention on each token up to it",
+        f"layer {pattern.layer}, {heads_shown(pattern)}: % of each row's attention on each token up to it",
         " " * width + "".join(label.rjust(width) for label in labels),
     ]
-    for label, row in enumerate(pattern.weights):
-        cells = "".join(f"{100 * w:{width}.1f}" for w in row[: label + 1])
-        lines.append(labels[label].ljust(width) + cells)
+    for t, row in enumerate(pattern.weights):
+        lines.append(labels[t].ljust(width) + "".join(f"{100 * w:{width}.1f}" for w in row[: t + 1]))
     return "\n".join(lines)
 
 
@@ -54,7 +53,7 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
     axes.set_yticks(range(count), labels, fontsize=8)
     axes.set_xlabel("token read (key)")
     axes.set_ylabel("token reading (query)")
-    axes.set_title(f"layer {pattern.layer}, {which(pattern)}")
+    axes.set_title(f"layer {pattern.layer}, {heads_shown(pattern)}")
     figure.colorbar(image, ax=axes, label="share of the row's attention")
     figure.tight_layout()
     figure.savefig(path, dpi=150)
