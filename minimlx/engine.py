@@ -186,6 +186,8 @@ class PromptCache:
 
     def store(self, ids: list[int], cache: list) -> None:
         count = min(len(ids), cache[0].offset)
+        if not all(c.keeps(count) for c in cache):
+            return  # a sliding-window layer has dropped tokens it would need
         for c in cache:
             c.trim(c.offset - count)
         ids = ids[:count]
@@ -201,7 +203,7 @@ class PromptCache:
             limit = min(len(ids), len(prompt) - 1)
             while shared < limit and ids[shared] == prompt[shared]:
                 shared += 1
-            if shared > best:
+            if shared > best and all(c.keeps(shared) for c in cache):
                 best, found = shared, cache
         if found is None:
             return 0, None

@@ -186,11 +186,15 @@ class Conversation:
     def render(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special_tokens=False)
 
-    def keep(self, count: int) -> None:
-        """Forget every cached token after the first `count`."""
+    def keep(self, count: int) -> int:
+        """Forget every cached token after the first `count` (all of them where a sliding-window layer no longer
+        holds those): the number kept."""
+        if not all(c.keeps(count) for c in self.cache):
+            count = 0
         for c in self.cache:
             c.trim(c.offset - count)
         self.cached_ids = self.cached_ids[:count]
+        return count
 
     def say(self, text: str, **settings) -> Iterator[GenerationResponse]:
         """Stream the answer to `text`; `settings` are stream_generate's sampling settings.
@@ -214,7 +218,7 @@ class Conversation:
         shared = 0
         while shared < min(len(ids) - 1, len(self.cached_ids)) and ids[shared] == self.cached_ids[shared]:
             shared += 1
-        self.keep(shared)
+        shared = self.keep(shared)
         answer, generated = [], []
         try:
             stream = stream_generate(self.model, self.tokenizer, ids[shared:], cache=self.cache, **settings)

@@ -12,7 +12,7 @@ import minimlx
 from minimlx.anatomy.attention import attention_pattern
 from minimlx.anatomy.trace import BLOCK_ACTIVATIONS, activation_names
 from minimlx.cli import main
-from minimlx.core import Attention
+from minimlx.core import Attention, Recorder, RoPE
 from minimlx.errors import InvalidSettingError
 from minimlx.archs import build_model
 from test_generate import smollm2
@@ -198,3 +198,29 @@ def test_attention_pattern_checks_layer_and_head(smollm2):
         attention_pattern(model, tokenizer, PROMPT, layer=30)
     with pytest.raises(InvalidSettingError, match="head must be between 0 and 8"):
         attention_pattern(model, tokenizer, PROMPT, head=9)
+
+
+@pytest.mark.parametrize("logit_cap", [None, 5.0])
+def test_windowed_and_sink_attention_are_recorded(logit_cap):
+    """A sliding window hides the tokens more than `window` back, soft-capping bends the scores, and each head's
+    sink takes its share: the recorded rows sum to 1 minus that share and give the layer's output."""
+    mx.random.seed(1)
+    window, tokens = 3, 7
+    attn = Attention(32, 4, 2, 8, rope=RoPE(8), window=window, sinks=True, logit_cap=logit_cap)
+    attn.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.5, attn.parameters()))
+    x = mx.random.normal((1, tokens, 32))
+    recorder = Recorder()
+    out = attn(x, None, recorder)
+    weights, queries, keys = (recorder.values[name] for name in ("attn_weights", "queries", "keys"))
+    scores = (queries @ mx.repeat(keys, 2, axis=1).swapaxes(-1, -2)) * 8**-0.5
+    if logit_cap is not None:
+        scores = logit_cap * mx.tanh(scores / logit_cap)
+    position = mx.arange(tokens)
+    seen = (position <= position[:, None]) & (position > position[:, None] - window)
+    sinks = mx.broadcast_to(attn.sinks[None, :, None, None], (1, 4, tokens, 1))
+    shares = mx.softmax(mx.concatenate([sinks, mx.where(seen, scores, -mx.inf)], axis=-1), axis=-1)
+    assert mx.allclose(weights, shares[..., 1:], atol=1e-5)
+    assert mx.all(mx.where(seen, 0, weights) == 0)
+    assert mx.allclose(weights.sum(axis=-1), 1 - shares[..., 0], atol=1e-5) and shares[..., 0].mean() > 0.05
+    values = mx.repeat(attn.v_proj(x).reshape(1, tokens, 2, 8).transpose(0, 2, 1, 3), 2, axis=1)
+    assert mx.allclose(attn.o_proj((weights @ values).transpose(0, 2, 1, 3).reshape(1, tokens, -1)), out, atol=1e-5)

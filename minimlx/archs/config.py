@@ -114,3 +114,16 @@ def require(condition: bool, message: str) -> None:
     """CheckpointError(`message`) unless `condition`: for rules between keys."""
     if not condition:
         raise CheckpointError(f"{message}; fix the config")
+
+
+def sliding_layers(config: dict, layers: int, pattern: int) -> tuple[bool, ...]:
+    """Which layers attend through a sliding window: from `layer_types` ("sliding_attention" or
+    "full_attention" per layer, transformers 5), else every layer but each `sliding_window_pattern`-th
+    (`pattern` when absent: 2 alternates, 6 is Gemma 3's 5 local : 1 global)."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        every = number(config, "sliding_window_pattern", pattern)
+        return tuple((i + 1) % every != 0 for i in range(layers))
+    require(isinstance(kinds, list) and len(kinds) == layers and set(kinds) <= {"sliding_attention", "full_attention"},
+            f"layer_types must list 'sliding_attention' or 'full_attention' for each of the {layers} layers")
+    return tuple(kind == "sliding_attention" for kind in kinds)

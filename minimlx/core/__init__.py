@@ -1,17 +1,18 @@
 """MLX building blocks of decoder-only transformers. No architecture is named here."""
 
-from .attention import Attention
-from .block import Block, PostNormBlock
-from .cache import KVCache, LatentCache
-from .ffn import MLP, SwiGLU
+from .attention import Attention, capped_attention, soft_cap
+from .block import Block, FourNormBlock, PostNormBlock
+from .cache import KVCache, LatentCache, RotatingKVCache
+from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, is_moe_layer, stack_experts
-from .norms import LayerNorm, RMSNorm
+from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
 from .recorder import Recorder
 from .rope import RoPE
 from .transformer import Transformer
 
 __all__ = [
-    "Attention", "Block", "Experts", "KVCache", "LatentAttention", "LatentCache", "LayerNorm", "MLP", "MoE",
-    "PostNormBlock", "RMSNorm", "Recorder", "RoPE", "Router", "SwiGLU", "Transformer", "is_moe_layer", "stack_experts",
+    "Attention", "Block", "Experts", "FourNormBlock", "GatedFFN", "KVCache", "LatentAttention", "LatentCache",
+    "LayerNorm", "MLP", "MoE", "OffsetRMSNorm", "PostNormBlock", "RMSNorm", "Recorder", "RoPE", "RotatingKVCache",
+    "Router", "SwiGLU", "Transformer", "capped_attention", "is_moe_layer", "soft_cap", "stack_experts",
 ]

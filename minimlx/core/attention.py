@@ -4,50 +4,81 @@ Each of `heads` query heads attends over the keys and values of head `h // (head
 multi-head attention when `kv_heads == heads`, grouped-query when fewer, multi-query when one.
 """
 
+from collections.abc import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import KVCache
+from .cache import KVCache, RotatingKVCache, visible
 from .norms import RMSNorm
 from .recorder import Recorder
 from .rope import RoPE
 
 
-def causal(tokens: int) -> str | None:
-    """The mask of `tokens` queries over themselves alone: causal, or none for a single token."""
+def causal(tokens: int, window: int | None = None) -> str | mx.array | None:
+    """The mask of `tokens` queries over themselves alone: causal (within `window` tokens when windowed),
+    or none for a single token."""
+    if window is not None and tokens > window:
+        return visible(0, 0, tokens, window)
     return "causal" if tokens > 1 else None
 
 
-def attention_weights(q: mx.array, k: mx.array, scale: float, mask) -> mx.array:
-    """softmax(q k^T * scale + mask) over the keys, the weights the fused kernel applies without forming them:
-    (batch, heads, queries, keys), float32, each row summing to 1 over the keys it sees.
+def soft_cap(x: mx.array, cap: float) -> mx.array:
+    """cap * tanh(x / cap): x squashed smoothly into (-cap, cap), nearly unchanged where |x| << cap."""
+    return mx.tanh(x / cap) * cap
 
-    q: (batch, heads, queries, head_dim); k: (batch, kv_heads, keys, head_dim), each read by heads // kv_heads
-    query heads; `mask` as the kernel takes it ("causal" aligns the queries with the last keys).
+
+def attention_weights(q, k, scale: float, mask, cap: float | None = None, sinks: mx.array | None = None) -> mx.array:
+    """softmax(soft_cap(q k^T * scale) + mask) over the keys: the weights attention applies to the values,
+    (batch, heads, queries, keys) in float32, 0 where the mask hides a key.
+
+    q: (batch, heads, tokens, head_dim); k: (batch, kv_heads, keys, head_dim), each read by heads // kv_heads
+    query heads; scores are soft-capped when `cap` is given. With `sinks`, each head's learned logit joins the
+    softmax as a column of its own that takes its share and is then dropped: a row sums to 1 minus that share.
     """
     batch, heads, tokens, _ = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     q = q.reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # the query heads that share each kv head
-    scores = ((q * scale) @ k[:, :, None].swapaxes(-1, -2)).astype(mx.float32)
+    scores = (q * scale) @ k[:, :, None].swapaxes(-1, -2)
+    scores = (scores if cap is None else soft_cap(scores, cap)).astype(mx.float32)
     if isinstance(mask, str):
-        mask = mx.arange(keys) <= mx.arange(keys - tokens, keys)[:, None]
+        mask = visible(0, keys - tokens, tokens) if mask == "causal" else None
     if mask is not None:
         scores = mx.where(mask[:, :, None] if mask.ndim == 4 else mask, scores, -mx.inf)
-    return mx.softmax(scores, axis=-1).reshape(batch, heads, tokens, keys)
+    if sinks is not None:
+        sink = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, kv_heads, -1, 1, 1), (*scores.shape[:-1], 1))
+        scores = mx.concatenate([sink, scores], axis=-1)
+    return mx.softmax(scores, axis=-1)[..., -keys:].reshape(batch, heads, tokens, keys)
 
 
-def record_attention(recorder: Recorder, q: mx.array, k: mx.array, scale: float, mask) -> None:
+def capped_attention(q, k, v, scale: float, mask, cap: float, sinks: mx.array | None = None) -> mx.array:
+    """softmax(soft_cap(q k^T * scale) + mask) v, spelled out: the fused kernel cannot cap scores.
+
+    q: (batch, heads, tokens, head_dim); k, v: (batch, kv_heads, keys, head_dim); `sinks` as `attention_weights` takes them.
+    """
+    batch, heads, tokens, _ = q.shape
+    kv_heads = k.shape[1]
+    weights = attention_weights(q, k, scale, mask, cap, sinks).astype(v.dtype)
+    weights = weights.reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # grouped as the kv heads they read
+    return (weights @ v[:, :, None]).reshape(batch, heads, tokens, -1)
+
+
+def record_attention(recorder: Recorder, q, k, scale: float, mask, cap: float | None = None, sinks=None) -> None:
     """Hand a recorder the queries and keys (after RoPE) and, only when it wants them, the weights they give."""
     recorder(queries=q, keys=k)
     if recorder.wants("attn_weights"):
-        recorder(attn_weights=attention_weights(q, k, scale, mask))
+        recorder(attn_weights=attention_weights(q, k, scale, mask, cap, sinks))
 
 
 class Attention(nn.Module):
-    """softmax(q k^T / sqrt(head_dim) + causal mask) v, projected back to the model width.
+    """softmax(q k^T * scale + mask) v, projected back to the model width; `scale` is 1/sqrt(head_dim) unless given.
 
-    With `qk_norm_eps`, queries and keys go through an RMSNorm before RoPE: each head on its own,
-    or with `qk_norm_per_head=False` the whole projection (all heads) at once.
+    With `qk_norm_eps`, queries and keys go through a norm (`qk_norm`, an RMSNorm unless given) before RoPE:
+    each head on its own, or with `qk_norm_per_head=False` the whole projection (all heads) at once.
+    With `window`, each token sees only itself and the `window - 1` tokens before it (sliding-window
+    attention; its cache keeps just those). With `sinks`, each head has a learned logit `sinks[h]` that
+    joins the softmax and soaks up attention without adding any value. With `logit_cap`, scores are
+    soft-capped (`soft_cap`) before the mask and softmax.
     """
 
     def __init__(
@@ -61,6 +92,11 @@ class Attention(nn.Module):
         out_bias: bool = False,
         qk_norm_eps: float | None = None,
         qk_norm_per_head: bool = True,
+        window: int | None = None,
+        sinks: bool = False,
+        scale: float | None = None,
+        logit_cap: float | None = None,
+        qk_norm: Callable[[int, float], nn.Module] = RMSNorm,
     ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -69,11 +105,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * head_dim, dims, bias=out_bias)
         if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim if qk_norm_per_head else heads * head_dim, qk_norm_eps)
-            self.k_norm = RMSNorm(head_dim if qk_norm_per_head else kv_heads * head_dim, qk_norm_eps)
+            self.q_norm = qk_norm(head_dim if qk_norm_per_head else heads * head_dim, qk_norm_eps)
+            self.k_norm = qk_norm(head_dim if qk_norm_per_head else kv_heads * head_dim, qk_norm_eps)
+        if sinks:
+            self.sinks = mx.zeros((heads,))
         self.qk_norm_per_head = qk_norm_per_head
         self.rope = rope
-        self.scale = head_dim**-0.5
+        self.window, self.logit_cap = window, logit_cap
+        self.scale = head_dim**-0.5 if scale is None else scale
 
     def __call__(self, x: mx.array, cache: KVCache | None = None, recorder: Recorder | None = None) -> mx.array:
         batch, tokens, _ = x.shape
@@ -86,15 +125,23 @@ class Attention(nn.Module):
         if "q_norm" in self and self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        position, mask = (cache.position, cache.mask(tokens)) if cache is not None else (0, causal(tokens))
+        if cache is not None:
+            position, mask = cache.position, cache.mask(tokens)
+        else:
+            position, mask = 0, causal(tokens, self.window)
         if self.rope is not None:
             q, k = self.rope(q, position), self.rope(k, position)
         if cache is not None:
             k, v = cache.update(k, v)
+        sinks = self.get("sinks")
         if recorder is not None:
-            record_attention(recorder, q, k, self.scale, mask)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+            record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
+        if self.logit_cap is None:
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
+        else:
+            out = capped_attention(q, k, v, self.scale, mask, self.logit_cap, sinks)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
 
     def make_cache(self) -> KVCache:
-        return KVCache()
+        """A growing cache, or for a windowed layer one that keeps only the window."""
+        return KVCache() if self.window is None else RotatingKVCache(self.window)

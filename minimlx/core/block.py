@@ -46,3 +46,18 @@ class PostNormBlock(Block):
 
     def ffn_branch(self, x: mx.array) -> mx.array:
         return self.ffn_norm(self.ffn(x))
+
+
+class FourNormBlock(Block):
+    """x + post_attn_norm(attn(attn_norm(x))), then + post_ffn_norm(ffn(ffn_norm(.))): pre-norm wiring with each
+    sub-layer's output normalised again before it is added (Gemma 2 and 3, GLM-4)."""
+
+    def __init__(self, attn, ffn, attn_norm, ffn_norm, post_attn_norm: nn.Module, post_ffn_norm: nn.Module):
+        super().__init__(attn, ffn, attn_norm, ffn_norm)
+        self.post_attn_norm, self.post_ffn_norm = post_attn_norm, post_ffn_norm
+
+    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None) -> mx.array:
+        return self.post_attn_norm(super().attn_branch(x, cache, recorder))
+
+    def ffn_branch(self, x: mx.array) -> mx.array:
+        return self.post_ffn_norm(super().ffn_branch(x))

@@ -1,8 +1,9 @@
 """Caches that let decoding reuse the keys and values of earlier tokens.
 
 Every cache follows one protocol: `update(...)` appends this step's entries and returns
-everything cached so far, `offset` is the number of cached tokens, `trim(n)` forgets the last
-n tokens, `nbytes` is the memory held.
+everything the step attends over, `offset` is the number of tokens seen, `trim(n)` forgets the
+last n tokens (`keeps(count)` says whether the first `count` can still be had back: a
+sliding-window cache drops old ones), `nbytes` is the memory held.
 
 A cache may hold several sequences of different lengths, one per batch row, each left-padded to
 the longest (`padding`: how many leading columns of each row hold no token). Attention learns about
@@ -42,6 +43,10 @@ class GrowingBuffer:
         n = min(self.offset, n)
         self.offset -= n
         return n
+
+    def keeps(self, count: int) -> bool:
+        """Whether the first `count` tokens can still be had back (by `trim` or `prefix`)."""
+        return count <= self.offset
 
     @property
     def nbytes(self) -> int:
@@ -135,3 +140,103 @@ class LatentCache(GrowingBuffer):
 
     def update(self, latent_keys: mx.array) -> mx.array:
         return self.append(latent_keys)[0]
+
+
+def visible(start: int, offset: int, tokens: int, window: int | None = None, padding: list[int] = ()) -> mx.array:
+    """Which keys each new query may see, as a boolean (tokens, keys) array, or (batch, 1, tokens, keys) with
+    `padding`: keys at positions start..offset+tokens-1 (counted like the cache's columns, padding included),
+    queries at offset..offset+tokens-1. A query sees keys not after itself, fewer than `window` positions back
+    when windowed, and not its row's padding."""
+    keys = mx.arange(start, offset + tokens)
+    queries = mx.arange(offset, offset + tokens)[:, None]
+    seen = keys <= queries
+    if window is not None:
+        seen = seen & (keys > queries - window)
+    if any(padding):
+        seen = seen & (keys[None, None, None, :] >= mx.array(padding)[:, None, None, None])
+    return seen
+
+
+class RotatingKVCache(KVCache):
+    """Keys and values of a sliding-window attention layer: a token sees itself and the `window - 1` tokens
+    before it, so only the last `window - 1` are kept and memory stays the same however long the text.
+
+    `offset`, `padding` and `position` mean what they mean for any cache (tokens seen, counting the left
+    padding of shorter rows); the arrays hold the last `held` of those columns. `update` returns the kept
+    columns followed by the new ones, so a prefill chunk longer than the window still sees, for each of its
+    tokens, exactly its window (`mask` hides the rest). The first `count` tokens can be recovered (`trim`,
+    `prefix`) only while nothing has been dropped, or for `count` equal to `offset` (see `keeps`).
+    """
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window = window
+
+    @property
+    def held(self) -> int:
+        return self.arrays[0].shape[-2] if self.arrays is not None else 0
+
+    def append(self, *new: mx.array) -> list[mx.array]:
+        seen = new if self.arrays is None else [mx.concatenate([old, a], axis=-2) for old, a in zip(self.arrays, new)]
+        self.offset += new[0].shape[-2]
+        keep = min(self.offset, self.window - 1)
+        self.arrays = [a[..., a.shape[-2] - keep :, :] for a in seen]
+        if new[0].shape[-2] > 1:  # after a prefill chunk, hold a copy of the window, not a view of the whole chunk
+            self.arrays = [mx.contiguous(a) for a in self.arrays]
+        return list(seen)
+
+    def mask(self, tokens: int) -> str | mx.array | None:
+        if not any(self.padding) and self.held + tokens <= self.window:
+            return "causal" if tokens > 1 else None
+        return visible(self.offset - self.held, self.offset, tokens, self.window, self.padding)
+
+    def keeps(self, count: int) -> bool:
+        return count == 0 or count == self.offset or (count < self.offset and self.held == self.offset)
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        count = self.offset - n
+        if not self.keeps(count):
+            raise ValueError(f"a sliding-window cache of {self.offset} tokens no longer holds the first {count}")
+        self.arrays = [a[..., : self.held - n, :] for a in self.arrays] if count else None
+        self.offset, self.padding = count, self.padding if count else []
+        return n
+
+    def prefix(self, count: int) -> "RotatingKVCache":
+        if not self.keeps(count):
+            raise ValueError(f"a sliding-window cache of {self.offset} tokens no longer holds the first {count}")
+        fresh = RotatingKVCache(self.window)
+        if count:
+            fresh.arrays, fresh.offset = [a[..., : count - (self.offset - self.held), :] for a in self.arrays], count
+        return fresh
+
+    def select(self, rows: list[int]) -> "RotatingKVCache":
+        everything = rows == list(range(self.rows()))
+        padding = [self.row_padding()[r] for r in rows]
+        drop = min(padding)
+        if everything and drop == 0:
+            return self
+        picked = RotatingKVCache(self.window)
+        picked.offset, picked.padding = self.offset - drop, [p - drop for p in padding]
+        keep = min(picked.offset, self.window - 1)
+        picked.arrays = [(a if everything else a[mx.array(rows)])[..., a.shape[-2] - keep :, :] for a in self.arrays]
+        return picked
+
+    @classmethod
+    def merge(cls, caches: list["RotatingKVCache"]) -> "RotatingKVCache":
+        window = caches[0].window
+        filled = [c for c in caches if c.arrays is not None]
+        if len(caches) == 1 or not filled:
+            return caches[0] if len(caches) == 1 else cls(window)
+        merged = cls(window)
+        merged.offset = max(c.offset for c in caches)
+        keep, parts = min(merged.offset, window - 1), []
+        for c in caches:
+            shift = merged.offset - c.offset
+            merged.padding += [p + shift for p in c.row_padding()]
+            if c.arrays is None:
+                parts.append([mx.zeros((1, *a.shape[1:-2], keep, a.shape[-1]), a.dtype) for a in filled[0].arrays])
+            else:
+                parts.append([pad(a, keep - a.shape[-2], 0) for a in c.arrays])
+        merged.arrays = [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
+        return merged

@@ -26,14 +26,22 @@ class MLP(nn.Module):
         return self.down_proj(self.activation(self.up_proj(x)))
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)): the gated FFN of LLaMA, Qwen and DeepSeek."""
+class GatedFFN(nn.Module):
+    """down(act(gate(x)) * up(x)): a gated FFN; GELU-tanh gates Gemma's (GeGLU)."""
 
-    def __init__(self, dims: int, hidden_dims: int, bias: bool = False):
+    def __init__(self, dims: int, hidden_dims: int, activation: str = "silu", bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(dims, hidden_dims, bias=bias)
         self.up_proj = nn.Linear(dims, hidden_dims, bias=bias)
         self.down_proj = nn.Linear(hidden_dims, dims, bias=bias)
+        self.activation = ACTIVATIONS[activation]
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SwiGLU(GatedFFN):
+    """down(silu(gate(x)) * up(x)): the gated FFN of LLaMA, Qwen and DeepSeek."""
+
+    def __init__(self, dims: int, hidden_dims: int, bias: bool = False):
+        super().__init__(dims, hidden_dims, "silu", bias)

@@ -16,6 +16,17 @@ class RMSNorm(nn.Module):
         return mx.fast.rms_norm(x, self.weight, self.eps)
 
 
+class OffsetRMSNorm(RMSNorm):
+    """x / rms(x) * (1 + weight): the weight stored as its difference from 1, so zeros mean no rescaling (Gemma)."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__(dims, eps)
+        self.weight = mx.zeros((dims,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1 + self.weight, self.eps)
+
+
 class LayerNorm(nn.Module):
     """(x - mean) / std * weight + bias (GPT-2)."""
 

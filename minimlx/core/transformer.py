@@ -3,6 +3,7 @@
 import mlx.core as mx
 import mlx.nn as nn
 
+from .attention import soft_cap
 from .recorder import Recorder
 
 
@@ -11,6 +12,8 @@ class Transformer(nn.Module):
 
     `head=None` ties the output projection to the token embedding (its transpose scores tokens).
     `positions` is a learned position embedding (GPT-2); rotary models leave it None.
+    `embed_scale` multiplies the embedded tokens (Gemma: sqrt(dims), rounded to the embedding's dtype as
+    transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap).
     """
 
     def __init__(
@@ -20,6 +23,8 @@ class Transformer(nn.Module):
         norm: nn.Module,
         head: nn.Module | None = None,
         positions: nn.Module | None = None,
+        embed_scale: float | None = None,
+        logit_cap: float | None = None,
     ):
         super().__init__()
         self.embed = embed
@@ -29,6 +34,7 @@ class Transformer(nn.Module):
         self.norm = norm
         if head is not None:
             self.head = head
+        self.embed_scale, self.logit_cap = embed_scale, logit_cap
 
     @property
     def tied_head(self) -> bool:
@@ -37,6 +43,8 @@ class Transformer(nn.Module):
     def __call__(self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None) -> mx.array:
         """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given."""
         x = self.embed(ids)
+        if self.embed_scale is not None:
+            x = x * mx.array(self.embed_scale, dtype=x.dtype)
         if "positions" in self:
             start = cache[0].position if cache is not None else 0
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
@@ -57,7 +65,8 @@ class Transformer(nn.Module):
 
     def unembed(self, x: mx.array) -> mx.array:
         """Token scores from final-normed hidden states: the lm_head, or the tied embedding's transpose."""
-        return self.embed.as_linear(x) if self.tied_head else self.head(x)
+        logits = self.embed.as_linear(x) if self.tied_head else self.head(x)
+        return logits if self.logit_cap is None else soft_cap(logits, self.logit_cap)
 
     def make_cache(self) -> list:
         """One cache per layer, of the kind that layer's attention needs."""
