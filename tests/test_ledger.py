@@ -73,7 +73,7 @@ def test_preset_counts_are_what_transformers_counts(name, transformers_meta):
     biases = [b for path, b in model.named_buffers() if path.endswith("e_score_correction_bias")]
     total = sum(p.numel() for p in [*model.parameters(), *biases])
     config = preset(name)
-    experts = next((config[key] for key in ("n_routed_experts", "num_experts", "num_local_experts") if key in config), None)
+    experts = next((config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in config), None)
     routed = sum(p.numel() for path, p in model.named_parameters() if ".experts." in path)
     active = total - routed + routed * config.get("num_experts_per_tok", 0) // (experts or 1)
     assert (total, active) == (PUBLISHED_TOTALS[name], ACTIVE.get(name, total))

@@ -134,7 +134,8 @@ def check_attention(model, values, atol: float):
         tokens = weights.shape[-1]
         assert mx.allclose(weights.sum(axis=-1), mx.ones(weights.shape[:-1]), atol=1e-5)
         assert mx.all(mx.where(mx.triu(mx.ones((tokens, tokens)), k=1) > 0, weights, 0) == 0)
-        assert mx.allclose(weights, recomputed_weights(values[f"layers.{i}.queries"], values[f"layers.{i}.keys"]), atol=1e-5)
+        recomputed = recomputed_weights(values[f"layers.{i}.queries"], values[f"layers.{i}.keys"])
+        assert mx.allclose(weights, recomputed, atol=1e-5)
         if isinstance(layer.attn, Attention):
             attn = layer.attn
             x = layer.attn_norm(values[f"layers.{i}.resid_pre"])
@@ -161,7 +162,8 @@ def test_smollm2_attention_weights(smollm2):
     check_attention(model, values, atol=1e-4)
     attn, x = model.layers[5].attn, model.layers[5].attn_norm(values["layers.5.resid_pre"])
     q = attn.q_proj(x).reshape(1, len(ids), attn.heads, -1).transpose(0, 2, 1, 3)
-    assert values["layers.5.queries"].shape == (1, 9, len(ids), 64) and values["layers.5.keys"].shape == (1, 3, len(ids), 64)
+    assert values["layers.5.queries"].shape == (1, 9, len(ids), 64)
+    assert values["layers.5.keys"].shape == (1, 3, len(ids), 64)
     assert mx.allclose(values["layers.5.queries"], attn.rope(q, 0), atol=1e-5)
     pattern = attention_pattern(model, tokenizer, PROMPT, layer=5)
     assert pattern.heads == 9 and pattern.head is None
@@ -171,7 +173,8 @@ def test_smollm2_attention_weights(smollm2):
 def test_attention_command_prints_the_pattern_and_draws_it(smollm2, tmp_path):
     model, tokenizer = smollm2
     png = tmp_path / "attention.png"
-    result = CliRunner().invoke(main, ["attention", "smollm2-135m", PROMPT, "--layer", "3", "--head", "2", "--plot", str(png)])
+    arguments = ["attention", "smollm2-135m", PROMPT, "--layer", "3", "--head", "2", "--plot", str(png)]
+    result = CliRunner().invoke(main, arguments)
     assert result.exit_code == 0, result.output
     title, header, *rows = result.output.splitlines()
     assert title == "layer 3, head 2: % of each row's attention on each token up to it"

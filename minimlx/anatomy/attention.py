@@ -16,7 +16,8 @@ from .trace import trace
 
 @dataclass
 class AttentionPattern:
-    """`weights[t][s]`: the share of token t's attention on token s (0 for s after t); `head` None is the mean over `heads`."""
+    """`weights[t][s]`: the share of token t's attention on token s (0 for s after t), for query head `head`,
+    or the mean over the layer's `heads` when `head` is None."""
 
     tokens: list[str]
     layer: int
@@ -36,10 +37,14 @@ def attention_pattern(
     layers = len(model.layers)
     layer = layers - 1 if layer is None else layer
     if not 0 <= layer < layers:
-        raise InvalidSettingError(f"layer must be between 0 and {layers - 1} (the model has {layers} layers), got {layer}")
+        raise InvalidSettingError(
+            f"layer must be between 0 and {layers - 1} (the model has {layers} layers), got {layer}"
+        )
     heads = model.layers[layer].attn.heads
     if head is not None and not 0 <= head < heads:
-        raise InvalidSettingError(f"head must be between 0 and {heads - 1} (layer {layer} has {heads} query heads), got {head}")
+        raise InvalidSettingError(
+            f"head must be between 0 and {heads - 1} (layer {layer} has {heads} query heads), got {head}"
+        )
     ids = tokenizer.encode(prompt)
     name = f"layers.{layer}.attn_weights"
     weights = trace(model, ids, [name])[name][0]  # (heads, tokens, tokens)

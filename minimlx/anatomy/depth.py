@@ -58,7 +58,10 @@ def _count(params: int) -> str:
 
 def depth_table(rows: list[DepthRow]) -> str:
     """The rows as the seed prints them, plus heads and layers per 128 of width."""
-    lines = [f"{'model':<17}{'preset':<17}{'params':>9}{'active':>9}{'width':>7}{'layers':>8}{'heads':>7}{'layers/128 width':>18}"]
+    lines = [
+        f"{'model':<17}{'preset':<17}{'params':>9}{'active':>9}{'width':>7}{'layers':>8}{'heads':>7}"
+        f"{'layers/128 width':>18}"
+    ]
     for row in rows:
         lines.append(
             f"{row.model:<17}{row.preset:<17}{_count(row.params):>9}{_count(row.active):>9}{row.width:>7}"

@@ -66,7 +66,8 @@ def trace(model: nn.Module, ids, names: list[str] | None = None, attention: bool
     if names is None:
         names = activation_names(model, attention)
     elif attention:
-        names = [*names, *(n for n in activation_names(model, True) if n.rpartition(".")[2] in ATTENTION and n not in names)]
+        attention_names = [n for n in activation_names(model, True) if n.rpartition(".")[2] in ATTENTION]
+        names = [*names, *(n for n in attention_names if n not in names)]
     routed = [
         i
         for i, layer in enumerate(model.layers)

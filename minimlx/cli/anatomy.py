@@ -88,7 +88,8 @@ def depth_table(entries: dict[str, Ledger]) -> str:
 @click.option("--per-layer", is_flag=True, help="Also count every layer.")
 @click.option("--compare", is_flag=True, help="Compare several models: layers, width, heads, experts, total, active.")
 @click.option("--depth-table", "seed_table", is_flag=True,
-              help="Print the seed's table of ten 2024-2025 models (params, active, width, layers, heads) from the presets.")
+              help="Print the seed's table of ten 2024-2025 models (params, active, width, layers, heads) "
+              "from the presets.")
 def anatomy(models, as_json, per_layer, compare, seed_table):
     """Count the parameters of a model or preset by component.
 

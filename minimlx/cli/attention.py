@@ -14,7 +14,8 @@ def heads_shown(pattern: AttentionPattern) -> str:
 
 
 def table(pattern: AttentionPattern, longest: int = 12) -> str:
-    """Rows: the tokens; columns: the tokens each row can read (itself and those before it); cells: % of the row's attention."""
+    """Rows: the tokens; columns: the tokens each row can read (itself and those before it);
+    cells: the percentage of the row's attention."""
     labels = [repr(t)[:longest] for t in pattern.tokens]
     width = max(7, *map(len, labels)) + 2
     lines = [
@@ -47,7 +48,8 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
     if count <= 16:
         for t, row in enumerate(weights):
             for s, w in enumerate(row[: t + 1]):
-                axes.text(s, t, f"{100 * w:.0f}", ha="center", va="center", fontsize=7, color="white" if w > 0.6 else "black")
+                color = "white" if w > 0.6 else "black"
+                axes.text(s, t, f"{100 * w:.0f}", ha="center", va="center", fontsize=7, color=color)
     labels = [shown(t) for t in pattern.tokens]
     axes.set_xticks(range(count), labels, rotation=45, ha="right", fontsize=8)
     axes.set_yticks(range(count), labels, fontsize=8)
@@ -65,7 +67,9 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
 @click.argument("prompt", type=TEXT)
 @click.option("--layer", type=int, help="The layer to show, from 0 (default: the last).")
 @click.option("--head", type=int, help="The query head to show, from 0 (default: the mean over the layer's heads).")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Also draw the pattern as a heatmap PNG (needs matplotlib).")
+@click.option(
+    "--plot", type=click.Path(dir_okay=False), help="Also draw the pattern as a heatmap PNG (needs matplotlib)."
+)
 @dtype_option
 def attention(model, prompt, layer, head, plot, dtype):
     """Which earlier tokens each token of PROMPT reads: one layer's attention weights (no chat template)."""

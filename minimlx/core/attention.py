@@ -54,7 +54,8 @@ def attention_weights(q, k, scale: float, mask, cap: float | None = None, sinks:
 def capped_attention(q, k, v, scale: float, mask, cap: float, sinks: mx.array | None = None) -> mx.array:
     """softmax(soft_cap(q k^T * scale) + mask) v, spelled out: the fused kernel cannot cap scores.
 
-    q: (batch, heads, tokens, head_dim); k, v: (batch, kv_heads, keys, head_dim); `sinks` as `attention_weights` takes them.
+    q: (batch, heads, tokens, head_dim); k, v: (batch, kv_heads, keys, head_dim); `sinks` as for
+    `attention_weights`.
     """
     batch, heads, tokens, _ = q.shape
     kv_heads = k.shape[1]
