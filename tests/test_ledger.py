@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import minimlx
-from minimlx.anatomy import ledger, presets
+from minimlx.anatomy import ledger, preset, presets
 from minimlx.cli import main
 from reference import require, save_reference
 
@@ -21,6 +21,20 @@ PUBLISHED_TOTALS = {
     "qwen3-235b-a22b": 235_093_634_560,
     "deepseek-v3": 671_026_419_200,
     "deepseek-v2-lite": 15_706_484_224,
+    "kimi-k2": 1_026_408_232_448,
+    "gpt-oss-120b": 116_829_156_672,
+    "gpt-oss-20b": 20_914_757_184,
+    "glm-4-9b": 9_400_279_040,
+    "gemma-3-12b": 11_766_034_176,  # the language model; the SigLIP vision tower is not counted
+    "gemma-3-27b": 27_009_346_304,
+}
+ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_token / experts
+    "qwen3-235b-a22b": 22_190_763_520,
+    "deepseek-v3": 37_552_297_472,
+    "deepseek-v2-lite": 2_661_150_208,
+    "kimi-k2": 32_861_500_928,
+    "gpt-oss-120b": 5_711_982_912,  # OpenAI's 5.13B leaves out the embedding (201,088 x 2,880)
+    "gpt-oss-20b": 4_187_440_704,  # and 3.61B
 }
 
 
@@ -30,7 +44,39 @@ def test_presets_are_the_published_models():
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
 def test_preset_total(name):
-    assert ledger(name).total == PUBLISHED_TOTALS[name]
+    entry = ledger(name)
+    assert entry.total == PUBLISHED_TOTALS[name]
+    assert entry.active == ACTIVE.get(name, entry.total)
+
+
+@pytest.fixture(scope="module")
+def transformers_meta():
+    """preset name -> its transformers model, built on the meta device (no weight allocated)."""
+    torch, transformers = require("torch"), require("transformers")
+
+    def build(name):
+        config = preset(name)
+        if config["model_type"] == "kimi_k2":  # its remote code (auto_map) is DeepSeek-V3's, which transformers has
+            config = {**config, "model_type": "deepseek_v3"}
+        config = transformers.AutoConfig.for_model(**config)
+        with torch.device("meta"):  # a gemma3 config is read for its language model, as minimlx reads it
+            return transformers.AutoModelForCausalLM.from_config(getattr(config, "text_config", config))
+
+    return build
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
+def test_preset_counts_are_what_transformers_counts(name, transformers_meta):
+    """The exact totals above are transformers' own counts of the configs (with the routers' correction
+    biases, which it keeps as buffers), and the active counts follow from its routed experts."""
+    model = transformers_meta(name)
+    biases = [b for path, b in model.named_buffers() if path.endswith("e_score_correction_bias")]
+    total = sum(p.numel() for p in [*model.parameters(), *biases])
+    config = preset(name)
+    experts = next((config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in config), None)
+    routed = sum(p.numel() for path, p in model.named_parameters() if ".experts." in path)
+    active = total - routed + routed * config.get("num_experts_per_tok", 0) // (experts or 1)
+    assert (total, active) == (PUBLISHED_TOTALS[name], ACTIVE.get(name, total))
 
 
 def test_gpt2_components_and_percentages():
@@ -60,6 +106,9 @@ def test_llama3_8b_matches_the_seed_walkthrough():
     assert not entry.tied_head
     assert entry.layers[0] == {"attention": 41_943_040, "ffn": 176_160_768, "norms": 8_192}
     assert len(entry.layers) == 32 and all(layer == entry.layers[0] for layer in entry.layers)
+    seed_vocabulary = ledger({**preset("llama3-8b"), "vocab_size": 129_280})  # the seed's sum uses DeepSeek-V3's
+    assert seed_vocabulary.components["lm_head"] == 529_530_880  # its "5.3亿"
+    assert seed_vocabulary.total == 8_038_649_856  # its "80.4亿"
 
 
 def test_moe_router_bias_and_active_parameters():
@@ -108,6 +157,25 @@ def test_compare_table():
     assert rows[0].split() == ["llama3-8b", "32", "4096", "32", "-", "8.03B", "8.03B"]
     assert rows[1].split() == ["qwen3-235b-a22b", "94", "4096", "64", "128", "top", "8", "235.09B", "22.19B"]
     assert rows[2].split() == ["deepseek-v3", "61", "7168", "128", "256", "top", "8", "+shared", "671.03B", "37.55B"]
+
+
+def test_depth_table_is_the_seeds_table():
+    result = CliRunner().invoke(main, ["anatomy", "--depth-table"])
+    assert result.exit_code == 0, result.output
+    header, *rows = [" ".join(line.split()) for line in result.output.splitlines()]
+    assert header == "model preset params active width layers heads layers/128 width"
+    assert rows == [
+        "LLaMA-3-8B llama3-8b 8.03B 8.03B 4096 32 32 1.00",
+        "Qwen3-8B qwen3-8b 8.19B 8.19B 4096 36 32 1.12",
+        "gpt-oss-120b gpt-oss-120b 116.83B 5.71B 2880 36 64 1.60",
+        "GLM-4-9B glm-4-9b 9.40B 9.40B 4096 40 32 1.25",
+        "Gemma-3-12B gemma-3-12b 11.77B 11.77B 3840 48 16 1.60",
+        "DeepSeek-V3 deepseek-v3 671.03B 37.55B 7168 61 128 1.09",
+        "Kimi K2 kimi-k2 1.03T 32.86B 7168 61 64 1.09",
+        "Gemma-3-27B gemma-3-27b 27.01B 27.01B 5376 62 32 1.48",
+        "Qwen3-32B qwen3-32b 32.76B 32.76B 5120 64 64 1.60",
+        "Qwen3-235B-A22B qwen3-235b-a22b 235.09B 22.19B 4096 94 64 2.94",
+    ]
 
 
 def test_unknown_model_is_one_line_error():

@@ -4,6 +4,14 @@ The model runs with a `Recorder`; each block hands over `resid_pre`, `attn_out`,
 `mlp_out` and `resid_post` (as `layers.{i}.<what>`), the loop adds `embed`, `final_norm` and
 `logits`. For MoE layers the routing decision is recomputed from the recorded `resid_mid`
 (`layers.{i}.expert_indices` / `expert_weights`), so the production path never does that work.
+
+With `attention=True` each layer also hands over `queries` (batch, heads, tokens, head_dim) and
+`keys` (batch, kv_heads, tokens, head_dim), both after RoPE (for latent attention, the per-head
+queries and keys rebuilt from the latents), and `attn_weights` (batch, heads, tokens, tokens):
+row t is how query token t shares its attention among the tokens it sees (itself and those before
+it, or only the last `window` of them in a sliding-window layer). Each row sums to 1, except in
+layers with attention sinks, where the sink takes its share and the row sums to 1 minus it.
+The weights are formed only while tracing; the fused kernel never forms them.
 """
 
 import mlx.core as mx
@@ -15,13 +23,16 @@ from ..errors import InvalidSettingError
 
 BLOCK_ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 ROUTING = ("expert_indices", "expert_weights")
+ATTENTION = ("queries", "keys", "attn_weights")
 
 
-def activation_names(model: nn.Module) -> list[str]:
-    """Every name `trace` can return for `model`, in the order the forward pass produces them."""
+def activation_names(model: nn.Module, attention: bool = False) -> list[str]:
+    """Every name `trace` can return for `model` (with each layer's attention when `attention`), in the
+    order the forward pass produces them."""
     names = ["embed"]
     for i, layer in enumerate(model.layers):
-        names += [f"layers.{i}.{what}" for what in BLOCK_ACTIVATIONS]
+        block = ("resid_pre", *ATTENTION, *BLOCK_ACTIVATIONS[1:]) if attention else BLOCK_ACTIVATIONS
+        names += [f"layers.{i}.{what}" for what in block]
         if hasattr(layer.ffn, "route"):
             names += [f"layers.{i}.{what}" for what in ROUTING]
     return names + ["final_norm", "logits"]
@@ -37,32 +48,39 @@ def _as_batch(model: nn.Module, ids) -> mx.array:
     return mx.array(rows)
 
 
-def trace(model: nn.Module, ids, names: list[str] | None = None) -> dict[str, mx.array]:
+def trace(model: nn.Module, ids, names: list[str] | None = None, attention: bool = False) -> dict[str, mx.array]:
     """Run `model` on `ids` ((batch,) tokens) and return the activations named in `names` (all when None).
 
-    The result is evaluated and ordered as `names`, or as the forward pass produces them.
+    `attention=True` adds every layer's `queries`, `keys` and `attn_weights` (which `names` can also
+    name one by one). The result is evaluated and ordered as `names` (then the attention added), or as
+    the forward pass produces them.
     """
     if names is not None:
-        unknown = sorted(set(names) - set(activation_names(model)))
+        unknown = sorted(set(names) - set(activation_names(model, attention=True)))
         if unknown:
             raise InvalidSettingError(
-                f"no activation named {unknown[0]!r}; use embed, layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ROUTING)}>, "
+                f"no activation named {unknown[0]!r}; use embed, "
+                f"layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ATTENTION + ROUTING)}>, "
                 "final_norm or logits (routing only for MoE layers)"
             )
+    if names is None:
+        names = activation_names(model, attention)
+    elif attention:
+        attention_names = [n for n in activation_names(model, True) if n.rpartition(".")[2] in ATTENTION]
+        names = [*names, *(n for n in attention_names if n not in names)]
     routed = [
         i
         for i, layer in enumerate(model.layers)
-        if hasattr(layer.ffn, "route") and (names is None or any(f"layers.{i}.{w}" in names for w in ROUTING))
+        if hasattr(layer.ffn, "route") and any(f"layers.{i}.{w}" in names for w in ROUTING)
     ]
-    wanted = None if names is None else set(names) | {f"layers.{i}.resid_mid" for i in routed}
-    recorder = Recorder(wanted)
+    recorder = Recorder(set(names) | {f"layers.{i}.resid_mid" for i in routed})
     model(_as_batch(model, ids), recorder=recorder)
     values = recorder.values
     for i in routed:
         layer = model.layers[i]
         indices, weights = layer.ffn.route(layer.ffn_input(values[f"layers.{i}.resid_mid"]))
         values[f"layers.{i}.expert_indices"], values[f"layers.{i}.expert_weights"] = indices, weights
-    values = {name: values[name] for name in (activation_names(model) if names is None else names)}
+    values = {name: values[name] for name in names}
     mx.eval(values)
     return values
 

@@ -4,6 +4,7 @@ import json
 
 import click
 
+from ..anatomy.depth import depth_rows, depth_table as seed_depth_table
 from ..anatomy.ledger import COMPONENTS, Ledger, ledger, presets
 from ..errors import ModelNotFoundError
 from ..io.resolve import resolve
@@ -81,7 +82,17 @@ def depth_table(entries: dict[str, Ledger]) -> str:
     return "\n".join(lines)
 
 
+def print_depth_table(ctx: click.Context, _, wanted: bool) -> None:
+    """`--depth-table` is an action, like `--version`: it prints the seed's table and ends the command."""
+    if wanted:
+        click.echo(seed_depth_table(depth_rows()))
+        ctx.exit()
+
+
 @main.command()
+@click.option("--depth-table", is_flag=True, expose_value=False, is_eager=True, callback=print_depth_table,
+              help="Print the seed's table of ten 2024-2025 models (params, active, width, layers, heads) "
+              "from the presets, and exit.")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL_OR_PRESET...")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table.")
 @click.option("--per-layer", is_flag=True, help="Also count every layer.")
@@ -90,8 +101,8 @@ def anatomy(models, as_json, per_layer, compare):
     """Count the parameters of a model or preset by component.
 
     MODEL_OR_PRESET is a preset (gpt2, llama3-8b, qwen3-8b, qwen3-32b, qwen3-235b-a22b, deepseek-v3,
-    deepseek-v2-lite), a checkpoint folder (counted from config.json, no weights read) or a model
-    name that `minimlx run` accepts.
+    deepseek-v2-lite, kimi-k2, gpt-oss-20b, gpt-oss-120b, glm-4-9b, gemma-3-12b, gemma-3-27b), a
+    checkpoint folder (counted from config.json, no weights read) or a model name that `minimlx run` accepts.
     """
     if len(models) > 1 and not compare:
         raise click.UsageError("give one model, or pass --compare to compare several")

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from .cache import KVCache, RotatingKVCache, visible
 from .norms import RMSNorm
+from .recorder import Recorder
 from .rope import RoPE
 
 
@@ -27,16 +28,19 @@ def soft_cap(x: mx.array, cap: float) -> mx.array:
     return mx.tanh(x / cap) * cap
 
 
-def capped_attention(q, k, v, scale: float, mask, cap: float, sinks: mx.array | None = None) -> mx.array:
-    """softmax(soft_cap(q k^T * scale) + mask) v, spelled out: the fused kernel cannot cap scores.
+def attention_weights(q, k, scale: float, mask, cap: float | None = None, sinks: mx.array | None = None) -> mx.array:
+    """softmax(soft_cap(q k^T * scale) + mask) over the keys: the weights attention applies to the values,
+    (batch, heads, queries, keys) in float32, 0 where the mask hides a key.
 
-    q: (batch, heads, tokens, head_dim); k, v: (batch, kv_heads, keys, head_dim). With `sinks`, each head's
-    learned logit joins the softmax as a column of its own that takes its share and is then dropped.
+    q: (batch, heads, tokens, head_dim); k: (batch, kv_heads, keys, head_dim), each read by heads // kv_heads
+    query heads; scores are soft-capped when `cap` is given. With `sinks`, each head's learned logit joins the
+    softmax as a column of its own that takes its share and is then dropped: a row sums to 1 minus that share.
     """
     batch, heads, tokens, _ = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     q = q.reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # the query heads that share each kv head
-    scores = soft_cap((q * scale) @ k[:, :, None].swapaxes(-1, -2), cap).astype(mx.float32)
+    scores = (q * scale) @ k[:, :, None].swapaxes(-1, -2)
+    scores = (scores if cap is None else soft_cap(scores, cap)).astype(mx.float32)
     if isinstance(mask, str):
         mask = visible(0, keys - tokens, tokens) if mask == "causal" else None
     if mask is not None:
@@ -44,8 +48,27 @@ def capped_attention(q, k, v, scale: float, mask, cap: float, sinks: mx.array | 
     if sinks is not None:
         sink = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, kv_heads, -1, 1, 1), (*scores.shape[:-1], 1))
         scores = mx.concatenate([sink, scores], axis=-1)
-    weights = mx.softmax(scores, axis=-1)[..., -keys:].astype(v.dtype)
+    return mx.softmax(scores, axis=-1)[..., -keys:].reshape(batch, heads, tokens, keys)
+
+
+def capped_attention(q, k, v, scale: float, mask, cap: float, sinks: mx.array | None = None) -> mx.array:
+    """softmax(soft_cap(q k^T * scale) + mask) v, spelled out: the fused kernel cannot cap scores.
+
+    q: (batch, heads, tokens, head_dim); k, v: (batch, kv_heads, keys, head_dim); `sinks` as for
+    `attention_weights`.
+    """
+    batch, heads, tokens, _ = q.shape
+    kv_heads = k.shape[1]
+    weights = attention_weights(q, k, scale, mask, cap, sinks).astype(v.dtype)
+    weights = weights.reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # grouped as the kv heads they read
     return (weights @ v[:, :, None]).reshape(batch, heads, tokens, -1)
+
+
+def record_attention(recorder: Recorder, q, k, scale: float, mask, cap: float | None = None, sinks=None) -> None:
+    """Hand a recorder the queries and keys (after RoPE) and, only when it wants them, the weights they give."""
+    recorder(queries=q, keys=k)
+    if recorder.wants("attn_weights"):
+        recorder(attn_weights=attention_weights(q, k, scale, mask, cap, sinks))
 
 
 class Attention(nn.Module):
@@ -92,7 +115,7 @@ class Attention(nn.Module):
         self.window, self.logit_cap = window, logit_cap
         self.scale = head_dim**-0.5 if scale is None else scale
 
-    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache | None = None, recorder: Recorder | None = None) -> mx.array:
         batch, tokens, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if "q_norm" in self and not self.qk_norm_per_head:
@@ -112,6 +135,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)
         sinks = self.get("sinks")
+        if recorder is not None:
+            record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
         if self.logit_cap is None:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
         else:

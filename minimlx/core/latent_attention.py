@@ -14,10 +14,11 @@ attends over the cached latents directly and never rebuilds the whole context's 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .attention import causal
+from .attention import causal, record_attention
 from .cache import LatentCache
 from .norms import RMSNorm
 from .quantized import QuantizedWeight
+from .recorder import Recorder
 from .rope import RoPE
 
 
@@ -80,7 +81,7 @@ class LatentAttention(nn.Module):
         self.rope = rope
         self.scale = scale
 
-    def __call__(self, x: mx.array, cache: LatentCache | None = None) -> mx.array:
+    def __call__(self, x: mx.array, cache: LatentCache | None = None, recorder: Recorder | None = None) -> mx.array:
         batch, tokens, _ = x.shape
         q = self.q_proj(x) if "q_proj" in self else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
         q = q.reshape(batch, tokens, self.heads, -1).transpose(0, 2, 1, 3)
@@ -91,16 +92,20 @@ class LatentAttention(nn.Module):
         latent_keys = mx.concatenate([self.kv_a_norm(latent), k_rope], axis=-1)  # (batch, 1, tokens, latent + rope)
         if cache is not None:
             latent_keys = cache.update(latent_keys)
-        attend = self._absorbed if tokens == 1 else self._expanded
-        out = attend(q_nope, q_rope, latent_keys, mask)
+        if tokens == 1 and recorder is None:
+            out = self._absorbed(q_nope, q_rope, latent_keys, mask)
+        else:
+            out = self._expanded(q_nope, q_rope, latent_keys, mask, recorder)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
 
-    def _expanded(self, q_nope, q_rope, latent_keys, mask) -> mx.array:
-        """Full per-head keys and values from the latents, then causal attention."""
+    def _expanded(self, q_nope, q_rope, latent_keys, mask, recorder: Recorder | None = None) -> mx.array:
+        """Full per-head keys and values from the latents, then causal attention (the path a recorder sees)."""
         latent, k_rope = mx.split(latent_keys, [self.latent_dims], axis=-1)
         k_nope, values = self.key_up_proj(latent, transpose=False), self.value_up_proj(latent)
         keys = mx.concatenate([k_nope, mx.broadcast_to(k_rope, (*k_nope.shape[:-1], self.rope_dims))], axis=-1)
         queries = mx.concatenate([q_nope, q_rope], axis=-1)
+        if recorder is not None:
+            record_attention(recorder, queries, keys, self.scale, mask)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
     def _absorbed(self, q_nope, q_rope, latent_keys, mask) -> mx.array:

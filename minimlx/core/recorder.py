@@ -2,7 +2,8 @@
 
 The loop and the blocks hand their intermediate arrays to a recorder when one is passed; with
 none they run exactly the production graph. Names are `embed`, `layers.{i}.{what}`,
-`final_norm` and `logits`.
+`final_norm` and `logits`. Attention hands over its queries and keys, and computes its weights
+(which the fused kernel never forms) only when the recorder `wants` them.
 """
 
 import mlx.core as mx
@@ -22,8 +23,11 @@ class Recorder:
         view.names = self.names
         return view
 
+    def wants(self, name: str) -> bool:
+        """Whether `name` (in this view's scope) is recorded: for values that cost work to form."""
+        return self.names is None or self.prefix + name in self.names
+
     def __call__(self, **activations: mx.array) -> None:
         for name, value in activations.items():
-            full = self.prefix + name
-            if self.names is None or full in self.names:
-                self.values[full] = value
+            if self.wants(name):
+                self.values[self.prefix + name] = value
