@@ -257,7 +257,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
              "--gen-tokens", str(args.gen_tokens), "--repeats", "1", "--json"]
     from minimlx import blas
 
-    found = {"minimlx": (bench, {})}
+    found = {"minimlx": (bench, {}), "minimlx, eager decode (bench --eager)": (bench + ["--eager"], {})}
     for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
         found[f"minimlx, MINIMLX_BLAS={Path(path).name}"] = (bench, {"MINIMLX_BLAS": path})
     installed = {name: importlib.util.find_spec(name) is not None for name in ("mlx_lm", "transformers", "llama_cpp")}

@@ -122,7 +122,6 @@ def stream_generate(
         outputs = speculative_outputs(decoder, tokenizer, request, drafter, temperature, top_p, top_k, min_p, prefill_step)
     else:
         outputs = engine_outputs(decoder, tokenizer, request, prefill_step)
-    acceptance = Acceptance()
     start = time.perf_counter()
     with closing(outputs):
         for n, (output, acceptance) in enumerate(outputs, 1):
@@ -160,7 +159,6 @@ def speculative_outputs(model, tokenizer, request: Request, drafter, temperature
     sequence = EngineSequence(request, tokenizer, getattr(getattr(model, "config", None), "max_positions", None))
     cache = request.cache if request.cache is not None else model.make_cache()
     verifier = Verifier(temperature, top_p, top_k, min_p, request.seed)
-    acceptance = Acceptance()
     tokens = speculative_tokens(model, request.prompt, cache, drafter, verifier, sequence.max_tokens, acceptance, prefill_step)
     for token in tokens:
         yield sequence.read(token), acceptance
