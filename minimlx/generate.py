@@ -119,7 +119,8 @@ def stream_generate(
             raise InvalidSettingError("speculative decoding does not apply a repetition penalty; drop one of them")
         drafter = (PromptLookup(prompt_lookup) if prompt_lookup
                    else DraftModel(compiled_decoder(draft_model) or draft_model, draft_tokens, prefill_step))
-        outputs = speculative_outputs(decoder, tokenizer, request, drafter, temperature, top_p, top_k, min_p, prefill_step)
+        verifier = Verifier(temperature, top_p, top_k, min_p, request.seed)
+        outputs = speculative_outputs(decoder, tokenizer, request, drafter, verifier, prefill_step)
     else:
         outputs = engine_outputs(decoder, tokenizer, request, prefill_step)
     start = time.perf_counter()

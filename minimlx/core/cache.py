@@ -156,7 +156,8 @@ class FixedKVCache:
         self.start = mx.array([0])  # `offset` as an array of one: where the next token goes
 
     def capacity_for(self, tokens: int) -> int:
-        """The capacity once `tokens` more are written: the current one if they fit, else the next multiple of `step`."""
+        """The capacity once `tokens` more are written: the current one if they fit, else the next multiple
+        of `step`."""
         capacity = self.keys.shape[2] if self.keys is not None else 0
         needed = self.offset + tokens
         return capacity if needed <= capacity else (needed + self.step - 1) // self.step * self.step
