@@ -155,12 +155,13 @@ def engine_outputs(model, tokenizer, request: Request, prefill_step: int):
         engine.step()  # the sequence leaves the batch: a `cache` passed in now holds prompt and answer
 
 
-def speculative_outputs(model, tokenizer, request: Request, drafter, temperature, top_p, top_k, min_p, prefill_step):
-    """(output, acceptance so far) per token of `request`, decoded speculatively with `drafter`."""
+def speculative_outputs(model, tokenizer, request: Request, drafter, verifier: Verifier, prefill_step: int):
+    """(output, acceptance so far) per token of `request`, drafted by `drafter` and checked by `verifier`."""
     sequence = EngineSequence(request, tokenizer, getattr(getattr(model, "config", None), "max_positions", None))
     cache = request.cache if request.cache is not None else model.make_cache()
-    verifier = Verifier(temperature, top_p, top_k, min_p, request.seed)
-    tokens = speculative_tokens(model, request.prompt, cache, drafter, verifier, sequence.max_tokens, acceptance, prefill_step)
+    acceptance = Acceptance()
+    tokens = speculative_tokens(model, request.prompt, cache, drafter, verifier, sequence.max_tokens, acceptance,
+                                prefill_step)
     for token in tokens:
         yield sequence.read(token), acceptance
         if not sequence.running:
