@@ -13,6 +13,12 @@ alike, and the table shows medians over rounds. The prompt is the same random to
 (no chat template), and every runner generates exactly `--gen-tokens` greedily, ignoring
 end-of-sequence. Prefill tok/s = prompt tokens / time to the first generated token; decode tok/s =
 (generated tokens - 1) / time from the first to the last generated token.
+
+A second table decodes benchmarks/workloads/rewrite.txt (a text to copy with its spelling fixed,
+through the chat template, greedy, to the end of the answer or `--workload-tokens`) plainly and
+with prompt-lookup speculation, interleaved the same way: effective decode tok/s (tokens of the
+answer / time from its first to its last token), the share of drafted tokens accepted, and whether
+the token ids equal plain decoding's.
 """
 
 import argparse
@@ -169,6 +175,56 @@ def llama_cpp_runner(model_path: str):
 
 RUNNERS = {"mlx_lm": mlx_lm_runner, "transformers": transformers_runner, "llama_cpp": llama_cpp_runner}
 
+WORKLOAD = Path(__file__).parent / "workloads" / "rewrite.txt"
+LOOKUP_TOKENS = 8
+
+
+def workload_worker(model_path: str, max_tokens: int, prompt_lookup: int) -> None:
+    """minimlx answering the rewrite workload greedily, plainly or with prompt lookup: JSON on stdout."""
+    from minimlx import load, stream_generate
+
+    model, tokenizer = load(model_path)
+    list(stream_generate(model, tokenizer, "Say hello.", max_tokens=4, prompt_lookup=prompt_lookup))
+    start = time.perf_counter()
+    responses = list(stream_generate(model, tokenizer, WORKLOAD.read_text(), max_tokens=max_tokens,
+                                     prompt_lookup=prompt_lookup))
+    last = responses[-1]
+    first = start + last.prompt_tokens / last.prompt_tps
+    rate = last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else None
+    print(json.dumps({"decode_tps": (len(responses) - 1) / (time.perf_counter() - first), "acceptance": rate,
+                      "tokens": [r.token for r in responses]}))
+
+
+def speculation_table(args, gguf: Path) -> str:
+    """Plain and prompt-lookup decoding of the rewrite workload, interleaved rounds, as a markdown table."""
+    me = [sys.executable, __file__, "--gen-tokens", str(args.workload_tokens), "--model", str(gguf)]
+    configs = {"minimlx, plain decode": me + ["--worker", "workload"],
+               f"minimlx, --prompt-lookup {LOOKUP_TOKENS}": me + ["--worker", "workload", "--prompt-lookup",
+                                                                  str(LOOKUP_TOKENS)]}
+    results: dict[str, list[dict]] = {name: [] for name in configs}
+    for round_ in range(args.rounds):
+        for name, command in configs.items():
+            if result := run_process(command, {}):
+                results[name].append(result)
+                print(f"round {round_ + 1} {name}: decode {result['decode_tps']:.1f} tok/s", file=sys.stderr)
+    plain = results["minimlx, plain decode"]
+    base = statistics.median(r["decode_tps"] for r in plain) if plain else None
+    lines = [f"{WORKLOAD.relative_to(Path(__file__).parent.parent)} (greedy, at most {args.workload_tokens} tokens, "
+             f"medians of {args.rounds} interleaved rounds):", "",
+             "| configuration | answer tokens | decode tok/s (effective) | x plain | drafts accepted | same tokens |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for name, runs in results.items():
+        if not runs:
+            continue
+        tps = statistics.median(r["decode_tps"] for r in runs)
+        accepted = f"{runs[0]['acceptance']:.0%}" if runs[0]["acceptance"] is not None else "-"
+        same = "yes" if plain and all(r["tokens"] == plain[0]["tokens"] for r in runs) else "no"
+        ratio = f"{tps / base:.2f}" if base else "-"
+        lines.append(f"| {name} | {len(runs[0]['tokens'])} | {tps:.1f} | {ratio} | {accepted} | {same} |")
+    lines.append("| minimlx, --draft-model | - | - | - | - | no smaller model with SmolLM2's tokenizer is installed "
+                 "(SmolLM2-135M is the smallest); a self-draft measures nothing |")
+    return "\n".join(lines)
+
 
 def worker(kind: str, model_path: str, prompt_tokens: int, gen_tokens: int) -> None:
     start = time.perf_counter()
@@ -201,7 +257,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
              "--gen-tokens", str(args.gen_tokens), "--repeats", "1", "--json"]
     from minimlx import blas
 
-    found = {"minimlx": (bench, {})}
+    found = {"minimlx": (bench, {}), "minimlx, eager decode (bench --eager)": (bench + ["--eager"], {})}
     for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
         found[f"minimlx, MINIMLX_BLAS={Path(path).name}"] = (bench, {"MINIMLX_BLAS": path})
     installed = {name: importlib.util.find_spec(name) is not None for name in ("mlx_lm", "transformers", "llama_cpp")}
@@ -303,9 +359,14 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench",
                         help="where the peers' model folders are written (reused between runs)")
     parser.add_argument("--skip", default="", help="comma-separated substrings of configurations to leave out")
-    parser.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
+    parser.add_argument("--workload-tokens", type=int, default=400,
+                        help="most tokens of the answer to the speculation workload")
+    parser.add_argument("--worker", choices=[*RUNNERS, "workload"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--prompt-lookup", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker == "workload":
+        return workload_worker(args.model, args.gen_tokens, args.prompt_lookup)
     if args.worker:
         return worker(args.worker, args.model, args.prompt_tokens, args.gen_tokens)
 
@@ -323,6 +384,8 @@ def main() -> None:
     float32 = args.work / "smollm2-135m-f32"
     first_token = start_to_first_token(args, float32 if float32.exists() else None)
     print(report(args, results, first_token))
+    if "speculation" not in args.skip.split(","):
+        print("\n" + speculation_table(args, gguf))
 
 
 if __name__ == "__main__":

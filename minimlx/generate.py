@@ -4,9 +4,10 @@
 token ids and settings, and turn what it returns into text and statistics. `generate_tokens` is
 the engine's raw token stream, for timing it.
 
-Nothing is `mx.compile`d: the KV cache grows by slice writes at Python-int offsets, so a compiled
-step would be retraced every token, and compiling the sampler alone saved under 0.5 ms of a
-60 ms SmolLM2 step on the CPU (measured), less than its tracing costs a short answer.
+One sequence decodes through `compiled_decoder(model)` where the model allows it: each step
+replays one `mx.compile`d forward pass over fixed-capacity caches (`minimlx.compiled`). With a
+draft model or prompt lookup, `stream_generate` runs the speculative loop of
+`minimlx.speculative` instead of the engine.
 """
 
 import time
@@ -19,10 +20,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .checks import check_ids, check_prompt, vocab_size
+from .compiled import compiled_decoder
 from .core.sampling import Sampler
-from .engine import Engine, Request, make_request
+from .engine import Engine, Request, Sequence as EngineSequence, make_request
 from .engine import check_generation_settings, split_at_stop  # noqa: F401  (part of this module's API)
 from .errors import InvalidSettingError
+from .speculative import Acceptance, DraftModel, PromptLookup, Verifier, speculative_tokens
 
 
 @dataclass
@@ -37,6 +40,8 @@ class GenerationResponse:
     generation_tps: float
     peak_memory_gb: float
     finish_reason: str | None = None  # "stop" (end of sequence or a stop string), "length", None before the end
+    drafted_tokens: int = 0  # speculative decoding: tokens proposed so far, and how many the model kept
+    accepted_tokens: int = 0
 
 
 def generate_tokens(
@@ -88,39 +93,84 @@ def stream_generate(
     system: str | None = None,
     cache: list | None = None,
     prefill_step: int = 512,
+    draft_model: nn.Module | None = None,
+    draft_tokens: int = 3,
+    prompt_lookup: int = 0,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
 
     Generation ends at an end-of-sequence id (its text is not emitted), at a `stop` string (the
     text ends before it), or after `max_tokens`; the last response carries `finish_reason`.
-    Pass a `cache` (from `model.make_cache()`) to continue a conversation: `prompt` then holds only
+    Pass a `cache` (from `make_cache(model)`) to continue a conversation: `prompt` then holds only
     the new tokens. The repetition penalty counts the tokens of this prompt and of the answer.
+
+    Speculative decoding (same tokens when greedy, same distribution when sampling): `draft_model`
+    (a smaller model sharing the tokenizer) proposes `draft_tokens` tokens per step, or
+    `prompt_lookup=N` proposes N tokens copied from where the text's last words occurred before.
     """
     vocab = vocab_size(model)
     ids = check_ids(encode_prompt(tokenizer, check_prompt(prompt, vocab), chat_template, system), vocab)
     request = make_request(ids, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, stop, cache)
+    decoder = compiled_decoder(model) or model
+    if draft_model is not None or prompt_lookup:
+        if draft_model is not None and prompt_lookup:
+            raise InvalidSettingError("choose one drafter: a draft model or prompt lookup, not both")
+        if repetition_penalty != 1.0:
+            raise InvalidSettingError("speculative decoding does not apply a repetition penalty; drop one of them")
+        drafter = (PromptLookup(prompt_lookup) if prompt_lookup
+                   else DraftModel(compiled_decoder(draft_model) or draft_model, draft_tokens, prefill_step))
+        verifier = Verifier(temperature, top_p, top_k, min_p, request.seed)
+        outputs = speculative_outputs(decoder, tokenizer, request, drafter, verifier, prefill_step)
+    else:
+        outputs = engine_outputs(decoder, tokenizer, request, prefill_step)
+    start = time.perf_counter()
+    with closing(outputs):
+        for n, (output, acceptance) in enumerate(outputs, 1):
+            if n == 1:
+                first = time.perf_counter()
+            yield GenerationResponse(
+                text=output.text,
+                token=output.token,
+                prompt_tokens=len(ids),
+                prompt_tps=len(ids) / (first - start),
+                generation_tokens=n,
+                generation_tps=(n - 1) / (time.perf_counter() - first) if n > 1 else 0.0,
+                peak_memory_gb=mx.get_peak_memory() / 1e9,
+                finish_reason=output.finish_reason,
+                drafted_tokens=acceptance.drafted,
+                accepted_tokens=acceptance.accepted,
+            )
+
+
+def engine_outputs(model, tokenizer, request: Request, prefill_step: int):
+    """(output, Acceptance()) per token of `request`, decoded by the engine as a batch of one."""
     engine = Engine(model, tokenizer, max_batch=1, prefill_step=prefill_step)
     sequence = engine.submit(request)
-    start = time.perf_counter()
     try:
         while sequence.running:
             for output in engine.step():
-                if len(sequence.tokens) == 1:
-                    first = time.perf_counter()
-                n = len(sequence.tokens)
-                yield GenerationResponse(
-                    text=output.text,
-                    token=output.token,
-                    prompt_tokens=len(ids),
-                    prompt_tps=len(ids) / (first - start),
-                    generation_tokens=n,
-                    generation_tps=(n - 1) / (time.perf_counter() - first) if n > 1 else 0.0,
-                    peak_memory_gb=mx.get_peak_memory() / 1e9,
-                    finish_reason=output.finish_reason,
-                )
+                yield output, Acceptance()
     finally:
         engine.cancel(sequence)
         engine.step()  # the sequence leaves the batch: a `cache` passed in now holds prompt and answer
+
+
+def speculative_outputs(model, tokenizer, request: Request, drafter, verifier: Verifier, prefill_step: int):
+    """(output, acceptance so far) per token of `request`, drafted by `drafter` and checked by `verifier`."""
+    sequence = EngineSequence(request, tokenizer, getattr(getattr(model, "config", None), "max_positions", None))
+    cache = request.cache if request.cache is not None else model.make_cache()
+    acceptance = Acceptance()
+    tokens = speculative_tokens(model, request.prompt, cache, drafter, verifier, sequence.max_tokens, acceptance,
+                                prefill_step)
+    for token in tokens:
+        yield sequence.read(token), acceptance
+        if not sequence.running:
+            return
+
+
+def make_cache(model: nn.Module) -> list:
+    """A cache for one sequence of `model`: fixed-capacity where the compiled step can use it."""
+    return (compiled_decoder(model) or model).make_cache()
 
 
 def generate(model: nn.Module, tokenizer, prompt: str | Sequence[int], **settings) -> str:
@@ -179,7 +229,7 @@ class Conversation:
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
-        self.cache = self.model.make_cache()
+        self.cache = make_cache(self.model)
         self.cached_ids: list[int] = []
         self.warned = False
 

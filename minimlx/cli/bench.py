@@ -12,16 +12,26 @@ from mlx.utils import tree_flatten
 
 from .. import blas
 from ..errors import InvalidSettingError
+from ..compiled import compiled_decoder
 from ..core.sampling import make_sampler
 from ..generate import generate_tokens
 from ..loading import default_dtype, load
+from ..speculative import Acceptance, DraftModel, PromptLookup, Verifier, speculative_tokens
 from . import dtype_option, main
 
 
-def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int) -> tuple[float, float]:
+def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int, drafter=None,
+                     acceptance: Acceptance | None = None) -> tuple[float, float]:
     """(seconds to the first token, seconds from the first to the last) of a greedy run of exactly
-    `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it."""
-    tokens = generate_tokens(model, prompt, model.make_cache(), make_sampler(), gen_tokens, prefill_step)
+    `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it. With a `drafter`, decoding is
+    speculative and `acceptance` counts its drafts."""
+    if drafter is None:
+        tokens = generate_tokens(model, prompt, model.make_cache(), make_sampler(), gen_tokens, prefill_step)
+    else:
+        drafter.reset()
+        verifier = Verifier(0.0, 1.0, 0, 0.0, None)
+        tokens = speculative_tokens(model, prompt, model.make_cache(), drafter, verifier, gen_tokens,
+                                    acceptance if acceptance is not None else Acceptance(), prefill_step)
     start = time.perf_counter()
     next(tokens)
     first = time.perf_counter()
@@ -41,9 +51,22 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
 @dtype_option
 @click.option("--prefill-step", type=click.IntRange(min=1), default=512, show_default=True,
               help="Prompt tokens per prefill chunk.")
+@click.option("--eager", is_flag=True, help="Decode without the compiled step (to compare).")
+@click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer).")
+@click.option("--draft-tokens", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Tokens the draft model proposes per step.")
+@click.option("--prompt-lookup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Decode speculatively with N tokens copied from earlier text; 0: off.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_json):
-    """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL."""
+def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, eager, draft_model, draft_tokens,
+          prompt_lookup, as_json):
+    """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL.
+
+    Decode tok/s counts the tokens generated, so with speculation it is the effective rate; the share of
+    drafted tokens the model accepted is reported beside it.
+    """
+    if draft_model is not None and prompt_lookup:
+        raise InvalidSettingError("--draft-model and --prompt-lookup are two ways to draft; choose one")
     if mx.default_device() == mx.cpu and (note := blas.advice()):
         click.echo(note, err=True)
     start = time.perf_counter()
@@ -57,8 +80,14 @@ def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_jso
         )
     rng = random.Random(0)
     prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(prompt_tokens)]
-    timed_generation(net, prompt, min(gen_tokens, 4), prefill_step)
-    runs = [timed_generation(net, prompt, gen_tokens, prefill_step) for _ in range(repeats)]
+    runner = net if eager else compiled_decoder(net) or net
+    drafter = PromptLookup(prompt_lookup) if prompt_lookup else None
+    if draft_model is not None:
+        draft = load(draft_model, dtype)[0]
+        drafter = DraftModel(draft if eager else compiled_decoder(draft) or draft, draft_tokens, prefill_step)
+    acceptance = Acceptance()
+    timed_generation(runner, prompt, min(gen_tokens, 4), prefill_step, drafter)
+    runs = [timed_generation(runner, prompt, gen_tokens, prefill_step, drafter, acceptance) for _ in range(repeats)]
     ttft = statistics.median(first for first, _ in runs)
     decode = statistics.median(rest for _, rest in runs)
     weights = tree_flatten(net.parameters())
@@ -73,6 +102,8 @@ def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_jso
         "dtype": dtype or default_dtype() or "as stored",
         "device": str(mx.default_device()),
         "blas": blas.loaded,
+        "compiled": runner is not net,
+        "acceptance": acceptance.rate if drafter is not None else None,
     }
     if as_json:
         click.echo(json.dumps(result))
@@ -82,3 +113,6 @@ def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_jso
     click.echo(f"load {load_s:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
                f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
                f"peak memory {result['peak_memory_gb']:.3f} GB (median of {repeats})")
+    if drafter is not None:
+        click.echo(f"speculation: {acceptance.accepted} of {acceptance.drafted} drafted tokens accepted "
+                   f"({acceptance.rate:.0%})")

@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidSettingError, MinimlxError
 from . import clean, main
-from .run import generation_options, open_model, print_stats, sampling
+from .run import generation_options, open_model, print_stats, sampling, speculation
 
 HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
 
@@ -22,6 +22,7 @@ def chat(**options):
     from ..generate import Conversation
 
     model, tokenizer = open_model(options)
+    settings |= speculation(options)
     conversation = Conversation(model, tokenizer, options["system"])
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a line of invalid UTF-8 is cleaned, not fatal

@@ -28,6 +28,11 @@ def generation_options(command):
         click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
         dtype_option,
         click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
+        click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer)."),
+        click.option("--draft-tokens", type=click.IntRange(min=1), default=3, show_default=True,
+                     help="Tokens the draft model proposes per step."),
+        click.option("--prompt-lookup", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Decode speculatively with N tokens copied from earlier text (no second model); 0: off."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -49,7 +54,20 @@ def sampling(options: dict) -> dict:
     }
     check_generation_settings(**settings)
     check_generation(options["max_tokens"], options["seed"])
+    if options["draft_model"] is not None and options["prompt_lookup"]:
+        raise InvalidSettingError("--draft-model and --prompt-lookup are two ways to draft; choose one")
+    if (options["draft_model"] is not None or options["prompt_lookup"]) and options["repetition_penalty"] != 1.0:
+        raise InvalidSettingError("speculative decoding does not apply --repetition-penalty; drop one of them")
     return {**settings, "seed": options["seed"]}
+
+
+def speculation(options: dict) -> dict:
+    """stream_generate's speculative settings from the shared options, the draft model loaded (after `sampling`)."""
+    if options["draft_model"] is None:
+        return {"prompt_lookup": options["prompt_lookup"]}
+    from ..loading import load
+
+    return {"draft_model": load(options["draft_model"], options["dtype"])[0], "draft_tokens": options["draft_tokens"]}
 
 
 def open_model(options: dict):
@@ -83,6 +101,9 @@ def print_stats(response) -> None:
         f"peak memory: {response.peak_memory_gb:.3f} GB",
         err=True,
     )
+    if response.drafted_tokens:
+        click.echo(f"speculation: {response.accepted_tokens} of {response.drafted_tokens} drafted tokens accepted "
+                   f"({response.accepted_tokens / response.drafted_tokens:.0%})", err=True)
 
 
 @main.command()
@@ -101,6 +122,7 @@ def run(prompt, no_chat_template, **options):
     from ..generate import stream_generate
 
     model, tokenizer = open_model(options)
+    settings |= speculation(options)
     response = None
     for response in stream_generate(
         model, tokenizer, prompt, chat_template=not no_chat_template, system=options["system"], **settings

@@ -1,0 +1,66 @@
+"""A compiled forward pass for one sequence: traced once, replayed for every decode step.
+
+Eager decoding builds and schedules about 4,300 primitive ops per SmolLM2 token, each with its
+own overhead. `mx.compile` records the step once and replays the recorded graph (with its
+elementwise ops fused), but only while nothing the step reads changes between calls except the
+arrays passed in: so the step runs over `FixedKVCache`s, whose position is an array and whose
+capacity is a shape. A new capacity traces the step again (once per 256 tokens); prompts run eagerly.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .core.cache import FixedKVCache, KVCache
+
+
+class CompiledDecoder:
+    """Stands in for `model` wherever one sequence is decoded (the engine's batch of one).
+
+    `make_cache()` gives `FixedKVCache`s; a call over them with one token runs the compiled step,
+    everything else (prompts, speculative verification, other caches) runs the model as it is.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.config = getattr(model, "config", None)
+        self.cache: list[FixedKVCache] = []
+        self.forward = mx.compile(self.traced, inputs=model.state)
+
+    def make_cache(self) -> list[FixedKVCache]:
+        return [FixedKVCache() for _ in self.model.layers]
+
+    def traced(self, ids: mx.array, states: list[list[mx.array]]) -> tuple[mx.array, list[list[mx.array]]]:
+        for c, (keys, values, start) in zip(self.cache, states):
+            c.keys, c.values, c.start = keys, values, start
+        logits = self.model(ids, self.cache)
+        return logits, [c.state for c in self.cache]
+
+    def __call__(self, ids: mx.array, cache: list | None = None) -> mx.array:
+        compiled = (
+            cache is not None
+            and ids.shape[1] == 1
+            and all(isinstance(c, FixedKVCache) and c.keys is not None for c in cache)
+        )
+        if not compiled:
+            return self.model(ids, cache)
+        offset = cache[0].offset
+        for c in cache:
+            c.reserve(ids.shape[1])
+        self.cache = cache
+        logits, states = self.forward(ids, [c.state for c in cache])
+        for c, (keys, values, start) in zip(cache, states):
+            c.keys, c.values, c.start, c.offset = keys, values, start, offset + ids.shape[1]
+        return logits
+
+
+def compiled_decoder(model: nn.Module) -> CompiledDecoder | None:
+    """The compiled stand-in for `model`, or None when one of its layers needs another cache than a plain KV
+    cache (latent attention, sliding windows): those decode eagerly.
+
+    One per model, kept on it, so that every generation replays the same traces.
+    """
+    if not all(type(c) is KVCache for c in model.make_cache()):
+        return None
+    if getattr(model, "compiled_decoder", None) is None:
+        model.compiled_decoder = CompiledDecoder(model)
+    return model.compiled_decoder
