@@ -102,10 +102,11 @@ def test_smollm3_leaves_rope_out_of_every_other_layer(checkpoint):
     assert [layer.attn.rope is not None for layer in model.layers] == [True, False, True, False]
 
 
-@pytest.mark.parametrize("checkpoint", ["mixtral", "phi3", "qwen2_moe"], indirect=True)
+@pytest.mark.parametrize("checkpoint", ["gemma3_text", "glm4", "mixtral", "phi3", "qwen2_moe"], indirect=True)
 def test_mlx_lm_4bit_folder_matches_mlx_lm(checkpoint, tmp_path):
-    """mlx-lm's own names and layouts: Mixtral's switch_mlp, Phi-3's fused projections kept packed, Qwen2-MoE's
-    shared expert and gate."""
+    """mlx-lm's own names and layouts: Mixtral's switch_mlp, Phi-3's and GLM-4's fused projections kept packed,
+    Qwen2-MoE's shared expert and gate, Gemma 3's windows. (mlx-lm's gemma2 has no sliding window: it differs
+    from transformers past the window, so it is no reference here.)"""
     import shutil
 
     from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
