@@ -150,3 +150,13 @@ def test_glm4_rotates_interleaved_pairs_of_half_of_each_head_and_writes_a_fused_
     assert written["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 96, 64)
     assert written["model.layers.0.self_attn.q_proj.bias"].shape == (64,)
     assert "model.layers.0.self_attn.o_proj.bias" not in written
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma3"], indirect=True)
+def test_gemma3_image_text_checkpoint_loads_its_text_model_and_writes_mlx_lm_names(checkpoint):
+    _, folder, *_ = checkpoint
+    model = minimlx.load_model(folder)
+    assert [layer.attn.window for layer in model.layers] == [4, 4, None, 4] and model.tied_head
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    assert "language_model.model.layers.2.post_feedforward_layernorm.weight" in written
+    assert not [name for name in written if not name.startswith("language_model.model.")]
