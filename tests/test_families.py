@@ -167,3 +167,13 @@ def test_gemma3_image_text_checkpoint_loads_its_text_model_and_writes_mlx_lm_nam
     written = model.config.export_weights(dict(tree_flatten(model.parameters())))
     assert "language_model.model.layers.2.post_feedforward_layernorm.weight" in written
     assert not [name for name in written if not name.startswith("language_model.model.")]
+
+
+def test_minimlx_archs_lists_the_families_with_their_parts():
+    from minimlx.cli.archs import plugins
+
+    parts = {model_type: set(row["parts"]) for row in plugins() for model_type in row["model_types"]}
+    gemma = {"FourNormBlock", "GatedFFN", "OffsetRMSNorm", "RotatingKVCache", "KVCache"}
+    assert gemma <= parts["gemma2"] and gemma <= parts["gemma3_text"] and gemma <= parts["gemma3"]
+    assert {"FourNormBlock", "RMSNorm", "SwiGLU"} <= parts["glm4"] and "RotatingKVCache" not in parts["glm4"]
+    assert "RotatingKVCache" in parts["mistral"]  # its example has a window
