@@ -23,7 +23,7 @@ BASE = dict(
 LOCAL_LOCAL_GLOBAL = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 CONFIGS = {
     "qwen2": ("Qwen2Config", dict(BASE, rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
-    "mistral": ("MistralConfig", dict(BASE, sliding_window=None)),
+    "mistral": ("MistralConfig", dict(BASE, sliding_window=4)),  # rolls over within the 16 test tokens
     "mixtral": ("MixtralConfig", dict(BASE, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": (
         "Qwen2MoeConfig",
@@ -47,8 +47,10 @@ CONFIGS = {
                                                num_attention_heads=2, image_size=28, patch_size=14),
         mm_tokens_per_image=4, boi_token_index=93, eoi_token_index=94, image_token_index=95,
     )),
-    "glm4": ("Glm4Config", dict(BASE, head_dim=16, attention_bias=True, pad_token_id=0,
-                                rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
+    "glm4": ("Glm4Config", dict(
+        BASE, head_dim=16, attention_bias=True, pad_token_id=0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+    )),
 }
 
 
@@ -57,13 +59,18 @@ def checkpoint(request, tmp_path_factory):
     return reference_checkpoint(tmp_path_factory, request.param, *CONFIGS[request.param], VOCAB)
 
 
-def test_logits_match_transformers(checkpoint):
-    _, folder, reference, ids = checkpoint
+def assert_matches(folder, reference, ids):
+    """The whole sequence at once, and a 9-token prefill then one token at a time through the cache."""
     model = minimlx.load_model(folder, dtype="float32")
     assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
     cache = model.make_cache()
     steps = [model(mx.array(ids[:, :9]), cache)] + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, 16)]
     assert relative_error(np.array(mx.concatenate(steps, axis=1)), reference) <= 1e-4
+
+
+def test_logits_match_transformers(checkpoint):
+    _, folder, reference, ids = checkpoint
+    assert_matches(folder, reference, ids)
 
 
 def test_transformers_4_layout(checkpoint, tmp_path):
@@ -76,13 +83,13 @@ def test_transformers_4_layout(checkpoint, tmp_path):
     assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
 
 
-def test_a_sliding_window_shorter_than_the_context_becomes_the_context(tmp_path):
-    """Mistral v0.1's window: exact for texts up to the window (the reference attends over all 16 tokens)."""
-    torch_model = save_reference(tmp_path, "MistralConfig", **dict(BASE, sliding_window=16))
+def test_phi3_slides_its_window_past_the_window(tmp_path):
+    """Phi-3's window (4 tokens of the 16) rolls through its caches exactly; the context stays the model's."""
+    torch_model = save_reference(tmp_path, "Phi3Config", **dict(CONFIGS["phi3"][1], sliding_window=4))
     ids = random_ids(VOCAB)
-    model = minimlx.load_model(tmp_path, dtype="float32")
-    assert model.config.max_positions == 16
-    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4
+    assert_matches(tmp_path, reference_logits(torch_model, ids), ids)
+    model = minimlx.load_model(tmp_path)
+    assert model.config.max_positions == 128 and {layer.attn.window for layer in model.layers} == {4}
 
 
 @pytest.mark.parametrize("checkpoint", ["phi3"], indirect=True)
@@ -102,10 +109,11 @@ def test_smollm3_leaves_rope_out_of_every_other_layer(checkpoint):
     assert [layer.attn.rope is not None for layer in model.layers] == [True, False, True, False]
 
 
-@pytest.mark.parametrize("checkpoint", ["mixtral", "phi3", "qwen2_moe"], indirect=True)
+@pytest.mark.parametrize("checkpoint", ["gemma3_text", "glm4", "mixtral", "phi3", "qwen2_moe"], indirect=True)
 def test_mlx_lm_4bit_folder_matches_mlx_lm(checkpoint, tmp_path):
-    """mlx-lm's own names and layouts: Mixtral's switch_mlp, Phi-3's fused projections kept packed, Qwen2-MoE's
-    shared expert and gate."""
+    """mlx-lm's own names and layouts: Mixtral's switch_mlp, Phi-3's and GLM-4's fused projections kept packed,
+    Qwen2-MoE's shared expert and gate, Gemma 3's windows. (mlx-lm's gemma2 has no sliding window: it differs
+    from transformers past the window, so it is no reference here.)"""
     import shutil
 
     from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
@@ -149,3 +157,23 @@ def test_glm4_rotates_interleaved_pairs_of_half_of_each_head_and_writes_a_fused_
     assert written["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 96, 64)
     assert written["model.layers.0.self_attn.q_proj.bias"].shape == (64,)
     assert "model.layers.0.self_attn.o_proj.bias" not in written
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma3"], indirect=True)
+def test_gemma3_image_text_checkpoint_loads_its_text_model_and_writes_mlx_lm_names(checkpoint):
+    _, folder, *_ = checkpoint
+    model = minimlx.load_model(folder)
+    assert [layer.attn.window for layer in model.layers] == [4, 4, None, 4] and model.tied_head
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    assert "language_model.model.layers.2.post_feedforward_layernorm.weight" in written
+    assert not [name for name in written if not name.startswith("language_model.model.")]
+
+
+def test_minimlx_archs_lists_the_families_with_their_parts():
+    from minimlx.cli.archs import plugins
+
+    parts = {model_type: set(row["parts"]) for row in plugins() for model_type in row["model_types"]}
+    gemma = {"FourNormBlock", "GatedFFN", "OffsetRMSNorm", "RotatingKVCache", "KVCache"}
+    assert gemma <= parts["gemma2"] and gemma <= parts["gemma3_text"] and gemma <= parts["gemma3"]
+    assert {"FourNormBlock", "RMSNorm", "SwiGLU"} <= parts["glm4"] and "RotatingKVCache" not in parts["glm4"]
+    assert "RotatingKVCache" in parts["mistral"]  # its example has a window

@@ -43,9 +43,9 @@ class Gemma2Config(Llama3Config):
     names = GEMMA_NAMES
     gguf_architectures = ()  # llama.cpp's gemma2 files are not read yet
     # transformers' defaults for keys that published configs may leave out
-    defaults = {"tie_word_embeddings": True, "rms_norm_eps": 1e-6, "sliding_window": 4096,
-                "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh"}
-    pattern, capped = 2, (50.0, 30.0)  # every second layer global; attention and final soft-caps
+    defaults = {"tie_word_embeddings": True, "rms_norm_eps": 1e-6, "sliding_window": 4096, "query_pre_attn_scalar": 256}
+    global_every = 2  # without layer_types or sliding_window_pattern: every second layer global
+    default_caps = (50.0, 30.0)  # attention and final soft-caps, when the config leaves them out
 
     activation: str = "gelu_pytorch_tanh"
     query_scale: float = 1.0
@@ -66,14 +66,14 @@ class Gemma2Config(Llama3Config):
         window = number(c, "sliding_window", None)
         return replace(
             arch,
-            activation=choice(c, "hidden_activation", c.get("hidden_act") or "gelu_pytorch_tanh", ACTIVATIONS),
+            activation=choice(c, "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS),
             query_scale=number(c, "query_pre_attn_scalar", kind=float) ** -0.5,
             window=window,
-            sliding=sliding_layers(c, arch.layers, cls.pattern) if window else (False,) * arch.layers,
+            sliding=sliding_layers(c, arch.layers, cls.global_every) if window else (False,) * arch.layers,
             local_rope_base=arch.rope_base,
             local_rope_scaling=arch.rope_scaling,
-            attention_cap=optional_cap(c, "attn_logit_softcapping", cls.capped[0]),
-            logit_cap=optional_cap(c, "final_logit_softcapping", cls.capped[1]),
+            attention_cap=optional_cap(c, "attn_logit_softcapping", cls.default_caps[0]),
+            logit_cap=optional_cap(c, "final_logit_softcapping", cls.default_caps[1]),
         )
 
     def norm(self) -> OffsetRMSNorm:
@@ -81,8 +81,8 @@ class Gemma2Config(Llama3Config):
 
     def block(self, layer: int) -> FourNormBlock:
         local = self.sliding[layer]
-        rope = RoPE(self.head_dim, *((self.local_rope_base, self.local_rope_scaling) if local else
-                                    (self.rope_base, self.rope_scaling)), self.max_positions)
+        base, scaling = (self.local_rope_base, self.local_rope_scaling) if local else (self.rope_base, self.rope_scaling)
+        rope = RoPE(self.head_dim, base, scaling, self.max_positions)
         attn = Attention(
             self.dims, self.heads, self.kv_heads, self.head_dim, rope, self.attention_bias, self.attention_bias,
             qk_norm_eps=self.norm_eps if self.qk_norm else None, window=self.window if local else None,
@@ -105,7 +105,7 @@ class Gemma3TextConfig(Gemma2Config):
                       "sliding_window_pattern": 3}
     defaults = {**Gemma2Config.defaults, "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4,
                 "head_dim": 256, "max_position_embeddings": 131072, "rope_theta": 1_000_000.0}
-    pattern, capped = 6, (None, None)  # five local layers to each global one; no soft-caps
+    global_every, default_caps = 6, (None, None)  # five local layers to each global one; no soft-caps
 
     @classmethod
     def from_config(cls, config: dict):

@@ -3,16 +3,15 @@
 Mixtral swaps every FFN for eight SwiGLU experts (`w1` gate, `w3` up, `w2` down) of which a softmax
 router picks two per token, their weights renormalised to sum to 1.
 
-Sliding-window attention lets each token see only the last `sliding_window` positions. For a text no
-longer than the window that is ordinary causal attention, so a window shorter than the context becomes
-the model's context here: exact up to the window, refused beyond it.
+Sliding-window attention lets each token see only itself and the `sliding_window - 1` tokens before it;
+each layer's cache keeps just those, so its memory stops growing at the window.
 """
 
 from dataclasses import dataclass, replace
 
 import mlx.nn as nn
 
-from ..core import Experts, MoE, Router, stack_experts
+from ..core import Attention, Experts, MoE, Router, stack_experts
 from .config import flag, normalize_config, number, require
 from .llama3 import NAMES, Llama3Config
 from .registry import register
@@ -20,10 +19,18 @@ from .registry import register
 EXPERT_NAMES = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
 
 
+def sliding_window(config: dict) -> int | None:
+    """The config's sliding attention window; None when null, 0 (as Qwen2-MoE writes) or `use_sliding_window: false`."""
+    window = number(config, "sliding_window", None, low=0)
+    return window if window and flag(config, "use_sliding_window", True) else None
+
+
 def windowed(config: dict) -> dict:
-    """The config with its context cut to its sliding attention window, when the window is shorter."""
-    window = number(config, "sliding_window", None, low=0)  # Qwen2-MoE writes 0 for none
-    if window and flag(config, "use_sliding_window", True) and window < number(config, "max_position_embeddings", 2048):
+    """The config with its context cut to its sliding attention window, when the window is shorter: for a text no
+    longer than the window, windowed attention is ordinary causal attention (Qwen2, whose window covers only
+    some layers: exact up to the window, refused beyond it)."""
+    window = sliding_window(config)
+    if window and window < number(config, "max_position_embeddings", 2048):
         return {**config, "max_position_embeddings": window}
     return config
 
@@ -34,9 +41,16 @@ class MistralConfig(Llama3Config):
     example_config = {**Llama3Config.example_config, "model_type": "mistral", "sliding_window": 16}
     gguf_architectures = ()  # llama.cpp writes Mistral files as `llama`
 
+    window: int | None = None
+
     @classmethod
     def from_config(cls, config: dict):
-        return super().from_config(windowed(normalize_config(config)))
+        c = normalize_config(config)
+        return replace(super().from_config(c), window=sliding_window(c))
+
+    def attention(self) -> Attention:
+        bias = self.attention_bias
+        return Attention(self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, window=self.window)
 
 
 @register("mixtral")

@@ -1,8 +1,9 @@
-"""Phi-3 (and Phi-3.5, Phi-4-mini): LLaMA's block with fused projections and partial rotary embeddings.
+"""Phi-3 (and Phi-3.5, Phi-4-mini): Mistral's block (a sliding window) with fused projections and partial rotary
+embeddings.
 
 Checkpoints store q, k and v as one `qkv_proj` and the FFN's gate and up as one `gate_up_proj`; they are
 split at load and fused again when written. `partial_rotary_factor` rotates only the first part of each
-head. A sliding window shorter than the context becomes the context (see mistral.py).
+head.
 """
 
 from dataclasses import dataclass, replace
@@ -11,13 +12,13 @@ from ..core import RoPE
 from .config import normalize_config, number, require
 from .fused import fuse, split_fused
 from .llama3 import Llama3Config
-from .mistral import windowed
+from .mistral import MistralConfig
 from .registry import register
 
 
 @register("phi3")
 @dataclass
-class Phi3Config(Llama3Config):
+class Phi3Config(MistralConfig):
     example_config = {**Llama3Config.example_config, "model_type": "phi3", "partial_rotary_factor": 0.5}
     gguf_architectures = ()  # llama.cpp's phi3 files are not read yet
 
@@ -25,7 +26,7 @@ class Phi3Config(Llama3Config):
 
     @classmethod
     def from_config(cls, config: dict):
-        c = windowed(normalize_config(config))
+        c = normalize_config(config)
         arch, factor = super().from_config(c), number(c, "partial_rotary_factor", 1.0, float)
         require(factor <= 1, f"partial_rotary_factor ({factor}) must be at most 1")
         return replace(arch, rotary_dims=int(arch.head_dim * factor))
