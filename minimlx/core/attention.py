@@ -10,6 +10,7 @@ import mlx.nn as nn
 from .cache import KVCache
 from .norms import RMSNorm
 from .rope import RoPE
+from .sdpa import attend
 
 
 def causal(tokens: int) -> str | None:
@@ -65,7 +66,7 @@ class Attention(nn.Module):
             q, k = self.rope(q, position), self.rope(k, position)
         if cache is not None:
             k, v = cache.update(k, v)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        out = attend(q, k, v, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
 
     def make_cache(self) -> KVCache:

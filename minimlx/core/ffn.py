@@ -13,6 +13,11 @@ ACTIVATIONS = {
 }
 
 
+def silu_gate(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up: the gating of SwiGLU."""
+    return nn.silu(gate) * up
+
+
 class MLP(nn.Module):
     """down(act(up(x))): the two-matrix FFN of GPT-2 (GELU, exact or tanh-approximated)."""
 
@@ -36,4 +41,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden_dims, dims, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_gate(self.gate_proj(x), self.up_proj(x)))
