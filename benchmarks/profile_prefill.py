@@ -18,7 +18,7 @@ import minimlx  # noqa: F401  (loads the BLAS before mlx.core)
 import mlx.core as mx
 
 from minimlx.core.sdpa import attend
-from minimlx.core.ffn import silu_gate
+from minimlx.core.ffn import silu
 from minimlx.loading import load
 
 import compare
@@ -49,7 +49,7 @@ def mlx_kinds(model, tokens: int) -> dict:
         "RoPE (q and k)": lambda: [l.attn.rope(t, 0) for l in layers for t in (q, k)],
         "RMSNorm (2 per layer + final)": lambda: [n(x) for l in layers for n in (l.attn_norm, l.ffn_norm)]
         + [model.norm(x)],
-        "SwiGLU gate (silu(gate) * up)": lambda: [silu_gate(h, h + 1) for _ in layers],
+        "SwiGLU gate (silu(gate) * up)": lambda: [silu(h) * (h + 1) for _ in layers],
         "residual adds": lambda: [x + x for _ in range(2 * len(layers))],
         "head transposes, reshapes": lambda: [
             (q + 0).transpose(0, 2, 1, 3).reshape(1, tokens, -1) for _ in layers],

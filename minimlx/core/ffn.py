@@ -3,19 +3,24 @@
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import cpu_math
+
+
+def silu(x: mx.array) -> mx.array:
+    """x * sigmoid(x); on the CPU in float32 through `cpu_math`'s exp, 3x faster there than MLX's."""
+    if mx.default_device() == mx.cpu and x.dtype == mx.float32:
+        return cpu_math.silu(x)
+    return nn.silu(x)
+
+
 ACTIVATIONS = {
     "gelu": nn.gelu,
     "gelu_new": nn.gelu_approx,
     "gelu_pytorch_tanh": nn.gelu_approx,
     "gelu_tanh": nn.gelu_approx,
     "relu": nn.relu,
-    "silu": nn.silu,
+    "silu": silu,
 }
-
-
-def silu_gate(gate: mx.array, up: mx.array) -> mx.array:
-    """silu(gate) * up: the gating of SwiGLU."""
-    return nn.silu(gate) * up
 
 
 class MLP(nn.Module):
@@ -41,4 +46,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden_dims, dims, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(silu_gate(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
