@@ -34,7 +34,8 @@ def test_silu_and_softmax_match_mlx():
     assert mx.all(weights[:, 61:] == 0).item()
 
 
-@pytest.mark.parametrize("heads, kv_heads, queries, past", [(9, 3, 128, 0), (9, 3, 130, 70), (4, 4, 65, 0), (6, 1, 1, 9)])
+@pytest.mark.parametrize("heads, kv_heads, queries, past",
+                         [(9, 3, 128, 0), (9, 3, 130, 70), (4, 4, 65, 0), (6, 1, 1, 9)])
 def test_causal_attention_matches_mlx(heads, kv_heads, queries, past):
     """Blocks of 64 queries (the last one partial), grouped heads, a chunk that continues a cache."""
     keys = [mx.random.key(i) for i in range(3)]

@@ -17,7 +17,7 @@ QUERY_BLOCK = 64
 
 def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.array | None,
            sinks: mx.array | None = None) -> mx.array:
-    """q (batch, heads, queries, head_dim) over k, v (batch, kv_heads, keys, head_dim) -> (batch, heads, queries, head_dim).
+    """q (batch, heads, queries, head_dim) over k, v (batch, kv_heads, keys, head_dim), to the shape of q.
 
     `mask` and `sinks` are those of `mx.fast.scaled_dot_product_attention`.
     """
@@ -28,7 +28,7 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.a
 
 
 def causal_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, block: int = QUERY_BLOCK) -> mx.array:
-    """Query i (of `queries`, the last of `keys`) attends to keys 0 .. keys - queries + i, in blocks of `block` queries."""
+    """Query i (of `queries`, the last of `keys`) attends to keys 0 .. keys - queries + i; `block` queries at a time."""
     batch, heads, queries, head_dim = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     group = heads // kv_heads
