@@ -7,6 +7,11 @@ mlx-lm on the GGUF's weights written as mlx-lm folders (4-bit as shipped, and de
 float32 by transformers), transformers + torch on the GGUF (`gguf_file=`, float32) and llama.cpp
 (llama-cpp-python on the GGUF, 2 threads).
 
+`--fresh-install` adds a row for a new virtual environment made with only the README's first command
+(benchmarks/fresh_install.sh; it installs from PyPI and takes minutes, so it is off by default).
+`--prefill-profile` adds benchmarks/profile_prefill.py's table: where minimlx's prefill time goes per op
+kind, beside torch at the same shapes (about a minute; off by default).
+
 Every configuration runs in a fresh process that loads the model, warms up on another prompt and
 then generates once; rounds interleave the configurations so that a busy machine slows all of them
 alike, and the table shows medians over rounds. The prompt is the same random token ids for all
@@ -260,6 +265,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
     found = {"minimlx": (bench, {}), "minimlx, eager decode (bench --eager)": (bench + ["--eager"], {})}
     for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
         found[f"minimlx, MINIMLX_BLAS={Path(path).name}"] = (bench, {"MINIMLX_BLAS": path})
+    found.update(prefill_configurations(bench))
     installed = {name: importlib.util.find_spec(name) is not None for name in ("mlx_lm", "transformers", "llama_cpp")}
     if installed["transformers"]:
         float32 = float32_folder(gguf, args.work)
@@ -275,6 +281,33 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
     if installed["llama_cpp"]:
         found["llama.cpp (llama-cpp-python), Q4_1"] = (me + ["--worker", "llama_cpp", "--model", str(gguf)], {})
     return found
+
+
+def prefill_configurations(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
+    """minimlx as it prefilled before issue 14, where that was a setting: MKL's OpenMP threads spinning
+    between products (minimlx now makes them sleep; on a busy machine spinning costs up to 40x)."""
+    from minimlx import blas
+
+    if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in os.environ:
+        return {"minimlx, OMP_WAIT_POLICY=ACTIVE (MKL threads spinning)": (bench, {"OMP_WAIT_POLICY": "ACTIVE"})}
+    return {}
+
+
+def fresh_install(args) -> dict | None:
+    """`minimlx bench` figures from a new virtual environment made with only the README's first command."""
+    script = Path(__file__).with_name("fresh_install.sh")
+    options = ["--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens), "--json"]
+    print("fresh install: a new venv and `pip install` (minutes)", file=sys.stderr)
+    return run_process(["bash", str(script), "", *options], {"PYTHONPATH": ""})
+
+
+def prefill_profile(args) -> str:
+    """benchmarks/profile_prefill.py's table (minimlx per op kind, torch at the same shapes)."""
+    command = [sys.executable, str(Path(__file__).with_name("profile_prefill.py")), "--tokens", str(args.prompt_tokens)]
+    process = subprocess.run(command, capture_output=True, text=True, check=False)
+    if process.returncode != 0:
+        return f"prefill profile failed: {(process.stderr.strip().splitlines() or ['?'])[-1]}"
+    return process.stdout.strip()
 
 
 def first_output_seconds(command: list[str], after: bytes = b"") -> float:
@@ -361,6 +394,10 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated substrings of configurations to leave out")
     parser.add_argument("--workload-tokens", type=int, default=400,
                         help="most tokens of the answer to the speculation workload")
+    parser.add_argument("--fresh-install", action="store_true",
+                        help="add a row from a fresh venv made with the README's first command (minutes; needs PyPI)")
+    parser.add_argument("--prefill-profile", action="store_true",
+                        help="add the prefill time per op kind (benchmarks/profile_prefill.py)")
     parser.add_argument("--worker", choices=[*RUNNERS, "workload"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--prompt-lookup", type=int, default=0, help=argparse.SUPPRESS)
@@ -381,11 +418,15 @@ def main() -> None:
                 results[name].append(result)
                 print(f"round {round_ + 1} {name}: prefill {result['prefill_tps']:.1f} tok/s, "
                       f"decode {result['decode_tps']:.1f} tok/s", file=sys.stderr)
+    if args.fresh_install and (result := fresh_install(args)):
+        results["minimlx, fresh install (README command)"] = [result]
     float32 = args.work / "smollm2-135m-f32"
     first_token = start_to_first_token(args, float32 if float32.exists() else None)
     print(report(args, results, first_token))
     if "speculation" not in args.skip.split(","):
         print("\n" + speculation_table(args, gguf))
+    if args.prefill_profile:
+        print("\n" + prefill_profile(args))
 
 
 if __name__ == "__main__":

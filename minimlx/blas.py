@@ -66,6 +66,10 @@ def load() -> str | None:
             # MKL's GNU OpenMP layer shares one thread pool with torch and libgomp users
             # instead of starting a second OpenMP runtime that fights them for the cores.
             os.environ.setdefault("MKL_THREADING_LAYER", "GNU")
+            # OpenMP threads that sleep between products instead of spinning: on a machine busier than its
+            # cores, spinning threads starve the thread holding the work (a 128-token SmolLM2 prefill took
+            # 27-36 s instead of 0.6-0.9 s, docs/performance.md).
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         try:
             ctypes.CDLL(path, os.RTLD_GLOBAL)
         except OSError as e:

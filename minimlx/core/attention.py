@@ -13,6 +13,7 @@ from .cache import KVCache, RotatingKVCache, visible
 from .norms import RMSNorm
 from .recorder import Recorder
 from .rope import RoPE
+from .sdpa import attend
 
 
 def causal(tokens: int, window: int | None = None) -> str | mx.array | None:
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         if recorder is not None:
             record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
         if self.logit_cap is None:
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
+            out = attend(q, k, v, self.scale, mask, sinks)
         else:
             out = capped_attention(q, k, v, self.scale, mask, self.logit_cap, sinks)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))

