@@ -17,16 +17,20 @@ from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetens
 from .io.config import read_config
 from .io.gguf_file import read_gguf
 from .io.resolve import resolve
-from .quantization import dequantize_weights, packed_modules, quantize_modules
+from .core.quantized import native_kernel
+from .quantization import dequantize_weights, kernel_modules, packed_modules, quantize_modules
 from .text import Tokenizer
 
 DTYPE_CHOICES = ("quantized", *DTYPES)
 
 
 def default_dtype() -> str | None:
-    """float32 on the CPU, where MLX's quantized and half-precision matmuls are far slower than BLAS
-    float32 ones; on a GPU, None: weights stay as stored (quantized stays packed, floats in their dtype)."""
-    return "float32" if mx.default_device() == mx.cpu else None
+    """On the CPU, "quantized" when the native kernel is installed (packed weights stream through it at a
+    fraction of float32's bytes) and float32 otherwise (MLX's own quantized and half-precision CPU matmuls
+    are far slower than BLAS float32 ones); on a GPU, None: weights stay as stored."""
+    if mx.default_device() != mx.cpu:
+        return None
+    return "quantized" if native_kernel() else "float32"
 
 
 def assemble(
@@ -36,7 +40,8 @@ def assemble(
 
     `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
     floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
-    gathered expert matmuls take float32 only. A float dtype dequantizes every packed weight into it. `entry` is the config's quantization entry, checked against
+    gathered expert matmuls take float32 only; there, with the native kernel installed, the packed modules
+    it runs use it and the others are dequantized to float32. A float dtype dequantizes every packed weight into it. `entry` is the config's quantization entry, checked against
     the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
     emptied as tensors are installed, so that no second copy of the model stays referenced.
     """
@@ -45,7 +50,12 @@ def assemble(
     model = build(arch)
     spec = packed_modules(model, weights, entry)
     if dtype in (None, "quantized"):
-        quantize_modules(model, spec)
+        kernel = mx.default_device() == mx.cpu and native_kernel() is not None
+        if kernel:  # what the kernel cannot run is dequantized, MLX's packed CPU products being far slower
+            on_kernel = kernel_modules(model, spec)
+            dequantize_weights(weights, {path: q for path, q in spec.items() if path not in on_kernel})
+            spec = on_kernel
+        quantize_modules(model, spec, kernel)
         execution = mx.float32 if mx.default_device() == mx.cpu else None
     else:
         dequantize_weights(weights, spec)

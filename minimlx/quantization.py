@@ -9,12 +9,14 @@ from the packed shapes. The `quantization` entry of an MLX folder's config.json 
 checked against those shapes.
 
 How the packed weights run is the caller's choice: kept packed (`mx.quantized_matmul`,
-`mx.gather_qmm`), or dequantized once at load into a float dtype.
+`mx.gather_qmm`, or on the CPU the optional native kernel), or dequantized once at load into a float dtype.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map_with_path
+
+from .core.quantized import KERNEL_FORMS, kernel_runs
 
 from .errors import CheckpointError, InvalidSettingError
 
@@ -98,9 +100,20 @@ def dequantize_weights(weights: dict[str, mx.array], spec: dict[str, dict]) -> d
     return weights
 
 
-def quantize_modules(model: nn.Module, spec: dict[str, dict]) -> None:
-    """Swap the modules `spec` names for their quantized forms (which then take the packed tensors)."""
-    nn.quantize(model, class_predicate=lambda path, _: dict(spec[path]) if path in spec else False)
+def quantize_modules(model: nn.Module, spec: dict[str, dict], kernel: bool = False) -> None:
+    """Swap the modules `spec` names for their quantized forms (which then take the packed tensors); with
+    `kernel`, the native kernel's forms (`spec` must name only modules `kernel_modules` chose)."""
+    if not kernel:
+        nn.quantize(model, class_predicate=lambda path, _: dict(spec[path]) if path in spec else False)
+        return
+    swap = lambda path, module: KERNEL_FORMS[type(module)](module, **spec[path]) if path in spec else module  # noqa: E731
+    model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
+
+
+def kernel_modules(model: nn.Module, spec: dict[str, dict]) -> dict[str, dict]:
+    """The part of `spec` whose products the native kernel computes (see `core.quantized.kernel_runs`)."""
+    modules = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
+    return {path: q for path, q in spec.items() if path in modules and kernel_runs(modules[path], **q)}
 
 
 def quantize(
