@@ -25,9 +25,9 @@ DTYPE_CHOICES = ("quantized", *DTYPES)
 
 
 def default_dtype() -> str | None:
-    """On the CPU, "quantized" when the native kernel is installed (packed weights stream through it at a
-    fraction of float32's bytes) and float32 otherwise (MLX's own quantized and half-precision CPU matmuls
-    are far slower than BLAS float32 ones); on a GPU, None: weights stay as stored."""
+    """On the CPU, "quantized" when the native kernel is installed (packed weights stream through it, a
+    fraction of float32's bytes per token) and float32 otherwise (MLX's own quantized and half-precision
+    CPU matmuls are far slower than BLAS float32 ones); on a GPU, None: weights stay as stored."""
     if mx.default_device() != mx.cpu:
         return None
     return "quantized" if native_kernel() else "float32"
@@ -40,8 +40,9 @@ def assemble(
 
     `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
     floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
-    gathered expert matmuls take float32 only; there, with the native kernel installed, the packed modules
-    it runs use it and the others are dequantized to float32. A float dtype dequantizes every packed weight into it. `entry` is the config's quantization entry, checked against
+    gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
+    installed) run through it. A float dtype dequantizes every packed weight into it. `entry` is the config's
+    quantization entry, checked against
     the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
     emptied as tensors are installed, so that no second copy of the model stays referenced.
     """
@@ -49,14 +50,12 @@ def assemble(
         raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
     model = build(arch)
     spec = packed_modules(model, weights, entry)
+    on_cpu = mx.default_device() == mx.cpu
     if dtype in (None, "quantized"):
-        kernel = mx.default_device() == mx.cpu and native_kernel() is not None
-        if kernel:  # what the kernel cannot run is dequantized, MLX's packed CPU products being far slower
-            on_kernel = kernel_modules(model, spec)
-            dequantize_weights(weights, {path: q for path, q in spec.items() if path not in on_kernel})
-            spec = on_kernel
-        quantize_modules(model, spec, kernel)
-        execution = mx.float32 if mx.default_device() == mx.cpu else None
+        on_kernel = kernel_modules(model, spec) if on_cpu else {}
+        quantize_modules(model, on_kernel, kernel=True)
+        quantize_modules(model, {path: q for path, q in spec.items() if path not in on_kernel})
+        execution = mx.float32 if on_cpu else None
     else:
         dequantize_weights(weights, spec)
         execution = DTYPES[dtype]

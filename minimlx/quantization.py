@@ -16,8 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from .core.quantized import KERNEL_FORMS, kernel_runs
-
+from .core.quantized import KERNEL_FORMS, kernel_runs, native_kernel
 from .errors import CheckpointError, InvalidSettingError
 
 # mode -> (default group size, default bits, the bits it supports)
@@ -111,7 +110,10 @@ def quantize_modules(model: nn.Module, spec: dict[str, dict], kernel: bool = Fal
 
 
 def kernel_modules(model: nn.Module, spec: dict[str, dict]) -> dict[str, dict]:
-    """The part of `spec` whose products the native kernel computes (see `core.quantized.kernel_runs`)."""
+    """The part of `spec` whose products the native kernel computes (see `core.quantized.kernel_runs`); none
+    when it is not installed or is switched off."""
+    if native_kernel() is None:
+        return {}
     modules = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
     return {path: q for path, q in spec.items() if path in modules and kernel_runs(modules[path], **q)}
 

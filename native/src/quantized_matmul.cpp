@@ -110,8 +110,9 @@ Pool& pool() {
   return *instance;
 }
 
-// Rows per block: about 32 KB of packed weights per input row, so that a product is split finely
-// enough to balance threads and coarsely enough that claiming a block costs nothing.
+// Output rows per block: about 32 KB of packed weights times input rows, so that a product is split
+// finely enough to balance threads and coarsely enough that claiming a block costs nothing; at least
+// 8 rows (a few KB of weights, reused from L1 by every input row).
 constexpr int64_t kBlockBytes = 32 * 1024;
 
 void run(const Problem& p) {

@@ -48,11 +48,14 @@ inline void row_block(const Problem& p, int n, int m0) {
   }
 }
 
+// Input rows in blocks of up to 4 (each unpacked weight chunk feeds 4 products), each block swept over
+// the output rows: a caller's rows are few enough that their packed weights stay in L1 meanwhile.
 template <class Simd, int BITS>
 inline void rows_bits(const Problem& p, int row_begin, int row_end) {
+  int m = 0;
+  for (; m + 4 <= p.M; m += 4)
+    for (int n = row_begin; n < row_end; ++n) row_block<Simd, BITS, 4>(p, n, m);
   for (int n = row_begin; n < row_end; ++n) {
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4) row_block<Simd, BITS, 4>(p, n, m);
     switch (p.M - m) {
       case 3: row_block<Simd, BITS, 3>(p, n, m); break;
       case 2: row_block<Simd, BITS, 2>(p, n, m); break;
