@@ -12,12 +12,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .archs import build, gguf_plugin_config, plugin_config
+from .core.quantized import native_kernel
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
 from .io.gguf_file import read_gguf
 from .io.resolve import resolve
-from .core.quantized import native_kernel
 from .quantization import dequantize_weights, kernel_modules, packed_modules, quantize_modules
 from .text import Tokenizer
 
@@ -42,8 +42,7 @@ def assemble(
     floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
     gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
     installed) run through it. A float dtype dequantizes every packed weight into it. `entry` is the config's
-    quantization entry, checked against
-    the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
+    quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
     emptied as tensors are installed, so that no second copy of the model stays referenced.
     """
     if dtype not in (None, *DTYPE_CHOICES):

@@ -105,7 +105,10 @@ def quantize_modules(model: nn.Module, spec: dict[str, dict], kernel: bool = Fal
     if not kernel:
         nn.quantize(model, class_predicate=lambda path, _: dict(spec[path]) if path in spec else False)
         return
-    swap = lambda path, module: KERNEL_FORMS[type(module)](module, **spec[path]) if path in spec else module  # noqa: E731
+
+    def swap(path: str, module: nn.Module) -> nn.Module:
+        return KERNEL_FORMS[type(module)](module, **spec[path]) if path in spec else module
+
     model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
 
 
