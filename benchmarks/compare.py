@@ -266,6 +266,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
     for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
         found[f"minimlx, MINIMLX_BLAS={Path(path).name}"] = (bench, {"MINIMLX_BLAS": path})
     found.update(prefill_configurations(bench))
+    found |= native_kernel_rows(bench)
     installed = {name: importlib.util.find_spec(name) is not None for name in ("mlx_lm", "transformers", "llama_cpp")}
     if installed["transformers"]:
         float32 = float32_folder(gguf, args.work)
@@ -308,6 +309,27 @@ def prefill_profile(args) -> str:
     if process.returncode != 0:
         return f"prefill profile failed: {(process.stderr.strip().splitlines() or ['?'])[-1]}"
     return process.stdout.strip()
+
+
+NATIVE_OFF = "minimlx, native kernel off (float32 BLAS)"
+
+
+def native_kernel_rows(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
+    """The native kernel on/off: with `minimlx_native` installed (pip install ./native) the `minimlx` row
+    runs the GGUF's packed weights through it; this row switches it off, i.e. today's float32 BLAS decode."""
+    if importlib.util.find_spec("minimlx_native") is None:
+        return {}
+    return {NATIVE_OFF: (bench, {"MINIMLX_NATIVE": "off"})}
+
+
+def native_kernel_lines(median: dict[str, dict]) -> list[str]:
+    """The kernel's speed-up over float32 BLAS in this run, when both rows ran."""
+    if "minimlx" not in median or NATIVE_OFF not in median:
+        return []
+    on, off = median["minimlx"], median[NATIVE_OFF]
+    return ["", f"native kernel on / off: decode {on['decode_tps'] / off['decode_tps']:.2f}x, "
+                f"prefill {on['prefill_tps'] / off['prefill_tps']:.2f}x, peak RSS {on['peak_rss_gb']:.2f} / "
+                f"{off['peak_rss_gb']:.2f} GB"]
 
 
 def first_output_seconds(command: list[str], after: bytes = b"") -> float:
@@ -376,6 +398,7 @@ def report(args, results: dict[str, list[dict]], first_token: dict[str, list[flo
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             best = max(peers, key=lambda name: peers[name][key])
             lines += ["", f"minimlx {label} / mlx-lm's best ({best}): {ours[key] / peers[best][key]:.1f}x"]
+    lines += native_kernel_lines(median)
     if ours:
         memory = max(run["peak_memory_gb"] for run in results["minimlx"])
         weights = results["minimlx"][0]["weights_gb"]

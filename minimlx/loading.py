@@ -12,21 +12,25 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .archs import build, gguf_plugin_config, plugin_config
+from .core.quantized import native_kernel
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
 from .io.gguf_file import read_gguf
 from .io.resolve import resolve
-from .quantization import dequantize_weights, packed_modules, quantize_modules
+from .quantization import dequantize_weights, kernel_modules, packed_modules, quantize_modules
 from .text import Tokenizer
 
 DTYPE_CHOICES = ("quantized", *DTYPES)
 
 
 def default_dtype() -> str | None:
-    """float32 on the CPU, where MLX's quantized and half-precision matmuls are far slower than BLAS
-    float32 ones; on a GPU, None: weights stay as stored (quantized stays packed, floats in their dtype)."""
-    return "float32" if mx.default_device() == mx.cpu else None
+    """On the CPU, "quantized" when the native kernel is installed (packed weights stream through it, a
+    fraction of float32's bytes per token) and float32 otherwise (MLX's own quantized and half-precision
+    CPU matmuls are far slower than BLAS float32 ones); on a GPU, None: weights stay as stored."""
+    if mx.default_device() != mx.cpu:
+        return None
+    return "quantized" if native_kernel() else "float32"
 
 
 def assemble(
@@ -36,17 +40,21 @@ def assemble(
 
     `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
     floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
-    gathered expert matmuls take float32 only. A float dtype dequantizes every packed weight into it. `entry` is the config's quantization entry, checked against
-    the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
+    gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
+    installed) run through it. A float dtype dequantizes every packed weight into it. `entry` is the config's
+    quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
     emptied as tensors are installed, so that no second copy of the model stays referenced.
     """
     if dtype not in (None, *DTYPE_CHOICES):
         raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
     model = build(arch)
     spec = packed_modules(model, weights, entry)
+    on_cpu = mx.default_device() == mx.cpu
     if dtype in (None, "quantized"):
-        quantize_modules(model, spec)
-        execution = mx.float32 if mx.default_device() == mx.cpu else None
+        on_kernel = kernel_modules(model, spec) if on_cpu else {}
+        quantize_modules(model, on_kernel, kernel=True)
+        quantize_modules(model, {path: q for path, q in spec.items() if path not in on_kernel})
+        execution = mx.float32 if on_cpu else None
     else:
         dequantize_weights(weights, spec)
         execution = DTYPES[dtype]

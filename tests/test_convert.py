@@ -197,7 +197,8 @@ def test_conversion_streams_shard_by_shard(sharded, tmp_path, options):
     if options.get("quantize"):
         minimlx.quantize(model)  # the same model quantized in memory
     written = minimlx.load_model(out, dtype="quantized" if options.get("quantize") else "float32")
-    assert relative_error(np.array(written(ids)), np.array(model(ids))) < 1e-6
+    # 1e-5: packed products may run in the native kernel, whose float32 rounding differs from MLX's
+    assert relative_error(np.array(written(ids)), np.array(model(ids))) < 1e-5
 
 
 def one_line_error(result, *fragments):

@@ -1,0 +1,42 @@
+// Matrix-vector products with MLX affine-quantized weights, read packed.
+//
+// The weight is N rows of K values, each row packed into uint32 words (bits 4 or 8, first value in
+// the lowest bits), with one float32 scale and bias per group of `group_size` consecutive values:
+// w[n, k] = scales[n, g] * q[n, k] + biases[n, g], g = k / group_size. For M input rows x,
+//
+//   out[m, n] = sum_g scales[n, g] * sum_{k in g} q[n, k] x[m, k] + sum_g biases[n, g] * xsum[m, g]
+//
+// where xsum[m, g] is the sum of x[m] over group g: the inner sums touch only packed integers and
+// x, and the weights are streamed once per call whatever M is.
+#pragma once
+
+#include <cstdint>
+
+namespace minimlx_native {
+
+struct Problem {
+  const float* x;        // M x K, laid out as `prepare_inputs` writes it
+  const float* xsum;     // M x (K / group_size)
+  const uint8_t* w;      // N rows of K * bits / 8 bytes
+  const float* scales;   // N x (K / group_size)
+  const float* biases;   // N x (K / group_size)
+  float* out;            // M x N
+  int M, N, K, group_size, bits;
+};
+
+// 4-bit values are unpacked as the low nibbles of 16 bytes (values 0, 2, ..., 30 of a chunk of 32)
+// followed by their high nibbles (values 1, 3, ..., 31), so each chunk of 32 inputs is stored in
+// that order; 8-bit values are in order.
+void prepare_inputs(const float* x, int M, int K, int group_size, int bits, float* x_out, float* xsum_out);
+
+// Rows [row_begin, row_end) of out, for every input row. One function per instruction set.
+void rows_scalar(const Problem& p, int row_begin, int row_end);
+#if defined(__x86_64__) || defined(_M_X64)
+void rows_avx2(const Problem& p, int row_begin, int row_end);
+void rows_avx512(const Problem& p, int row_begin, int row_end);
+#endif
+#if defined(__aarch64__)
+void rows_neon(const Problem& p, int row_begin, int row_end);
+#endif
+
+}  // namespace minimlx_native

@@ -1,0 +1,31 @@
+// AVX-512 (F + BW): 16 floats per vector. Compiled with -mavx512f -mavx512bw -mfma; called only when
+// the CPU has them.
+#include <immintrin.h>
+
+#include "rows.h"
+
+namespace minimlx_native {
+
+struct Avx512 {
+  using V = __m512;
+  static constexpr int W = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static void unpack4(const uint8_t* p, V* q) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0xF)));
+    q[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+  }
+  static void unpack8(const uint8_t* p, V* q) {
+    for (int i = 0; i < 2; ++i)
+      q[i] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i))));
+  }
+};
+
+void rows_avx512(const Problem& p, int row_begin, int row_end) { rows<Avx512>(p, row_begin, row_end); }
+
+}  // namespace minimlx_native

@@ -1,0 +1,38 @@
+// NEON (aarch64 baseline): 4 floats per vector. Not run on the project's x86-64 machine; it follows
+// the same chunk order as the other paths (low nibbles of 16 bytes, then high nibbles).
+#include <arm_neon.h>
+
+#include "rows.h"
+
+namespace minimlx_native {
+
+struct Neon {
+  using V = float32x4_t;
+  static constexpr int W = 4;
+  static V zero() { return vdupq_n_f32(0.0f); }
+  static V set1(float v) { return vdupq_n_f32(v); }
+  static V load(const float* p) { return vld1q_f32(p); }
+  static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
+  static V add(V a, V b) { return vaddq_f32(a, b); }
+  static float sum(V v) { return vaddvq_f32(v); }
+  static void widen(uint8x16_t bytes, V* q) {
+    const uint16x8_t low = vmovl_u8(vget_low_u8(bytes)), high = vmovl_u8(vget_high_u8(bytes));
+    q[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(low)));
+    q[1] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(low)));
+    q[2] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(high)));
+    q[3] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(high)));
+  }
+  static void unpack4(const uint8_t* p, V* q) {
+    const uint8x16_t bytes = vld1q_u8(p);
+    widen(vandq_u8(bytes, vdupq_n_u8(0xF)), q);
+    widen(vshrq_n_u8(bytes, 4), q + 4);
+  }
+  static void unpack8(const uint8_t* p, V* q) {
+    widen(vld1q_u8(p), q);
+    widen(vld1q_u8(p + 16), q + 4);
+  }
+};
+
+void rows_neon(const Problem& p, int row_begin, int row_end) { rows<Neon>(p, row_begin, row_end); }
+
+}  // namespace minimlx_native

@@ -1,0 +1,43 @@
+// Portable kernels: the input preparation and a scalar row loop for machines without the SIMD paths.
+#include "rows.h"
+
+namespace minimlx_native {
+
+void prepare_inputs(const float* x, int M, int K, int group_size, int bits, float* x_out, float* xsum_out) {
+  const int groups = K / group_size;
+  for (int m = 0; m < M; ++m) {
+    const float* row = x + static_cast<int64_t>(m) * K;
+    float* out = x_out + static_cast<int64_t>(m) * K;
+    for (int k = 0; k < K; k += 32)
+      for (int j = 0; j < 32; ++j) out[k + j] = bits == 4 ? row[k + (j < 16 ? 2 * j : 2 * (j - 16) + 1)] : row[k + j];
+    for (int g = 0; g < groups; ++g) {
+      float sum = 0.0f;
+      for (int k = g * group_size; k < (g + 1) * group_size; ++k) sum += row[k];
+      xsum_out[static_cast<int64_t>(m) * groups + g] = sum;
+    }
+  }
+}
+
+struct Scalar {
+  using V = float;
+  static constexpr int W = 1;
+  static V zero() { return 0.0f; }
+  static V set1(float v) { return v; }
+  static V load(const float* p) { return *p; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V add(V a, V b) { return a + b; }
+  static float sum(V v) { return v; }
+  static void unpack4(const uint8_t* p, V* q) {
+    for (int i = 0; i < 16; ++i) {
+      q[i] = static_cast<float>(p[i] & 0xF);
+      q[16 + i] = static_cast<float>(p[i] >> 4);
+    }
+  }
+  static void unpack8(const uint8_t* p, V* q) {
+    for (int i = 0; i < 32; ++i) q[i] = static_cast<float>(p[i]);
+  }
+};
+
+void rows_scalar(const Problem& p, int row_begin, int row_end) { rows<Scalar>(p, row_begin, row_end); }
+
+}  // namespace minimlx_native

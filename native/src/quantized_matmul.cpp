@@ -1,0 +1,223 @@
+// `quantized_matmul` as an MLX primitive: x @ dequantize(w, scales, biases).T on the CPU, reading
+// the packed weight directly (see kernel.h), split over output rows between threads.
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+#include "kernel.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace minimlx_native {
+
+using RowsFn = void (*)(const Problem&, int, int);
+
+// The widest instruction set this CPU runs, chosen once.
+std::pair<RowsFn, const char*> best_rows() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return {rows_avx512, "avx512"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {rows_avx2, "avx2"};
+#elif defined(__aarch64__)
+  return {rows_neon, "neon"};
+#endif
+  return {rows_scalar, "scalar"};
+}
+
+const std::pair<RowsFn, const char*> kRows = best_rows();
+
+// A fixed set of worker threads that help the calling thread through the blocks of one job. Blocks are
+// claimed from a shared counter, so a worker that the OS has not scheduled yet costs nothing: the
+// caller takes its blocks, and waits only for blocks that a running worker has already claimed.
+class Pool {
+ public:
+  explicit Pool(int size) {
+    for (int i = 1; i < size; ++i) threads_.emplace_back([this] { work(); });
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  void run(int blocks, const std::function<void(int)>& block) {
+    std::lock_guard<std::mutex> one_job_at_a_time(running_);
+    auto job = std::make_shared<Job>(blocks, block);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = job;
+    }
+    wake_.notify_all();
+    job->help();
+    while (job->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_.reset();
+  }
+
+ private:
+  struct Job {
+    Job(int blocks, const std::function<void(int)>& block) : blocks(blocks), block(block) {}
+    void help() {
+      for (int b; (b = next.fetch_add(1)) < blocks;) {
+        block(b);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+    const int blocks;
+    const std::function<void(int)>& block;  // valid while some block is unfinished
+    std::atomic<int> next{0}, done{0};
+  };
+
+  void work() {
+    std::shared_ptr<Job> seen;
+    while (true) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return job_ && job_ != seen; });
+        job = seen = job_;
+      }
+      job->help();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex running_, mutex_;
+  std::condition_variable wake_;
+  std::shared_ptr<Job> job_;
+};
+
+int thread_count() {
+  if (const char* env = std::getenv("MINIMLX_NATIVE_THREADS")) return std::max(1, std::atoi(env));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+Pool& pool() {
+  static Pool* instance = new Pool(thread_count());  // never destroyed: workers sleep until exit
+  return *instance;
+}
+
+// Output rows per block: about 32 KB of packed weights times input rows, so that a product is split
+// finely enough to balance threads and coarsely enough that claiming a block costs nothing; at least
+// 8 rows (a few KB of weights, reused from L1 by every input row).
+constexpr int64_t kBlockBytes = 32 * 1024;
+
+void run(const Problem& p) {
+  const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * p.M;
+  const int rows = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work)));
+  const int blocks = (p.N + rows - 1) / rows;
+  if (blocks == 1 || pool().size() == 1) return kRows.first(p, 0, p.N);
+  pool().run(blocks, [&](int b) { kRows.first(p, b * rows, std::min(p.N, (b + 1) * rows)); });
+}
+
+class QuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& input : inputs) encoder.set_input_array(input);
+    encoder.set_output_array(out);
+    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
+                      scales = mx::array::unsafe_weak_copy(inputs[2]),
+                      biases = mx::array::unsafe_weak_copy(inputs[3]), out = mx::array::unsafe_weak_copy(out),
+                      group_size = group_size_, bits = bits_]() mutable {
+      const int K = x.shape(-1), N = w.shape(0), M = static_cast<int>(x.size() / K);
+      thread_local std::vector<float> rows, prepared, sums;
+      rows.resize(static_cast<size_t>(M) * K);
+      gather_rows(x, rows.data());
+      prepared.resize(rows.size());
+      sums.resize(static_cast<size_t>(M) * (K / group_size));
+      prepare_inputs(rows.data(), M, K, group_size, bits, prepared.data(), sums.data());
+      run(Problem{prepared.data(), sums.data(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()),
+                  scales.data<float>(), biases.data<float>(), out.data<float>(), M, N, K, group_size, bits});
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("minimlx_native.quantized_matmul runs on the CPU only");
+  }
+
+  const char* name() const override { return "MinimlxNativeQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedMatmul&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  // The rows of x (any strides) as one contiguous M x K block.
+  static void gather_rows(const mx::array& x, float* dst) {
+    const float* src = x.data<float>();
+    if (x.flags().row_contiguous) {
+      std::copy(src, src + x.size(), dst);
+      return;
+    }
+    const auto& shape = x.shape();
+    const auto& strides = x.strides();
+    for (size_t i = 0; i < x.size(); ++i) {
+      int64_t offset = 0;
+      size_t rest = i;
+      for (int d = x.ndim() - 1; d >= 0; --d) {
+        offset += static_cast<int64_t>(rest % shape[d]) * strides[d];
+        rest /= shape[d];
+      }
+      dst[i] = src[offset];
+    }
+  }
+
+  int group_size_, bits_;
+};
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                           int group_size, int bits) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("minimlx_native.quantized_matmul: " + what); };
+  if (bits != 4 && bits != 8) fail("bits must be 4 or 8, not " + std::to_string(bits));
+  if (group_size <= 0 || group_size % 32) fail("group_size must be a multiple of 32, not " + std::to_string(group_size));
+  if (x.dtype() != mx::float32 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
+    fail("x, scales and biases must be float32");
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || x.ndim() < 1) fail("w must be a 2-D uint32 array and x at least 1-D");
+  const int K = x.shape(-1), N = w.shape(0);
+  if (K % group_size || static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(K) * bits)
+    fail("w's packed width does not hold x's " + std::to_string(K) + " features at " + std::to_string(bits) + " bits");
+  const mx::Shape groups{N, K / group_size};
+  if (scales.shape() != groups || biases.shape() != groups) fail("scales and biases must have shape (N, K / group_size)");
+  auto shape = x.shape();
+  shape.back() = N;
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(shape, mx::float32, std::make_shared<QuantizedMatmul>(stream, group_size, bits), {x, w, scales, biases});
+}
+
+}  // namespace minimlx_native
+
+NB_MODULE(_ext, m) {
+  m.doc() = "Quantized matrix products for MLX's CPU backend, reading affine-packed weights directly.";
+  m.def("quantized_matmul", &minimlx_native::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a,
+        "x @ dequantize(w, scales, biases, group_size, bits).T for float32 x (..., K), w (N, K * bits / 32) "
+        "uint32, float32 scales and biases (N, K / group_size); bits 4 or 8, group_size a multiple of 32.");
+  m.attr("isa") = minimlx_native::kRows.second;
+  m.attr("threads") = minimlx_native::pool().size();
+  m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;
+}
