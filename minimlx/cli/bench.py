@@ -15,7 +15,7 @@ from ..errors import InvalidSettingError
 from ..core.sampling import make_sampler
 from ..generate import generate_tokens
 from ..loading import default_dtype, load
-from . import dtype_option, main
+from . import dtype_option, main, parallel_options
 
 
 def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int) -> tuple[float, float]:
@@ -42,12 +42,17 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
 @click.option("--prefill-step", type=click.IntRange(min=1), default=512, show_default=True,
               help="Prompt tokens per prefill chunk.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_json):
+@parallel_options
+def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, as_json, parallel):
     """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL."""
+    if parallel:
+        from ..distributed import rank_zero_speaks
+
+        rank_zero_speaks()
     if mx.default_device() == mx.cpu and (note := blas.advice()):
         click.echo(note, err=True)
     start = time.perf_counter()
-    net, tokenizer = load(model, dtype)
+    net, tokenizer = load(model, dtype, parallel)
     load_s = time.perf_counter() - start
     context = getattr(net.config, "max_positions", None)
     if context is not None and prompt_tokens + gen_tokens > context:
