@@ -5,6 +5,7 @@ The ranks are subprocesses with timeouts, so a hang fails. One `mlx.launch` runs
 as a pipeline, for memory) and each rank writes what it got; the tests compare with one process.
 """
 
+import functools
 import json
 import os
 import random
@@ -122,6 +123,7 @@ def ranks_ran(models, tmp_path_factory):
     return {job: [per_rank[0][i], per_rank[1][i]] for i, job in enumerate(jobs)}
 
 
+@functools.cache
 def one_process_ids(path: str) -> list[int]:
     from minimlx.core.sampling import make_sampler
     from minimlx.generate import generate_tokens
