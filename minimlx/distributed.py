@@ -76,6 +76,12 @@ def peer_lost(error: RuntimeError) -> str | None:
     )
 
 
+def memory_bytes() -> int:
+    """What this machine can hold: the GPU's recommended working set where there is one, else physical memory."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return mx.device_info().get("max_recommended_working_set_size", physical) if mx.default_device() == mx.gpu else physical
+
+
 def shares(total: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
     """`total` split into `parts` contiguous (start, stop) ranges as even as whole multiples of `unit` allow."""
     unit = unit if total % unit == 0 else 1
@@ -207,15 +213,20 @@ class Split:
         self.tensors: list[str] = []
         self.experts: list[tuple[int, int] | None] = []  # tensor parallel: each layer's expert range, if MoE
 
-    def shard(self, model: nn.Module, weights: dict[str, mx.array]) -> tuple[nn.Module, dict[str, mx.array]]:
-        """This rank's part of `model` (built, not loaded) and the (unread) tensors it needs, under its names."""
+    def shard(
+        self, model: nn.Module, weights: dict[str, mx.array], dtype: mx.Dtype | None = None
+    ) -> tuple[nn.Module, dict[str, mx.array]]:
+        """This rank's part of `model` (built, not loaded) and the (unread) tensors it needs, under its names;
+        `dtype` is the one floating tensors will be cast to when installed."""
         self.check_same(model, weights)
         if self.mode == "pipeline":
-            return model, self.take_blocks(model, weights)
-        for i, layer in enumerate(model.layers):
-            self.take_attention(layer.attn, f"layers.{i}.attn", weights)
-            self.experts.append(self.take_ffn(layer.ffn, f"layers.{i}.ffn", weights))
-        self.tensors = sorted(weights)
+            weights = self.take_blocks(model, weights)
+        else:
+            for i, layer in enumerate(model.layers):
+                self.take_attention(layer.attn, f"layers.{i}.attn", weights)
+                self.experts.append(self.take_ffn(layer.ffn, f"layers.{i}.ffn", weights))
+            self.tensors = sorted(weights)
+        self.check_room(weights, dtype)
         return model, weights
 
     def join(self, model: nn.Module) -> Distributed:
@@ -240,6 +251,21 @@ class Split:
                 f"rank {differ[0]} loaded a different model than rank 0 (config, tensor names, shapes or dtypes, "
                 "or --pipeline/--tensor-parallel differ); give every rank the same model files and flags"
             )
+
+    def check_room(self, weights: dict[str, mx.array], dtype: mx.Dtype | None) -> None:
+        """Refuse, before a tensor is read, a share some rank's machine cannot hold: every rank learns of it, so
+        that rank 0 can say which."""
+        floats = dtype.size if dtype is not None else None
+        needed = sum(w.size * (floats or w.dtype.size) if mx.issubdtype(w.dtype, mx.floating) else w.nbytes
+                     for w in weights.values())
+        megabytes = mx.array([[needed / 1e6, memory_bytes() / 1e6]])
+        for rank, (need, room) in enumerate(mx.distributed.all_gather(megabytes, group=self.group).tolist()):
+            if need > room:
+                raise InvalidSettingError(
+                    f"rank {rank}'s share of the model needs {need / 1e3:.2f} GB of weights but its machine has "
+                    f"{room / 1e3:.2f} GB; split it over more ranks (minimlx anatomy MODEL --ranks N --memory GB "
+                    "shows the plan) or load it quantized"
+                )
 
     def take_blocks(self, model: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Pipeline: this rank's range of blocks (renumbered from 0), and the embedding or head if it holds them."""

@@ -65,7 +65,7 @@ def assemble(
         execution = DTYPES[dtype]
     check_weights(model, weights, origin)
     if split is not None:
-        model, weights = split.shard(model, weights)
+        model, weights = split.shard(model, weights, execution)
     install_weights(model, weights, execution)
     return model if split is None else split.join(model)
 

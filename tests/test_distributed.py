@@ -195,6 +195,22 @@ def test_ranks_with_different_models_are_refused_before_generating(models, tmp_p
     assert outputs[1][1] == ""  # errors are rank 0's to print
 
 
+def test_a_share_too_big_for_its_rank_is_refused_by_every_rank(deep_folder, tmp_path):
+    script = (
+        "import sys, minimlx.distributed as d\n"
+        "from minimlx.errors import InvalidSettingError\n"
+        "from minimlx.loading import load_model\n"
+        "if sys.argv[1] == '1': d.memory_bytes = lambda: 10**6  # this rank's machine holds 1 MB\n"
+        "try:\n    load_model(sys.argv[2], None, 'pipeline')\n"
+        "except InvalidSettingError as e:\n    print(e)\n"
+    )
+    ranks = start_ranks([[sys.executable, "-c", script, str(r), str(deep_folder)] for r in (0, 1)], tmp_path)
+    outputs = [process.communicate(timeout=120)[0] for process in ranks]
+    assert [process.returncode for process in ranks] == [0, 0]
+    for out in outputs:
+        assert out.startswith("rank 1's share of the model needs 0.01 GB of weights but its machine has 0.00 GB"), out
+
+
 def test_placement_plan_of_deepseek_v3_sums_to_the_ledger_at_4_bits():
     from click.testing import CliRunner
 
