@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from mlx_lm_reference import save_hf_model, save_tokenizer
+from mlx_lm_reference import save_tokenizer
 from reference import save_reference, to_v4_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

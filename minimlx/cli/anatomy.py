@@ -98,11 +98,14 @@ def anatomy(models, as_json, per_layer, compare, ranks, bits, memory):
     """
     if len(models) > 1 and not compare:
         raise click.UsageError("give one model, or pass --compare to compare several")
+    if ranks is None and (bits or memory):
+        raise click.UsageError("--bits and --memory go with --ranks N (the placement plan)")
     if ranks is not None:
         from ..anatomy.placement import model_at, plan_table
 
         bits = int(bits) if bits else None
-        return click.echo(plan_table(models[0], model_at(models[0], bits), ranks, bits, memory))
+        click.echo(plan_table(models[0], model_at(models[0], bits), ranks, bits, memory))
+        return
     entries = {name: model_ledger(name) for name in models}
     if as_json:
         out = {name: entry.to_dict(per_layer) for name, entry in entries.items()}
