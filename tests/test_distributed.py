@@ -167,6 +167,34 @@ def test_cli_run_under_mlx_launch_prints_once_what_one_process_prints(models):
     assert split.stderr.count("generation: 8 tokens") == 1  # stats from rank 0 only
 
 
+def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
+    import urllib.request
+
+    args = ["-m", models["qwen3_moe"]]
+    alone = subprocess.run(minimlx("run", *args, "w3 w4 w5", "--max-tokens", "8", "--no-chat-template"),
+                           env=ENV, capture_output=True, text=True, timeout=120)
+    port = free_ports(1)
+    ranks = start_ranks([minimlx("serve", *args, "--port", str(port), "--tensor-parallel")] * 2, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and ranks[0].poll() is None, ranks[0].stderr.read()
+                time.sleep(0.5)
+        body = json.dumps({"prompt": "w3 w4 w5", "max_tokens": 8, "temperature": 0, "n": 2}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(request, timeout=120))
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    assert [choice["text"] for choice in answer["choices"]] == [alone.stdout.strip()] * 2
+
+
 def test_a_killed_rank_ends_the_other_within_30_seconds(deep_folder, tmp_path):
     args = ["run", "-m", str(deep_folder), "w3 w4", "--max-tokens", "3000", "--no-chat-template", "--pipeline"]
     first, second = start_ranks([minimlx(*args), minimlx(*args)], tmp_path)
