@@ -16,7 +16,9 @@ that talk to the other ranks and wraps the model so that every rank goes on with
   routers and head are replicated; rank 0's token is everyone's.
 
 Before any tensor is read, the ranks compare a digest of config, tensor names, shapes and dtypes, and refuse
-to start when they differ. A rank that dies makes the others' next collective fail (`peer_lost`).
+to start when they differ (or when a rank's share does not fit its machine). A rank that dies makes the
+others' next collective fail (`peer_lost`). `serve` runs a `Mirrored` engine: requests reach rank 0, which
+tells the other ranks at each step what joined and left the batch.
 """
 
 import hashlib
