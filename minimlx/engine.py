@@ -231,6 +231,8 @@ class Engine:
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.context = getattr(getattr(model, "config", None), "max_positions", None)
         self.prompt_cache = PromptCache(prompt_cache_size) if prompt_cache_size else None
+        # a model split across processes (minimlx.distributed) gives every one of them the same sampled tokens
+        self.agree = getattr(model, "agree", None)
         self.waiting: deque[Sequence] = deque()
         self.rows: list[Sequence] = []  # one per batch row, in row order
         self.cache: list | None = None  # one batch cache per layer
@@ -306,6 +308,8 @@ class Engine:
         """Queue one step: each row reads its token in `inputs` (rows,); returns the sampled tokens (rows,)."""
         logits = self.model(inputs[:, None], cache)[:, -1, :]
         tokens = mx.concatenate([s.sample(logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
+        if self.agree is not None:
+            tokens = self.agree(tokens)
         mx.async_eval(tokens)
         return tokens
 

@@ -33,8 +33,19 @@ def default_dtype() -> str | None:
     return "quantized" if native_kernel() else "float32"
 
 
+def splitter(parallel: str | None):
+    """How this process cuts the model it loads: "pipeline" or "tensor" across the ranks `mlx.launch` started
+    (see minimlx.distributed), or None to hold it whole."""
+    if parallel is None:
+        return None
+    from .distributed import Split
+
+    return Split(parallel)
+
+
 def assemble(
-    arch, weights: dict[str, mx.array], dtype: str | None, entry: dict | None = None, origin: dict[int, str] = {}
+    arch, weights: dict[str, mx.array], dtype: str | None, entry: dict | None = None, origin: dict[int, str] = {},
+    parallel: str | None = None,
 ) -> nn.Module:
     """The model of plugin config `arch`, holding `weights` (model names; packed triples where quantized).
 
@@ -43,10 +54,12 @@ def assemble(
     gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
     installed) run through it. A float dtype dequantizes every packed weight into it. `entry` is the config's
     quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
-    emptied as tensors are installed, so that no second copy of the model stays referenced.
+    emptied as tensors are installed, so that no second copy of the model stays referenced. With `parallel`,
+    the checked model and its unread tensors are cut to this rank's share first: only those are read.
     """
     if dtype not in (None, *DTYPE_CHOICES):
         raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
+    split = splitter(parallel)
     model = build(arch)
     spec = packed_modules(model, weights, entry)
     on_cpu = mx.default_device() == mx.cpu
@@ -59,19 +72,23 @@ def assemble(
         dequantize_weights(weights, spec)
         execution = DTYPES[dtype]
     check_weights(model, weights, origin)
+    if split is not None:
+        model, weights = split.shard(model, weights, execution)
     install_weights(model, weights, execution)
-    return model
+    return model if split is None else split.join(model)
 
 
-def load_model(path: str | Path, dtype: str | None = None) -> nn.Module:
-    """A checkpoint folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not) as a model."""
+def load_model(path: str | Path, dtype: str | None = None, parallel: str | None = None) -> nn.Module:
+    """A checkpoint folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not) as a model
+    (this rank's part of it with `parallel`, see `assemble`)."""
     folder = Path(path)
     if not folder.exists():
         raise ModelNotFoundError(f"no such model folder: {folder}")
     config = read_config(folder)
     arch = plugin_config(config, str(folder / "config.json"))
     weights, origin = folder_weights(arch, folder)
-    return assemble(arch, weights, dtype, config.get("quantization") or config.get("quantization_config"), origin)
+    entry = config.get("quantization") or config.get("quantization_config")
+    return assemble(arch, weights, dtype, entry, origin, parallel)
 
 
 def folder_weights(arch, folder: Path) -> tuple[dict[str, mx.array], dict[int, str]]:
@@ -83,7 +100,7 @@ def folder_weights(arch, folder: Path) -> tuple[dict[str, mx.array], dict[int, s
     return arch.convert_weights(raw), {id(w): name for name, w in raw.items()}
 
 
-def load_gguf(path: str | Path, dtype: str | None = None) -> tuple[nn.Module, dict]:
+def load_gguf(path: str | Path, dtype: str | None = None, parallel: str | None = None) -> tuple[nn.Module, dict]:
     """A GGUF file as a model, and the file's metadata (which also holds the tokenizer).
 
     `dtype` None or "quantized" keeps the tensor types MLX can run packed (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K)
@@ -94,26 +111,29 @@ def load_gguf(path: str | Path, dtype: str | None = None) -> tuple[nn.Module, di
         raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
     tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
     arch = gguf_plugin_config(metadata, tensors, str(path))
-    return assemble(arch, arch.convert_gguf_weights(tensors, metadata), dtype), metadata
+    return assemble(arch, arch.convert_gguf_weights(tensors, metadata), dtype, parallel=parallel), metadata
 
 
-def load(path_or_name: str | Path, dtype: str | None = None) -> tuple[nn.Module, Tokenizer]:
+def load(
+    path_or_name: str | Path, dtype: str | None = None, parallel: str | None = None
+) -> tuple[nn.Module, Tokenizer]:
     """Load a model and its tokenizer from a checkpoint folder, a `.gguf` file, a Hugging Face repo id
     (local cache first) or a short name such as `smollm2-135m`.
 
     `dtype`: None picks by device (see `default_dtype`); "float32", "float16" or "bfloat16" casts
-    (dequantizing packed weights); "quantized" keeps packed weights packed.
+    (dequantizing packed weights); "quantized" keeps packed weights packed. `parallel`: "pipeline" or
+    "tensor" loads this rank's part of the model, in a process `mlx.launch` started (minimlx.distributed).
     """
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise InvalidSettingError(f"load takes a folder, a .gguf file or a model name, not {path_or_name!r}")
     path = resolve(path_or_name)
     dtype = dtype or default_dtype()
     if path.is_dir():
-        model, tokenizer = load_model(path, dtype), Tokenizer.from_folder(path)
+        model, tokenizer = load_model(path, dtype, parallel), Tokenizer.from_folder(path)
     elif path.suffix.lower() != ".gguf":
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
     else:
-        model, metadata = load_gguf(path, dtype)
+        model, metadata = load_gguf(path, dtype, parallel)
         tokenizer = Tokenizer.from_gguf(metadata)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:

@@ -35,6 +35,12 @@ class Group(click.Group):
                 fail(e.format_message(), e.exit_code)
             except (click.Abort, KeyboardInterrupt):
                 fail("interrupted", 130)
+            except RuntimeError as e:  # under --pipeline/--tensor-parallel: another rank died
+                from ..distributed import peer_lost
+
+                if (message := peer_lost(e)) is None:
+                    raise
+                fail(message, 1)
         sys.exit(status or 0)
 
     def invoke(self, ctx):
@@ -87,6 +93,15 @@ dtype_option = click.option(
     help="Execution dtype (default: float32 on the CPU, as stored on a GPU); quantized keeps packed weights (MLX folders, GGUF) packed.",
 )
 """The `--dtype` option of every command that loads a model."""
+
+
+def parallel_options(command):
+    """`--pipeline` / `--tensor-parallel` of every command that loads a model: this process is one rank of those
+    `mlx.launch` started, holding its part of the model (see docs/distributed.md)."""
+    command = click.option("--tensor-parallel", "parallel", flag_value="tensor",
+                           help="Under mlx.launch: each rank holds part of every layer (heads, FFN columns, experts).")(command)
+    return click.option("--pipeline", "parallel", flag_value="pipeline",
+                        help="Under mlx.launch: each rank holds a range of layers.")(command)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

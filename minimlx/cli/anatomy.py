@@ -97,7 +97,10 @@ def print_depth_table(ctx: click.Context, _, wanted: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table.")
 @click.option("--per-layer", is_flag=True, help="Also count every layer.")
 @click.option("--compare", is_flag=True, help="Compare several models: layers, width, heads, experts, total, active.")
-def anatomy(models, as_json, per_layer, compare):
+@click.option("--ranks", type=click.IntRange(min=1), help="Print the placement plan of a pipeline over this many machines.")
+@click.option("--bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), help="With --ranks: weights quantized to this many bits.")
+@click.option("--memory", type=click.FloatRange(min=0, min_open=True), help="With --ranks: each machine's memory in GB.")
+def anatomy(models, as_json, per_layer, compare, ranks, bits, memory):
     """Count the parameters of a model or preset by component.
 
     MODEL_OR_PRESET is a preset (gpt2, llama3-8b, qwen3-8b, qwen3-32b, qwen3-235b-a22b, deepseek-v3,
@@ -106,6 +109,14 @@ def anatomy(models, as_json, per_layer, compare):
     """
     if len(models) > 1 and not compare:
         raise click.UsageError("give one model, or pass --compare to compare several")
+    if ranks is None and (bits or memory):
+        raise click.UsageError("--bits and --memory go with --ranks N (the placement plan)")
+    if ranks is not None:
+        from ..anatomy.placement import model_at, plan_table
+
+        bits = int(bits) if bits else None
+        click.echo(plan_table(models[0], model_at(models[0], bits), ranks, bits, memory))
+        return
     entries = {name: model_ledger(name) for name in models}
     if as_json:
         out = {name: entry.to_dict(per_layer) for name, entry in entries.items()}

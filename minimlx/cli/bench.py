@@ -17,7 +17,7 @@ from ..core.sampling import make_sampler
 from ..generate import generate_tokens
 from ..loading import default_dtype, load
 from ..speculative import Acceptance, DraftModel, PromptLookup, Verifier, speculative_tokens
-from . import dtype_option, main
+from . import dtype_option, main, parallel_options
 
 
 def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int, drafter=None,
@@ -58,8 +58,9 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
 @click.option("--prompt-lookup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Decode speculatively with N tokens copied from earlier text; 0: off.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@parallel_options
 def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, eager, draft_model, draft_tokens,
-          prompt_lookup, as_json):
+          prompt_lookup, as_json, parallel):
     """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL.
 
     Decode tok/s counts the tokens generated, so with speculation it is the effective rate; the share of
@@ -67,10 +68,14 @@ def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, eager,
     """
     if draft_model is not None and prompt_lookup:
         raise InvalidSettingError("--draft-model and --prompt-lookup are two ways to draft; choose one")
+    if parallel:
+        from ..distributed import rank_zero_speaks
+
+        rank_zero_speaks()
     if mx.default_device() == mx.cpu and (note := blas.advice()):
         click.echo(note, err=True)
     start = time.perf_counter()
-    net, tokenizer = load(model, dtype)
+    net, tokenizer = load(model, dtype, parallel)
     load_s = time.perf_counter() - start
     context = getattr(net.config, "max_positions", None)
     if context is not None and prompt_tokens + gen_tokens > context:

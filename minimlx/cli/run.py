@@ -10,7 +10,7 @@ import click
 
 from .. import blas
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import TEXT, dtype_option, main, read_stdin
+from . import TEXT, dtype_option, main, parallel_options, read_stdin
 
 
 def generation_options(command):
@@ -36,7 +36,7 @@ def generation_options(command):
     ]
     for option in reversed(options):
         command = option(command)
-    return command
+    return parallel_options(command)
 
 
 def sampling(options: dict) -> dict:
@@ -83,6 +83,10 @@ def open_model(options: dict):
         mx.set_default_device(mx.gpu)
     elif options["device"] == "cpu":
         mx.set_default_device(mx.cpu)
+    if options.get("parallel"):
+        from ..distributed import rank_zero_speaks
+
+        rank_zero_speaks()
     if mx.default_device() == mx.cpu and (note := blas.advice()):
         click.echo(note, err=True)
     name = options["model"]
@@ -90,7 +94,7 @@ def open_model(options: dict):
         if short_name_path(DEFAULT_MODEL) is None:
             raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
         name = DEFAULT_MODEL
-    return load(name, options["dtype"])
+    return load(name, options["dtype"], options.get("parallel"))
 
 
 def print_stats(response) -> None:

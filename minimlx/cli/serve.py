@@ -8,7 +8,7 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import dtype_option, main
+from . import dtype_option, main, parallel_options
 
 EXTRA = 'pip install "minimlx[serve]"'
 
@@ -50,6 +50,7 @@ def check_address(host: str, port: int) -> None:
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
+@parallel_options
 def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
     """Answer OpenAI-style HTTP requests (chat, completions) until Ctrl-C."""
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
@@ -59,10 +60,15 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
     from ..server import serve as run_server
     from .run import open_model
 
-    check_address(host, port)
+    if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
+        from ..distributed import Mirrored as Engine, world
+    if not options["parallel"] or world().rank() == 0:
+        check_address(host, port)
     one_blas_thread()
     model, tokenizer = open_model(options)
     engine = Engine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
+    if options["parallel"] and engine.rank != 0:
+        return engine.follow()
     name = options["model"] or DEFAULT_MODEL
     click.echo(f"minimlx serves {name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(engine, name, host, port, api_key)
