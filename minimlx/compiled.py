@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .core.cache import FixedKVCache, KVCache
+from .core.transformer import Transformer
 
 
 class CompiledDecoder:
@@ -55,11 +56,12 @@ class CompiledDecoder:
 
 def compiled_decoder(model: nn.Module) -> CompiledDecoder | None:
     """The compiled stand-in for `model`, or None when one of its layers needs another cache than a plain KV
-    cache (latent attention, sliding windows): those decode eagerly.
+    cache (latent attention, sliding windows) or it is not the one loop itself (a model split over ranks, whose
+    steps talk to the other ranks): those decode eagerly.
 
     One per model, kept on it, so that every generation replays the same traces.
     """
-    if not all(type(c) is KVCache for c in model.make_cache()):
+    if not isinstance(model, Transformer) or not all(type(c) is KVCache for c in model.make_cache()):
         return None
     if getattr(model, "compiled_decoder", None) is None:
         model.compiled_decoder = CompiledDecoder(model)

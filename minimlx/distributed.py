@@ -97,7 +97,8 @@ def shares(total: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
 def narrow(weights: dict[str, mx.array], module: str, start: int, stop: int, total: int, axis: int) -> None:
     """Keep [start, stop) of the `total` output rows (axis -2), input columns (-1) or heads or experts (0) of every
     tensor of `module` in `weights`. Packed tensors are cut in proportion, which must fall on whole groups; a
-    bias follows the rows and is kept whole otherwise."""
+    bias follows the rows and is kept whole otherwise. Each part is copied out (the native kernel reads packed
+    weights as contiguous rows, and a view would keep the whole tensor in memory)."""
     for name in [n for n in weights if n.rpartition(".")[0] == module]:
         w = weights[name]
         ax = axis if not name.endswith(".bias") else -1 if axis == -2 else None
@@ -111,7 +112,7 @@ def narrow(weights: dict[str, mx.array], module: str, start: int, stop: int, tot
             )
         index = [slice(None)] * w.ndim
         index[ax] = slice(start * size // total, stop * size // total)
-        weights[name] = w[tuple(index)]
+        weights[name] = mx.contiguous(w[tuple(index)])  # its own buffer: not a view holding the whole tensor
 
 
 class Received(nn.Module):
