@@ -13,6 +13,7 @@ from tokenizers import models, pre_tokenizers
 from minimlx.anatomy.similarity import compare_word, embedding_similarity
 from minimlx.cli import main
 from minimlx.cli.lens import draw
+from minimlx.cli.plots import pyplot
 from minimlx.errors import InvalidSettingError
 from minimlx.lens import layer_distributions, logit_lens
 from minimlx.text import Tokenizer
@@ -85,7 +86,7 @@ def test_same_word_in_two_contexts(tmp_path):
 def test_lens_heatmap(tmp_path):
     require("matplotlib")
     result = logit_lens(random_model("llama"), word_tokenizer(tmp_path), "we sat on the river bank")
-    draw(result, tmp_path / "lens.png")
+    draw(result, tmp_path / "lens.png", pyplot("--png"))
     assert (tmp_path / "lens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -3,10 +3,9 @@
 import click
 
 from ..anatomy.attention import AttentionPattern, attention_pattern
-from ..errors import InvalidSettingError
 from ..loading import load
 from . import TEXT, dtype_option, main
-from .lens import shown
+from .plots import pyplot, save, shown
 
 
 def heads_shown(pattern: AttentionPattern) -> str:
@@ -27,18 +26,6 @@ def table(pattern: AttentionPattern, longest: int = 12) -> str:
     return "\n".join(lines)
 
 
-def pyplot():
-    """matplotlib's pyplot drawing to files, or the one-line error that says how to install it."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InvalidSettingError("--plot needs matplotlib; install it with pip install 'minimlx[plot]'") from None
-    return plt
-
-
 def draw(pattern: AttentionPattern, path: str, plt) -> None:
     """Heatmap of the pattern: a row per token, its attention over the tokens up to it, in percent when few enough."""
     count = len(pattern.tokens)
@@ -57,9 +44,7 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
     axes.set_ylabel("token reading (query)")
     axes.set_title(f"layer {pattern.layer}, {heads_shown(pattern)}")
     figure.colorbar(image, ax=axes, label="share of the row's attention")
-    figure.tight_layout()
-    figure.savefig(path, dpi=150)
-    plt.close(figure)
+    save(plt, figure, path)
 
 
 @main.command()
@@ -73,7 +58,7 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
 @dtype_option
 def attention(model, prompt, layer, head, plot, dtype):
     """Which earlier tokens each token of PROMPT reads: one layer's attention weights (no chat template)."""
-    plt = pyplot() if plot else None  # before the model loads: a missing matplotlib fails at once
+    plt = pyplot("--plot") if plot else None  # before the model loads: a missing matplotlib fails at once
     model, tokenizer = load(model, dtype=dtype)
     pattern = attention_pattern(model, tokenizer, prompt, layer, head)
     click.echo(table(pattern))

@@ -5,9 +5,9 @@ import json
 import click
 
 from ..anatomy.lens import LensResult, logit_lens
-from ..errors import InvalidSettingError
 from ..loading import load
 from . import TEXT, dtype_option, main
+from .plots import pyplot, save, shown
 
 
 def grid(result: LensResult, longest: int = 16) -> str:
@@ -24,20 +24,8 @@ def grid(result: LensResult, longest: int = 16) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def shown(token: str) -> str:
-    """A token as a plot label: escapes as in repr, spaces visible as ␣."""
-    return repr(token)[1:-1].replace(" ", "␣")
-
-
-def draw(result: LensResult, path: str) -> None:
+def draw(result: LensResult, path: str, plt) -> None:
     """Heatmap of the top token's probability per layer and position, each cell labelled with the token."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InvalidSettingError("--png needs matplotlib; install it with pip install 'minimlx[plot]'") from None
     probs = [[p[0] for p in row] for row in result.top_probs]
     rows, columns = len(probs), len(result.tokens)
     figure, axes = plt.subplots(figsize=(1.3 * columns + 2, 0.32 * rows + 1.5))
@@ -51,9 +39,7 @@ def draw(result: LensResult, path: str) -> None:
     axes.set_xlabel("prompt position (the cell predicts the token after it)")
     axes.set_ylabel("read after")
     figure.colorbar(image, ax=axes, label="probability of the top token")
-    figure.tight_layout()
-    figure.savefig(path, dpi=150)
-    plt.close(figure)
+    save(plt, figure, path)
 
 
 @main.command()
@@ -65,8 +51,9 @@ def draw(result: LensResult, path: str) -> None:
 @dtype_option
 def lens(model, prompt, top_k, as_json, png, dtype):
     """Apply the final norm and lm_head after every block: the logit lens of PROMPT (no chat template)."""
+    plt = pyplot("--png") if png else None
     model, tokenizer = load(model, dtype=dtype)
     result = logit_lens(model, tokenizer, prompt, top_k)
     click.echo(json.dumps(result.to_dict(), ensure_ascii=False) if as_json else grid(result))
     if png:
-        draw(result, png)
+        draw(result, png, plt)
