@@ -25,12 +25,11 @@ DTYPE_CHOICES = ("quantized", *DTYPES)
 
 
 def default_dtype() -> str | None:
-    """On the CPU, "quantized" when the native kernel is installed (packed weights stream through it, a
-    fraction of float32's bytes per token) and float32 otherwise (MLX's own quantized and half-precision
-    CPU matmuls are far slower than BLAS float32 ones); on a GPU, None: weights stay as stored."""
-    if mx.default_device() != mx.cpu:
-        return None
-    return "quantized" if native_kernel() else "float32"
+    """float32 on the CPU, where MLX's quantized and half-precision matmuls are far slower than BLAS float32
+    ones (the native kernel, when installed, serves `--dtype quantized`: 1.3x float32's decode on SmolLM2,
+    under the 2x it must clear to be the default; docs/performance.md); on a GPU, None: weights stay as stored
+    (quantized stays packed, floats in their dtype)."""
+    return "float32" if mx.default_device() == mx.cpu else None
 
 
 def splitter(parallel: str | None):

@@ -125,10 +125,9 @@ def test_nonsense_settings(smollm2, settings):
         generate(model, tokenizer, "hi", **settings)
 
 
-def test_cpu_default_is_dequantized_float32_without_the_native_kernel():
+def test_cpu_default_is_dequantized_float32():
     import mlx.core as mx
 
-    from minimlx.core.quantized import native_kernel
     from minimlx.loading import default_dtype
 
-    assert mx.default_device() == mx.cpu and default_dtype() == ("quantized" if native_kernel() else "float32")
+    assert mx.default_device() == mx.cpu and default_dtype() == "float32"

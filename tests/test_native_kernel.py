@@ -82,25 +82,30 @@ def test_linear_and_tied_head_forms_equal_mlx():
     assert_float32_close(kernel.as_linear(x), reference.as_linear(x), x, weight)
 
 
-def test_default_on_the_cpu_unless_switched_off(monkeypatch):
-    assert default_dtype() == "quantized"
-    monkeypatch.setenv("MINIMLX_NATIVE", "off")
+def test_quantized_runs_through_the_kernel_unless_switched_off(monkeypatch):
+    """The CPU default stays float32 (the kernel decodes SmolLM2 1.3x faster, under the 2x bar); `--dtype
+    quantized` puts the packed linear maps on the kernel, and MINIMLX_NATIVE=off on MLX's own packed kernels."""
     assert default_dtype() == "float32"
+    model, _ = load(smollm2_path(), dtype="quantized")
+    assert isinstance(model.layers[0].attn.q_proj, KernelLinear)
+    monkeypatch.setenv("MINIMLX_NATIVE", "off")
+    model, _ = load(smollm2_path(), dtype="quantized")
+    assert type(model.layers[0].attn.q_proj) is nn.QuantizedLinear
 
 
 def test_smollm2_greedy_tokens_equal_float32_blas():
-    """By default on the CPU the GGUF's packed weights run through the kernel; in float32 they are
-    dequantized for BLAS. 32 greedy tokens are the same."""
+    """Quantized, the GGUF's packed weights run through the kernel; in float32 they are dequantized for BLAS.
+    32 greedy tokens are the same."""
     smollm2_path()
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
               8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
     ids = {}
-    for dtype in (None, "float32"):
+    for dtype in ("quantized", "float32"):
         model, _ = load("smollm2-135m", dtype)
         ids[dtype] = list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), 32, 512))
         modules = [m for _, m in model.named_modules()]
         on_kernel = [m for m in modules if isinstance(m, (KernelLinear, KernelEmbedding))]
-        assert len(on_kernel) == (30 * 7 + 1 if dtype is None else 0)  # every projection and the tied head
+        assert len(on_kernel) == (30 * 7 + 1 if dtype == "quantized" else 0)  # every projection and the tied head
         float32 = [m for m in modules if type(m) is nn.Linear and m.weight.dtype == mx.float32]
-        assert len(float32) == (0 if dtype is None else 30 * 7)
-    assert ids[None] == ids["float32"] and len(ids["float32"]) == 32
+        assert len(float32) == (0 if dtype == "quantized" else 30 * 7)
+    assert ids["quantized"] == ids["float32"] and len(ids["float32"]) == 32
