@@ -247,8 +247,9 @@ class FixedKVCache:
 
     What a compiled decode step needs: the forward pass reads only arrays (`start`, the buffers)
     and shapes from it, so `mx.compile` traces a step once per token count and capacity and
-    replays it for every token. Attention reads the whole capacity; the mask hides the columns
-    past the last token, so trimming only moves `offset` and `start` back. The capacity grows by
+    replays it for every token. A one-token step's attention reads the whole capacity, the mask hiding
+    the columns past the last token (so trimming only moves `offset` and `start` back); longer calls run
+    eagerly over the filled columns alone. The capacity grows by
     `step` tokens when an update would not fit (a compiled step then retraces once).
     """
 
@@ -283,14 +284,19 @@ class FixedKVCache:
         self.values = mx.slice_update(self.values, values, self.start, axes=(2,))
         self.start = self.start + tokens
         self.offset += tokens
+        if tokens > 1:  # run eagerly (prompts, speculative checks): the filled columns alone, under "causal"
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
         return self.keys, self.values
 
     @property
     def position(self) -> mx.array:
         return self.start
 
-    def mask(self, tokens: int) -> mx.array:
-        """(1, 1, tokens, capacity): query i sees the columns up to its own position `start + i`."""
+    def mask(self, tokens: int) -> str | mx.array:
+        """One token (the compiled step): (1, 1, 1, capacity), the columns up to its position `start`. Several:
+        "causal" over the filled columns `update` returns (the fast causal attention a prompt needs)."""
+        if tokens > 1:
+            return "causal"
         columns = mx.arange(self.capacity_for(tokens))
         return (columns <= (self.start + mx.arange(tokens))[:, None])[None, None]
 
