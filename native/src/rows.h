@@ -6,62 +6,78 @@
 
 namespace minimlx_native {
 
-template <class Simd, int BITS, int MB>
-inline void row_block(const Problem& p, int n, int m0) {
-  using V = typename Simd::V;
-  constexpr int VPC = 32 / Simd::W;         // vectors per chunk of 32 values
-  constexpr int A = MB == 1 ? VPC : 1;      // independent accumulators per input row
-  const int groups = p.K / p.group_size, chunks = p.group_size / 32;
-  const uint8_t* w = p.w + static_cast<int64_t>(n) * p.K * BITS / 8;
-  const float* scales = p.scales + static_cast<int64_t>(n) * groups;
-  const float* biases = p.biases + static_cast<int64_t>(n) * groups;
-  V acc[MB][A];
-  for (int m = 0; m < MB; ++m)
-    for (int a = 0; a < A; ++a) acc[m][a] = Simd::zero();
-  for (int g = 0; g < groups; ++g) {
-    V part[MB][A];
-    for (int m = 0; m < MB; ++m)
-      for (int a = 0; a < A; ++a) part[m][a] = Simd::zero();
-    for (int c = 0; c < chunks; ++c) {
-      const int k = g * p.group_size + c * 32;
-      V q[VPC];
-      if constexpr (BITS == 4) Simd::unpack4(w + k / 2, q);
-      else Simd::unpack8(w + k, q);
-      for (int m = 0; m < MB; ++m) {
-        const float* x = p.x + static_cast<int64_t>(m0 + m) * p.K + k;
-        for (int v = 0; v < VPC; ++v) part[m][v % A] = Simd::fma(q[v], Simd::load(x + v * Simd::W), part[m][v % A]);
-      }
-    }
-    const V scale = Simd::set1(scales[g]);
-    for (int m = 0; m < MB; ++m)
-      for (int a = 0; a < A; ++a) acc[m][a] = Simd::fma(part[m][a], scale, acc[m][a]);
-  }
-  for (int m = 0; m < MB; ++m) {
-    V total = acc[m][0];
-    for (int a = 1; a < A; ++a) total = Simd::add(total, acc[m][a]);
-    const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
-    int g = 0;
-    for (; g + Simd::W <= groups; g += Simd::W) total = Simd::fma(Simd::load(biases + g), Simd::load(xsum + g), total);
-    float offset = 0.0f;
-    for (; g < groups; ++g) offset += biases[g] * xsum[g];
-    p.out[static_cast<int64_t>(m0 + m) * p.N + n] = Simd::sum(total) + offset;
-  }
+// sum_g biases[g] * xsum[g], vectorized over groups.
+template <class Simd>
+inline float bias_term(const float* biases, const float* xsum, int groups) {
+  typename Simd::V total = Simd::zero();
+  int g = 0;
+  for (; g + Simd::W <= groups; g += Simd::W) total = Simd::fma(Simd::load(biases + g), Simd::load(xsum + g), total);
+  float rest = 0.0f;
+  for (; g < groups; ++g) rest += biases[g] * xsum[g];
+  return Simd::sum(total) + rest;
 }
 
-// Input rows in blocks of up to 4 (each unpacked weight chunk feeds 4 products), each block swept over
-// the output rows: a caller's rows are few enough that their packed weights stay in L1 meanwhile.
+// NB output rows from n times MB input rows from m0: each unpacked weight chunk feeds MB products and
+// each input chunk NB, so that one input row still has NB independent sums for the CPU to overlap.
+template <class Simd, int BITS, int NB, int MB>
+inline void block(const Problem& p, int n, int m0) {
+  using V = typename Simd::V;
+  constexpr int VPC = 32 / Simd::W;  // vectors per chunk of 32 values
+  const int groups = p.K / p.group_size, chunks = p.group_size / 32;
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
+  const float* scales = p.scales + static_cast<int64_t>(n) * groups;
+  const float* biases = p.biases + static_cast<int64_t>(n) * groups;
+  V acc[NB][MB];
+  for (int r = 0; r < NB; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = Simd::zero();
+  for (int g = 0; g < groups; ++g) {
+    V part[NB][MB];
+    for (int r = 0; r < NB; ++r)
+      for (int m = 0; m < MB; ++m) part[r][m] = Simd::zero();
+    for (int c = 0; c < chunks; ++c) {
+      const int k = g * p.group_size + c * 32;
+      for (int r = 0; r < NB; ++r) {
+        V q[VPC];
+        if constexpr (BITS == 4) Simd::unpack4(p.w + (n + r) * row_bytes + k / 2, q);
+        else Simd::unpack8(p.w + (n + r) * row_bytes + k, q);
+        for (int m = 0; m < MB; ++m) {
+          const float* x = p.x + static_cast<int64_t>(m0 + m) * p.K + k;
+          for (int v = 0; v < VPC; ++v) part[r][m] = Simd::fma(q[v], Simd::load(x + v * Simd::W), part[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < NB; ++r) {
+      const V scale = Simd::set1(scales[r * groups + g]);
+      for (int m = 0; m < MB; ++m) acc[r][m] = Simd::fma(part[r][m], scale, acc[r][m]);
+    }
+  }
+  for (int r = 0; r < NB; ++r)
+    for (int m = 0; m < MB; ++m) {
+      const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
+      p.out[static_cast<int64_t>(m0 + m) * p.N + n + r] = Simd::sum(acc[r][m]) + bias_term<Simd>(biases + r * groups, xsum, groups);
+    }
+}
+
+// Input rows in blocks of 4 swept over the output rows (a caller's rows are few enough that their packed
+// weights stay in L1 meanwhile); the rows left over take NB_LEFT output rows at a time.
+template <class Simd, int BITS, int MB>
+inline void leftover(const Problem& p, int row_begin, int row_end, int m) {
+  constexpr int NB = 4 / MB;
+  int n = row_begin;
+  for (; n + NB <= row_end; n += NB) block<Simd, BITS, NB, MB>(p, n, m);
+  for (; n < row_end; ++n) block<Simd, BITS, 1, MB>(p, n, m);
+}
+
 template <class Simd, int BITS>
 inline void rows_bits(const Problem& p, int row_begin, int row_end) {
   int m = 0;
   for (; m + 4 <= p.M; m += 4)
-    for (int n = row_begin; n < row_end; ++n) row_block<Simd, BITS, 4>(p, n, m);
-  for (int n = row_begin; n < row_end; ++n) {
-    switch (p.M - m) {
-      case 3: row_block<Simd, BITS, 3>(p, n, m); break;
-      case 2: row_block<Simd, BITS, 2>(p, n, m); break;
-      case 1: row_block<Simd, BITS, 1>(p, n, m); break;
-      default: break;
-    }
+    for (int n = row_begin; n < row_end; ++n) block<Simd, BITS, 1, 4>(p, n, m);
+  switch (p.M - m) {
+    case 3: leftover<Simd, BITS, 3>(p, row_begin, row_end, m); break;
+    case 2: leftover<Simd, BITS, 2>(p, row_begin, row_end, m); break;
+    case 1: leftover<Simd, BITS, 1>(p, row_begin, row_end, m); break;
+    default: break;
   }
 }
 
