@@ -58,8 +58,7 @@ inline void block(const Problem& p, int n, int m0) {
     }
 }
 
-// Input rows in blocks of 4 swept over the output rows (a caller's rows are few enough that their packed
-// weights stay in L1 meanwhile); the rows left over take NB_LEFT output rows at a time.
+// The last MB (< 4) input rows, 4 / MB output rows at a time.
 template <class Simd, int BITS, int MB>
 inline void leftover(const Problem& p, int row_begin, int row_end, int m) {
   constexpr int NB = 4 / MB;
@@ -68,6 +67,8 @@ inline void leftover(const Problem& p, int row_begin, int row_end, int m) {
   for (; n < row_end; ++n) block<Simd, BITS, 1, MB>(p, n, m);
 }
 
+// Input rows in blocks of 4 swept over the output rows: a caller's rows are few enough that their packed
+// weights stay in L1 meanwhile.
 template <class Simd, int BITS>
 inline void rows_bits(const Problem& p, int row_begin, int row_end) {
   int m = 0;
