@@ -30,11 +30,13 @@ class CompiledDecoder:
     def make_cache(self) -> list[FixedKVCache]:
         return [FixedKVCache() for _ in self.model.layers]
 
-    def traced(self, ids: mx.array, states: list[list[mx.array]]) -> tuple[mx.array, list[list[mx.array]]]:
-        for c, (keys, values, start) in zip(self.cache, states):
+    def traced(self, ids: mx.array, start: mx.array, buffers: list[list[mx.array]]):
+        """One step, every layer at the position `start`: one array for all of them, so that the trace computes
+        what depends on the position alone (the mask, RoPE's angles) once instead of once per layer."""
+        for c, (keys, values) in zip(self.cache, buffers):
             c.keys, c.values, c.start = keys, values, start
         logits = self.model(ids, self.cache)
-        return logits, [c.state for c in self.cache]
+        return logits, self.cache[0].start, [[c.keys, c.values] for c in self.cache]
 
     def __call__(self, ids: mx.array, cache: list | None = None) -> mx.array:
         compiled = (
@@ -48,8 +50,8 @@ class CompiledDecoder:
         for c in cache:
             c.reserve(ids.shape[1])
         self.cache = cache
-        logits, states = self.forward(ids, [c.state for c in cache])
-        for c, (keys, values, start) in zip(cache, states):
+        logits, start, buffers = self.forward(ids, cache[0].start, [[c.keys, c.values] for c in cache])
+        for c, (keys, values) in zip(cache, buffers):
             c.keys, c.values, c.start, c.offset = keys, values, start, offset + ids.shape[1]
         return logits
 

@@ -12,6 +12,8 @@ for RoPE) and `mask(tokens)` (which cached columns each query may see). `merge` 
 such caches from others and take rows out of them, which is how sequences join and leave a batch.
 """
 
+import functools
+
 import mlx.core as mx
 
 
@@ -242,6 +244,12 @@ class RotatingKVCache(KVCache):
         return merged
 
 
+@functools.cache
+def columns(capacity: int) -> mx.array:
+    """0, 1, ..., capacity - 1: one array per capacity, so that a compiled step's layers share their mask."""
+    return mx.arange(capacity)
+
+
 class FixedKVCache:
     """Keys and values (1, kv_heads, capacity, head_dim) of one sequence, written at an array position.
 
@@ -297,8 +305,7 @@ class FixedKVCache:
         "causal" over the filled columns `update` returns (the fast causal attention a prompt needs)."""
         if tokens > 1:
             return "causal"
-        columns = mx.arange(self.capacity_for(tokens))
-        return (columns <= (self.start + mx.arange(tokens))[:, None])[None, None]
+        return (columns(self.capacity_for(tokens)) <= self.start)[None, None, None]
 
     def keeps(self, count: int) -> bool:
         return count <= self.offset
