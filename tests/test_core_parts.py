@@ -201,3 +201,32 @@ def test_embedding_scale_is_rounded_to_the_embeddings_dtype():
     recorder = Recorder(["embed"])
     model(mx.array([[1]]), recorder=recorder)
     assert recorder.values["embed"].dtype == mx.bfloat16 and recorder.values["embed"][0, 0, 0].item() == 55.5
+
+
+@pytest.mark.parametrize("dims, traditional, scaling", [
+    (16, False, None), (16, True, None), (8, False, None), (8, True, None),
+    (16, False, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+])
+def test_one_token_rope_equals_the_rotation_formula(dims, traditional, scaling):
+    """A decode step's RoPE at an array position (on the CPU, spelled out instead of `fast.rope`) against the
+    rotation written out in numpy: each pair (i, i + dims/2), or (2i, 2i + 1) when traditional, turned by
+    position / wavelength_i; features past `dims` untouched."""
+    rope = RoPE(dims, 500.0, scaling, max_positions=256, traditional=traditional)
+    x = mx.random.normal((1, 3, 1, 16), key=mx.random.key(dims))
+    for position in (0, 7, 1000):
+        got = np.array(rope(x, mx.array([position])))
+        wavelengths = np.array(rope._wavelengths, dtype=np.float64)
+        angles = position / wavelengths
+        cos, sin = np.cos(angles), np.sin(angles)
+        v = np.array(x, dtype=np.float64)
+        first, second = (v[..., 0:dims:2], v[..., 1:dims:2]) if traditional else (v[..., : dims // 2], v[..., dims // 2 : dims])
+        want = v.copy()
+        turned = (first * cos - second * sin, first * sin + second * cos)
+        if traditional:
+            want[..., 0:dims:2], want[..., 1:dims:2] = turned
+        else:
+            want[..., : dims // 2], want[..., dims // 2 : dims] = turned
+        want *= rope.output_scale
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(1, position / 100))
+        eager = np.array(rope(x, position))  # an int position: MLX's fast.rope
+        np.testing.assert_allclose(got, eager, rtol=0, atol=2e-5 * max(1, position / 100))

@@ -96,9 +96,30 @@ class RoPE(nn.Module):
             raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency")
         self._wavelengths = 1.0 / inv_freq
 
-    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         """x: (batch, heads, tokens, head_dim), tokens starting at position `offset`."""
-        y = mx.fast.rope(
-            x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
-        )
+        one_token_on_cpu = (isinstance(offset, mx.array) and offset.size == 1 and x.shape[2] == 1
+                            and x.dtype == mx.float32 and mx.default_device() == mx.cpu)
+        if one_token_on_cpu:
+            y = self.rotate_one(x, offset)
+        else:
+            y = mx.fast.rope(
+                x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
+            )
         return y * self.output_scale if self.output_scale != 1.0 else y
+
+    def rotate_one(self, x: mx.array, position: mx.array) -> mx.array:
+        """One token at `position` (an array of one), spelled out. MLX's CPU `fast.rope` is itself composed of
+        ops and builds its angles from an `arange` on every call; here they depend on `position` alone, so the
+        queries and keys of a compiled decode step share one cos and one sin."""
+        angles = position.astype(mx.float32) / self._wavelengths
+        cos, sin = mx.cos(angles), mx.sin(angles)
+        half = self.dims // 2
+        if self.traditional:  # rotated pairs are adjacent features
+            pairs = x[..., : self.dims].reshape(*x.shape[:-1], half, 2)
+            x1, x2 = pairs[..., 0], pairs[..., 1]
+            rotated = mx.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(*x.shape[:-1], self.dims)
+        else:  # pairs are feature i and i + dims / 2
+            x1, x2 = x[..., :half], x[..., half : self.dims]
+            rotated = mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+        return rotated if self.dims == x.shape[-1] else mx.concatenate([rotated, x[..., self.dims :]], axis=-1)
