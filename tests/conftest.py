@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+import minimlx  # noqa: F401  (before any test module imports mlx.core: minimlx.blas can then put MKL under MLX)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 
