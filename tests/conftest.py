@@ -9,6 +9,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of SmolLM2-135M-Instruct in float32, loaded once for every module that generates with it."""
+    from test_generate import smollm2_path
+
+    smollm2_path()
+    return minimlx.load("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def hf_folder(tmp_path_factory):
     """name -> the tiny Hugging Face folder of tests/mlx_lm_reference.py's model `name`, built once per session."""
     from mlx_lm_reference import save_hf_model
