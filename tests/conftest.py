@@ -3,7 +3,18 @@ from pathlib import Path
 
 import pytest
 
+import minimlx  # noqa: F401  (before any test module imports mlx.core: minimlx.blas can then put MKL under MLX)
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of SmolLM2-135M-Instruct in float32, loaded once for every module that generates with it."""
+    from test_generate import smollm2_path
+
+    smollm2_path()
+    return minimlx.load("smollm2-135m", dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import save_reference
-from test_generate import smollm2
 
 import minimlx
 from minimlx import blas

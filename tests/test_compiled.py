@@ -4,7 +4,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import save_reference
-from test_generate import smollm2  # noqa: F401  (fixture)
 
 import minimlx
 from minimlx.compiled import CompiledDecoder, compiled_decoder
@@ -27,7 +26,7 @@ def eager_ids(model, prompt, count):
     return list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), count))
 
 
-def test_compiled_smollm2_greedy_tokens_equal_eager(smollm2):  # noqa: F811
+def test_compiled_smollm2_greedy_tokens_equal_eager(smollm2):
     model, tokenizer = smollm2
     prompt = encode_prompt(tokenizer, "Write a haiku about the sea.")
     compiled = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=24)]

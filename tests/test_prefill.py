@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from test_generate import chat_ids, greedy_ids, smollm2  # noqa: F401  (smollm2 is a fixture)
+from test_generate import chat_ids, greedy_ids
 
 import minimlx.core.attention as attention
 from minimlx.core import cpu_math
@@ -45,7 +45,7 @@ def test_causal_attention_matches_mlx(heads, kv_heads, queries, past):
     assert mx.allclose(causal_attention(q, k, v, 0.125), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_greedy_ids_unchanged_on_smollm2(smollm2, monkeypatch):  # noqa: F811
+def test_greedy_ids_unchanged_on_smollm2(smollm2, monkeypatch):
     """A 200-token prompt (4 attention blocks, two prefill chunks of 128): the same 12 greedy tokens with MLX's
     attention and silu as with minimlx's CPU paths."""
     model, tokenizer = smollm2

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from reference import save_reference
 from test_compiled import LLAMA
-from test_generate import smollm2  # noqa: F401  (fixture)
 
 import minimlx
 from minimlx.errors import InvalidSettingError
@@ -60,7 +59,7 @@ def test_greedy_tiny_model_equals_plain_decoding(tiny):
     assert drafted_by_itself[-1].accepted_tokens == drafted_by_itself[-1].drafted_tokens > 0
 
 
-def test_greedy_smollm2_prompt_lookup_equals_plain_decoding(smollm2):  # noqa: F811
+def test_greedy_smollm2_prompt_lookup_equals_plain_decoding(smollm2):
     model, tokenizer = smollm2
     prompt = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank."
     plain = tokens(model, tokenizer, prompt, max_tokens=24)

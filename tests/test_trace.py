@@ -15,7 +15,6 @@ from minimlx.cli import main
 from minimlx.core import Attention, Recorder, RoPE
 from minimlx.errors import InvalidSettingError
 from minimlx.archs import build_model
-from test_generate import smollm2
 
 VOCAB = 64
 CONFIGS = {
