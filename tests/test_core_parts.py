@@ -103,7 +103,10 @@ def test_the_rotating_cache_holds_the_window_however_long_the_text():
         out = layer(x[:, t : t + 1], cache)
         mx.eval(out, cache.state)
         memory.append(mx.get_active_memory())
-    assert max(memory[10:]) - min(memory[10:]) <= 2 * per_token
+    # process-wide memory jitters by a few hundred bytes from step to step (buffers of other arrays); a cache
+    # that grew would add 40 * 256 = 10,240 bytes between these medians
+    early, late = np.median(memory[10:20]), np.median(memory[50:])
+    assert late - early <= 2 * per_token
 
 
 def test_rotating_cache_trim_and_prefix_refuse_what_it_dropped():
