@@ -24,23 +24,7 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.a
     on_cpu = mx.default_device() == mx.cpu and q.dtype == mx.float32
     if on_cpu and isinstance(mask, str) and mask == "causal" and sinks is None:
         return causal_attention(q, k, v, scale)
-    one_mask_row = mask is None or (not isinstance(mask, str) and mask.ndim == 4 and mask.shape[1:3] == (1, 1))
-    if on_cpu and q.shape[2] == 1 and one_mask_row and sinks is None:
-        return one_query_attention(q, k, v, scale, mask)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
-
-
-def one_query_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None) -> mx.array:
-    """A decode step's query per head over the cache, in fewer ops than MLX's composed CPU fallback: each
-    key/value head's query heads stacked as the rows of one product, and `mask` (batch, 1, 1, keys) (boolean:
-    which keys a row sees, or added to the scores) broadcast over them."""
-    batch, heads, _, head_dim = q.shape
-    kv_heads = k.shape[1]
-    rows = (q * scale).reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    scores = rows @ k.swapaxes(-1, -2)  # (batch, kv_heads, group, keys)
-    if mask is not None:
-        scores = mx.where(mask, scores, -mx.inf) if mask.dtype == mx.bool_ else scores + mask
-    return (mx.softmax(scores, axis=-1) @ v).reshape(batch, heads, 1, head_dim)
 
 
 def causal_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, block: int = QUERY_BLOCK) -> mx.array:
