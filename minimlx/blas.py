@@ -81,7 +81,20 @@ def load() -> str | None:
     return None
 
 
+def warn_if_too_late() -> None:
+    """Say once that `mlx.core` was imported before minimlx on a Linux CPU, which leaves MLX's reference BLAS under
+    every float32 matmul of the process (nothing can swap it afterwards), unless a BLAS was preloaded."""
+    preloaded = any(name in os.environ.get("LD_PRELOAD", "") for name in ("blas", "mkl"))
+    if not sys.platform.startswith("linux") or os.environ.get("MINIMLX_BLAS") == "off" or preloaded:
+        return
+    if sys.modules["mlx.core"].default_device() == sys.modules["mlx.core"].cpu:
+        warnings.warn("minimlx: mlx.core was imported before minimlx, so MLX keeps its reference BLAS and CPU float32 "
+                      "matmuls run about 20x slower; import minimlx before mlx.core", stacklevel=3)
+
+
 searched: bool = sys.platform.startswith("linux") and os.environ.get("MINIMLX_BLAS") != "off" and "mlx.core" not in sys.modules
 """Whether minimlx looked for a BLAS (on Linux, when asked to, before `mlx.core` was imported)."""
 loaded: str | None = load()
 """Path of the BLAS library loaded into this process, or None when MLX keeps its own."""
+if "mlx.core" in sys.modules and not searched:
+    warn_if_too_late()

@@ -90,9 +90,13 @@ def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
         assert process.stderr == ""
 
 
-def test_mlx_imported_first_is_left_alone():
-    out = run_python("import mlx.core, minimlx; print(minimlx.blas.loaded)").stdout
-    assert out.split() == ["None"]
+def test_mlx_imported_first_is_left_alone_and_said():
+    """Too late to swap the BLAS: minimlx leaves MLX's own and says so once, with the fix."""
+    result = run_python("import mlx.core, minimlx; print(minimlx.blas.loaded)")
+    assert result.stdout.split() == ["None"]
+    warned = [line for line in result.stderr.splitlines() if "mlx.core was imported before minimlx" in line]
+    assert len(warned) == 1 and warned[0].endswith("import minimlx before mlx.core"), result.stderr
+    assert "imported before" not in run_python("import minimlx, mlx.core").stderr
 
 
 def test_the_commands_say_once_when_mlx_keeps_its_reference_blas():

@@ -147,7 +147,7 @@ def test_gguf_conversion_reads_in_transformers_and_mlx_lm(smollm2_4bit):
 
 def peak_memory(code: str) -> int:
     """MLX's peak memory, in bytes, over `code` run in a fresh process (nothing else allocated before it)."""
-    lines = ["import mlx.core as mx, minimlx", "mx.reset_peak_memory()", textwrap.dedent(code)]
+    lines = ["import minimlx, mlx.core as mx", "mx.reset_peak_memory()", textwrap.dedent(code)]
     script = "\n".join([*lines, "print(mx.get_peak_memory())"])
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
