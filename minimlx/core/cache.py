@@ -244,9 +244,10 @@ class RotatingKVCache(KVCache):
         return merged
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4)
 def columns(capacity: int) -> mx.array:
-    """0, 1, ..., capacity - 1: one array per capacity, so that a compiled step's layers share their mask."""
+    """0, 1, ..., capacity - 1: the same array for every layer of a step, so that a compiled step's layers share
+    their mask (the few latest capacities are kept)."""
     return mx.arange(capacity)
 
 
