@@ -170,20 +170,15 @@ def test_cli_run_under_mlx_launch_prints_once_what_one_process_prints(models):
 def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
     import urllib.request
 
+    from test_serve import wait_until_serving
+
     args = ["-m", models["qwen3_moe"]]
     alone = subprocess.run(minimlx("run", *args, "w3 w4 w5", "--max-tokens", "8", "--no-chat-template"),
                            env=ENV, capture_output=True, text=True, timeout=120)
     port = free_ports(1)
     ranks = start_ranks([minimlx("serve", *args, "--port", str(port), "--tensor-parallel")] * 2, tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and ranks[0].poll() is None, ranks[0].stderr.read()
-                time.sleep(0.5)
+        wait_until_serving(f"http://127.0.0.1:{port}", ranks[0])
         body = json.dumps({"prompt": "w3 w4 w5", "max_tokens": 8, "temperature": 0, "n": 2}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                          {"Content-Type": "application/json"})

@@ -30,6 +30,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_serving(url: str, process: subprocess.Popen, seconds: float = 120) -> None:
+    """Return once `url`/health answers; fail with the server's stderr if `process` exits or time runs out."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the server did not start: {process.stderr.read()}")
+            time.sleep(0.2)
+
+
 class Served:
     """A `minimlx serve` process and how to reach it."""
 
@@ -40,16 +53,11 @@ class Served:
             [sys.executable, "-m", "minimlx", "serve", "--port", str(self.port), *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/health", timeout=1)
-                return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail(f"the server did not start: {self.process.stderr.read()}")
-                time.sleep(0.2)
+        try:
+            wait_until_serving(self.url, self.process)
+        except BaseException:
+            self.stop()
+            raise
 
     def client(self, api_key: str = "none"):
         openai = require("openai")
