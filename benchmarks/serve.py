@@ -8,7 +8,8 @@ N in --clients, N clients each send one streaming chat request at the same momen
 Aggregate tokens/s = generated tokens of all N / seconds from the sends to the last token; time to
 first token (TTFT) is the median over the N requests of the seconds to their first content delta.
 
-Servers, each left out with a note when not installed: minimlx serve (the GGUF, float32), mlx-lm's
+Servers, each left out with a note when not installed: minimlx serve (the GGUF, float32), minimlx serve
+--dtype quantized (the GGUF's Q4_1 weights kept packed, through the native kernel of native/), mlx-lm's
 server (`python -m mlx_lm server`, the GGUF's weights dequantized to float32 by transformers, the BLAS
 minimlx loads preloaded so that both multiply with the same library, on one thread as minimlx serve
 does) and llama-cpp-python's server
@@ -100,12 +101,21 @@ def burst(url: str, model: str, clients: int, tokens: int) -> tuple[float, float
     return sum(r[1] for r in results) / wall, ttft, sum(r[2] for r in results)
 
 
+MINIMLX, MINIMLX_KERNEL = "minimlx serve, float32", "minimlx serve --dtype quantized (native kernel), Q4_1"
+
+
 def servers(work: Path) -> tuple[dict, list[str]]:
     """name -> (command, env, model name to send); and notes on peers left out."""
     gguf, notes, found = smollm2_gguf(), [], {}
     port = free_port()
-    found["minimlx serve"] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
-                              {}, port, "smollm2-135m")
+    found[MINIMLX] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
+                      {}, port, "smollm2-135m")
+    if importlib.util.find_spec("minimlx_native") is not None:
+        port = free_port()
+        found[MINIMLX_KERNEL] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16",
+                                  "--dtype", "quantized"], {}, port, "smollm2-135m")
+    else:
+        notes.append("the native kernel (pip install ./native) is not installed: minimlx --dtype quantized was left out")
     if importlib.util.find_spec("mlx_lm") is not None:
         from minimlx import blas
 
@@ -155,14 +165,16 @@ def main() -> None:
     for name, by_clients in rows.items():
         print(f"| {name} | " + " | ".join(f"{tps:.1f}{f' ({failed} failed)' if failed else ''} | {ttft:.2f}"
                                          for tps, ttft, failed in by_clients.values()) + " |")
-    ours = rows["minimlx serve"]
-    for n in args.clients[1:]:
-        alone = args.clients[0]
-        print(f"\nminimlx at {n} clients / minimlx at {alone}: {ours[n][0] / ours[alone][0]:.1f}x", end="")
-        for name, by_clients in rows.items():
-            if name != "minimlx serve" and n in by_clients:
-                print(f"; / {name} at {n}: {ours[n][0] / by_clients[n][0]:.1f}x", end="")
-    print()
+    alone = args.clients[0]
+    for mine in (name for name in (MINIMLX, MINIMLX_KERNEL) if name in rows):
+        ours = rows[mine]
+        print(f"\n{mine}:")
+        for n in args.clients[1:]:
+            print(f"- at {n} clients / at {alone}: {ours[n][0] / ours[alone][0]:.1f}x", end="")
+            for name, by_clients in rows.items():
+                if not name.startswith("minimlx") and n in by_clients:
+                    print(f"; / {name} at {n}: {ours[n][0] / by_clients[n][0]:.1f}x", end="")
+            print()
     for note in notes:
         print(f"\nnote: {note}")
 

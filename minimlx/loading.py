@@ -26,8 +26,8 @@ DTYPE_CHOICES = ("quantized", *DTYPES)
 
 def default_dtype() -> str | None:
     """float32 on the CPU, where MLX's quantized and half-precision matmuls are far slower than BLAS float32
-    ones (the native kernel, when installed, serves `--dtype quantized`: 1.3x float32's decode on SmolLM2,
-    under the 2x it must clear to be the default; docs/performance.md); on a GPU, None: weights stay as stored
+    ones (the native kernel, when installed, serves `--dtype quantized`: 1.7-2.5x float32's decode on SmolLM2
+    from run to run, not clearly over the 2x it must clear to be the default; docs/performance.md); on a GPU, None: weights stay as stored
     (quantized stays packed, floats in their dtype)."""
     return "float32" if mx.default_device() == mx.cpu else None
 

@@ -24,6 +24,19 @@ struct Problem {
   int M, N, K, group_size, bits;
 };
 
+// softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and k, v
+// (batch, kv_heads, keys, head_dim) given by strides in floats (the last axis contiguous); queries are the
+// last `queries` of the `keys` positions. out is contiguous (batch, heads, queries, head_dim).
+struct Attention {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  int64_t q_strides[3], k_strides[3], v_strides[3];  // batch, head, position
+  int batch, heads, kv_heads, queries, keys, head_dim;
+  float scale;
+};
+
 // 4-bit values are unpacked as the low nibbles of 16 bytes (values 0, 2, ..., 30 of a chunk of 32)
 // followed by their high nibbles (values 1, 3, ..., 31), so each chunk of 32 inputs is stored in
 // that order; 8-bit values are in order.
@@ -37,6 +50,16 @@ void rows_avx512(const Problem& p, int row_begin, int row_end);
 #endif
 #if defined(__aarch64__)
 void rows_neon(const Problem& p, int row_begin, int row_end);
+#endif
+
+// Queries [query_begin, query_end) of one head of one batch row. One function per instruction set.
+void attend_scalar(const Attention& a, int row, int head, int query_begin, int query_end);
+#if defined(__x86_64__) || defined(_M_X64)
+void attend_avx2(const Attention& a, int row, int head, int query_begin, int query_end);
+void attend_avx512(const Attention& a, int row, int head, int query_begin, int query_end);
+#endif
+#if defined(__aarch64__)
+void attend_neon(const Attention& a, int row, int head, int query_begin, int query_end);
 #endif
 
 }  // namespace minimlx_native

@@ -1,6 +1,7 @@
 // AVX2 + FMA: 8 floats per vector. Compiled with -mavx2 -mfma; called only when the CPU has both.
 #include <immintrin.h>
 
+#include "attention.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -11,6 +12,8 @@ struct Avx2 {
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static float sum(V v) {
@@ -35,5 +38,9 @@ struct Avx2 {
 };
 
 void rows_avx2(const Problem& p, int row_begin, int row_end) { rows<Avx2>(p, row_begin, row_end); }
+
+void attend_avx2(const Attention& a, int row, int head, int query_begin, int query_end) {
+  attend_queries<Avx2>(a, row, head, query_begin, query_end);
+}
 
 }  // namespace minimlx_native

@@ -2,6 +2,7 @@
 // the CPU has them.
 #include <immintrin.h>
 
+#include "attention.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -12,6 +13,8 @@ struct Avx512 {
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
@@ -27,5 +30,9 @@ struct Avx512 {
 };
 
 void rows_avx512(const Problem& p, int row_begin, int row_end) { rows<Avx512>(p, row_begin, row_end); }
+
+void attend_avx512(const Attention& a, int row, int head, int query_begin, int query_end) {
+  attend_queries<Avx512>(a, row, head, query_begin, query_end);
+}
 
 }  // namespace minimlx_native

@@ -2,6 +2,7 @@
 // the same chunk order as the other paths (low nibbles of 16 bytes, then high nibbles).
 #include <arm_neon.h>
 
+#include "attention.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -12,6 +13,8 @@ struct Neon {
   static V zero() { return vdupq_n_f32(0.0f); }
   static V set1(float v) { return vdupq_n_f32(v); }
   static V load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, V v) { vst1q_f32(p, v); }
+  static V mul(V a, V b) { return vmulq_f32(a, b); }
   static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
   static V add(V a, V b) { return vaddq_f32(a, b); }
   static float sum(V v) { return vaddvq_f32(v); }
@@ -34,5 +37,9 @@ struct Neon {
 };
 
 void rows_neon(const Problem& p, int row_begin, int row_end) { rows<Neon>(p, row_begin, row_end); }
+
+void attend_neon(const Attention& a, int row, int head, int query_begin, int query_end) {
+  attend_queries<Neon>(a, row, head, query_begin, query_end);
+}
 
 }  // namespace minimlx_native

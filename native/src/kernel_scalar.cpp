@@ -1,4 +1,5 @@
 // Portable kernels: the input preparation and a scalar row loop for machines without the SIMD paths.
+#include "attention.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -24,6 +25,8 @@ struct Scalar {
   static V zero() { return 0.0f; }
   static V set1(float v) { return v; }
   static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V mul(V a, V b) { return a * b; }
   static V fma(V a, V b, V c) { return a * b + c; }
   static V add(V a, V b) { return a + b; }
   static float sum(V v) { return v; }
@@ -39,5 +42,9 @@ struct Scalar {
 };
 
 void rows_scalar(const Problem& p, int row_begin, int row_end) { rows<Scalar>(p, row_begin, row_end); }
+
+void attend_scalar(const Attention& a, int row, int head, int query_begin, int query_end) {
+  attend_queries<Scalar>(a, row, head, query_begin, query_end);
+}
 
 }  // namespace minimlx_native

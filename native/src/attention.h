@@ -1,0 +1,78 @@
+// Causal attention for MLX's CPU backend, shared by every instruction set; `Simd` supplies vectors of
+// `Simd::W` floats. Query i of a chunk of `queries` (the last `queries` of `keys` positions) sees keys
+// 0 .. keys - queries + i:
+//
+//   out[i] = sum_j e^(s_j - s_max) v_j / sum_j e^(s_j - s_max),  s_j = scale * q_i . k_j
+//
+// computed one query at a time: its scores in a buffer, their exponentials, then the weighted sum of
+// the value rows. Nothing of the masked part of the score matrix is computed.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+#include "kernel.h"
+
+namespace minimlx_native {
+
+// e^x for x <= 0 to about 2e-7 relative, 0 below -87: 2^n written into the exponent bits times e^r's
+// Taylor polynomial of degree 7, |r| <= ln(2) / 2 (as minimlx/core/cpu_math.py composes it). Branch-free,
+// so the compiler vectorizes loops of it.
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.0f);
+  const float n = (clamped * 1.4426950408889634f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  const float r = (clamped - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  const float r2 = r * r;
+  const float low = (1.0f + r) + (0.5f + r * (1.0f / 6)) * r2;
+  const float high = ((1.0f / 24) + r * (1.0f / 120)) + ((1.0f / 720) + r * (1.0f / 5040)) * r2;
+  const float e = (low + high * (r2 * r2)) * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : e;
+}
+
+template <class Simd>
+inline float dot(const float* a, const float* b, int n) {
+  typename Simd::V acc = Simd::zero();
+  for (int d = 0; d < n; d += Simd::W) acc = Simd::fma(Simd::load(a + d), Simd::load(b + d), acc);
+  return Simd::sum(acc);
+}
+
+// Queries [query_begin, query_end) of head `head` in batch row `row`.
+template <class Simd>
+void attend_queries(const Attention& a, int row, int head, int query_begin, int query_end) {
+  using V = typename Simd::V;
+  const int D = a.head_dim, past = a.keys - a.queries, kv_head = head / (a.heads / a.kv_heads);
+  const float* k = a.k + row * a.k_strides[0] + kv_head * a.k_strides[1];
+  const float* v = a.v + row * a.v_strides[0] + kv_head * a.v_strides[1];
+  thread_local std::vector<float> scores, query;
+  scores.resize(a.keys);
+  query.resize(D);
+  for (int i = query_begin; i < query_end; ++i) {
+    const float* q = a.q + row * a.q_strides[0] + head * a.q_strides[1] + i * a.q_strides[2];
+    for (int d = 0; d < D; ++d) query[d] = q[d] * a.scale;
+    const int seen = past + i + 1;
+    float top = -3.4e38f;
+    for (int j = 0; j < seen; ++j) {
+      scores[j] = dot<Simd>(query.data(), k + j * a.k_strides[2], D);
+      top = std::max(top, scores[j]);
+    }
+    for (int j = 0; j < seen; ++j) scores[j] = exp_nonpositive(scores[j] - top);
+    float total = 0.0f;
+    for (int j = 0; j < seen; ++j) total += scores[j];
+    float* out = a.out + ((static_cast<int64_t>(row) * a.heads + head) * a.queries + i) * D;
+    for (int c = 0; c < D; c += 4 * Simd::W) {  // 4 vectors of the output row at a time
+      const int width = std::min(4 * Simd::W, D - c) / Simd::W;
+      V acc[4] = {Simd::zero(), Simd::zero(), Simd::zero(), Simd::zero()};
+      for (int j = 0; j < seen; ++j) {
+        const V weight = Simd::set1(scores[j]);
+        const float* value = v + j * a.v_strides[2] + c;
+        for (int w = 0; w < width; ++w) acc[w] = Simd::fma(weight, Simd::load(value + w * Simd::W), acc[w]);
+      }
+      const V norm = Simd::set1(1.0f / total);
+      for (int w = 0; w < width; ++w) Simd::store(out + c + w * Simd::W, Simd::mul(acc[w], norm));
+    }
+  }
+}
+
+}  // namespace minimlx_native
