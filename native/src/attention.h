@@ -9,27 +9,13 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <vector>
 
+#include "exp.h"
 #include "kernel.h"
 
 namespace minimlx_native {
-
-// e^x for x <= 0 to about 2e-7 relative, 0 below -87: 2^n written into the exponent bits times e^r's
-// Taylor polynomial of degree 7, |r| <= ln(2) / 2 (as minimlx/core/cpu_math.py composes it). Branch-free,
-// so the compiler vectorizes loops of it.
-inline float exp_nonpositive(float x) {
-  const float clamped = std::max(x, -87.0f);
-  const float n = (clamped * 1.4426950408889634f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  const float r = (clamped - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  const float r2 = r * r;
-  const float low = (1.0f + r) + (0.5f + r * (1.0f / 6)) * r2;
-  const float high = ((1.0f / 24) + r * (1.0f / 120)) + ((1.0f / 720) + r * (1.0f / 5040)) * r2;
-  const float e = (low + high * (r2 * r2)) * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : e;
-}
 
 template <class Simd>
 inline float dot(const float* a, const float* b, int n) {
@@ -57,7 +43,7 @@ void attend_queries(const Attention& a, int row, int head, int query_begin, int 
       scores[j] = dot<Simd>(query.data(), k + j * a.k_strides[2], D);
       top = std::max(top, scores[j]);
     }
-    for (int j = 0; j < seen; ++j) scores[j] = exp_nonpositive(scores[j] - top);
+    for (int j = 0; j < seen; ++j) scores[j] = exp_clamped(scores[j] - top);
     float total = 0.0f;
     for (int j = 0; j < seen; ++j) total += scores[j];
     float* out = a.out + ((static_cast<int64_t>(row) * a.heads + head) * a.queries + i) * D;

@@ -62,4 +62,14 @@ void attend_avx512(const Attention& a, int row, int head, int query_begin, int q
 void attend_neon(const Attention& a, int row, int head, int query_begin, int query_end);
 #endif
 
+// out[i] = silu(x[i]) for i in [begin, end). One function per instruction set.
+void silu_scalar(const float* x, float* out, int64_t begin, int64_t end);
+#if defined(__x86_64__) || defined(_M_X64)
+void silu_avx2(const float* x, float* out, int64_t begin, int64_t end);
+void silu_avx512(const float* x, float* out, int64_t begin, int64_t end);
+#endif
+#if defined(__aarch64__)
+void silu_neon(const float* x, float* out, int64_t begin, int64_t end);
+#endif
+
 }  // namespace minimlx_native

@@ -43,4 +43,6 @@ void attend_avx2(const Attention& a, int row, int head, int query_begin, int que
   attend_queries<Avx2>(a, row, head, query_begin, query_end);
 }
 
+void silu_avx2(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
+
 }  // namespace minimlx_native

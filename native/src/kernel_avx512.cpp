@@ -35,4 +35,6 @@ void attend_avx512(const Attention& a, int row, int head, int query_begin, int q
   attend_queries<Avx512>(a, row, head, query_begin, query_end);
 }
 
+void silu_avx512(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
+
 }  // namespace minimlx_native

@@ -42,4 +42,6 @@ void attend_neon(const Attention& a, int row, int head, int query_begin, int que
   attend_queries<Neon>(a, row, head, query_begin, query_end);
 }
 
+void silu_neon(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
+
 }  // namespace minimlx_native

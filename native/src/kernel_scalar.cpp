@@ -47,4 +47,6 @@ void attend_scalar(const Attention& a, int row, int head, int query_begin, int q
   attend_queries<Scalar>(a, row, head, query_begin, query_end);
 }
 
+void silu_scalar(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
+
 }  // namespace minimlx_native

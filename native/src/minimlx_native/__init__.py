@@ -1,7 +1,8 @@
 """minimlx's native CPU kernel: `quantized_matmul(x, w, scales, biases, group_size, bits)` computes
 `x @ dequantize(w, scales, biases).T` in float32 from MLX affine-packed weights (4 or 8 bits, groups of
 a multiple of 32), streaming the packed bytes instead of a float32 copy. `causal_attention(q, k, v, scale)` is causal
-softmax attention in float32 that computes only the unmasked scores (grouped query heads included). `isa` names the instruction
+softmax attention in float32 that computes only the unmasked scores (grouped query heads included), and
+`silu(x)` is x * sigmoid(x) with a vectorized exp. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `threads` the threads that split the output rows.
 """
 
@@ -17,5 +18,6 @@ if _ext.mlx_version != mx.__version__:
 
 quantized_matmul = _ext.quantized_matmul
 causal_attention = _ext.causal_attention
+silu = _ext.silu
 isa: str = _ext.isa
 threads: int = _ext.threads

@@ -1,5 +1,6 @@
-// `quantized_matmul` as an MLX primitive: x @ dequantize(w, scales, biases).T on the CPU, reading
-// the packed weight directly (see kernel.h), split over output rows between threads.
+// The MLX primitives of minimlx_native, each evaluated on the CPU by the instruction set chosen at import and
+// split between the threads of one pool: `quantized_matmul` (x @ dequantize(w, scales, biases).T reading the
+// packed weight directly, see kernel.h), `causal_attention` (attention.h) and `silu` (exp.h).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -44,6 +45,26 @@ std::pair<RowsFn, const char*> best_rows() {
 
 const std::pair<RowsFn, const char*> kRows = best_rows();
 
+// The elements of `a` (any strides) in row-major order, contiguous from `dst`.
+void gather(const mx::array& a, float* dst) {
+  const float* src = a.data<float>();
+  if (a.flags().row_contiguous) {
+    std::copy(src, src + a.size(), dst);
+    return;
+  }
+  const auto& shape = a.shape();
+  const auto& strides = a.strides();
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t offset = 0;
+    size_t rest = i;
+    for (int d = a.ndim() - 1; d >= 0; --d) {
+      offset += static_cast<int64_t>(rest % shape[d]) * strides[d];
+      rest /= shape[d];
+    }
+    dst[i] = src[offset];
+  }
+}
+
 using AttendFn = void (*)(const Attention&, int, int, int, int);
 
 AttendFn best_attend() {
@@ -57,6 +78,20 @@ AttendFn best_attend() {
 }
 
 const AttendFn kAttend = best_attend();
+
+using SiluFn = void (*)(const float*, float*, int64_t, int64_t);
+
+SiluFn best_silu() {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kRows.first == rows_avx512) return silu_avx512;
+  if (kRows.first == rows_avx2) return silu_avx2;
+#elif defined(__aarch64__)
+  return silu_neon;
+#endif
+  return silu_scalar;
+}
+
+const SiluFn kSilu = best_silu();
 
 // A fixed set of worker threads that help the calling thread through the blocks of one job. Blocks are
 // claimed from a shared counter, so a worker that the OS has not scheduled yet costs nothing: the
@@ -168,7 +203,7 @@ class QuantizedMatmul : public mx::UnaryPrimitive {
       const int K = x.shape(-1), N = w.shape(0), M = static_cast<int>(x.size() / K);
       thread_local std::vector<float> rows, prepared, sums;
       rows.resize(static_cast<size_t>(M) * K);
-      gather_rows(x, rows.data());
+      gather(x, rows.data());
       prepared.resize(rows.size());
       sums.resize(static_cast<size_t>(M) * (K / group_size));
       prepare_inputs(rows.data(), M, K, group_size, bits, prepared.data(), sums.data());
@@ -195,26 +230,6 @@ class QuantizedMatmul : public mx::UnaryPrimitive {
   }
 
  private:
-  // The rows of x (any strides) as one contiguous M x K block.
-  static void gather_rows(const mx::array& x, float* dst) {
-    const float* src = x.data<float>();
-    if (x.flags().row_contiguous) {
-      std::copy(src, src + x.size(), dst);
-      return;
-    }
-    const auto& shape = x.shape();
-    const auto& strides = x.strides();
-    for (size_t i = 0; i < x.size(); ++i) {
-      int64_t offset = 0;
-      size_t rest = i;
-      for (int d = x.ndim() - 1; d >= 0; --d) {
-        offset += static_cast<int64_t>(rest % shape[d]) * strides[d];
-        rest /= shape[d];
-      }
-      dst[i] = src[offset];
-    }
-  }
-
   int group_size_, bits_;
 };
 
@@ -277,11 +292,7 @@ class CausalAttention : public mx::UnaryPrimitive {
     }
     const auto& shape = a.shape();
     copy.resize(a.size());
-    float* to = copy.data();
-    for (int i = 0; i < shape[0]; ++i)
-      for (int j = 0; j < shape[1]; ++j)
-        for (int l = 0; l < shape[2]; ++l)
-          for (int d = 0; d < shape[3]; ++d) *to++ = a.data<float>()[i * step[0] + j * step[1] + l * step[2] + d * step[3]];
+    gather(a, copy.data());
     strides[2] = shape[3];
     strides[1] = strides[2] * shape[2];
     strides[0] = strides[1] * shape[1];
@@ -290,6 +301,50 @@ class CausalAttention : public mx::UnaryPrimitive {
 
   float scale_;
 };
+
+// Elements per block of work: large enough that claiming one costs nothing next to its exponentials.
+constexpr int64_t kSiluBlock = 16 * 1024;
+
+class Silu : public mx::UnaryPrimitive {
+ public:
+  explicit Silu(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(inputs[0]);
+    encoder.set_output_array(out);
+    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out)]() mutable {
+      thread_local std::vector<float> copy;
+      const float* src = x.data<float>();
+      if (!x.flags().row_contiguous) {
+        copy.resize(x.size());
+        gather(x, copy.data());
+        src = copy.data();
+      }
+      const int64_t n = static_cast<int64_t>(x.size());
+      const int blocks = static_cast<int>((n + kSiluBlock - 1) / kSiluBlock);
+      float* dst = out.data<float>();
+      if (blocks <= 1 || pool().size() == 1) return kSilu(src, dst, 0, n);
+      pool().run(blocks, [&](int b) { kSilu(src, dst, b * kSiluBlock, std::min(n, (b + 1) * kSiluBlock)); });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("minimlx_native.silu runs on the CPU only");
+  }
+
+  const char* name() const override { return "MinimlxNativeSilu"; }
+
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+};
+
+mx::array silu(const mx::array& x) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument("minimlx_native.silu: x must be float32");
+  return mx::array(x.shape(), mx::float32, std::make_shared<Silu>(mx::default_stream(mx::Device::cpu)), {x});
+}
 
 mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
   auto fail = [](const std::string& what) { throw std::invalid_argument("minimlx_native.causal_attention: " + what); };
@@ -335,6 +390,7 @@ NB_MODULE(_ext, m) {
         "softmax(q k^T * scale) v with a causal mask for float32 q (batch, heads, queries, head_dim) and k, v "
         "(batch, kv_heads, keys, head_dim), queries being the last of the keys' positions; head_dim a multiple "
         "of 16, heads a multiple of kv_heads.");
+  m.def("silu", &minimlx_native::silu, "x"_a, "x * sigmoid(x) for float32 x, elementwise.");
   m.attr("isa") = minimlx_native::kRows.second;
   m.attr("threads") = minimlx_native::pool().size();
   m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;
