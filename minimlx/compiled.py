@@ -38,14 +38,14 @@ class CompiledDecoder:
         logits = self.model(ids, self.cache)
         return logits, self.cache[0].start, [[c.keys, c.values] for c in self.cache]
 
-    def __call__(self, ids: mx.array, cache: list | None = None) -> mx.array:
+    def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
         compiled = (
             cache is not None
             and ids.shape[1] == 1
             and all(isinstance(c, FixedKVCache) and c.keys is not None for c in cache)
         )
         if not compiled:
-            return self.model(ids, cache)
+            return self.model(ids, cache, last_only=last_only)
         offset = cache[0].offset
         for c in cache:
             c.reserve(ids.shape[1])

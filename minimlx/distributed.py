@@ -188,12 +188,12 @@ class Distributed(nn.Module):
         self.source = self.size - 1 if self.mode == "pipeline" else 0
         self.hands_on = self.mode == "pipeline" and self.rank < self.size - 1
 
-    def __call__(self, ids: mx.array, cache: list | None = None) -> mx.array:
-        out = self.model(ids, cache)
+    def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
+        out = self.model(ids, cache, last_only=last_only)
         if not self.hands_on:
             return out
         mx.async_eval(out)  # the send goes now, even where nobody reads this rank's scores (a prompt's prefill)
-        return mx.depends(mx.zeros((*ids.shape, self.config.vocab_size)), out)
+        return mx.depends(mx.zeros((*out.shape[:2], self.config.vocab_size)), out)
 
     def make_cache(self) -> list:
         return self.model.make_cache()

@@ -4,8 +4,9 @@
 is a batch of one. Sequences join and leave at any step (continuous batching), each with its own
 prompt length, sampling settings, seed, stop strings and token budget:
 
-- A joining sequence is prefilled alone (all of its prompt but the last token), then its cache is
-  merged into the batch's, left-padded to the longest row (`GrowingBuffer.merge`). The model sees
+- A joining sequence is prefilled alone, its first token sampled from the prompt's last position
+  (so it comes out before the next decode step), then its cache is merged into the batch's, left-padded
+  to the longest row (`GrowingBuffer.merge`). The model sees
   only a cache whose rows have different positions and padding; attention reads both from the
   cache, so core parts know nothing of requests.
 - Each step feeds every row its latest token, samples each row's logits with that row's own
@@ -273,19 +274,27 @@ class Engine:
         if going_on:
             caches.append([c.select(going_on) for c in self.cache])
             inputs.append(previous if len(going_on) == len(read_rows) else previous[mx.array(going_on)])
-        for sequence, cache, last in self.admit(len(rows)):
+        firsts = []
+        for sequence, cache, first in self.admit(len(rows)):
+            firsts.append(sequence.read(first.item()))
+            if not sequence.running:  # its first token ended it
+                self.keep(sequence, cache)
+                continue
             rows.append(sequence)
             caches.append(cache)
-            inputs.append(last)
+            inputs.append(first)
         cache = [type(layer[0]).merge(list(layer)) for layer in zip(*caches)] if rows else None
         tokens = self.decode(rows, cache, mx.concatenate(inputs)) if rows else None
         self.rows, self.cache, self.tokens = rows, cache, tokens
         if not read_rows:
-            return []
-        return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running]
+            return firsts
+        return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running] + firsts
 
     def admit(self, running: int):
-        """Prefill waiting sequences (each alone) while there is room: (sequence, its cache, its last prompt token)."""
+        """Prefill waiting sequences (each alone) while there is room: (sequence, its cache, its first token (1,)).
+
+        The first token is sampled from the prompt's last position, as in one pass over the whole prompt.
+        """
         while running < self.max_batch:
             with self.lock:
                 if not self.waiting:
@@ -298,11 +307,16 @@ class Engine:
                 sequence.cached_tokens, cache = self.prompt_cache.fetch(prompt)
             cache = cache if cache is not None else self.model.make_cache()
             ids = mx.array(prompt[sequence.cached_tokens :], dtype=mx.int32)
-            for start in range(0, ids.size - 1, self.prefill_step):
-                self.model(ids[None, start : min(start + self.prefill_step, ids.size - 1)], cache)
-                mx.eval([c.state for c in cache])
+            for start in range(0, ids.size, self.prefill_step):
+                logits = self.model(ids[None, start : start + self.prefill_step], cache, last_only=True)
+                if start + self.prefill_step < ids.size:
+                    mx.eval([c.state for c in cache])
+            first = sequence.sample(logits[:, -1, :], ids[-1:])
+            if self.agree is not None:
+                first = self.agree(first)
+            mx.eval(first, [c.state for c in cache])
             running += 1
-            yield sequence, cache, ids[-1:]
+            yield sequence, cache, first
 
     def decode(self, rows: list[Sequence], cache: list, inputs: mx.array) -> mx.array:
         """Queue one step: each row reads its token in `inputs` (rows,); returns the sampled tokens (rows,)."""
@@ -315,13 +329,18 @@ class Engine:
 
     def leave(self, sequence: Sequence, row: int) -> None:
         """Take `sequence` (row `row`) out of the batch, keeping its cache when someone wants it."""
+        if sequence.request.cache is not None or self.prompt_cache is not None:
+            self.keep(sequence, [c.select([row]) for c in self.cache])
+
+    def keep(self, sequence: Sequence, cache: list) -> None:
+        """Hand a finished sequence's own `cache` to its conversation, or to the prompt cache."""
         if sequence.request.cache is None and self.prompt_cache is None:
             return
-        sequence.cache = [c.select([row]) for c in self.cache]
+        sequence.cache = cache
         if sequence.request.cache is not None:
-            sequence.request.cache[:] = sequence.cache
+            sequence.request.cache[:] = cache
         elif not sequence.cancelled:
-            self.prompt_cache.store(sequence.request.prompt + sequence.tokens, sequence.cache)
+            self.prompt_cache.store(sequence.request.prompt + sequence.tokens, cache)
 
     def clear(self) -> None:
         """Drop every sequence, running or waiting (after a step failed)."""

@@ -4,12 +4,15 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import cpu_math
+from .quantized import native_kernel
 
 
 def silu(x: mx.array) -> mx.array:
-    """x * sigmoid(x); on the CPU in float32 through `cpu_math`'s exp, 3x faster there than MLX's."""
+    """x * sigmoid(x); on the CPU in float32 through the native kernel's op (vectorized, on every core) where it
+    is installed, else `cpu_math`'s exp: 3x faster there than MLX's."""
     if mx.default_device() == mx.cpu and x.dtype == mx.float32:
-        return cpu_math.silu(x)
+        native = getattr(native_kernel(), "silu", None)  # None too in a build older than the op
+        return native(x) if native is not None else cpu_math.silu(x)
     return nn.silu(x)
 
 

@@ -40,8 +40,11 @@ class Transformer(nn.Module):
     def tied_head(self) -> bool:
         return "head" not in self
 
-    def __call__(self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None) -> mx.array:
-        """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given."""
+    def __call__(self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None,
+                 last_only: bool = False) -> mx.array:
+        """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given; with
+        `last_only`, (batch, 1, vocab) for the last position only (a prompt's prefill, whose next token is
+        sampled from it: the head's product over the other positions is skipped)."""
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * mx.array(self.embed_scale, dtype=x.dtype)
@@ -57,7 +60,7 @@ class Transformer(nn.Module):
                 cache[i] if cache is not None else None,
                 recorder.scope(f"layers.{i}.") if recorder is not None else None,
             )
-        x = self.norm(x)
+        x = self.norm(x[:, -1:] if last_only else x)
         logits = self.unembed(x)
         if recorder is not None:
             recorder(final_norm=x, logits=logits)
