@@ -60,8 +60,8 @@ class Transformer(nn.Module):
                 cache[i] if cache is not None else None,
                 recorder.scope(f"layers.{i}.") if recorder is not None else None,
             )
-        x = self.norm(x[:, -1:] if last_only else x)
-        logits = self.unembed(x)
+        x = self.norm(x)  # over every position: on an earlier pipeline rank this slot sends them all on
+        logits = self.unembed(x[:, -1:] if last_only else x)
         if recorder is not None:
             recorder(final_norm=x, logits=logits)
         return logits
