@@ -29,21 +29,28 @@ using namespace nb::literals;
 
 namespace minimlx_native {
 
-using RowsFn = void (*)(const Problem&, int, int);
+// The kernels of one instruction set.
+struct Isa {
+  void (*rows)(const Problem&, int, int);
+  void (*attend)(const Attention&, int, int, int, int);
+  void (*silu)(const float*, float*, int64_t, int64_t);
+  const char* name;
+};
 
 // The widest instruction set this CPU runs, chosen once.
-std::pair<RowsFn, const char*> best_rows() {
+Isa best_isa() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return {rows_avx512, "avx512"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {rows_avx2, "avx2"};
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    return {rows_avx512, attend_avx512, silu_avx512, "avx512"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {rows_avx2, attend_avx2, silu_avx2, "avx2"};
 #elif defined(__aarch64__)
-  return {rows_neon, "neon"};
+  return {rows_neon, attend_neon, silu_neon, "neon"};
 #endif
-  return {rows_scalar, "scalar"};
+  return {rows_scalar, attend_scalar, silu_scalar, "scalar"};
 }
 
-const std::pair<RowsFn, const char*> kRows = best_rows();
+const Isa kIsa = best_isa();
 
 // The elements of `a` (any strides) in row-major order, contiguous from `dst`.
 void gather(const mx::array& a, float* dst) {
@@ -64,34 +71,6 @@ void gather(const mx::array& a, float* dst) {
     dst[i] = src[offset];
   }
 }
-
-using AttendFn = void (*)(const Attention&, int, int, int, int);
-
-AttendFn best_attend() {
-#if defined(__x86_64__) || defined(_M_X64)
-  if (kRows.first == rows_avx512) return attend_avx512;
-  if (kRows.first == rows_avx2) return attend_avx2;
-#elif defined(__aarch64__)
-  return attend_neon;
-#endif
-  return attend_scalar;
-}
-
-const AttendFn kAttend = best_attend();
-
-using SiluFn = void (*)(const float*, float*, int64_t, int64_t);
-
-SiluFn best_silu() {
-#if defined(__x86_64__) || defined(_M_X64)
-  if (kRows.first == rows_avx512) return silu_avx512;
-  if (kRows.first == rows_avx2) return silu_avx2;
-#elif defined(__aarch64__)
-  return silu_neon;
-#endif
-  return silu_scalar;
-}
-
-const SiluFn kSilu = best_silu();
 
 // A fixed set of worker threads that help the calling thread through the blocks of one job. Blocks are
 // claimed from a shared counter, so a worker that the OS has not scheduled yet costs nothing: the
@@ -182,8 +161,8 @@ void run(const Problem& p) {
   const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * p.M;
   const int rows = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work)));
   const int blocks = (p.N + rows - 1) / rows;
-  if (blocks == 1 || pool().size() == 1) return kRows.first(p, 0, p.N);
-  pool().run(blocks, [&](int b) { kRows.first(p, b * rows, std::min(p.N, (b + 1) * rows)); });
+  if (blocks == 1 || pool().size() == 1) return kIsa.rows(p, 0, p.N);
+  pool().run(blocks, [&](int b) { kIsa.rows(p, b * rows, std::min(p.N, (b + 1) * rows)); });
 }
 
 class QuantizedMatmul : public mx::UnaryPrimitive {
@@ -259,7 +238,7 @@ class CausalAttention : public mx::UnaryPrimitive {
       const int blocks = a.batch * a.heads * blocks_per_head;
       auto block = [&](int b) {
         const int head_row = b / blocks_per_head, first = b % blocks_per_head * kQueryBlock;
-        kAttend(a, head_row / a.heads, head_row % a.heads, first, std::min(a.queries, first + kQueryBlock));
+        kIsa.attend(a, head_row / a.heads, head_row % a.heads, first, std::min(a.queries, first + kQueryBlock));
       };
       if (blocks == 1 || pool().size() == 1) {
         for (int b = 0; b < blocks; ++b) block(b);
@@ -325,8 +304,8 @@ class Silu : public mx::UnaryPrimitive {
       const int64_t n = static_cast<int64_t>(x.size());
       const int blocks = static_cast<int>((n + kSiluBlock - 1) / kSiluBlock);
       float* dst = out.data<float>();
-      if (blocks <= 1 || pool().size() == 1) return kSilu(src, dst, 0, n);
-      pool().run(blocks, [&](int b) { kSilu(src, dst, b * kSiluBlock, std::min(n, (b + 1) * kSiluBlock)); });
+      if (blocks <= 1 || pool().size() == 1) return kIsa.silu(src, dst, 0, n);
+      pool().run(blocks, [&](int b) { kIsa.silu(src, dst, b * kSiluBlock, std::min(n, (b + 1) * kSiluBlock)); });
     });
   }
 
@@ -391,7 +370,7 @@ NB_MODULE(_ext, m) {
         "(batch, kv_heads, keys, head_dim), queries being the last of the keys' positions; head_dim a multiple "
         "of 16, heads a multiple of kv_heads.");
   m.def("silu", &minimlx_native::silu, "x"_a, "x * sigmoid(x) for float32 x, elementwise.");
-  m.attr("isa") = minimlx_native::kRows.second;
+  m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("threads") = minimlx_native::pool().size();
   m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;
 }
