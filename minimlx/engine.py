@@ -329,8 +329,7 @@ class Engine:
 
     def leave(self, sequence: Sequence, row: int) -> None:
         """Take `sequence` (row `row`) out of the batch, keeping its cache when someone wants it."""
-        if sequence.request.cache is not None or self.prompt_cache is not None:
-            self.keep(sequence, [c.select([row]) for c in self.cache])
+        self.keep(sequence, [c.select([row]) for c in self.cache])
 
     def keep(self, sequence: Sequence, cache: list) -> None:
         """Hand a finished sequence's own `cache` to its conversation, or to the prompt cache."""
