@@ -15,7 +15,9 @@ else:
         "minimlx_native", reason="the native kernel is not installed (pip install ./native)")
 
 from minimlx import load  # noqa: E402
-from minimlx.core.quantized import KernelEmbedding, KernelLinear  # noqa: E402
+from minimlx.compiled import CompiledDecoder  # noqa: E402
+from minimlx.core.ffn import SwiGLU  # noqa: E402
+from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
 from minimlx.core.sampling import make_sampler  # noqa: E402
 from minimlx.generate import generate_tokens  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
@@ -138,13 +140,85 @@ def test_causal_attention_refuses_shapes_it_does_not_read(q_shape, k_shape, mess
         minimlx_native.causal_attention(mx.zeros(q_shape), mx.zeros(k_shape), mx.zeros(k_shape), 1.0)
 
 
-def test_smollm2_greedy_tokens_equal_with_and_without_native_attention(monkeypatch, smollm2):
-    """Prefill attention through the kernel (float32 weights, a 130-token prompt in chunks of 64 so that the
-    second and third continue the cache) gives the same 16 greedy tokens as MLX's ops."""
+def test_smollm2_greedy_tokens_equal_with_and_without_native_ops(monkeypatch, smollm2):
+    """Prefill attention, decode attention, norms and rotary embeddings through the kernel (float32 weights, a
+    130-token prompt in chunks of 64 so that the second and third continue the cache) give the same 16 greedy
+    tokens as MLX's ops, decoding eagerly and in a compiled step (whose attention reads a masked fixed cache)."""
     model, tokenizer = smollm2
     prompt = tokenizer.encode("The history of the lighthouse begins with fires lit on hills by the sea. " * 9)[:130]
     ids = {}
     for setting in ("on", "off"):
         monkeypatch.setenv("MINIMLX_NATIVE", setting)
-        ids[setting] = list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), 16, 64))
-    assert len(prompt) == 130 and ids["on"] == ids["off"] and len(ids["on"]) == 16
+        for runner in (model, CompiledDecoder(model)):  # a fresh trace per setting
+            ids[setting, type(runner)] = list(generate_tokens(runner, prompt, runner.make_cache(), make_sampler(), 16, 64))
+    assert len(prompt) == 130 and len(set(map(tuple, ids.values()))) == 1 and len(ids["on", CompiledDecoder]) == 16
+
+
+@pytest.mark.parametrize("batch, heads, kv_heads, queries, keys, mask_shape",
+                         [(1, 9, 3, 1, 256, (1, 1, 1, 256)), (4, 9, 3, 1, 40, (4, 1, 1, 40)),
+                          (3, 8, 2, 5, 20, (3, 1, 5, 20)), (2, 4, 4, 3, 9, (1, 1, 3, 9))])
+def test_masked_attention_equals_mlx(batch, heads, kv_heads, queries, keys, mask_shape):
+    """Keys hidden by a boolean mask as well as causally: a decode step over a cache of fixed capacity, padded
+    rows of a batch, per-query masks; a query that sees no key gets zeros."""
+    q, k, v = (mx.random.normal(shape, key=mx.random.key(i)) for i, shape in
+               enumerate([(batch, heads, queries, 64), (batch, kv_heads, keys, 64), (batch, kv_heads, keys, 64)]))
+    mask = mx.random.uniform(shape=mask_shape, key=mx.random.key(3)) > 0.4
+    causal = mx.arange(keys) <= (keys - queries + mx.arange(queries))[:, None]
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask & causal)
+    assert mx.abs(minimlx_native.masked_attention(q, k, v, 0.125, mask) - want).max().item() < 2e-6
+    hidden = mx.zeros(mask_shape, dtype=mx.bool_)
+    assert mx.all(minimlx_native.masked_attention(q, k, v, 0.125, hidden) == 0).item()
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        minimlx_native.masked_attention(q, k, v, 0.125, mask.astype(mx.float32))
+
+
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (8, 64)])
+@pytest.mark.parametrize("rows", [1, 3, 8, 33])
+def test_swiglu_product_equals_its_parts(bits, group_size, rows):
+    gate, up = packed(96, 128, group_size, bits, seed=1), packed(96, 128, group_size, bits, seed=2)
+    x = mx.random.normal((rows, 128))
+    gated = minimlx_native.quantized_matmul(x, *gate, group_size, bits)
+    want = gated * mx.sigmoid(gated) * minimlx_native.quantized_matmul(x, *up, group_size, bits)
+    got = minimlx_native.quantized_swiglu(x, *gate, *up, group_size, bits)
+    assert got.shape == want.shape and mx.abs(got - want).max().item() <= 1e-6 * mx.abs(want).max().item()
+    with pytest.raises(ValueError, match="one shape"):
+        minimlx_native.quantized_swiglu(x, *gate, *packed(32, 128, group_size, bits, seed=3), group_size, bits)
+
+
+def test_swiglu_ffn_takes_the_fused_product():
+    """A SwiGLU whose gate and up maps are kernel maps of one layout computes them in one op, equal to the
+    three-op form; any other pairing keeps the separate ops."""
+    mx.random.seed(0)
+    ffn = SwiGLU(64, 96)
+    x = mx.random.normal((2, 64))
+    want = ffn(x)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        setattr(ffn, name, KernelLinear.from_linear(getattr(ffn, name), 32, 4))
+    assert type(ffn.gate_proj) is KernelLinear and kernel_swiglu(x, ffn.gate_proj, ffn.up_proj) is not None
+    separate = ffn.down_proj(nn.silu(ffn.gate_proj(x)) * ffn.up_proj(x))
+    assert mx.abs(ffn(x) - separate).max().item() < 1e-5 and mx.abs(ffn(x) - want).max().item() < 0.1
+    assert kernel_swiglu(x, ffn.gate_proj, nn.Linear(64, 96, bias=False)) is None
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 576), (1, 64)])
+def test_rms_norm_equals_mlx(shape):
+    x, weight = mx.random.normal(shape) * 5, mx.random.normal((shape[-1],))
+    want = mx.fast.rms_norm(x, weight, 1e-6)
+    assert mx.abs(minimlx_native.rms_norm(x, weight, 1e-6) - want).max().item() < 1e-5
+    strided = x.swapaxes(0, -2)
+    assert mx.abs(minimlx_native.rms_norm(strided, weight, 1e-6) - mx.fast.rms_norm(strided, weight, 1e-6)).max() < 1e-5
+    with pytest.raises(ValueError, match="weight float32"):
+        minimlx_native.rms_norm(x, weight[:-1], 1e-6)
+
+
+@pytest.mark.parametrize("dims, head_dim, traditional", [(64, 64, False), (32, 64, True), (64, 128, False)])
+@pytest.mark.parametrize("position", [0, 77, 4000])
+def test_rotate_equals_mlx_rope(dims, head_dim, traditional, position):
+    x = mx.random.normal((2, 9, 1, head_dim))
+    wavelengths = 10000.0 ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    angles = mx.array([position], dtype=mx.float32) / wavelengths
+    got = minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims, traditional)
+    want = mx.fast.rope(x, dims, traditional=traditional, base=None, scale=1.0, offset=position, freqs=wavelengths)
+    assert mx.abs(got - want).max().item() < 1e-6 * max(1, position)
+    with pytest.raises(ValueError, match="dims even"):
+        minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims + 1, traditional)

@@ -4,7 +4,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import cpu_math
-from .quantized import native_kernel
+from .quantized import kernel_swiglu, native_kernel
 
 
 def silu(x: mx.array) -> mx.array:
@@ -50,6 +50,8 @@ class GatedFFN(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.activation is silu and (gated := kernel_swiglu(x, self.gate_proj, self.up_proj)) is not None:
+            return self.down_proj(gated)
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -58,6 +58,17 @@ class KernelLinear(nn.QuantizedLinear):
         return y + self.bias if "bias" in self else y
 
 
+def kernel_swiglu(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | None:
+    """silu(gate(x)) * up(x) in one native op when both maps are bias-free `KernelLinear`s of one layout (the
+    two products share one pass over the kernel's threads, and the silu and product happen on the way); else None."""
+    fused = getattr(native_kernel(), "quantized_swiglu", None)  # None too in a build older than the op
+    if fused is None or type(gate) is not KernelLinear or type(up) is not KernelLinear or "bias" in gate or "bias" in up:
+        return None
+    if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
+        return None
+    return fused(x, gate.weight, gate.scales, gate.biases, up.weight, up.scales, up.biases, gate.group_size, gate.bits)
+
+
 class KernelEmbedding(nn.QuantizedEmbedding):
     """A quantized embedding whose tied-head product (`as_linear`) runs in the native kernel."""
 

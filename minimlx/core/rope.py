@@ -18,6 +18,8 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from .quantized import native_kernel
+
 
 def _llama3_inv_freq(inv_freq: mx.array, scaling: dict, max_positions: int) -> mx.array:
     factor = scaling["factor"]
@@ -98,10 +100,10 @@ class RoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         """x: (batch, heads, tokens, head_dim), tokens starting at position `offset`."""
-        one_token_on_cpu = (isinstance(offset, mx.array) and offset.size == 1 and x.shape[2] == 1
+        one_token_on_cpu = (x.shape[2] == 1 and (not isinstance(offset, mx.array) or offset.size == 1)
                             and x.dtype == mx.float32 and mx.default_device() == mx.cpu)
         if one_token_on_cpu:
-            y = self.rotate_one(x, offset)
+            y = self.rotate_one(x, offset if isinstance(offset, mx.array) else mx.array([offset]))
         else:
             y = mx.fast.rope(
                 x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
@@ -111,9 +113,13 @@ class RoPE(nn.Module):
     def rotate_one(self, x: mx.array, position: mx.array) -> mx.array:
         """One token at `position` (an array of one), spelled out. MLX's CPU `fast.rope` is itself composed of
         ops and builds its angles from an `arange` on every call; here they depend on `position` alone, so the
-        queries and keys of a compiled decode step share one cos and one sin."""
+        queries and keys of a compiled decode step share one cos and one sin. The native kernel, where it is
+        installed, rotates in one op."""
         angles = position.astype(mx.float32) / self._wavelengths
         cos, sin = mx.cos(angles), mx.sin(angles)
+        native = getattr(native_kernel(), "rotate", None)  # None too in a build older than the op
+        if native is not None:
+            return native(x, cos, sin, self.dims, self.traditional)
         half = self.dims // 2
         if self.traditional:  # rotated pairs are adjacent features
             pairs = x[..., : self.dims].reshape(*x.shape[:-1], half, 2)

@@ -7,7 +7,8 @@ head), the whole causal score matrix masked with `where` and a softmax whose exp
 chunk of queries over the cache: each key/value head's query heads stacked into one product, query
 blocks that skip the keys after their last query, and `cpu_math.softmax`. Where the optional native
 kernel is installed, its `causal_attention` does the same in one op that computes only the unmasked
-scores (6x faster at 128 tokens; docs/performance.md).
+scores (6x faster at 128 tokens; docs/performance.md), and a decode step's query over the keys its mask
+shows in one op too (`masked_attention`), where MLX runs two products, a `where` and a softmax.
 """
 
 import mlx.core as mx
@@ -24,12 +25,20 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.a
 
     `mask` and `sinks` are those of `mx.fast.scaled_dot_product_attention`.
     """
-    on_cpu = mx.default_device() == mx.cpu and q.dtype == mx.float32
-    if on_cpu and isinstance(mask, str) and mask == "causal" and sinks is None:
+    on_cpu = mx.default_device() == mx.cpu and q.dtype == mx.float32 and sinks is None
+    if on_cpu and isinstance(mask, str) and mask == "causal":
         native = getattr(native_kernel(), "causal_attention", None)  # None too in a build older than the op
         if native is not None and q.shape[-1] % 16 == 0:
             return native(q, k, v, scale)
         return causal_attention(q, k, v, scale)
+    if on_cpu and q.shape[2] == 1 and q.shape[-1] % 16 == 0:  # a decode step: its one query may see every key
+        native = native_kernel()
+        if mask is None and native is not None:
+            return native.causal_attention(q, k, v, scale)
+        masked = getattr(native, "masked_attention", None)
+        one_per_row = isinstance(mask, mx.array) and (mask.ndim <= 2 or (mask.ndim == 4 and mask.shape[1] == 1))
+        if masked is not None and one_per_row and mask.dtype == mx.bool_:
+            return masked(q, k, v, scale, mask.reshape(-1, 1, 1, mask.shape[-1]) if mask.ndim < 4 else mask)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
 
 

@@ -26,7 +26,9 @@ struct Problem {
 
 // softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and k, v
 // (batch, kv_heads, keys, head_dim) given by strides in floats (the last axis contiguous); queries are the
-// last `queries` of the `keys` positions. out is contiguous (batch, heads, queries, head_dim).
+// last `queries` of the `keys` positions. Where `mask` is given, a query also sees only the keys it marks:
+// mask[b * mask_strides[0] + i * mask_strides[1] + j * mask_strides[2]] for query i and key j of row b (a
+// stride of 0 repeats a row). out is contiguous (batch, heads, queries, head_dim).
 struct Attention {
   const float* q;
   const float* k;
@@ -35,6 +37,8 @@ struct Attention {
   int64_t q_strides[3], k_strides[3], v_strides[3];  // batch, head, position
   int batch, heads, kv_heads, queries, keys, head_dim;
   float scale;
+  const bool* mask;
+  int64_t mask_strides[3];  // batch, query, key
 };
 
 // 4-bit values are unpacked as the low nibbles of 16 bytes (values 0, 2, ..., 30 of a chunk of 32)

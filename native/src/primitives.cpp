@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -71,6 +74,21 @@ void gather(const mx::array& a, float* dst) {
     dst[i] = src[offset];
   }
 }
+
+// Scratch floats on 64-byte boundaries, so that the kernels' 32-byte loads of a row never straddle two cache
+// lines: the products ran 1.4x slower on inputs 16 bytes off such a boundary.
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  CacheAligned() = default;
+  template <class U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  bool operator==(const CacheAligned&) const { return true; }
+};
+using Floats = std::vector<float, CacheAligned<float>>;
 
 // A fixed set of worker threads that help the calling thread through the blocks of one job. Blocks are
 // claimed from a shared counter, so a worker that the OS has not scheduled yet costs nothing: the
@@ -157,176 +175,245 @@ Pool& pool() {
 // 8 rows (a few KB of weights, reused from L1 by every input row).
 constexpr int64_t kBlockBytes = 32 * 1024;
 
-void run(const Problem& p) {
-  const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * p.M;
+// x @ W.T, or with `gate`, silu(x @ G.T) * (x @ W.T): each block computes the same output rows of both
+// products and combines them, so that the gated product is one pass over the pool.
+void run(const Problem& p, const Problem* gate) {
+  const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * p.M * (gate ? 2 : 1);
   const int rows = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work)));
   const int blocks = (p.N + rows - 1) / rows;
-  if (blocks == 1 || pool().size() == 1) return kIsa.rows(p, 0, p.N);
-  pool().run(blocks, [&](int b) { kIsa.rows(p, b * rows, std::min(p.N, (b + 1) * rows)); });
+  auto block = [&](int b) {
+    const int begin = b * rows, end = std::min(p.N, (b + 1) * rows);
+    kIsa.rows(p, begin, end);
+    if (gate == nullptr) return;
+    kIsa.rows(*gate, begin, end);
+    for (int m = 0; m < p.M; ++m) {
+      float* g = gate->out + static_cast<int64_t>(m) * p.N;
+      float* out = p.out + static_cast<int64_t>(m) * p.N;
+      kIsa.silu(g, g, begin, end);
+      for (int n = begin; n < end; ++n) out[n] *= g[n];
+    }
+  };
+  if (blocks == 1 || pool().size() == 1) {
+    for (int b = 0; b < blocks; ++b) block(b);
+  } else {
+    pool().run(blocks, block);
+  }
 }
 
-class QuantizedMatmul : public mx::UnaryPrimitive {
+// What a CPU op computes: the arrays of one evaluation (its inputs, then its output, allocated) on the CPU
+// stream's thread.
+using Work = std::function<void(const std::vector<mx::array>& inputs, mx::array& out)>;
+
+// An MLX primitive of one output that runs `work` on the CPU (and refuses the GPU); ops of one `name` and
+// `params` are the same op (for mx.compile's merging of repeated work). Its output has its first input's
+// shape unless `shape` says otherwise.
+class CpuOp : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  CpuOp(const char* name, std::vector<float> params, Work work, std::optional<mx::Shape> shape = std::nullopt)
+      : mx::UnaryPrimitive(mx::default_stream(mx::Device::cpu)), name_(name), params_(std::move(params)),
+        work_(std::move(work)), shape_(std::move(shape)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& input : inputs) encoder.set_input_array(input);
+    std::vector<mx::array> held;
+    for (auto& input : inputs) {
+      encoder.set_input_array(input);
+      held.push_back(mx::array::unsafe_weak_copy(input));
+    }
     encoder.set_output_array(out);
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
-                      scales = mx::array::unsafe_weak_copy(inputs[2]),
-                      biases = mx::array::unsafe_weak_copy(inputs[3]), out = mx::array::unsafe_weak_copy(out),
-                      group_size = group_size_, bits = bits_]() mutable {
-      const int K = x.shape(-1), N = w.shape(0), M = static_cast<int>(x.size() / K);
-      thread_local std::vector<float> rows, prepared, sums;
-      rows.resize(static_cast<size_t>(M) * K);
-      gather(x, rows.data());
-      prepared.resize(rows.size());
-      sums.resize(static_cast<size_t>(M) * (K / group_size));
-      prepare_inputs(rows.data(), M, K, group_size, bits, prepared.data(), sums.data());
-      run(Problem{prepared.data(), sums.data(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()),
-                  scales.data<float>(), biases.data<float>(), out.data<float>(), M, N, K, group_size, bits});
+    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), work = work_]() mutable {
+      work(held, out);
     });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("minimlx_native.quantized_matmul runs on the CPU only");
+    throw std::runtime_error(std::string(name_) + " runs on the CPU only");
   }
 
-  const char* name() const override { return "MinimlxNativeQuantizedMatmul"; }
+  const char* name() const override { return name_; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const QuantizedMatmul&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_;
+    auto& o = static_cast<const CpuOp&>(other);
+    return std::string(name_) == o.name_ && params_ == o.params_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0);
-    return {shape};
+    return {shape_.value_or(inputs[0].shape())};
   }
 
  private:
-  int group_size_, bits_;
+  const char* name_;
+  std::vector<float> params_;
+  Work work_;
+  std::optional<mx::Shape> shape_;
 };
+
+mx::array cpu_op(const char* name, std::vector<float> params, Work work, std::vector<mx::array> inputs,
+                 std::optional<mx::Shape> shape = std::nullopt) {
+  const mx::Shape out_shape = shape.value_or(inputs[0].shape());
+  return mx::array(out_shape, mx::float32, std::make_shared<CpuOp>(name, std::move(params), std::move(work), shape),
+                   std::move(inputs));
+}
+
+// Inputs x, w, scales, biases: x @ dequantize(w).T. Three more (the gate's w, scales, biases): the SwiGLU
+// product silu(x @ dequantize(gate).T) * (x @ dequantize(w).T).
+Work product_work(int group_size, int bits) {
+  return [group_size, bits](const std::vector<mx::array>& in, mx::array& out) {
+    const auto& x = in[0];
+    const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K);
+    thread_local Floats rows, prepared, sums, gated;
+    rows.resize(static_cast<size_t>(M) * K);
+    gather(x, rows.data());
+    prepared.resize(rows.size());
+    sums.resize(static_cast<size_t>(M) * (K / group_size));
+    prepare_inputs(rows.data(), M, K, group_size, bits, prepared.data(), sums.data());
+    auto problem = [&](int first, float* dst) {
+      return Problem{prepared.data(), sums.data(), reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()),
+                     in[first + 1].data<float>(), in[first + 2].data<float>(), dst, M, N, K, group_size, bits};
+    };
+    if (in.size() == 4) return run(problem(1, out.data<float>()), nullptr);
+    gated.resize(static_cast<size_t>(M) * N);
+    const Problem gate = problem(4, gated.data());
+    run(problem(1, out.data<float>()), &gate);
+  };
+}
 
 // Queries per block of work: enough that claiming a block costs nothing, few enough that the two cores
 // of a 128-token chunk of 9 heads get 72 blocks to share.
 constexpr int kQueryBlock = 16;
 
-class CausalAttention : public mx::UnaryPrimitive {
- public:
-  CausalAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& input : inputs) encoder.set_input_array(input);
-    encoder.set_output_array(out);
-    encoder.dispatch([q = mx::array::unsafe_weak_copy(inputs[0]), k = mx::array::unsafe_weak_copy(inputs[1]),
-                      v = mx::array::unsafe_weak_copy(inputs[2]), out = mx::array::unsafe_weak_copy(out),
-                      scale = scale_]() mutable {
-      thread_local std::vector<float> copies[3];
-      Attention a{nullptr, nullptr, nullptr, out.data<float>(), {}, {}, {}, q.shape(0), q.shape(1), k.shape(1),
-                  q.shape(2), k.shape(2), q.shape(3), scale};
-      a.q = rows(q, a.q_strides, copies[0]);
-      a.k = rows(k, a.k_strides, copies[1]);
-      a.v = rows(v, a.v_strides, copies[2]);
-      const int blocks_per_head = (a.queries + kQueryBlock - 1) / kQueryBlock;
-      const int blocks = a.batch * a.heads * blocks_per_head;
-      auto block = [&](int b) {
-        const int head_row = b / blocks_per_head, first = b % blocks_per_head * kQueryBlock;
-        kIsa.attend(a, head_row / a.heads, head_row % a.heads, first, std::min(a.queries, first + kQueryBlock));
-      };
-      if (blocks == 1 || pool().size() == 1) {
-        for (int b = 0; b < blocks; ++b) block(b);
-      } else {
-        pool().run(blocks, block);
-      }
-    });
+// The data of a 4-D array and its first three strides, in floats; rows whose last step is not one float
+// are first copied into `copy`, contiguous.
+const float* rows_of(const mx::array& a, int64_t* strides, Floats& copy) {
+  const auto& step = a.strides();
+  if (step[3] == 1) {
+    std::copy(step.begin(), step.begin() + 3, strides);
+    return a.data<float>();
   }
+  const auto& shape = a.shape();
+  copy.resize(a.size());
+  gather(a, copy.data());
+  strides[2] = shape[3];
+  strides[1] = strides[2] * shape[2];
+  strides[0] = strides[1] * shape[1];
+  return copy.data();
+}
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("minimlx_native.causal_attention runs on the CPU only");
-  }
-
-  const char* name() const override { return "MinimlxNativeCausalAttention"; }
-
-  bool is_equivalent(const mx::Primitive& other) const override {
-    return scale_ == static_cast<const CausalAttention&>(other).scale_;
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
-
- private:
-  // The data of a 4-D array and its first three strides, in floats; rows whose last step is not one float
-  // are first copied into `copy`, contiguous.
-  static const float* rows(const mx::array& a, int64_t* strides, std::vector<float>& copy) {
-    const auto& step = a.strides();
-    if (step[3] == 1) {
-      std::copy(step.begin(), step.begin() + 3, strides);
-      return a.data<float>();
+// Inputs q, k, v and maybe a boolean mask (batch or 1, 1, queries or 1, keys).
+Work attention_work(float scale) {
+  return [scale](const std::vector<mx::array>& in, mx::array& out) {
+    const auto &q = in[0], &k = in[1], &v = in[2];
+    thread_local Floats copies[3];
+    Attention a{nullptr, nullptr, nullptr, out.data<float>(), {}, {}, {}, q.shape(0), q.shape(1), k.shape(1),
+                q.shape(2), k.shape(2), q.shape(3), scale, nullptr, {}};
+    if (in.size() == 4) {
+      a.mask = in[3].data<bool>();
+      for (int axis : {0, 2, 3}) a.mask_strides[axis == 0 ? 0 : axis - 1] = in[3].shape(axis) == 1 ? 0 : in[3].strides(axis);
     }
-    const auto& shape = a.shape();
-    copy.resize(a.size());
-    gather(a, copy.data());
-    strides[2] = shape[3];
-    strides[1] = strides[2] * shape[2];
-    strides[0] = strides[1] * shape[1];
-    return copy.data();
-  }
+    a.q = rows_of(q, a.q_strides, copies[0]);
+    a.k = rows_of(k, a.k_strides, copies[1]);
+    a.v = rows_of(v, a.v_strides, copies[2]);
+    const int blocks_per_head = (a.queries + kQueryBlock - 1) / kQueryBlock;
+    const int blocks = a.batch * a.heads * blocks_per_head;
+    auto block = [&](int b) {
+      const int head_row = b / blocks_per_head, first = b % blocks_per_head * kQueryBlock;
+      kIsa.attend(a, head_row / a.heads, head_row % a.heads, first, std::min(a.queries, first + kQueryBlock));
+    };
+    if (blocks == 1 || pool().size() == 1) {
+      for (int b = 0; b < blocks; ++b) block(b);
+    } else {
+      pool().run(blocks, block);
+    }
+  };
+}
 
-  float scale_;
-};
+// The elements of `x` in row-major order: its own data when it is contiguous, else a copy in `copy`.
+const float* contiguous(const mx::array& x, Floats& copy) {
+  if (x.flags().row_contiguous) return x.data<float>();
+  copy.resize(x.size());
+  gather(x, copy.data());
+  return copy.data();
+}
 
 // Elements per block of work: large enough that claiming one costs nothing next to its exponentials.
 constexpr int64_t kSiluBlock = 16 * 1024;
 
-class Silu : public mx::UnaryPrimitive {
- public:
-  explicit Silu(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+void silu_work(const std::vector<mx::array>& in, mx::array& out) {
+  thread_local Floats copy;
+  const float* src = contiguous(in[0], copy);
+  const int64_t n = static_cast<int64_t>(in[0].size());
+  const int blocks = static_cast<int>((n + kSiluBlock - 1) / kSiluBlock);
+  float* dst = out.data<float>();
+  if (blocks <= 1 || pool().size() == 1) return kIsa.silu(src, dst, 0, n);
+  pool().run(blocks, [&](int b) { kIsa.silu(src, dst, b * kSiluBlock, std::min(n, (b + 1) * kSiluBlock)); });
+}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(inputs[0]);
-    encoder.set_output_array(out);
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out)]() mutable {
-      thread_local std::vector<float> copy;
-      const float* src = x.data<float>();
-      if (!x.flags().row_contiguous) {
-        copy.resize(x.size());
-        gather(x, copy.data());
-        src = copy.data();
+// Inputs x (..., dims) and weight (dims,): each row of x over its root mean square, times the weight.
+Work rms_norm_work(float eps) {
+  return [eps](const std::vector<mx::array>& in, mx::array& out) {
+    thread_local Floats copy;
+    const float* x = contiguous(in[0], copy);
+    const float* weight = in[1].data<float>();
+    const int dims = in[0].shape(-1);
+    const int64_t rows = static_cast<int64_t>(in[0].size()) / dims;
+    float* y = out.data<float>();
+    for (int64_t r = 0; r < rows; ++r, x += dims, y += dims) {
+      float squares = 0.0f;
+      for (int d = 0; d < dims; ++d) squares += x[d] * x[d];
+      const float inverse = 1.0f / std::sqrt(squares / dims + eps);
+      for (int d = 0; d < dims; ++d) y[d] = x[d] * inverse * weight[d];
+    }
+  };
+}
+
+// Inputs x (..., head_dim), cos and sin (dims / 2,): the first `dims` features of every row rotated by one
+// position's angles, in adjacent pairs (`traditional`) or as pairs (i, i + dims / 2); the rest copied.
+Work rotate_work(int dims, bool traditional) {
+  return [dims, traditional](const std::vector<mx::array>& in, mx::array& out) {
+    thread_local Floats copy;
+    const float* x = contiguous(in[0], copy);
+    const float *cos = in[1].data<float>(), *sin = in[2].data<float>();
+    const int head_dim = in[0].shape(-1), half = dims / 2;
+    const int64_t rows = static_cast<int64_t>(in[0].size()) / head_dim;
+    float* y = out.data<float>();
+    for (int64_t r = 0; r < rows; ++r, x += head_dim, y += head_dim) {
+      for (int i = 0; i < half; ++i) {
+        const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+        y[a] = x[a] * cos[i] - x[b] * sin[i];
+        y[b] = x[a] * sin[i] + x[b] * cos[i];
       }
-      const int64_t n = static_cast<int64_t>(x.size());
-      const int blocks = static_cast<int>((n + kSiluBlock - 1) / kSiluBlock);
-      float* dst = out.data<float>();
-      if (blocks <= 1 || pool().size() == 1) return kIsa.silu(src, dst, 0, n);
-      pool().run(blocks, [&](int b) { kIsa.silu(src, dst, b * kSiluBlock, std::min(n, (b + 1) * kSiluBlock)); });
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("minimlx_native.silu runs on the CPU only");
-  }
-
-  const char* name() const override { return "MinimlxNativeSilu"; }
-
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
-};
+      std::copy(x + dims, x + head_dim, y + dims);
+    }
+  };
+}
 
 mx::array silu(const mx::array& x) {
   if (x.dtype() != mx::float32) throw std::invalid_argument("minimlx_native.silu: x must be float32");
-  return mx::array(x.shape(), mx::float32, std::make_shared<Silu>(mx::default_stream(mx::Device::cpu)), {x});
+  return cpu_op("MinimlxNativeSilu", {}, silu_work, {x});
 }
 
-mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("minimlx_native.causal_attention: " + what); };
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
+  if (x.dtype() != mx::float32 || weight.dtype() != mx::float32 || x.ndim() < 1 || weight.ndim() != 1 ||
+      weight.shape(0) != x.shape(-1))
+    throw std::invalid_argument("minimlx_native.rms_norm: x must be float32 (..., dims) and weight float32 (dims,)");
+  return cpu_op("MinimlxNativeRmsNorm", {eps}, rms_norm_work(eps), {x, mx::contiguous(weight)});
+}
+
+mx::array rotate(const mx::array& x, const mx::array& cos, const mx::array& sin, int dims, bool traditional) {
+  if (x.dtype() != mx::float32 || cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || x.ndim() < 1 ||
+      dims <= 0 || dims % 2 || dims > x.shape(-1) || cos.shape() != mx::Shape{dims / 2} || sin.shape() != cos.shape())
+    throw std::invalid_argument(
+        "minimlx_native.rotate: x must be float32 (..., head_dim), dims even and at most head_dim, and cos, sin "
+        "float32 (dims / 2,)");
+  return cpu_op("MinimlxNativeRotate", {static_cast<float>(dims), traditional ? 1.0f : 0.0f},
+                rotate_work(dims, traditional), {x, mx::contiguous(cos), mx::contiguous(sin)});
+}
+
+mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                           const std::optional<mx::array>& mask) {
+  const std::string name = mask.has_value() ? "minimlx_native.masked_attention: " : "minimlx_native.causal_attention: ";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + what); };
   if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) fail("q, k and v must be float32");
   if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape()) fail("q must be 4-D and k, v of one 4-D shape");
   const int head_dim = q.shape(3);
@@ -334,13 +421,21 @@ mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::arr
     fail("k and v must have q's batch and head_dim, and a number of heads that divides q's");
   if (head_dim % 16) fail("head_dim must be a multiple of 16, not " + std::to_string(head_dim));
   if (k.shape(2) < q.shape(2)) fail("there must be at least as many keys as queries");
-  const auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array(q.shape(), mx::float32, std::make_shared<CausalAttention>(stream, scale), {q, k, v});
+  std::vector<mx::array> inputs{q, k, v};
+  if (mask.has_value()) {
+    const auto& m = *mask;
+    if (m.dtype() != mx::bool_ || m.ndim() != 4 || m.shape(1) != 1 || m.shape(3) != k.shape(2) ||
+        (m.shape(0) != 1 && m.shape(0) != q.shape(0)) || (m.shape(2) != 1 && m.shape(2) != q.shape(2)))
+      fail("mask must be boolean, of shape (batch or 1, 1, queries or 1, keys)");
+    inputs.push_back(m);
+  }
+  return cpu_op("MinimlxNativeCausalAttention", {scale}, attention_work(scale), std::move(inputs));
 }
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                           int group_size, int bits) {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("minimlx_native.quantized_matmul: " + what); };
+// Refuses what the kernel does not read: the message starts with `name`.
+void check_weights(const std::string& name, const mx::array& x, const mx::array& w, const mx::array& scales,
+                   const mx::array& biases, int group_size, int bits) {
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8, not " + std::to_string(bits));
   if (group_size <= 0 || group_size % 32) fail("group_size must be a multiple of 32, not " + std::to_string(group_size));
   if (x.dtype() != mx::float32 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
@@ -351,10 +446,29 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
     fail("w's packed width does not hold x's " + std::to_string(K) + " features at " + std::to_string(bits) + " bits");
   const mx::Shape groups{N, K / group_size};
   if (scales.shape() != groups || biases.shape() != groups) fail("scales and biases must have shape (N, K / group_size)");
-  auto shape = x.shape();
-  shape.back() = N;
-  auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array(shape, mx::float32, std::make_shared<QuantizedMatmul>(stream, group_size, bits), {x, w, scales, biases});
+}
+
+mx::array product(std::vector<mx::array> inputs, int group_size, int bits) {
+  auto shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return cpu_op("MinimlxNativeQuantizedMatmul", {static_cast<float>(group_size), static_cast<float>(bits)},
+                product_work(group_size, bits), std::move(inputs), shape);
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                           int group_size, int bits) {
+  check_weights("minimlx_native.quantized_matmul", x, w, scales, biases, group_size, bits);
+  return product({x, w, scales, biases}, group_size, bits);
+}
+
+mx::array quantized_swiglu(const mx::array& x, const mx::array& gate_w, const mx::array& gate_scales,
+                           const mx::array& gate_biases, const mx::array& up_w, const mx::array& up_scales,
+                           const mx::array& up_biases, int group_size, int bits) {
+  const std::string name = "minimlx_native.quantized_swiglu";
+  check_weights(name, x, gate_w, gate_scales, gate_biases, group_size, bits);
+  check_weights(name, x, up_w, up_scales, up_biases, group_size, bits);
+  if (gate_w.shape() != up_w.shape()) throw std::invalid_argument(name + ": the gate and up weights must have one shape");
+  return product({x, up_w, up_scales, up_biases, gate_w, gate_scales, gate_biases}, group_size, bits);
 }
 
 }  // namespace minimlx_native
@@ -365,11 +479,27 @@ NB_MODULE(_ext, m) {
         "group_size"_a, "bits"_a,
         "x @ dequantize(w, scales, biases, group_size, bits).T for float32 x (..., K), w (N, K * bits / 32) "
         "uint32, float32 scales and biases (N, K / group_size); bits 4 or 8, group_size a multiple of 32.");
-  m.def("causal_attention", &minimlx_native::causal_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+  m.def("quantized_swiglu", &minimlx_native::quantized_swiglu, "x"_a, "gate_w"_a, "gate_scales"_a, "gate_biases"_a,
+        "up_w"_a, "up_scales"_a, "up_biases"_a, "group_size"_a, "bits"_a,
+        "silu(x @ dequantize(gate).T) * (x @ dequantize(up).T): the gated product of a SwiGLU feed-forward in one "
+        "op, for weights of one shape laid out as quantized_matmul's.");
+  m.def("causal_attention", [](const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
+          return minimlx_native::causal_attention(q, k, v, scale, std::nullopt);
+        }, "q"_a, "k"_a, "v"_a, "scale"_a,
         "softmax(q k^T * scale) v with a causal mask for float32 q (batch, heads, queries, head_dim) and k, v "
         "(batch, kv_heads, keys, head_dim), queries being the last of the keys' positions; head_dim a multiple "
         "of 16, heads a multiple of kv_heads.");
+  m.def("masked_attention", [](const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                               const mx::array& mask) { return minimlx_native::causal_attention(q, k, v, scale, mask); },
+        "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a,
+        "causal_attention that also hides the keys a boolean `mask` (batch or 1, 1, queries or 1, keys) marks "
+        "False; a query that sees no key gets zeros.");
   m.def("silu", &minimlx_native::silu, "x"_a, "x * sigmoid(x) for float32 x, elementwise.");
+  m.def("rms_norm", &minimlx_native::rms_norm, "x"_a, "weight"_a, "eps"_a,
+        "x / sqrt(mean(x^2) + eps) * weight over the last axis, for float32 x and weight.");
+  m.def("rotate", &minimlx_native::rotate, "x"_a, "cos"_a, "sin"_a, "dims"_a, "traditional"_a,
+        "Rotary embedding of one position: the first `dims` features of every row of float32 x rotated by the "
+        "angles whose cos and sin (dims / 2,) are given, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("threads") = minimlx_native::pool().size();
   m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;

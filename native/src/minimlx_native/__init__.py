@@ -1,8 +1,11 @@
 """minimlx's native CPU kernel: `quantized_matmul(x, w, scales, biases, group_size, bits)` computes
 `x @ dequantize(w, scales, biases).T` in float32 from MLX affine-packed weights (4 or 8 bits, groups of
-a multiple of 32), streaming the packed bytes instead of a float32 copy. `causal_attention(q, k, v, scale)` is causal
-softmax attention in float32 that computes only the unmasked scores (grouped query heads included), and
-`silu(x)` is x * sigmoid(x) with a vectorized exp. `isa` names the instruction
+a multiple of 32), streaming the packed bytes instead of a float32 copy, and `quantized_swiglu` the gated
+product silu(x @ gate.T) * (x @ up.T) of two such weights in one op. `causal_attention(q, k, v, scale)` is causal
+softmax attention in float32 that computes only the unmasked scores (grouped query heads included),
+`masked_attention(q, k, v, scale, mask)` the same with keys hidden by a boolean mask as well, and
+`silu(x)` is x * sigmoid(x) with a vectorized exp; `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
+traditional)` (rotary embedding of one position) are single ops where MLX's CPU backend composes several. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `threads` the threads that split the output rows.
 """
 
@@ -17,7 +20,11 @@ if _ext.mlx_version != mx.__version__:
     )
 
 quantized_matmul = _ext.quantized_matmul
+quantized_swiglu = _ext.quantized_swiglu
 causal_attention = _ext.causal_attention
+masked_attention = _ext.masked_attention
 silu = _ext.silu
+rms_norm = _ext.rms_norm
+rotate = _ext.rotate
 isa: str = _ext.isa
 threads: int = _ext.threads
