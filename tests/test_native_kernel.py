@@ -213,12 +213,18 @@ def test_rms_norm_equals_mlx(shape):
 
 @pytest.mark.parametrize("dims, head_dim, traditional", [(64, 64, False), (32, 64, True), (64, 128, False)])
 @pytest.mark.parametrize("position", [0, 77, 4000])
-def test_rotate_equals_mlx_rope(dims, head_dim, traditional, position):
-    x = mx.random.normal((2, 9, 1, head_dim))
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_rotate_equals_mlx_rope(dims, head_dim, traditional, position, tokens):
+    """One position's angles for every row, or one row of angles per token; queries handed in as the
+    transposed view the attention makes of them."""
+    x = mx.random.normal((2, tokens, 9, head_dim)).transpose(0, 2, 1, 3)
     wavelengths = 10000.0 ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
-    angles = mx.array([position], dtype=mx.float32) / wavelengths
+    angles = (position + mx.arange(tokens, dtype=mx.float32))[:, None] / wavelengths
+    angles = angles[0] if tokens == 1 else angles
     got = minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims, traditional)
     want = mx.fast.rope(x, dims, traditional=traditional, base=None, scale=1.0, offset=position, freqs=wavelengths)
-    assert mx.abs(got - want).max().item() < 1e-6 * max(1, position)
+    assert got.shape == want.shape and mx.abs(got - want).max().item() < 1e-6 * max(1, position) + 1e-5
     with pytest.raises(ValueError, match="dims even"):
         minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims + 1, traditional)
+    with pytest.raises(ValueError, match="dims even"):
+        minimlx_native.rotate(x, mx.zeros((tokens + 1, dims // 2)), mx.zeros((tokens + 1, dims // 2)), dims, traditional)

@@ -100,22 +100,26 @@ class RoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         """x: (batch, heads, tokens, head_dim), tokens starting at position `offset`."""
-        one_token_on_cpu = (x.shape[2] == 1 and (not isinstance(offset, mx.array) or offset.size == 1)
-                            and x.dtype == mx.float32 and mx.default_device() == mx.cpu)
-        if one_token_on_cpu:
-            y = self.rotate_one(x, offset if isinstance(offset, mx.array) else mx.array([offset]))
+        one_position = not isinstance(offset, mx.array) or offset.size == 1
+        if x.dtype == mx.float32 and mx.default_device() == mx.cpu and one_position:
+            y = self.rotate(x, offset)
         else:
             y = mx.fast.rope(
                 x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
             )
         return y * self.output_scale if self.output_scale != 1.0 else y
 
-    def rotate_one(self, x: mx.array, position: mx.array) -> mx.array:
-        """One token at `position` (an array of one), spelled out. MLX's CPU `fast.rope` is itself composed of
-        ops and builds its angles from an `arange` on every call; here they depend on `position` alone, so the
-        queries and keys of a compiled decode step share one cos and one sin. The native kernel, where it is
-        installed, rotates in one op."""
-        angles = position.astype(mx.float32) / self._wavelengths
+    def rotate(self, x: mx.array, offset: int | mx.array) -> mx.array:
+        """On the CPU, spelled out: MLX's CPU `fast.rope` is itself composed of ops and builds its angles from an
+        `arange` on every call. One token's angles depend on its position alone, so the queries and keys of a
+        compiled decode step (whose position is an array) share one cos and one sin. The native kernel, where
+        it is installed, rotates in one op."""
+        tokens = x.shape[2]
+        start = offset if isinstance(offset, mx.array) else mx.array([offset])
+        if tokens == 1:  # (dims / 2,)
+            angles = start.astype(mx.float32) / self._wavelengths
+        else:  # (tokens, dims / 2)
+            angles = (start + mx.arange(tokens)).astype(mx.float32)[:, None] / self._wavelengths
         cos, sin = mx.cos(angles), mx.sin(angles)
         native = getattr(native_kernel(), "rotate", None)  # None too in a build older than the op
         if native is not None:

@@ -55,7 +55,8 @@ Isa best_isa() {
 
 const Isa kIsa = best_isa();
 
-// The elements of `a` (any strides) in row-major order, contiguous from `dst`.
+// The elements of `a` (any strides) in row-major order, contiguous from `dst`: a row at a time where the last
+// axis is contiguous (a transposed view of heads and tokens), else one element at a time.
 void gather(const mx::array& a, float* dst) {
   const float* src = a.data<float>();
   if (a.flags().row_contiguous) {
@@ -64,14 +65,21 @@ void gather(const mx::array& a, float* dst) {
   }
   const auto& shape = a.shape();
   const auto& strides = a.strides();
-  for (size_t i = 0; i < a.size(); ++i) {
+  const int last = a.ndim() - 1;
+  const bool rows = strides[last] == 1;
+  const size_t width = rows ? shape[last] : 1;
+  for (size_t i = 0; i < a.size(); i += width) {
     int64_t offset = 0;
     size_t rest = i;
-    for (int d = a.ndim() - 1; d >= 0; --d) {
+    for (int d = last; d >= 0; --d) {
       offset += static_cast<int64_t>(rest % shape[d]) * strides[d];
       rest /= shape[d];
     }
-    dst[i] = src[offset];
+    if (rows) {
+      std::copy(src + offset, src + offset + width, dst + i);
+    } else {
+      dst[i] = src[offset];
+    }
   }
 }
 
@@ -367,17 +375,19 @@ Work rms_norm_work(float eps) {
   };
 }
 
-// Inputs x (..., head_dim), cos and sin (dims / 2,): the first `dims` features of every row rotated by one
-// position's angles, in adjacent pairs (`traditional`) or as pairs (i, i + dims / 2); the rest copied.
+// Inputs x (..., tokens, head_dim), cos and sin (tokens, dims / 2) or (dims / 2,) for one position: the first
+// `dims` features of every row rotated by its token's angles, in adjacent pairs (`traditional`) or as pairs
+// (i, i + dims / 2); the rest copied.
 Work rotate_work(int dims, bool traditional) {
   return [dims, traditional](const std::vector<mx::array>& in, mx::array& out) {
     thread_local Floats copy;
     const float* x = contiguous(in[0], copy);
-    const float *cos = in[1].data<float>(), *sin = in[2].data<float>();
     const int head_dim = in[0].shape(-1), half = dims / 2;
-    const int64_t rows = static_cast<int64_t>(in[0].size()) / head_dim;
+    const int64_t positions = in[1].size() / half, rows = static_cast<int64_t>(in[0].size()) / head_dim;
     float* y = out.data<float>();
     for (int64_t r = 0; r < rows; ++r, x += head_dim, y += head_dim) {
+      const int64_t angle = r % positions * half;
+      const float *cos = in[1].data<float>() + angle, *sin = in[2].data<float>() + angle;
       for (int i = 0; i < half; ++i) {
         const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
         y[a] = x[a] * cos[i] - x[b] * sin[i];
@@ -401,11 +411,13 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
 }
 
 mx::array rotate(const mx::array& x, const mx::array& cos, const mx::array& sin, int dims, bool traditional) {
-  if (x.dtype() != mx::float32 || cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || x.ndim() < 1 ||
-      dims <= 0 || dims % 2 || dims > x.shape(-1) || cos.shape() != mx::Shape{dims / 2} || sin.shape() != cos.shape())
+  const bool one_position = cos.shape() == mx::Shape{dims / 2};
+  if (x.dtype() != mx::float32 || cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || x.ndim() < 2 ||
+      dims <= 0 || dims % 2 || dims > x.shape(-1) || sin.shape() != cos.shape() ||
+      !(one_position || cos.shape() == mx::Shape{x.shape(-2), dims / 2}))
     throw std::invalid_argument(
-        "minimlx_native.rotate: x must be float32 (..., head_dim), dims even and at most head_dim, and cos, sin "
-        "float32 (dims / 2,)");
+        "minimlx_native.rotate: x must be float32 (..., tokens, head_dim), dims even and at most head_dim, and "
+        "cos, sin float32 (tokens, dims / 2) or (dims / 2,)");
   return cpu_op("MinimlxNativeRotate", {static_cast<float>(dims), traditional ? 1.0f : 0.0f},
                 rotate_work(dims, traditional), {x, mx::contiguous(cos), mx::contiguous(sin)});
 }
@@ -498,8 +510,9 @@ NB_MODULE(_ext, m) {
   m.def("rms_norm", &minimlx_native::rms_norm, "x"_a, "weight"_a, "eps"_a,
         "x / sqrt(mean(x^2) + eps) * weight over the last axis, for float32 x and weight.");
   m.def("rotate", &minimlx_native::rotate, "x"_a, "cos"_a, "sin"_a, "dims"_a, "traditional"_a,
-        "Rotary embedding of one position: the first `dims` features of every row of float32 x rotated by the "
-        "angles whose cos and sin (dims / 2,) are given, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
+        "Rotary embedding: the first `dims` features of float32 x (..., tokens, head_dim) rotated by the angles "
+        "whose cos and sin, (tokens, dims / 2) or (dims / 2,) for all tokens, are given, in adjacent pairs "
+        "(traditional) or pairs (i, i + dims / 2).");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("threads") = minimlx_native::pool().size();
   m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;

@@ -5,7 +5,7 @@ product silu(x @ gate.T) * (x @ up.T) of two such weights in one op. `causal_att
 softmax attention in float32 that computes only the unmasked scores (grouped query heads included),
 `masked_attention(q, k, v, scale, mask)` the same with keys hidden by a boolean mask as well, and
 `silu(x)` is x * sigmoid(x) with a vectorized exp; `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
-traditional)` (rotary embedding of one position) are single ops where MLX's CPU backend composes several. `isa` names the instruction
+traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `threads` the threads that split the output rows.
 """
 
