@@ -18,6 +18,7 @@ from minimlx import load  # noqa: E402
 from minimlx.compiled import CompiledDecoder  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
 from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
+from minimlx.core.rope import RoPE  # noqa: E402
 from minimlx.core.sampling import make_sampler  # noqa: E402
 from minimlx.generate import generate_tokens  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
@@ -228,3 +229,21 @@ def test_rotate_equals_mlx_rope(dims, head_dim, traditional, position, tokens):
         minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims + 1, traditional)
     with pytest.raises(ValueError, match="dims even"):
         minimlx_native.rotate(x, mx.zeros((tokens + 1, dims // 2)), mx.zeros((tokens + 1, dims // 2)), dims, traditional)
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_rotate_rows_at_their_own_positions(monkeypatch, tokens):
+    """Rows of a padded batch each at its own position (angles per batch row), as `mx.fast.rope` with an array
+    offset rotates them; and RoPE's CPU path, native or spelled out, the same."""
+    x = mx.random.normal((3, 9, tokens, 64))
+    offsets = mx.array([5, 17, 300])
+    wavelengths = 10000.0 ** (mx.arange(0, 64, 2, dtype=mx.float32) / 64)
+    angles = (offsets[:, None] + mx.arange(tokens)).astype(mx.float32)[..., None] / wavelengths
+    got = minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), 64, False)
+    want = mx.fast.rope(x, 64, traditional=False, base=None, scale=1.0, offset=offsets, freqs=wavelengths)
+    assert mx.abs(got - want).max().item() < 3e-4
+    rope = RoPE(64)
+    native = rope(x, offsets)
+    assert mx.abs(native - want).max().item() < 3e-4
+    monkeypatch.setenv("MINIMLX_NATIVE", "off")
+    assert mx.abs(rope(x, offsets) - native).max().item() < 1e-6

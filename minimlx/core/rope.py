@@ -100,8 +100,7 @@ class RoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         """x: (batch, heads, tokens, head_dim), tokens starting at position `offset`."""
-        one_position = not isinstance(offset, mx.array) or offset.size == 1
-        if x.dtype == mx.float32 and mx.default_device() == mx.cpu and one_position:
+        if x.dtype == mx.float32 and mx.default_device() == mx.cpu:
             y = self.rotate(x, offset)
         else:
             y = mx.fast.rope(
@@ -110,13 +109,15 @@ class RoPE(nn.Module):
         return y * self.output_scale if self.output_scale != 1.0 else y
 
     def rotate(self, x: mx.array, offset: int | mx.array) -> mx.array:
-        """On the CPU, spelled out: MLX's CPU `fast.rope` is itself composed of ops and builds its angles from an
-        `arange` on every call. One token's angles depend on its position alone, so the queries and keys of a
+        """On the CPU, spelled out (`offset` an int, an array of one, or one position per batch row): MLX's CPU
+        `fast.rope` is itself composed of ops and builds its angles from an `arange` on every call. One token's angles depend on its position alone, so the queries and keys of a
         compiled decode step (whose position is an array) share one cos and one sin. The native kernel, where
         it is installed, rotates in one op."""
         tokens = x.shape[2]
         start = offset if isinstance(offset, mx.array) else mx.array([offset])
-        if tokens == 1:  # (dims / 2,)
+        if start.size > 1:  # a position per batch row: (batch, tokens, dims / 2)
+            angles = (start[:, None] + mx.arange(tokens)).astype(mx.float32)[..., None] / self._wavelengths
+        elif tokens == 1:  # (dims / 2,)
             angles = start.astype(mx.float32) / self._wavelengths
         else:  # (tokens, dims / 2)
             angles = (start + mx.arange(tokens)).astype(mx.float32)[:, None] / self._wavelengths
@@ -124,6 +125,8 @@ class RoPE(nn.Module):
         native = getattr(native_kernel(), "rotate", None)  # None too in a build older than the op
         if native is not None:
             return native(x, cos, sin, self.dims, self.traditional)
+        if start.size > 1:
+            cos, sin = cos[:, None], sin[:, None]  # the same for every head
         half = self.dims // 2
         if self.traditional:  # rotated pairs are adjacent features
             pairs = x[..., : self.dims].reshape(*x.shape[:-1], half, 2)

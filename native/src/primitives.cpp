@@ -375,19 +375,19 @@ Work rms_norm_work(float eps) {
   };
 }
 
-// Inputs x (..., tokens, head_dim), cos and sin (tokens, dims / 2) or (dims / 2,) for one position: the first
-// `dims` features of every row rotated by its token's angles, in adjacent pairs (`traditional`) or as pairs
-// (i, i + dims / 2); the rest copied.
+// Inputs x (batch, ..., tokens, head_dim) and cos, sin of the angles: (batch, tokens, dims / 2) (rows at their own
+// positions), (tokens, dims / 2) or (dims / 2,) (one position for every token). The first `dims` features of
+// every row are rotated in adjacent pairs (`traditional`) or as pairs (i, i + dims / 2); the rest are copied.
 Work rotate_work(int dims, bool traditional) {
   return [dims, traditional](const std::vector<mx::array>& in, mx::array& out) {
     thread_local Floats copy;
     const float* x = contiguous(in[0], copy);
-    const int head_dim = in[0].shape(-1), half = dims / 2;
-    const int64_t positions = in[1].size() / half, rows = static_cast<int64_t>(in[0].size()) / head_dim;
+    const int head_dim = in[0].shape(-1), tokens = in[0].shape(-2), half = dims / 2, per_row = in[1].ndim();
+    const int64_t rows = static_cast<int64_t>(in[0].size()) / head_dim, rows_per_batch = rows / in[0].shape(0);
     float* y = out.data<float>();
     for (int64_t r = 0; r < rows; ++r, x += head_dim, y += head_dim) {
-      const int64_t angle = r % positions * half;
-      const float *cos = in[1].data<float>() + angle, *sin = in[2].data<float>() + angle;
+      const int64_t position = (per_row == 3 ? r / rows_per_batch * tokens : 0) + (per_row >= 2 ? r % tokens : 0);
+      const float *cos = in[1].data<float>() + position * half, *sin = in[2].data<float>() + position * half;
       for (int i = 0; i < half; ++i) {
         const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
         y[a] = x[a] * cos[i] - x[b] * sin[i];
@@ -411,13 +411,14 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
 }
 
 mx::array rotate(const mx::array& x, const mx::array& cos, const mx::array& sin, int dims, bool traditional) {
-  const bool one_position = cos.shape() == mx::Shape{dims / 2};
-  if (x.dtype() != mx::float32 || cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || x.ndim() < 2 ||
-      dims <= 0 || dims % 2 || dims > x.shape(-1) || sin.shape() != cos.shape() ||
-      !(one_position || cos.shape() == mx::Shape{x.shape(-2), dims / 2}))
+  const bool angles_fit = x.ndim() >= 2 && (cos.shape() == mx::Shape{dims / 2} ||
+                                             cos.shape() == mx::Shape{x.shape(-2), dims / 2} ||
+                                             cos.shape() == mx::Shape{x.shape(0), x.shape(-2), dims / 2});
+  if (x.dtype() != mx::float32 || cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || dims <= 0 ||
+      dims % 2 || x.ndim() < 2 || dims > x.shape(-1) || sin.shape() != cos.shape() || !angles_fit)
     throw std::invalid_argument(
-        "minimlx_native.rotate: x must be float32 (..., tokens, head_dim), dims even and at most head_dim, and "
-        "cos, sin float32 (tokens, dims / 2) or (dims / 2,)");
+        "minimlx_native.rotate: x must be float32 (batch, ..., tokens, head_dim), dims even and at most head_dim, "
+        "and cos, sin float32 (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,)");
   return cpu_op("MinimlxNativeRotate", {static_cast<float>(dims), traditional ? 1.0f : 0.0f},
                 rotate_work(dims, traditional), {x, mx::contiguous(cos), mx::contiguous(sin)});
 }
@@ -510,9 +511,9 @@ NB_MODULE(_ext, m) {
   m.def("rms_norm", &minimlx_native::rms_norm, "x"_a, "weight"_a, "eps"_a,
         "x / sqrt(mean(x^2) + eps) * weight over the last axis, for float32 x and weight.");
   m.def("rotate", &minimlx_native::rotate, "x"_a, "cos"_a, "sin"_a, "dims"_a, "traditional"_a,
-        "Rotary embedding: the first `dims` features of float32 x (..., tokens, head_dim) rotated by the angles "
-        "whose cos and sin, (tokens, dims / 2) or (dims / 2,) for all tokens, are given, in adjacent pairs "
-        "(traditional) or pairs (i, i + dims / 2).");
+        "Rotary embedding: the first `dims` features of float32 x (batch, ..., tokens, head_dim) rotated by the "
+        "angles whose cos and sin are given, (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,) for "
+        "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("threads") = minimlx_native::pool().size();
   m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;
