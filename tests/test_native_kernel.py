@@ -186,6 +186,16 @@ def test_swiglu_product_equals_its_parts(bits, group_size, rows):
         minimlx_native.quantized_swiglu(x, *gate, *packed(32, 128, group_size, bits, seed=3), group_size, bits)
 
 
+def test_swiglu_gate_equals_mlx():
+    gate, up = mx.random.normal((3, 70000)) * 4, mx.random.normal((3, 70000))  # several blocks of the pool's work
+    want = gate * mx.sigmoid(gate) * up
+    assert mx.abs(minimlx_native.swiglu(gate, up) - want).max().item() < 1e-5
+    strided = gate.T
+    assert mx.abs(minimlx_native.swiglu(strided, up.T) - want.T).max().item() < 1e-5
+    with pytest.raises(ValueError, match="one shape"):
+        minimlx_native.swiglu(gate, up[:, :5])
+
+
 def test_swiglu_ffn_takes_the_fused_product():
     """A SwiGLU whose gate and up maps are kernel maps of one layout computes them in one op, equal to the
     three-op form; any other pairing keeps the separate ops."""

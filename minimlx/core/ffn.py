@@ -16,6 +16,14 @@ def silu(x: mx.array) -> mx.array:
     return nn.silu(x)
 
 
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up; one pass of the native kernel on the CPU in float32 where it is installed."""
+    native = getattr(native_kernel(), "swiglu", None)  # None too in a build older than the op
+    if native is not None and mx.default_device() == mx.cpu and gate.dtype == up.dtype == mx.float32:
+        return native(gate, up)
+    return silu(gate) * up
+
+
 ACTIVATIONS = {
     "gelu": nn.gelu,
     "gelu_new": nn.gelu_approx,
@@ -50,8 +58,9 @@ class GatedFFN(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.activation is silu and (gated := kernel_swiglu(x, self.gate_proj, self.up_proj)) is not None:
-            return self.down_proj(gated)
+        if self.activation is silu:
+            gated = kernel_swiglu(x, self.gate_proj, self.up_proj)
+            return self.down_proj(gated if gated is not None else swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 

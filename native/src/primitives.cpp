@@ -1,6 +1,7 @@
 // The MLX primitives of minimlx_native, each evaluated on the CPU by the instruction set chosen at import and
 // split between the threads of one pool: `quantized_matmul` (x @ dequantize(w, scales, biases).T reading the
-// packed weight directly, see kernel.h), `causal_attention` (attention.h) and `silu` (exp.h).
+// packed weight directly, see kernel.h), `causal_attention` (attention.h), `silu` (exp.h) and the ops of a
+// decode step MLX composes of several on the CPU (rms_norm, rotate).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -347,14 +348,25 @@ const float* contiguous(const mx::array& x, Floats& copy) {
 // Elements per block of work: large enough that claiming one costs nothing next to its exponentials.
 constexpr int64_t kSiluBlock = 16 * 1024;
 
+// Inputs x, and for the gated form `up` of x's shape: silu(x), or silu(x) * up.
 void silu_work(const std::vector<mx::array>& in, mx::array& out) {
-  thread_local Floats copy;
-  const float* src = contiguous(in[0], copy);
+  thread_local Floats copies[2];
+  const float* src = contiguous(in[0], copies[0]);
+  const float* up = in.size() == 2 ? contiguous(in[1], copies[1]) : nullptr;
   const int64_t n = static_cast<int64_t>(in[0].size());
   const int blocks = static_cast<int>((n + kSiluBlock - 1) / kSiluBlock);
   float* dst = out.data<float>();
-  if (blocks <= 1 || pool().size() == 1) return kIsa.silu(src, dst, 0, n);
-  pool().run(blocks, [&](int b) { kIsa.silu(src, dst, b * kSiluBlock, std::min(n, (b + 1) * kSiluBlock)); });
+  auto block = [&](int b) {
+    const int64_t begin = b * kSiluBlock, end = std::min(n, (b + 1) * kSiluBlock);
+    kIsa.silu(src, dst, begin, end);
+    if (up != nullptr)
+      for (int64_t i = begin; i < end; ++i) dst[i] *= up[i];
+  };
+  if (blocks <= 1 || pool().size() == 1) {
+    for (int b = 0; b < blocks; ++b) block(b);
+  } else {
+    pool().run(blocks, block);
+  }
 }
 
 // Inputs x (..., dims) and weight (dims,): each row of x over its root mean square, times the weight.
@@ -401,6 +413,12 @@ Work rotate_work(int dims, bool traditional) {
 mx::array silu(const mx::array& x) {
   if (x.dtype() != mx::float32) throw std::invalid_argument("minimlx_native.silu: x must be float32");
   return cpu_op("MinimlxNativeSilu", {}, silu_work, {x});
+}
+
+mx::array swiglu(const mx::array& gate, const mx::array& up) {
+  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32 || gate.shape() != up.shape())
+    throw std::invalid_argument("minimlx_native.swiglu: gate and up must be float32 arrays of one shape");
+  return cpu_op("MinimlxNativeSwiglu", {}, silu_work, {gate, up});
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
@@ -508,6 +526,8 @@ NB_MODULE(_ext, m) {
         "causal_attention that also hides the keys a boolean `mask` (batch or 1, 1, queries or 1, keys) marks "
         "False; a query that sees no key gets zeros.");
   m.def("silu", &minimlx_native::silu, "x"_a, "x * sigmoid(x) for float32 x, elementwise.");
+  m.def("swiglu", &minimlx_native::swiglu, "gate"_a, "up"_a,
+        "silu(gate) * up for float32 arrays of one shape, elementwise: a SwiGLU's gate in one pass.");
   m.def("rms_norm", &minimlx_native::rms_norm, "x"_a, "weight"_a, "eps"_a,
         "x / sqrt(mean(x^2) + eps) * weight over the last axis, for float32 x and weight.");
   m.def("rotate", &minimlx_native::rotate, "x"_a, "cos"_a, "sin"_a, "dims"_a, "traditional"_a,

@@ -4,7 +4,7 @@ a multiple of 32), streaming the packed bytes instead of a float32 copy, and `qu
 product silu(x @ gate.T) * (x @ up.T) of two such weights in one op. `causal_attention(q, k, v, scale)` is causal
 softmax attention in float32 that computes only the unmasked scores (grouped query heads included),
 `masked_attention(q, k, v, scale, mask)` the same with keys hidden by a boolean mask as well, and
-`silu(x)` is x * sigmoid(x) with a vectorized exp; `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
+`silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `threads` the threads that split the output rows.
 """
@@ -24,6 +24,7 @@ quantized_swiglu = _ext.quantized_swiglu
 causal_attention = _ext.causal_attention
 masked_attention = _ext.masked_attention
 silu = _ext.silu
+swiglu = _ext.swiglu
 rms_norm = _ext.rms_norm
 rotate = _ext.rotate
 isa: str = _ext.isa
