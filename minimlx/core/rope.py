@@ -110,9 +110,9 @@ class RoPE(nn.Module):
 
     def rotate(self, x: mx.array, offset: int | mx.array) -> mx.array:
         """On the CPU, spelled out (`offset` an int, an array of one, or one position per batch row): MLX's CPU
-        `fast.rope` is itself composed of ops and builds its angles from an `arange` on every call. One token's angles depend on its position alone, so the queries and keys of a
-        compiled decode step (whose position is an array) share one cos and one sin. The native kernel, where
-        it is installed, rotates in one op."""
+        `fast.rope` is itself composed of ops and builds its angles from an `arange` on every call. One token's
+        angles depend on its position alone, so the queries and keys of a compiled decode step (whose position
+        is an array) share one cos and one sin. The native kernel, where it is installed, rotates in one op."""
         tokens = x.shape[2]
         start = offset if isinstance(offset, mx.array) else mx.array([offset])
         if start.size > 1:  # a position per batch row: (batch, tokens, dims / 2)
