@@ -50,6 +50,16 @@ def test_product_equals_mlx(bits, group_size, rows, shape):
     assert_float32_close(got, want, x, weight)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_product_with_groups_of_128_equals_mlx(bits, rows):
+    """Group sizes other than 32 and 64 take the loop that reads the group size at run time."""
+    w, scales, biases = packed(40, 384, 128, bits, seed=rows)
+    x = mx.random.normal((rows, 384))
+    weight = mx.dequantize(w, scales, biases, 128, bits)
+    assert_float32_close(minimlx_native.quantized_matmul(x, w, scales, biases, 128, bits), x @ weight.T, x, weight)
+
+
 def test_batched_and_strided_inputs():
     w, scales, biases = packed(40, 128, 32, 4, seed=0)
     weight = mx.dequantize(w, scales, biases, 32, 4)
