@@ -179,6 +179,16 @@ Pool& pool() {
   return *instance;
 }
 
+// Blocks 0 .. blocks - 1 of one job: shared with the pool's workers, or run here when there is one block or
+// one thread.
+void share(int blocks, const std::function<void(int)>& block) {
+  if (blocks <= 1 || pool().size() == 1) {
+    for (int b = 0; b < blocks; ++b) block(b);
+  } else {
+    pool().run(blocks, block);
+  }
+}
+
 // Output rows per block: about 32 KB of packed weights times input rows, so that a product is split
 // finely enough to balance threads and coarsely enough that claiming a block costs nothing; at least
 // 8 rows (a few KB of weights, reused from L1 by every input row).
@@ -202,11 +212,7 @@ void run(const Problem& p, const Problem* gate) {
       for (int n = begin; n < end; ++n) out[n] *= g[n];
     }
   };
-  if (blocks == 1 || pool().size() == 1) {
-    for (int b = 0; b < blocks; ++b) block(b);
-  } else {
-    pool().run(blocks, block);
-  }
+  share(blocks, block);
 }
 
 // What a CPU op computes: the arrays of one evaluation (its inputs, then its output, allocated) on the CPU
@@ -265,18 +271,24 @@ mx::array cpu_op(const char* name, std::vector<float> params, Work work, std::ve
                    std::move(inputs));
 }
 
+// The elements of `x` in row-major order: its own data when it is contiguous, else a copy in `copy`.
+const float* contiguous(const mx::array& x, Floats& copy) {
+  if (x.flags().row_contiguous) return x.data<float>();
+  copy.resize(x.size());
+  gather(x, copy.data());
+  return copy.data();
+}
+
 // Inputs x, w, scales, biases: x @ dequantize(w).T. Three more (the gate's w, scales, biases): the SwiGLU
 // product silu(x @ dequantize(gate).T) * (x @ dequantize(w).T).
 Work product_work(int group_size, int bits) {
   return [group_size, bits](const std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K);
-    thread_local Floats rows, prepared, sums, gated;
-    rows.resize(static_cast<size_t>(M) * K);
-    gather(x, rows.data());
-    prepared.resize(rows.size());
+    thread_local Floats copy, prepared, sums, gated;
+    prepared.resize(x.size());
     sums.resize(static_cast<size_t>(M) * (K / group_size));
-    prepare_inputs(rows.data(), M, K, group_size, bits, prepared.data(), sums.data());
+    prepare_inputs(contiguous(x, copy), M, K, group_size, bits, prepared.data(), sums.data());
     auto problem = [&](int first, float* dst) {
       return Problem{prepared.data(), sums.data(), reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()),
                      in[first + 1].data<float>(), in[first + 2].data<float>(), dst, M, N, K, group_size, bits};
@@ -329,20 +341,8 @@ Work attention_work(float scale) {
       const int head_row = b / blocks_per_head, first = b % blocks_per_head * kQueryBlock;
       kIsa.attend(a, head_row / a.heads, head_row % a.heads, first, std::min(a.queries, first + kQueryBlock));
     };
-    if (blocks == 1 || pool().size() == 1) {
-      for (int b = 0; b < blocks; ++b) block(b);
-    } else {
-      pool().run(blocks, block);
-    }
+    share(blocks, block);
   };
-}
-
-// The elements of `x` in row-major order: its own data when it is contiguous, else a copy in `copy`.
-const float* contiguous(const mx::array& x, Floats& copy) {
-  if (x.flags().row_contiguous) return x.data<float>();
-  copy.resize(x.size());
-  gather(x, copy.data());
-  return copy.data();
 }
 
 // Elements per block of work: large enough that claiming one costs nothing next to its exponentials.
@@ -362,11 +362,7 @@ void silu_work(const std::vector<mx::array>& in, mx::array& out) {
     if (up != nullptr)
       for (int64_t i = begin; i < end; ++i) dst[i] *= up[i];
   };
-  if (blocks <= 1 || pool().size() == 1) {
-    for (int b = 0; b < blocks; ++b) block(b);
-  } else {
-    pool().run(blocks, block);
-  }
+  share(blocks, block);
 }
 
 // Inputs x (..., dims) and weight (dims,): each row of x over its root mean square, times the weight.
