@@ -358,9 +358,16 @@ class Reply:
         yield "data: [DONE]\n\n"
 
 
+# Idle keep-alive connections stay open longer than HTTP clients keep them pooled (httpx 5 s, aiohttp 15 s):
+# at uvicorn's default of 5 s a client could send its next request on a socket the server was closing at
+# that moment, and get "Server disconnected without sending a response".
+KEEP_ALIVE_SECONDS = 30
+
+
 def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None):
     """Serve until interrupted."""
     import uvicorn
 
     app = Server(engine, model_name, api_key).app
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3,
+                timeout_keep_alive=KEEP_ALIVE_SECONDS)

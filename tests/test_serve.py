@@ -220,6 +220,22 @@ def test_many_requests_no_errors_and_flat_memory(tiny_server):
     assert server.memory_info().rss <= 1.1 * after_20, (after_20, server.memory_info().rss)
 
 
+def test_an_idle_connection_outlives_the_clients_pool_expiry(tiny_server):
+    """httpx drops pooled connections after 5 s idle: the server must not close them first, or a client
+    reusing one at that moment gets "Server disconnected without sending a response"."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", tiny_server.port, timeout=30)
+    try:
+        for pause in (0, 6):
+            time.sleep(pause)
+            connection.request("GET", "/health")
+            response = connection.getresponse()
+            assert response.status == 200 and json.loads(response.read())
+    finally:
+        connection.close()
+
+
 def test_an_address_in_use_is_refused_before_loading(tmp_path):
     import socket
 
