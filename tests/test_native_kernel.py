@@ -14,12 +14,13 @@ else:
     minimlx_native = pytest.importorskip(
         "minimlx_native", reason="the native kernel is not installed (pip install ./native)")
 
-from minimlx import load  # noqa: E402
+from minimlx import load, stream_generate  # noqa: E402
 from minimlx.compiled import CompiledDecoder  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
 from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
 from minimlx.core.rope import RoPE  # noqa: E402
 from minimlx.core.sampling import make_sampler  # noqa: E402
+from minimlx.engine import make_request  # noqa: E402
 from minimlx.generate import generate_tokens  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
 
@@ -38,7 +39,7 @@ def assert_float32_close(got, want, x, weight):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 64])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 33])
 @pytest.mark.parametrize("shape", [(7, 64), (577, 128), (96, 1536)])
 def test_product_equals_mlx(bits, group_size, rows, shape):
     w, scales, biases = packed(*shape, group_size, bits, seed=rows)
@@ -122,6 +123,17 @@ def test_smollm2_greedy_tokens_equal_float32_blas():
         float32 = [m for m in modules if type(m) is nn.Linear and m.weight.dtype == mx.float32]
         assert len(float32) == (0 if dtype == "quantized" else 30 * 7)
     assert ids["quantized"] == ids["float32"] and len(ids["float32"]) == 32
+
+
+def test_smollm2_quantized_batch_greedy_tokens_equal_each_prompt_alone():
+    """Batched, the kernel's blocks of 8 and 4 input rows dequantize each weight chunk once for all of them;
+    alone, its one-row loop sums the packed integers per group. 16 greedy tokens of each prompt are the same."""
+    from test_batch import PROMPTS, run_batch, smollm2_ids
+
+    model, tokenizer = load("smollm2-135m", "quantized")
+    alone = [[r.token for r in stream_generate(model, tokenizer, p, max_tokens=16)] for p in PROMPTS]
+    batched = run_batch(model, tokenizer, [make_request(ids, max_tokens=16) for ids in smollm2_ids(tokenizer)])
+    assert len(PROMPTS) == 8 and batched == alone
 
 
 @pytest.mark.parametrize("batch, heads, kv_heads, queries, past, head_dim",
