@@ -4,11 +4,12 @@
 is a batch of one. Sequences join and leave at any step (continuous batching), each with its own
 prompt length, sampling settings, seed, stop strings and token budget:
 
-- A joining sequence is prefilled alone, its first token sampled from the prompt's last position
-  (so it comes out before the next decode step), then its cache is merged into the batch's, left-padded
-  to the longest row (`GrowingBuffer.merge`). The model sees
-  only a cache whose rows have different positions and padding; attention reads both from the
-  cache, so core parts know nothing of requests.
+- Sequences that join at the same step and need about as many prompt tokens prefill together in one
+  pass, right-aligned (a shorter prompt left-padded inside the pass, cached tokens inside it fed again);
+  the rest prefill alone. Each first token is sampled from its prompt's last position (so it comes out
+  before the next decode step), then the joiners' cache is merged into the batch's, left-padded to the
+  longest row (`GrowingBuffer.merge`). The model sees only a cache whose rows have different positions
+  and padding; attention reads both from the cache, so core parts know nothing of requests.
 - Each step feeds every row its latest token, samples each row's logits with that row's own
   sampler and random keys (so a seeded draw does not depend on its neighbours), and queues the
   step (`mx.async_eval`) before reading the previous step's tokens, as `generate.py`'s loop did:
@@ -211,6 +212,11 @@ class PromptCache:
         return best, [c.prefix(best) for c in found]
 
 
+# Prompt tokens a prefill group may spend beyond what its members need (re-fed cached tokens, padding):
+# about what one more forward pass costs in overhead on a small model.
+WASTED_TOKENS = 32
+
+
 class Engine:
     """Decodes every running sequence in one forward pass per `step()`.
 
@@ -275,14 +281,18 @@ class Engine:
             caches.append([c.select(going_on) for c in self.cache])
             inputs.append(previous if len(going_on) == len(read_rows) else previous[mx.array(going_on)])
         firsts = []
-        for sequence, cache, first in self.admit(len(rows)):
-            firsts.append(sequence.read(first.item()))
-            if not sequence.running:  # its first token ended it
-                self.keep(sequence, cache)
-                continue
-            rows.append(sequence)
-            caches.append(cache)
-            inputs.append(first)
+        for joined, cache, first in self.admit(len(rows)):
+            firsts += [s.read(token) for s, token in zip(joined, first.tolist())]
+            going = [i for i, s in enumerate(joined) if s.running]
+            for i, sequence in enumerate(joined):
+                if not sequence.running:  # its first token ended it
+                    self.keep(sequence, [c.select([i]) for c in cache])
+            if len(going) < len(joined) and going:
+                cache, first = [c.select(going) for c in cache], first[mx.array(going)]
+            if going:
+                rows += [joined[i] for i in going]
+                caches.append(cache)
+                inputs.append(first)
         cache = [type(layer[0]).merge(list(layer)) for layer in zip(*caches)] if rows else None
         tokens = self.decode(rows, cache, mx.concatenate(inputs)) if rows else None
         self.rows, self.cache, self.tokens = rows, cache, tokens
@@ -291,32 +301,96 @@ class Engine:
         return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running] + firsts
 
     def admit(self, running: int):
-        """Prefill waiting sequences (each alone) while there is room: (sequence, its cache, its first token (1,)).
+        """Prefill waiting sequences while there is room, in groups: (sequences, their cache (a row each), their
+        first tokens (sequences,)).
 
+        Joiners that need about as many new tokens prefill together (`prefill_together`), the others alone.
         The first token is sampled from the prompt's last position, as in one pass over the whole prompt.
         """
-        while running < self.max_batch:
+        joiners = []
+        while running + len(joiners) < self.max_batch:
             with self.lock:
                 if not self.waiting:
-                    return
+                    break
                 sequence = self.waiting.popleft()
             if sequence.cancelled:
                 continue
-            cache, prompt = sequence.request.cache, sequence.request.prompt
+            cache = sequence.request.cache
             if cache is None and self.prompt_cache is not None:
-                sequence.cached_tokens, cache = self.prompt_cache.fetch(prompt)
-            cache = cache if cache is not None else self.model.make_cache()
-            ids = mx.array(prompt[sequence.cached_tokens :], dtype=mx.int32)
-            for start in range(0, ids.size, self.prefill_step):
-                logits = self.model(ids[None, start : start + self.prefill_step], cache, last_only=True)
-                if start + self.prefill_step < ids.size:
-                    mx.eval([c.state for c in cache])
-            first = sequence.sample(logits[:, -1, :], ids[-1:])
-            if self.agree is not None:
-                first = self.agree(first)
-            mx.eval(first, [c.state for c in cache])
-            running += 1
-            yield sequence, cache, first
+                sequence.cached_tokens, cache = self.prompt_cache.fetch(sequence.request.prompt)
+            joiners.append((sequence, cache if cache is not None else self.model.make_cache()))
+        for group in self.prefill_groups(joiners):
+            yield self.prefill_together(group) if len(group) > 1 else self.prefill_alone(*group[0])
+
+    def prefill_groups(self, joiners: list[tuple[Sequence, list]]) -> list[list[tuple[Sequence, list]]]:
+        """Joiners in groups to prefill together, by how many prompt tokens each still needs.
+
+        A group feeds each member as many tokens as the neediest, re-feeding cached ones (or padding): it grows
+        while that costs at most WASTED_TOKENS more than the members need, or a quarter more. A continued
+        conversation (whose prompt lacks its cached tokens) prefills alone, as does a prompt longer than a
+        prefill chunk.
+        """
+        def needs(joiner):
+            return len(joiner[0].request.prompt) - joiner[0].cached_tokens
+
+        groups, group = [], []
+        for joiner in sorted(joiners, key=needs):
+            tokens = needs(joiner)
+            members = group + [joiner]
+            useful = sum(needs(j) for j in members)
+            fits = (
+                joiner[0].request.cache is None
+                and tokens <= self.prefill_step
+                and len(members) * tokens - useful <= max(WASTED_TOKENS, useful // 4)
+                and all(c.keeps(max(0, len(s.request.prompt) - tokens)) for s, cache in members for c in cache)
+            )
+            if group and not fits or group and group[0][0].request.cache is not None:
+                groups.append(group)
+                members = [joiner]
+            group = members
+        return groups + [group] if group else groups
+
+    def prefill_alone(self, sequence: Sequence, cache: list) -> tuple[list[Sequence], list, mx.array]:
+        ids = mx.array(sequence.request.prompt[sequence.cached_tokens :], dtype=mx.int32)
+        for start in range(0, ids.size, self.prefill_step):
+            logits = self.model(ids[None, start : start + self.prefill_step], cache, last_only=True)
+            if start + self.prefill_step < ids.size:
+                mx.eval([c.state for c in cache])
+        first = self.first_token(sequence, logits[:, -1, :])
+        mx.eval(first, [c.state for c in cache])
+        return [sequence], cache, first
+
+    def prefill_together(self, group: list[tuple[Sequence, list]]) -> tuple[list[Sequence], list, mx.array]:
+        """One forward pass over the last `tokens` prompt tokens of every member, right-aligned.
+
+        A member keeps the cached tokens before those (feeding again any cached among them); a shorter prompt
+        is left-padded inside the pass, its padding hidden from its tokens like the batch's own. One pass
+        instead of one per joiner: every weight is read once for all of them, and the CPU's products run
+        on many rows at their fastest.
+        """
+        tokens = max(len(s.request.prompt) - s.cached_tokens for s, _ in group)
+        rows, padding = [], []
+        for sequence, cache in group:
+            prompt = sequence.request.prompt
+            sequence.cached_tokens = max(0, len(prompt) - tokens)
+            for c in cache:
+                c.trim(c.offset - sequence.cached_tokens)
+            fed = prompt[sequence.cached_tokens :]
+            rows.append([0] * (tokens - len(fed)) + fed)
+            padding.append(tokens - len(fed))
+        batch = [type(layer[0]).merge(list(layer)) for layer in zip(*(cache for _, cache in group))]
+        for layer in batch:  # (a merge of empty caches is empty: no padding yet)
+            before = layer.row_padding() if layer.state else [0] * len(group)
+            layer.padding = [p + extra for p, extra in zip(before, padding)]
+        logits = self.model(mx.array(rows, dtype=mx.int32), batch, last_only=True)
+        first = mx.concatenate([self.first_token(s, logits[i : i + 1, -1, :]) for i, (s, _) in enumerate(group)])
+        mx.eval(first, [c.state for c in batch])
+        return [s for s, _ in group], batch, first
+
+    def first_token(self, sequence: Sequence, logits: mx.array) -> mx.array:
+        """The first answer token (1,), from the logits (1, vocab) of the prompt's last position."""
+        first = sequence.sample(logits, mx.array(sequence.request.prompt[-1:]))
+        return self.agree(first) if self.agree is not None else first
 
     def decode(self, rows: list[Sequence], cache: list, inputs: mx.array) -> mx.array:
         """Queue one step: each row reads its token in `inputs` (rows,); returns the sampled tokens (rows,)."""

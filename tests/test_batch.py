@@ -118,6 +118,34 @@ def test_prompt_cache_reuses_a_conversation_prefix(smollm2):
     assert "Berlin" in tokenizer.decode(follow_up.tokens)
 
 
+def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
+    """Joiners that arrive together prefill in one pass: chat prompts whose start the prompt cache holds (cached
+    tokens before the pass kept, those inside it fed again) and short raw prompts left-padded inside the pass.
+    Each gets the greedy tokens it gets alone."""
+    model, tokenizer = smollm2
+    groups = []
+    prefill_together = Engine.prefill_together
+    monkeypatch.setattr(Engine, "prefill_together", lambda self, group: groups.append(
+        [(len(s.request.prompt), s.cached_tokens) for s, _ in group]) or prefill_together(self, group))
+    engine = Engine(model, tokenizer, prompt_cache_size=4)
+    engine.submit(make_request(encode_prompt(tokenizer, PROMPTS[0]), max_tokens=4))
+    engine.run()
+    prompts = smollm2_ids(tokenizer)[1:6] + [tokenizer.encode(text) for text in ("Hi", "The sea", "One, two,")]
+    sequences = [engine.submit(make_request(ids, max_tokens=8)) for ids in prompts]
+    engine.run()
+    alone = [[r.token for r in stream_generate(model, tokenizer, ids, max_tokens=8)] for ids in prompts]
+    assert [s.tokens for s in sequences] == alone
+    cached = {len(ids): s.cached_tokens for ids, s in zip(prompts, sequences)}  # the lengths differ
+    assert sum(map(len, groups)) == 8 and max(map(len, groups)) >= 4  # (prompt length, cached tokens) before
+    fed_again = padded = 0
+    for group in groups:
+        tokens = max(length - before for length, before in group)  # what the pass feeds every member
+        assert all(cached[length] == max(0, length - tokens) for length, _ in group)
+        fed_again += sum(0 < length - tokens < before for length, before in group)
+        padded += sum(length < tokens for length, _ in group)
+    assert fed_again and padded
+
+
 @pytest.fixture(scope="module", params=sorted(TINY))
 def tiny(request, tmp_path_factory):
     config_class, config = TINY[request.param]
