@@ -333,22 +333,23 @@ class Engine:
         def needs(joiner):
             return len(joiner[0].request.prompt) - joiner[0].cached_tokens
 
-        groups, group = [], []
-        for joiner in sorted(joiners, key=needs):
-            tokens = needs(joiner)
-            members = group + [joiner]
+        def joins(group, joiner):
+            tokens, members = needs(joiner), group + [joiner]
             useful = sum(needs(j) for j in members)
-            fits = (
-                joiner[0].request.cache is None
+            return (
+                all(s.request.cache is None for s, _ in members)
                 and tokens <= self.prefill_step
                 and len(members) * tokens - useful <= max(WASTED_TOKENS, useful // 4)
                 and all(c.keeps(max(0, len(s.request.prompt) - tokens)) for s, cache in members for c in cache)
             )
-            if group and not fits or group and group[0][0].request.cache is not None:
-                groups.append(group)
-                members = [joiner]
-            group = members
-        return groups + [group] if group else groups
+
+        groups = []
+        for joiner in sorted(joiners, key=needs):  # a group's neediest member is its last
+            if groups and joins(groups[-1], joiner):
+                groups[-1].append(joiner)
+            else:
+                groups.append([joiner])
+        return groups
 
     def prefill_alone(self, sequence: Sequence, cache: list) -> tuple[list[Sequence], list, mx.array]:
         ids = mx.array(sequence.request.prompt[sequence.cached_tokens :], dtype=mx.int32)
