@@ -243,7 +243,8 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.rows: list[Sequence] = []  # one per batch row, in row order
         self.cache: list | None = None  # one batch cache per layer
-        self.tokens: mx.array | None = None  # (rows,) the last sampled token of each row, maybe not read yet
+        self.tokens: mx.array | None = None  # (rows,) the last sampled token of each row
+        self.unread = False  # whether `tokens` is still to be read back (not when they are first tokens)
         self.lock = threading.Lock()
         self.wake = threading.Event()  # set when there is work
 
@@ -268,10 +269,13 @@ class Engine:
     def step(self) -> list[Output]:
         """Admit waiting sequences, queue one decode step for all rows, and return the tokens of the previous one.
 
-        The batch (rows, cache, tokens) changes only once the new step is queued, so an interrupt (Ctrl-C)
-        leaves it whole.
+        An engine that was idle returns the first tokens of the sequences it admitted before it queues their
+        first decode step (the next call does): queuing is not free, as MLX evaluates all but the last ~100
+        ops of a graph before `async_eval` returns (a float32 SmolLM2 step: 40 of its 50 ms), and the first
+        token should not wait for it. The batch (rows, cache, tokens) changes only once the new step is
+        queued, so an interrupt (Ctrl-C) leaves it whole.
         """
-        read_rows, previous = self.rows, self.tokens
+        read_rows, previous, unread = self.rows, self.tokens, self.unread
         going_on = [i for i, s in enumerate(read_rows) if s.running and s.sampled < s.max_tokens]
         for i, sequence in enumerate(read_rows):
             if i not in going_on:
@@ -294,9 +298,12 @@ class Engine:
                 caches.append(cache)
                 inputs.append(first)
         cache = [type(layer[0]).merge(list(layer)) for layer in zip(*caches)] if rows else None
+        if rows and not read_rows:  # idle until now: the first tokens go out first
+            self.rows, self.cache, self.tokens, self.unread = rows, cache, mx.concatenate(inputs), False
+            return firsts
         tokens = self.decode(rows, cache, mx.concatenate(inputs)) if rows else None
-        self.rows, self.cache, self.tokens = rows, cache, tokens
-        if not read_rows:
+        self.rows, self.cache, self.tokens, self.unread = rows, cache, tokens, True
+        if not read_rows or not unread:
             return firsts
         return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running] + firsts
 
@@ -420,7 +427,7 @@ class Engine:
         """Drop every sequence, running or waiting (after a step failed)."""
         with self.lock:
             self.waiting.clear()
-        self.rows, self.cache, self.tokens = [], None, None
+        self.rows, self.cache, self.tokens, self.unread = [], None, None, False
 
     def run(self) -> None:
         """Step until every submitted sequence has finished."""
