@@ -55,12 +55,14 @@ class Transformer(nn.Module):
             x = x + self.positions(start + mx.arange(ids.shape[1]))
         if recorder is not None:
             recorder(embed=x)
-        # A one-token step over growing caches (the engine's eager decode; a compiled step's caches are fixed)
-        # queues each layer once it is built. MLX's async_eval computes all but the last ~100 ops of what it is
-        # given before it returns, so a step queued whole leaves the CPU idle while Python builds the graph
-        # and Python idle while it is computed; queued per layer, layer i computes while layer i + 1 is built
-        # (SmolLM2 --dtype quantized, eager: one row 24-36 -> 18-21 ms per step, 8 rows 42-52 -> 38-41 ms).
-        queue_layers = ids.shape[1] == 1 and recorder is None and isinstance((cache or [None])[0], GrowingBuffer)
+        # On the CPU, a one-token step over growing caches (the engine's eager decode; a compiled step's caches
+        # are fixed) queues each layer once it is built. MLX's CPU async_eval computes all but the last ~100
+        # ops of what it is given before it returns, so a step queued whole leaves the CPU idle while Python
+        # builds the graph and Python idle while it is computed; queued per layer, layer i computes while
+        # layer i + 1 is built (SmolLM2 --dtype quantized: one row 24-36 -> 18-21 ms per step, 8 rows 42-52
+        # -> 38-41 ms). A GPU computes while the CPU encodes anyway, so there one step stays one submission.
+        queue_layers = (ids.shape[1] == 1 and recorder is None and mx.default_device() == mx.cpu
+                        and isinstance((cache or [None])[0], GrowingBuffer))
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
