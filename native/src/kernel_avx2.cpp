@@ -9,6 +9,7 @@ namespace minimlx_native {
 struct Avx2 {
   using V = __m256;
   static constexpr int W = 8;
+  static constexpr int registers = 16;  // vector registers (ymm0-15)
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }

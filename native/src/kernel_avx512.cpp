@@ -10,6 +10,7 @@ namespace minimlx_native {
 struct Avx512 {
   using V = __m512;
   static constexpr int W = 16;
+  static constexpr int registers = 32;  // vector registers (zmm0-31)
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }

@@ -10,6 +10,7 @@ namespace minimlx_native {
 struct Neon {
   using V = float32x4_t;
   static constexpr int W = 4;
+  static constexpr int registers = 32;  // vector registers (v0-v31)
   static V zero() { return vdupq_n_f32(0.0f); }
   static V set1(float v) { return vdupq_n_f32(v); }
   static V load(const float* p) { return vld1q_f32(p); }

@@ -22,6 +22,7 @@ void prepare_inputs(const float* x, int M, int K, int group_size, int bits, floa
 struct Scalar {
   using V = float;
   static constexpr int W = 1;
+  static constexpr int registers = 16;  // vector registers (what the compiler keeps in registers)
   static V zero() { return 0.0f; }
   static V set1(float v) { return v; }
   static V load(const float* p) { return *p; }
