@@ -16,7 +16,7 @@ namespace minimlx_native {
 
 struct Problem {
   const float* x;        // M x K, laid out as `prepare_inputs` writes it
-  const float* xsum;     // M x (K / group_size)
+  const float* xsum;     // M x (K / group_size), rows integer_rows_from(M) on
   const uint8_t* w;      // N rows of K * bits / 8 bytes
   const float* scales;   // N x (K / group_size)
   const float* biases;   // N x (K / group_size)
@@ -41,9 +41,13 @@ struct Attention {
   int64_t mask_strides[3];  // batch, query, key
 };
 
+// The first input row that the integer-sum loop takes (the ones before go in blocks of 8 and 4, which
+// dequantize the weights instead and need no group sums of x).
+inline int integer_rows_from(int M) { return M % 8 >= 4 ? M - M % 8 + 4 : M - M % 8; }
+
 // 4-bit values are unpacked as the low nibbles of 16 bytes (values 0, 2, ..., 30 of a chunk of 32)
 // followed by their high nibbles (values 1, 3, ..., 31), so each chunk of 32 inputs is stored in
-// that order; 8-bit values are in order.
+// that order; 8-bit values are in order. xsum_out gets the group sums of rows integer_rows_from(M) on.
 void prepare_inputs(const float* x, int M, int K, int group_size, int bits, float* x_out, float* xsum_out);
 
 // Rows [row_begin, row_end) of out, for every input row. One function per instruction set.
