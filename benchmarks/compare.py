@@ -41,6 +41,12 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+# The environment as the user gave it, for every process this script starts. Importing minimlx (which the driver
+# does to name its BLAS) sets OpenMP variables for minimlx's own MKL, OMP_WAIT_POLICY=PASSIVE among them; a peer
+# that inherited them ran slower than it does for its users (llama.cpp's OpenMP threads then sleep between ops:
+# 37-40 instead of 101-127 tok/s decoding SmolLM2 on a 2-core Zen 4).
+ENVIRONMENT = dict(os.environ)
+
 QUESTION = "What is the capital of France?"
 
 GGUF_TO_HF = [
@@ -246,7 +252,7 @@ def worker(kind: str, model_path: str, prompt_tokens: int, gen_tokens: int) -> N
 
 def run_process(command: list[str], env: dict) -> dict | None:
     """Run one configuration in its own process; its last JSON line, or None when it failed."""
-    process = subprocess.run(command, capture_output=True, text=True, env=os.environ | env, check=False)
+    process = subprocess.run(command, capture_output=True, text=True, env=ENVIRONMENT | env, check=False)
     lines = [line for line in process.stdout.splitlines() if line.startswith("{")]
     if process.returncode != 0 or not lines:
         reason = process.stderr.strip().splitlines()[-1:] or [f"exit {process.returncode}"]
@@ -289,7 +295,7 @@ def prefill_configurations(bench: list[str]) -> dict[str, tuple[list[str], dict]
     between products (minimlx now makes them sleep; on a busy machine spinning costs up to 40x)."""
     from minimlx import blas
 
-    if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in os.environ:
+    if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in ENVIRONMENT:
         return {"minimlx, OMP_WAIT_POLICY=ACTIVE (MKL threads spinning)": (bench, {"OMP_WAIT_POLICY": "ACTIVE"})}
     return {}
 
@@ -305,7 +311,7 @@ def fresh_install(args) -> dict | None:
 def prefill_profile(args) -> str:
     """benchmarks/profile_prefill.py's table (minimlx per op kind, torch at the same shapes)."""
     command = [sys.executable, str(Path(__file__).with_name("profile_prefill.py")), "--tokens", str(args.prompt_tokens)]
-    process = subprocess.run(command, capture_output=True, text=True, check=False)
+    process = subprocess.run(command, capture_output=True, text=True, env=ENVIRONMENT, check=False)
     if process.returncode != 0:
         return f"prefill profile failed: {(process.stderr.strip().splitlines() or ['?'])[-1]}"
     return process.stdout.strip()
@@ -335,7 +341,7 @@ def native_kernel_lines(median: dict[str, dict]) -> list[str]:
 def first_output_seconds(command: list[str], after: bytes = b"") -> float:
     """Seconds from starting `command` to the first byte it prints on stdout after the text `after`."""
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    process = subprocess.Popen(command, env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
     printed = b""
     while byte := process.stdout.read(1):
         if printed.endswith(after):

@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compare import float32_folder, machine, smollm2_gguf  # noqa: E402
+from compare import ENVIRONMENT, float32_folder, machine, smollm2_gguf  # noqa: E402
 
 TOPICS = ["a dragon", "the sea", "a robot", "a city at night", "a lost key", "the moon", "a small bakery",
           "a mountain climb", "an old library", "a train journey", "a chess game", "a garden", "a storm",
@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 def start(command: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
-    process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, env=ENVIRONMENT | env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         try:
