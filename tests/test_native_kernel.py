@@ -18,7 +18,9 @@ from minimlx import load, stream_generate  # noqa: E402
 from minimlx.compiled import CompiledDecoder  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
 from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
+from minimlx.core.cache import visible  # noqa: E402
 from minimlx.core.rope import RoPE  # noqa: E402
+from minimlx.core.sdpa import attend  # noqa: E402
 from minimlx.core.sampling import make_sampler  # noqa: E402
 from minimlx.engine import make_request  # noqa: E402
 from minimlx.generate import generate_tokens  # noqa: E402
@@ -193,6 +195,24 @@ def test_masked_attention_equals_mlx(batch, heads, kv_heads, queries, keys, mask
     assert mx.all(minimlx_native.masked_attention(q, k, v, 0.125, hidden) == 0).item()
     with pytest.raises(ValueError, match="mask must be boolean"):
         minimlx_native.masked_attention(q, k, v, 0.125, mask.astype(mx.float32))
+
+
+@pytest.mark.parametrize("mask", ["padded prefill", "window", "padded window"])
+def test_attend_takes_the_native_op_for_masked_prompts(mask, monkeypatch):
+    """A batch's padded prefill and a sliding window's mask go to the native op (not MLX's composed attention,
+    whose products wake the BLAS's threads) and give what MLX gives."""
+    queries, keys, padding = 6, 10, [3, 0]
+    q, k, v = (mx.random.normal(shape, key=mx.random.key(i)) for i, shape in
+               enumerate([(2, 6, queries, 64), (2, 2, keys, 64), (2, 2, keys, 64)]))
+    window = 4 if "window" in mask else None
+    shown = visible(0, keys - queries, queries, window, padding if "padded" in mask else ())
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=shown)
+    calls = []
+    monkeypatch.setattr(minimlx_native, "masked_attention",
+                        lambda *args: calls.append(args[-1].shape) or minimlx_native._ext.masked_attention(*args))
+    got = attend(q, k, v, 0.125, shown)
+    assert calls == [(2 if "padded" in mask else 1, 1, queries, keys)]
+    assert mx.abs(got - want).max().item() < 2e-6
 
 
 @pytest.mark.parametrize("bits, group_size", [(4, 32), (8, 64)])

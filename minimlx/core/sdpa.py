@@ -7,8 +7,9 @@ head), the whole causal score matrix masked with `where` and a softmax whose exp
 chunk of queries over the cache: each key/value head's query heads stacked into one product, query
 blocks that skip the keys after their last query, and `cpu_math.softmax`. Where the optional native
 kernel is installed, its `causal_attention` does the same in one op that computes only the unmasked
-scores (6x faster at 128 tokens; docs/performance.md), and a decode step's query over the keys its mask
-shows in one op too (`masked_attention`), where MLX runs two products, a `where` and a softmax.
+scores (6x faster at 128 tokens; docs/performance.md), and queries under a boolean mask (a decode step over a
+batch's padded rows, the padded prefill of a group of joiners, a sliding window) in one op too
+(`masked_attention`), where MLX runs two products per head and row, a `where` and a softmax.
 """
 
 import mlx.core as mx
@@ -31,14 +32,19 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.a
         if native is not None and q.shape[-1] % 16 == 0:
             return native(q, k, v, scale)
         return causal_attention(q, k, v, scale)
-    if on_cpu and q.shape[2] == 1 and q.shape[-1] % 16 == 0:  # a decode step: its one query may see every key
-        native = native_kernel()
-        if mask is None and native is not None:
-            return native.causal_attention(q, k, v, scale)
-        masked = getattr(native, "masked_attention", None)
-        one_per_row = isinstance(mask, mx.array) and (mask.ndim <= 2 or (mask.ndim == 4 and mask.shape[1] == 1))
-        if masked is not None and one_per_row and mask.dtype == mx.bool_:
-            return masked(q, k, v, scale, mask.reshape(-1, 1, 1, mask.shape[-1]) if mask.ndim < 4 else mask)
+    native = native_kernel() if on_cpu and q.shape[-1] % 16 == 0 else None
+    if native is not None and mask is None and q.shape[2] == 1:  # a decode step: its one query may see every key
+        return native.causal_attention(q, k, v, scale)
+    masked = getattr(native, "masked_attention", None)
+    if masked is not None and isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+        # The op hides what the mask hides and what causality does; every mask here (a cache's, `causal`'s)
+        # already is causal, with each query at the end of the keys. Its shape: (batch or 1, 1, queries or 1, keys).
+        if mask.ndim == 2 and q.shape[2] > 1:  # (queries, keys)
+            mask = mask[None, None]
+        elif mask.ndim <= 2 and q.shape[2] == 1:  # (keys,) or (batch, keys)
+            mask = mask.reshape(-1, 1, 1, mask.shape[-1])
+        if mask.ndim == 4 and mask.shape[1] == 1:
+            return masked(q, k, v, scale, mask)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
 
 
