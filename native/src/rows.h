@@ -58,10 +58,11 @@ inline void block(const Problem& p, int n, int m0) {
     }
 }
 
-// NB output rows times MB input rows over groups [g_begin, g_end), each weight chunk dequantized once
-// (scale * q + bias) and fed to MB products; the sums are added to `out` unless `first`. Past a few input
-// rows the products bound the time: NB * MB independent sums keep both FMA pipes busy where the integer
-// sums of `block` (MB sums, each waiting on its last FMA) fill half of them.
+// Output rows [row_begin, row_end) (a multiple of NB of them), NB at a time, times MB input rows over groups
+// [g_begin, g_end), each weight chunk dequantized once (scale * q + bias) and fed to MB products; the sums
+// are added to `out` unless `first`. Past a few input rows the products bound the time: NB * MB independent
+// sums keep both FMA pipes busy where the integer sums of `block` (MB sums, each waiting on its last FMA)
+// fill half of them.
 template <class Simd, int BITS, int GS, int NB, int MB>
 inline void dequantized_block(const Problem& p, int row_begin, int row_end, int m0, int g_begin, int g_end, bool first) {
   using V = typename Simd::V;
