@@ -260,6 +260,8 @@ def test_rms_norm_equals_mlx(shape):
     assert mx.abs(minimlx_native.rms_norm(x, weight, 1e-6) - want).max().item() < 1e-5
     strided = x.swapaxes(0, -2)
     assert mx.abs(minimlx_native.rms_norm(strided, weight, 1e-6) - mx.fast.rms_norm(strided, weight, 1e-6)).max() < 1e-5
+    every_other = mx.repeat(weight[:, None], 2, axis=1)[:, 0]  # a view with a stride of 2
+    assert mx.abs(minimlx_native.rms_norm(x, every_other, 1e-6) - want).max().item() < 1e-5
     with pytest.raises(ValueError, match="weight float32"):
         minimlx_native.rms_norm(x, weight[:-1], 1e-6)
 
@@ -277,6 +279,9 @@ def test_rotate_equals_mlx_rope(dims, head_dim, traditional, position, tokens):
     got = minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims, traditional)
     want = mx.fast.rope(x, dims, traditional=traditional, base=None, scale=1.0, offset=position, freqs=wavelengths)
     assert got.shape == want.shape and mx.abs(got - want).max().item() < 1e-6 * max(1, position) + 1e-5
+    pairs = mx.repeat(angles[..., None], 2, axis=-1)  # angles handed in as views with a stride of 2
+    got = minimlx_native.rotate(x, mx.cos(pairs)[..., 0], mx.sin(pairs)[..., 0], dims, traditional)
+    assert mx.abs(got - want).max().item() < 1e-6 * max(1, position) + 1e-5
     with pytest.raises(ValueError, match="dims even"):
         minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims + 1, traditional)
     with pytest.raises(ValueError, match="dims even"):

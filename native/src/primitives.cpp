@@ -369,9 +369,9 @@ void silu_work(const std::vector<mx::array>& in, mx::array& out) {
 // Inputs x (..., dims) and weight (dims,): each row of x over its root mean square, times the weight.
 Work rms_norm_work(float eps) {
   return [eps](const std::vector<mx::array>& in, mx::array& out) {
-    thread_local Floats copy;
+    thread_local Floats copy, weight_copy;
     const float* x = contiguous(in[0], copy);
-    const float* weight = in[1].data<float>();
+    const float* weight = contiguous(in[1], weight_copy);
     const int dims = in[0].shape(-1);
     const int64_t rows = static_cast<int64_t>(in[0].size()) / dims;
     float* y = out.data<float>();
@@ -389,14 +389,15 @@ Work rms_norm_work(float eps) {
 // every row are rotated in adjacent pairs (`traditional`) or as pairs (i, i + dims / 2); the rest are copied.
 Work rotate_work(int dims, bool traditional) {
   return [dims, traditional](const std::vector<mx::array>& in, mx::array& out) {
-    thread_local Floats copy;
+    thread_local Floats copy, cos_copy, sin_copy;
     const float* x = contiguous(in[0], copy);
+    const float *cos_all = contiguous(in[1], cos_copy), *sin_all = contiguous(in[2], sin_copy);
     const int head_dim = in[0].shape(-1), tokens = in[0].shape(-2), half = dims / 2, per_row = in[1].ndim();
     const int64_t rows = static_cast<int64_t>(in[0].size()) / head_dim, rows_per_batch = rows / in[0].shape(0);
     float* y = out.data<float>();
     for (int64_t r = 0; r < rows; ++r, x += head_dim, y += head_dim) {
       const int64_t position = (per_row == 3 ? r / rows_per_batch * tokens : 0) + (per_row >= 2 ? r % tokens : 0);
-      const float *cos = in[1].data<float>() + position * half, *sin = in[2].data<float>() + position * half;
+      const float *cos = cos_all + position * half, *sin = sin_all + position * half;
       for (int i = 0; i < half; ++i) {
         const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
         y[a] = x[a] * cos[i] - x[b] * sin[i];
@@ -422,7 +423,7 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
   if (x.dtype() != mx::float32 || weight.dtype() != mx::float32 || x.ndim() < 1 || weight.ndim() != 1 ||
       weight.shape(0) != x.shape(-1))
     throw std::invalid_argument("minimlx_native.rms_norm: x must be float32 (..., dims) and weight float32 (dims,)");
-  return cpu_op("MinimlxNativeRmsNorm", {eps}, rms_norm_work(eps), {x, mx::contiguous(weight)});
+  return cpu_op("MinimlxNativeRmsNorm", {eps}, rms_norm_work(eps), {x, weight});
 }
 
 mx::array rotate(const mx::array& x, const mx::array& cos, const mx::array& sin, int dims, bool traditional) {
@@ -435,7 +436,7 @@ mx::array rotate(const mx::array& x, const mx::array& cos, const mx::array& sin,
         "minimlx_native.rotate: x must be float32 (batch, ..., tokens, head_dim), dims even and at most head_dim, "
         "and cos, sin float32 (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,)");
   return cpu_op("MinimlxNativeRotate", {static_cast<float>(dims), traditional ? 1.0f : 0.0f},
-                rotate_work(dims, traditional), {x, mx::contiguous(cos), mx::contiguous(sin)});
+                rotate_work(dims, traditional), {x, cos, sin});
 }
 
 mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
