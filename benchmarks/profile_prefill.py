@@ -17,20 +17,14 @@ import os
 import statistics
 import time
 
-# Importing minimlx sets OMP_WAIT_POLICY=PASSIVE for its own MKL; torch's OpenMP threads get the user's setting
-# back before torch loads, so that its column is torch as its users run it (with sleeping threads its products
-# of a 128-token prefill took 187 instead of 167 ms).
-USER_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
+import compare  # first: it keeps the environment as the user gave it (compare.ENVIRONMENT), before minimlx's import
+import minimlx  # noqa: F401, I001  (loads the BLAS before mlx.core)
+import mlx.core as mx
+import mlx.nn as nn
 
-import minimlx  # noqa: E402, F401  (loads the BLAS before mlx.core)
-import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
-
-import minimlx.core.attention  # noqa: E402
-import minimlx.core.ffn  # noqa: E402
-from minimlx.loading import load  # noqa: E402
-
-import compare  # noqa: E402
+import minimlx.core.attention
+import minimlx.core.ffn
+from minimlx.loading import load
 
 
 def mlx_kinds(model, tokens: int) -> dict:
@@ -147,10 +141,10 @@ def main() -> None:
     ours = {name: (lambda f=f: mx.eval(f())) for name, f in mlx_kinds(model, args.tokens).items()}
     theirs = {}
     if not args.no_torch:
-        if USER_WAIT_POLICY is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-        else:
-            os.environ["OMP_WAIT_POLICY"] = USER_WAIT_POLICY
+        # minimlx set OMP_WAIT_POLICY=PASSIVE for its MKL; torch gets the user's setting, so that its column is torch
+        # as its users run it (with sleeping threads its products of a 128-token prefill took 187 instead of 167 ms)
+        os.environ.pop("OMP_WAIT_POLICY", None)
+        os.environ.update({k: v for k, v in compare.ENVIRONMENT.items() if k == "OMP_WAIT_POLICY"})
         import torch
 
         torch.set_grad_enabled(False)
