@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .archs import build, gguf_plugin_config, plugin_config
+from .core.linear import use_native_products
 from .core.quantized import native_kernel
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
@@ -74,6 +75,8 @@ def assemble(
     if split is not None:
         model, weights = split.shard(model, weights, execution)
     install_weights(model, weights, execution)
+    if on_cpu:
+        use_native_products(model)
     return model if split is None else split.join(model)
 
 

@@ -17,6 +17,7 @@ else:
 from minimlx import load, stream_generate  # noqa: E402
 from minimlx.compiled import CompiledDecoder  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
+from minimlx.core.linear import NATIVE_ROWS, NativeLinear, native_swiglu, use_native_products  # noqa: E402
 from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
 from minimlx.core.cache import visible  # noqa: E402
 from minimlx.core.rope import RoPE  # noqa: E402
@@ -110,8 +111,8 @@ def test_quantized_runs_through_the_kernel_unless_switched_off(monkeypatch):
 
 
 def test_smollm2_greedy_tokens_equal_float32_blas():
-    """Quantized, the GGUF's packed weights run through the kernel; in float32 they are dequantized for BLAS.
-    32 greedy tokens are the same."""
+    """Quantized, the GGUF's packed weights run through the kernel; in float32 they are dequantized, and its
+    products run on BLAS for one row and the kernel's float32 GEMM for the prompt. 32 greedy tokens are the same."""
     smollm2_path()
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
               8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -122,7 +123,7 @@ def test_smollm2_greedy_tokens_equal_float32_blas():
         modules = [m for _, m in model.named_modules()]
         on_kernel = [m for m in modules if isinstance(m, (KernelLinear, KernelEmbedding))]
         assert len(on_kernel) == (30 * 7 + 1 if dtype == "quantized" else 0)  # every projection and the tied head
-        float32 = [m for m in modules if type(m) is nn.Linear and m.weight.dtype == mx.float32]
+        float32 = [m for m in modules if type(m) is NativeLinear and m.weight.dtype == mx.float32]
         assert len(float32) == (0 if dtype == "quantized" else 30 * 7)
     assert ids["quantized"] == ids["float32"] and len(ids["float32"]) == 32
 
@@ -166,8 +167,8 @@ def test_causal_attention_refuses_shapes_it_does_not_read(q_shape, k_shape, mess
 
 
 def test_smollm2_greedy_tokens_equal_with_and_without_native_ops(monkeypatch, smollm2):
-    """Prefill attention, decode attention, norms and rotary embeddings through the kernel (float32 weights, a
-    130-token prompt in chunks of 64 so that the second and third continue the cache) give the same 16 greedy
+    """Prefill products and attention, decode attention, norms and rotary embeddings through the kernel (float32
+    weights, a 130-token prompt in chunks of 64 so that the second and third continue the cache) give the same 16 greedy
     tokens as MLX's ops, decoding eagerly and in a compiled step (whose attention reads a masked fixed cache)."""
     model, tokenizer = smollm2
     prompt = tokenizer.encode("The history of the lighthouse begins with fires lit on hills by the sea. " * 9)[:130]
@@ -251,6 +252,69 @@ def test_swiglu_ffn_takes_the_fused_product():
     separate = ffn.down_proj(nn.silu(ffn.gate_proj(x)) * ffn.up_proj(x))
     assert mx.abs(ffn(x) - separate).max().item() < 1e-5 and mx.abs(ffn(x) - want).max().item() < 0.1
     assert kernel_swiglu(x, ffn.gate_proj, nn.Linear(64, 96, bias=False)) is None
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32, 37, 130])
+@pytest.mark.parametrize("out_dims, in_dims", [(64, 7), (577, 33), (192, 576), (96, 1536)])
+def test_float_product_equals_mlx(rows, out_dims, in_dims):
+    """Rows that fill the 32-row panels and rows that leave one padded, weight rows in whole tiles and not."""
+    mx.random.seed(rows + out_dims)
+    x, w = mx.random.normal((rows, in_dims)), mx.random.normal((out_dims, in_dims))
+    assert_float32_close(minimlx_native.matmul(x, w), x @ w.T, x, w)
+
+
+def test_float_product_of_batched_and_strided_inputs():
+    mx.random.seed(1)
+    x, w = mx.random.normal((3, 40, 96)), mx.random.normal((80, 96))
+    assert_float32_close(minimlx_native.matmul(x, w), x @ w.T, x, w)
+    strided = x.transpose(1, 0, 2)  # (40, 3, 96), rows not in memory order
+    assert_float32_close(minimlx_native.matmul(strided, w), strided @ w.T, strided, w)
+
+
+@pytest.mark.parametrize("rows", [3, 50])
+def test_float_swiglu_product_equals_its_parts(rows):
+    mx.random.seed(rows)
+    x, gate, up = mx.random.normal((rows, 64)), mx.random.normal((200, 64)) * 0.3, mx.random.normal((200, 64))
+    g = x @ gate.T
+    want = g * mx.sigmoid(g) * (x @ up.T)
+    got = minimlx_native.matmul_swiglu(x, gate, up)
+    assert got.shape == want.shape and mx.abs(got - want).max().item() < 1e-4
+
+
+@pytest.mark.parametrize("x_shape, w_shape, dtype, message", [((4, 8), (5, 9), mx.float32, "features"),
+                                                               ((4, 8), (5, 8), mx.float16, "float32"),
+                                                               ((4, 8), (8,), mx.float32, "float32")])
+def test_float_product_refuses_what_it_does_not_read(x_shape, w_shape, dtype, message):
+    with pytest.raises(ValueError, match=message):
+        minimlx_native.matmul(mx.zeros(x_shape), mx.zeros(w_shape, dtype=dtype))
+    with pytest.raises(ValueError, match="one shape"):
+        minimlx_native.matmul_swiglu(mx.zeros((4, 8)), mx.zeros((5, 8)), mx.zeros((6, 8)))
+
+
+def test_linear_maps_take_the_native_product_for_many_rows(monkeypatch):
+    """A model's plain linear maps take the native form (its own arrays, not copies); a prompt's rows go to the
+    kernel, a decode step's row to MLX, both equal to `nn.Linear`, bias included; a SwiGLU of two of them fuses."""
+    mx.random.seed(2)
+    ffn = SwiGLU(64, 96)
+    ffn.up_proj = nn.Linear(64, 96, bias=True)
+    plain = {name: getattr(ffn, name) for name in ("gate_proj", "up_proj", "down_proj")}
+    x = mx.random.normal((NATIVE_ROWS + 3, 64))
+    inputs = {"gate_proj": x, "up_proj": x, "down_proj": mx.random.normal((NATIVE_ROWS + 3, 96))}
+    want = {name: linear(inputs[name]) for name, linear in plain.items()}
+    use_native_products(ffn)
+    assert all(type(getattr(ffn, name)) is NativeLinear for name in plain)
+    assert ffn.gate_proj.weight is plain["gate_proj"].weight and "bias" in ffn.up_proj
+    calls = []
+    monkeypatch.setattr(minimlx_native, "matmul", lambda *a, f=minimlx_native.matmul: calls.append(1) or f(*a))
+    for name, linear in plain.items():
+        assert_float32_close(getattr(ffn, name)(inputs[name]), want[name], inputs[name], linear.weight)
+    assert len(calls) == 3
+    assert mx.allclose(ffn.gate_proj(x[:1]), want["gate_proj"][:1]).item() and len(calls) == 3
+    assert native_swiglu(x, ffn.gate_proj, ffn.up_proj) is None  # up has a bias
+    ffn.up_proj = NativeLinear(64, 96, bias=False)
+    g = ffn.gate_proj(x)
+    assert mx.abs(native_swiglu(x, ffn.gate_proj, ffn.up_proj) - g * mx.sigmoid(g) * ffn.up_proj(x)).max().item() < 1e-4
+    assert native_swiglu(x[:1], ffn.gate_proj, ffn.up_proj) is None
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 576), (1, 64)])

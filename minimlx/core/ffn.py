@@ -4,6 +4,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import cpu_math
+from .linear import native_swiglu
 from .quantized import kernel_swiglu, native_kernel
 
 
@@ -60,6 +61,7 @@ class GatedFFN(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         if self.activation is silu:
             gated = kernel_swiglu(x, self.gate_proj, self.up_proj)
+            gated = gated if gated is not None else native_swiglu(x, self.gate_proj, self.up_proj)
             return self.down_proj(gated if gated is not None else swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 

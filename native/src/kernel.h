@@ -41,6 +41,15 @@ struct Attention {
   int64_t mask_strides[3];  // batch, query, key
 };
 
+// out (M x N) = x @ w.T for float32 x (M x K) and w (N x K), x packed into panels of `panel_rows` inputs
+// (gemm.h).
+struct Gemm {
+  const float* panels;
+  const float* w;
+  float* out;
+  int M, N, K;
+};
+
 // The first input row that the integer-sum loop takes (the ones before go in blocks of 8 and 4, which
 // dequantize the weights instead and need no group sums of x).
 inline int integer_rows_from(int M) { return M % 8 >= 4 ? M - M % 8 + 4 : M - M % 8; }
@@ -78,6 +87,21 @@ void silu_avx512(const float* x, float* out, int64_t begin, int64_t end);
 #endif
 #if defined(__aarch64__)
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end);
+#endif
+
+// Panels [panel_begin, panel_end) of x (M x K) for `gemm`, and output columns [row_begin, row_end) of a
+// product from them. One pair per instruction set, with its panel height.
+void pack_scalar(const float* x, int M, int K, float* panels, int panel_begin, int panel_end);
+void gemm_scalar(const Gemm& g, int row_begin, int row_end);
+#if defined(__x86_64__) || defined(_M_X64)
+void pack_avx2(const float* x, int M, int K, float* panels, int panel_begin, int panel_end);
+void gemm_avx2(const Gemm& g, int row_begin, int row_end);
+void pack_avx512(const float* x, int M, int K, float* panels, int panel_begin, int panel_end);
+void gemm_avx512(const Gemm& g, int row_begin, int row_end);
+#endif
+#if defined(__aarch64__)
+void pack_neon(const float* x, int M, int K, float* panels, int panel_begin, int panel_end);
+void gemm_neon(const Gemm& g, int row_begin, int row_end);
 #endif
 
 }  // namespace minimlx_native

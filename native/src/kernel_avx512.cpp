@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "attention.h"
+#include "gemm.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -35,6 +36,12 @@ void rows_avx512(const Problem& p, int row_begin, int row_end) { rows<Avx512>(p,
 void attend_avx512(const Attention& a, int row, int head, int query_begin, int query_end) {
   attend_queries<Avx512>(a, row, head, query_begin, query_end);
 }
+
+void pack_avx512(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
+  pack_panels<Avx512>(x, M, K, panels, panel_begin, panel_end);
+}
+
+void gemm_avx512(const Gemm& g, int row_begin, int row_end) { gemm_rows<Avx512>(g, row_begin, row_end); }
 
 void silu_avx512(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 

@@ -3,6 +3,7 @@
 #include <arm_neon.h>
 
 #include "attention.h"
+#include "gemm.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -42,6 +43,12 @@ void rows_neon(const Problem& p, int row_begin, int row_end) { rows<Neon>(p, row
 void attend_neon(const Attention& a, int row, int head, int query_begin, int query_end) {
   attend_queries<Neon>(a, row, head, query_begin, query_end);
 }
+
+void pack_neon(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
+  pack_panels<Neon>(x, M, K, panels, panel_begin, panel_end);
+}
+
+void gemm_neon(const Gemm& g, int row_begin, int row_end) { gemm_rows<Neon>(g, row_begin, row_end); }
 
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "attention.h"
+#include "gemm.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -58,6 +59,12 @@ void rows_scalar(const Problem& p, int row_begin, int row_end) { rows<Scalar>(p,
 void attend_scalar(const Attention& a, int row, int head, int query_begin, int query_end) {
   attend_queries<Scalar>(a, row, head, query_begin, query_end);
 }
+
+void pack_scalar(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
+  pack_panels<Scalar>(x, M, K, panels, panel_begin, panel_end);
+}
+
+void gemm_scalar(const Gemm& g, int row_begin, int row_end) { gemm_rows<Scalar>(g, row_begin, row_end); }
 
 void silu_scalar(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 

@@ -38,6 +38,9 @@ struct Isa {
   void (*rows)(const Problem&, int, int);
   void (*attend)(const Attention&, int, int, int, int);
   void (*silu)(const float*, float*, int64_t, int64_t);
+  void (*pack)(const float*, int, int, float*, int, int);
+  void (*gemm)(const Gemm&, int, int);
+  int panel_rows;  // input rows per panel of `pack`: two vectors
   const char* name;
 };
 
@@ -46,12 +49,13 @@ Isa best_isa() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
-    return {rows_avx512, attend_avx512, silu_avx512, "avx512"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {rows_avx2, attend_avx2, silu_avx2, "avx2"};
+    return {rows_avx512, attend_avx512, silu_avx512, pack_avx512, gemm_avx512, 32, "avx512"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return {rows_avx2, attend_avx2, silu_avx2, pack_avx2, gemm_avx2, 16, "avx2"};
 #elif defined(__aarch64__)
-  return {rows_neon, attend_neon, silu_neon, "neon"};
+  return {rows_neon, attend_neon, silu_neon, pack_neon, gemm_neon, 8, "neon"};
 #endif
-  return {rows_scalar, attend_scalar, silu_scalar, "scalar"};
+  return {rows_scalar, attend_scalar, silu_scalar, pack_scalar, gemm_scalar, 2, "scalar"};
 }
 
 const Isa kIsa = best_isa();
@@ -189,6 +193,16 @@ void share(int blocks, const std::function<void(int)>& block) {
   }
 }
 
+// out[m, n] *= silu(gate[m, n]) for the columns [begin, end) of M rows of N (gate is overwritten).
+void apply_gate(float* gate, float* out, int M, int N, int begin, int end) {
+  for (int m = 0; m < M; ++m) {
+    float* g = gate + static_cast<int64_t>(m) * N;
+    float* o = out + static_cast<int64_t>(m) * N;
+    kIsa.silu(g, g, begin, end);
+    for (int n = begin; n < end; ++n) o[n] *= g[n];
+  }
+}
+
 // Output rows per block: about 32 KB of packed weights per 8 input rows (the kernel's row blocks), so that a
 // product is split finely enough to balance threads and coarsely enough that claiming a block costs little;
 // at least 8 rows (a few KB of weights, reused from L1 by every input row). Blocks of 32 KB / M were 7x smaller
@@ -206,12 +220,7 @@ void run(const Problem& p, const Problem* gate) {
     kIsa.rows(p, begin, end);
     if (gate == nullptr) return;
     kIsa.rows(*gate, begin, end);
-    for (int m = 0; m < p.M; ++m) {
-      float* g = gate->out + static_cast<int64_t>(m) * p.N;
-      float* out = p.out + static_cast<int64_t>(m) * p.N;
-      kIsa.silu(g, g, begin, end);
-      for (int n = begin; n < end; ++n) out[n] *= g[n];
-    }
+    apply_gate(gate->out, p.out, p.M, p.N, begin, end);
   };
   share(blocks, block);
 }
@@ -299,6 +308,35 @@ Work product_work(int group_size, int bits) {
     const Problem gate = problem(4, gated.data());
     run(problem(1, out.data<float>()), &gate);
   };
+}
+
+// Weight rows per block of a float32 product: a multiple of every instruction set's tile (12 or 6 rows), and
+// few enough that SmolLM2's narrowest product (192 rows) gives two cores two blocks each.
+constexpr int kGemmBlockRows = 48;
+
+// Inputs x, w: x @ w.T in float32. Three (x, gate, up): silu(x @ gate.T) * (x @ up.T), one pass over the pool.
+// (The scratch is thread_local to the calling thread; the blocks, run by the pool's threads too, see it through
+// the pointers taken here.)
+void float_product_work(const std::vector<mx::array>& in, mx::array& out) {
+  const auto& x = in[0];
+  const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K), P = kIsa.panel_rows;
+  const int panel_count = (M + P - 1) / P;
+  const bool gated = in.size() == 3;
+  thread_local Floats copy, panel_scratch, weight_copies[2], gate_scratch;
+  const float* rows = contiguous(x, copy);
+  panel_scratch.resize(static_cast<size_t>(panel_count) * K * P);
+  float* panels = panel_scratch.data();
+  share(panel_count, [&](int p) { kIsa.pack(rows, M, K, panels, p, p + 1); });
+  gate_scratch.resize(gated ? static_cast<size_t>(M) * N : 0);
+  const Gemm product{panels, contiguous(in[gated ? 2 : 1], weight_copies[0]), out.data<float>(), M, N, K};
+  const Gemm gate{panels, gated ? contiguous(in[1], weight_copies[1]) : nullptr, gate_scratch.data(), M, N, K};
+  share((N + kGemmBlockRows - 1) / kGemmBlockRows, [&](int b) {
+    const int begin = b * kGemmBlockRows, end = std::min(N, begin + kGemmBlockRows);
+    kIsa.gemm(product, begin, end);
+    if (!gated) return;
+    kIsa.gemm(gate, begin, end);
+    apply_gate(gate.out, product.out, M, N, begin, end);
+  });
 }
 
 // Queries per block of work: enough that claiming a block costs nothing, few enough that the two cores
@@ -461,6 +499,23 @@ mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::arr
   return cpu_op("MinimlxNativeCausalAttention", {scale}, attention_work(scale), std::move(inputs));
 }
 
+// x @ w.T (and, with `gate`, silu(x @ gate.T) * (x @ w.T)) for float32 x (..., K) and weights (N, K).
+mx::array float_product(const std::string& name, const mx::array& x, const mx::array& w, const mx::array* gate) {
+  const bool float32 = x.dtype() == mx::float32 && w.dtype() == mx::float32 && (!gate || gate->dtype() == mx::float32);
+  if (!float32 || x.ndim() < 1 || w.ndim() != 2 || (gate && gate->shape() != w.shape()))
+    throw std::invalid_argument(name + ": x must be float32 (..., K) and the weights float32 (N, K) of one shape");
+  if (w.shape(1) != x.shape(-1))
+    throw std::invalid_argument(name + ": x has " + std::to_string(x.shape(-1)) + " features, the weights " +
+                                std::to_string(w.shape(1)));
+  auto shape = x.shape();
+  shape.back() = w.shape(0);
+  std::vector<mx::array> inputs{x};
+  if (gate) inputs.push_back(*gate);
+  inputs.push_back(w);
+  return cpu_op(gate ? "MinimlxNativeMatmulSwiglu" : "MinimlxNativeMatmul", {}, float_product_work, std::move(inputs),
+                shape);
+}
+
 // Refuses what the kernel does not read: the message starts with `name`.
 void check_weights(const std::string& name, const mx::array& x, const mx::array& w, const mx::array& scales,
                    const mx::array& biases, int group_size, int bits) {
@@ -512,6 +567,16 @@ NB_MODULE(_ext, m) {
         "up_w"_a, "up_scales"_a, "up_biases"_a, "group_size"_a, "bits"_a,
         "silu(x @ dequantize(gate).T) * (x @ dequantize(up).T): the gated product of a SwiGLU feed-forward in one "
         "op, for weights of one shape laid out as quantized_matmul's.");
+  m.def("matmul", [](const mx::array& x, const mx::array& w) {
+          return minimlx_native::float_product("minimlx_native.matmul", x, w, nullptr);
+        }, "x"_a, "w"_a,
+        "x @ w.T for float32 x (..., K) and w (N, K): a register-tiled product for many rows of x (a prompt), "
+        "on every core.");
+  m.def("matmul_swiglu", [](const mx::array& x, const mx::array& gate_w, const mx::array& up_w) {
+          return minimlx_native::float_product("minimlx_native.matmul_swiglu", x, up_w, &gate_w);
+        }, "x"_a, "gate_w"_a, "up_w"_a,
+        "silu(x @ gate_w.T) * (x @ up_w.T) for float32 x (..., K) and weights (N, K) of one shape: a SwiGLU's "
+        "gated product in one op.");
   m.def("causal_attention", [](const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
           return minimlx_native::causal_attention(q, k, v, scale, std::nullopt);
         }, "q"_a, "k"_a, "v"_a, "scale"_a,

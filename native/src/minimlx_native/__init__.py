@@ -1,7 +1,8 @@
 """minimlx's native CPU kernel: `quantized_matmul(x, w, scales, biases, group_size, bits)` computes
 `x @ dequantize(w, scales, biases).T` in float32 from MLX affine-packed weights (4 or 8 bits, groups of
 a multiple of 32), streaming the packed bytes instead of a float32 copy, and `quantized_swiglu` the gated
-product silu(x @ gate.T) * (x @ up.T) of two such weights in one op. `causal_attention(q, k, v, scale)` is causal
+product silu(x @ gate.T) * (x @ up.T) of two such weights in one op. `matmul(x, w)` is `x @ w.T` for float32
+weights, tiled for many rows of x (a prompt's chunk), and `matmul_swiglu(x, gate_w, up_w)` its gated form. `causal_attention(q, k, v, scale)` is causal
 softmax attention in float32 that computes only the unmasked scores (grouped query heads included),
 `masked_attention(q, k, v, scale, mask)` the same with keys hidden by a boolean mask as well, and
 `silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
@@ -21,6 +22,8 @@ if _ext.mlx_version != mx.__version__:
 
 quantized_matmul = _ext.quantized_matmul
 quantized_swiglu = _ext.quantized_swiglu
+matmul = _ext.matmul
+matmul_swiglu = _ext.matmul_swiglu
 causal_attention = _ext.causal_attention
 masked_attention = _ext.masked_attention
 silu = _ext.silu
