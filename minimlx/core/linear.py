@@ -14,9 +14,10 @@ from mlx.utils import tree_map_with_path
 
 from .quantized import native_kernel
 
-NATIVE_ROWS = 4
-"""Fewest input rows a product sends to the native kernel (from 4 rows on it measured faster than MKL's
-sgemm inside MLX on a 2-core Zen 4; below that the padding of its 32-row panels costs more than it saves)."""
+NATIVE_ROWS = 2
+"""Fewest input rows a product sends to the native kernel: SmolLM2's 30 layers of products took 43.1 ms there
+against 48.1 with MKL at 2 rows, and 41.0 against 30.8 at 1 row, where BLAS's matrix-vector product streams the
+weights once and the kernel pads the row to a whole panel (`benchmarks/native_gemm.py`, a 2-core Zen 4)."""
 
 
 def native_product(x: mx.array, weight: mx.array):
