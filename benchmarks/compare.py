@@ -46,6 +46,8 @@ from pathlib import Path
 # that inherited them ran slower than it does for its users (llama.cpp's OpenMP threads then sleep between ops:
 # 37-40 instead of 101-127 tok/s decoding SmolLM2 on a 2-core Zen 4).
 ENVIRONMENT = dict(os.environ)
+FLOAT32 = ["--dtype", "float32"]
+KERNEL_OFF = "minimlx, MINIMLX_NATIVE=off (float32 on BLAS alone)"
 
 QUESTION = "What is the capital of France?"
 
@@ -270,7 +272,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
 
     found = {"minimlx": (bench, {}), "minimlx, eager decode (bench --eager)": (bench + ["--eager"], {})}
     for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
-        found[f"minimlx, MINIMLX_BLAS={Path(path).name}"] = (bench, {"MINIMLX_BLAS": path})
+        found[f"minimlx, float32, MINIMLX_BLAS={Path(path).name}"] = (bench + FLOAT32, {"MINIMLX_BLAS": path})
     found.update(prefill_configurations(bench))
     found |= native_kernel_rows(bench)
     installed = {name: importlib.util.find_spec(name) is not None for name in ("mlx_lm", "transformers", "llama_cpp")}
@@ -296,7 +298,8 @@ def prefill_configurations(bench: list[str]) -> dict[str, tuple[list[str], dict]
     from minimlx import blas
 
     if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in ENVIRONMENT:
-        return {"minimlx, OMP_WAIT_POLICY=ACTIVE (MKL threads spinning)": (bench, {"OMP_WAIT_POLICY": "ACTIVE"})}
+        return {"minimlx, float32 on MKL alone, OMP_WAIT_POLICY=ACTIVE (MKL threads spinning)": (
+            bench + FLOAT32, {"OMP_WAIT_POLICY": "ACTIVE", "MINIMLX_NATIVE": "off"})}
     return {}
 
 
@@ -317,22 +320,22 @@ def prefill_profile(args) -> str:
     return process.stdout.strip()
 
 
-NATIVE = "minimlx, --dtype quantized (native kernel)"
 
 
 def native_kernel_rows(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
-    """The native kernel on/off: with `minimlx_native` installed (pip install ./native), `--dtype quantized`
-    runs the GGUF's packed weights through it; the `minimlx` row is the float32 BLAS default."""
+    """The native kernel on/off: with `minimlx_native` installed (pip install ./native), the `minimlx` row (the
+    default) runs the GGUF's packed weights through it; `--dtype float32` dequantizes them (BLAS decode, the
+    kernel's GEMM and ops for the prompt), and MINIMLX_NATIVE=off leaves everything to MLX and BLAS."""
     if importlib.util.find_spec("minimlx_native") is None:
         return {}
-    return {NATIVE: (bench + ["--dtype", "quantized"], {})}
+    return {"minimlx, --dtype float32": (bench + FLOAT32, {}), KERNEL_OFF: (bench, {"MINIMLX_NATIVE": "off"})}
 
 
 def native_kernel_lines(median: dict[str, dict]) -> list[str]:
     """The kernel's speed-up over float32 BLAS in this run, when both rows ran."""
-    if "minimlx" not in median or NATIVE not in median:
+    if "minimlx" not in median or KERNEL_OFF not in median:
         return []
-    on, off = median[NATIVE], median["minimlx"]
+    on, off = median["minimlx"], median[KERNEL_OFF]
     return ["", f"native kernel / float32 BLAS: decode {on['decode_tps'] / off['decode_tps']:.2f}x, "
                 f"prefill {on['prefill_tps'] / off['prefill_tps']:.2f}x, peak RSS {on['peak_rss_gb']:.2f} / "
                 f"{off['peak_rss_gb']:.2f} GB"]

@@ -8,8 +8,9 @@ N in --clients, N clients each send one streaming chat request at the same momen
 Aggregate tokens/s = generated tokens of all N / seconds from the sends to the last token; time to
 first token (TTFT) is the median over the N requests of the seconds to their first content delta.
 
-Servers, each left out with a note when not installed: minimlx serve (the GGUF, float32), minimlx serve
---dtype quantized (the GGUF's Q4_1 weights kept packed, through the native kernel of native/), mlx-lm's
+Servers, each left out with a note when not installed: minimlx serve --dtype float32 (the GGUF dequantized),
+minimlx serve as it starts by default with the native kernel of native/ installed (the GGUF's Q4_1 weights kept
+packed, through the kernel), mlx-lm's
 server (`python -m mlx_lm server`, the GGUF's weights dequantized to float32 by transformers, the BLAS
 minimlx loads preloaded so that both multiply with the same library, on one thread as minimlx serve
 does) and llama-cpp-python's server
@@ -101,21 +102,21 @@ def burst(url: str, model: str, clients: int, tokens: int) -> tuple[float, float
     return sum(r[1] for r in results) / wall, ttft, sum(r[2] for r in results)
 
 
-MINIMLX, MINIMLX_KERNEL = "minimlx serve, float32", "minimlx serve --dtype quantized (native kernel), Q4_1"
+MINIMLX, MINIMLX_KERNEL = "minimlx serve --dtype float32", "minimlx serve (default: Q4_1 on the native kernel)"
 
 
 def servers(work: Path) -> tuple[dict, list[str]]:
     """name -> (command, env, model name to send); and notes on peers left out."""
     gguf, notes, found = smollm2_gguf(), [], {}
     port = free_port()
-    found[MINIMLX] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
-                      {}, port, "smollm2-135m")
+    found[MINIMLX] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16",
+                       "--dtype", "float32"], {}, port, "smollm2-135m")
     if importlib.util.find_spec("minimlx_native") is not None:
         port = free_port()
-        found[MINIMLX_KERNEL] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16",
-                                  "--dtype", "quantized"], {}, port, "smollm2-135m")
+        found[MINIMLX_KERNEL] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
+                                 {}, port, "smollm2-135m")
     else:
-        notes.append("the native kernel (pip install ./native) is not installed: minimlx --dtype quantized was left out")
+        notes.append("the native kernel (pip install ./native) is not installed: minimlx's packed row was left out")
     if importlib.util.find_spec("mlx_lm") is not None:
         from minimlx import blas
 

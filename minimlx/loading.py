@@ -26,11 +26,14 @@ DTYPE_CHOICES = ("quantized", *DTYPES)
 
 
 def default_dtype() -> str | None:
-    """float32 on the CPU, where MLX's quantized and half-precision matmuls are far slower than BLAS float32
-    ones (the native kernel, when installed, serves `--dtype quantized`: 1.7-2.5x float32's decode on SmolLM2
-    from run to run, not clearly over the 2x it must clear to be the default; docs/performance.md); on a GPU, None: weights stay as stored
-    (quantized stays packed, floats in their dtype)."""
-    return "float32" if mx.default_device() == mx.cpu else None
+    """On the CPU, float32 (MLX's quantized and half-precision CPU matmuls are far slower than BLAS float32 ones),
+    unless the native kernel is installed: then None, which keeps the packed weights it reads packed and runs
+    them through it (3.4-3.7x float32's decode on SmolLM2 and about its prefill, in 0.39x the memory;
+    docs/performance.md) and dequantizes the rest to float32. On a GPU, None: weights stay as stored (quantized
+    stays packed, floats in their dtype)."""
+    if mx.default_device() != mx.cpu:
+        return None
+    return None if native_kernel() is not None else "float32"
 
 
 def splitter(parallel: str | None):
@@ -52,7 +55,9 @@ def assemble(
     `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
     floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
     gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
-    installed) run through it. A float dtype dequantizes every packed weight into it. `entry` is the config's
+    installed) run through it, and with None (the CPU default when the kernel is installed) the other packed
+    modules are dequantized to float32 instead of running on MLX's packed CPU kernels. A float dtype
+    dequantizes every packed weight into it. `entry` is the config's
     quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
     emptied as tensors are installed, so that no second copy of the model stays referenced. With `parallel`,
     the checked model and its unread tensors are cut to this rank's share first: only those are read.
@@ -66,7 +71,11 @@ def assemble(
     if dtype in (None, "quantized"):
         on_kernel = kernel_modules(model, spec) if on_cpu else {}
         quantize_modules(model, on_kernel, kernel=True)
-        quantize_modules(model, {path: q for path, q in spec.items() if path not in on_kernel})
+        rest = {path: q for path, q in spec.items() if path not in on_kernel}
+        if on_cpu and dtype is None:
+            dequantize_weights(weights, rest)
+        else:
+            quantize_modules(model, rest)
         execution = mx.float32 if on_cpu else None
     else:
         dequantize_weights(weights, spec)

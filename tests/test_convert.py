@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -97,6 +98,26 @@ def test_what_the_folder_holds(converted):
     assert {"model.layers.1.self_attn.embed_q.weight", "model.layers.1.mlp.switch_mlp.gate_proj.weight"} <= set(names)
     assert all(w.dtype == mx.bfloat16 for w in names.values())
     assert {p.name for p in bf16.iterdir()} >= {"config.json", "tokenizer.json", "tokenizer_config.json", "README.md"}
+
+
+def test_cpu_default_runs_what_the_kernel_reads_packed_and_the_rest_in_float32(hf_folder, tmp_path):
+    """With the native kernel installed, the CPU default (dtype None) keeps a mixed-4-6 folder's 4-bit maps packed on
+    the kernel and dequantizes its 6-bit ones to float32 (MLX's packed CPU kernels are 10-100x slower); the logits
+    are the float32 dequantized model's."""
+    pytest.importorskip("minimlx_native", reason="the native kernel is not installed (pip install ./native)")
+    from minimlx.core.quantized import KernelLinear
+
+    out = tmp_path / "mixed-4-6"
+    convert(hf_folder("llama"), out, "--recipe", "mixed-4-6")
+    entry = json.loads((out / "config.json").read_text())["quantization"]
+    assert entry["bits"] == 4 and entry["model.layers.1.self_attn.v_proj"]["bits"] == 6
+    model = minimlx.load_model(out)
+    attn = model.layers[1].attn
+    assert isinstance(attn.q_proj, KernelLinear) and attn.q_proj.bits == 4
+    assert isinstance(attn.v_proj, nn.Linear) and attn.v_proj.weight.dtype == mx.float32
+    ids = random_ids(VOCAB)
+    float32 = np.array(minimlx.load_model(out, dtype="float32")(mx.array(ids)))
+    assert relative_error(np.array(model(mx.array(ids))), float32) < 1e-4
 
 
 @pytest.mark.parametrize("name", ["llama", "deepseek_v3"])

@@ -119,9 +119,10 @@ def test_nonsense_settings(smollm2, settings):
         generate(model, tokenizer, "hi", **settings)
 
 
-def test_cpu_default_is_dequantized_float32():
+def test_cpu_default_is_dequantized_float32_without_the_native_kernel(monkeypatch):
     import mlx.core as mx
 
     from minimlx.loading import default_dtype
 
+    monkeypatch.setenv("MINIMLX_NATIVE", "off")
     assert mx.default_device() == mx.cpu and default_dtype() == "float32"

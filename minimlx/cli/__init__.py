@@ -90,9 +90,20 @@ def read_stdin() -> str:
 dtype_option = click.option(
     "--dtype",
     type=click.Choice(["float32", "float16", "bfloat16", "quantized"]),
-    help="Execution dtype (default: float32 on the CPU, as stored on a GPU); quantized keeps packed weights (MLX folders, GGUF) packed.",
+    help="Execution dtype (default on the CPU: packed weights on the native kernel where it is installed and reads "
+    "them, the rest float32; on a GPU: as stored); quantized keeps packed weights (MLX folders, GGUF) packed.",
 )
 """The `--dtype` option of every command that loads a model."""
+
+
+def inspection_dtype(dtype: str | None) -> str | None:
+    """The dtype of the commands that show a model's inner numbers (lens, attention, compare): float32 on the CPU
+    unless `--dtype` says otherwise, the checkpoint's weights dequantized exactly, so that their tables match a
+    float reference and read the same on every CPU (the native kernel's packed products sum in the order of the
+    instruction set it runs)."""
+    import mlx.core as mx
+
+    return dtype or ("float32" if mx.default_device() == mx.cpu else None)
 
 
 def parallel_options(command):

@@ -4,7 +4,7 @@ import click
 
 from ..anatomy.attention import AttentionPattern, attention_pattern
 from ..loading import load
-from . import TEXT, dtype_option, main
+from . import TEXT, dtype_option, inspection_dtype, main
 from .plots import pyplot, save, shown
 
 
@@ -59,7 +59,7 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
 def attention(model, prompt, layer, head, plot, dtype):
     """Which earlier tokens each token of PROMPT reads: one layer's attention weights (no chat template)."""
     plt = pyplot("--plot") if plot else None  # before the model loads: a missing matplotlib fails at once
-    model, tokenizer = load(model, dtype=dtype)
+    model, tokenizer = load(model, dtype=inspection_dtype(dtype))
     pattern = attention_pattern(model, tokenizer, prompt, layer, head)
     click.echo(table(pattern))
     if plot:

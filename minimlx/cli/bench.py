@@ -104,7 +104,7 @@ def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, eager,
         "peak_memory_gb": mx.get_peak_memory() / 1e9,
         "weights_gb": sum(w.nbytes for _, w in weights) / 1e9,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # Linux counts kB
-        "dtype": dtype or default_dtype() or "as stored",
+        "dtype": dtype or default_dtype() or ("native-kernel" if mx.default_device() == mx.cpu else "as stored"),
         "device": str(mx.default_device()),
         "blas": blas.loaded,
         "compiled": runner is not net,

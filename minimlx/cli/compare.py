@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.similarity import compare_word
 from ..loading import load
-from . import TEXT, dtype_option, main
+from . import TEXT, dtype_option, inspection_dtype, main
 
 
 @main.command()
@@ -18,7 +18,7 @@ from . import TEXT, dtype_option, main
 @dtype_option
 def compare(model, first, second, word, as_json, dtype):
     """Cosine similarity of WORD's hidden state in sentence FIRST and in sentence SECOND, per layer."""
-    model, tokenizer = load(model, dtype=dtype)
+    model, tokenizer = load(model, dtype=inspection_dtype(dtype))
     result = compare_word(model, tokenizer, first, second, word)
     if as_json:
         click.echo(json.dumps(result.to_dict(), ensure_ascii=False))

@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.lens import LensResult, logit_lens
 from ..loading import load
-from . import TEXT, dtype_option, main
+from . import TEXT, dtype_option, inspection_dtype, main
 from .plots import pyplot, save, shown
 
 
@@ -52,7 +52,7 @@ def draw(result: LensResult, path: str, plt) -> None:
 def lens(model, prompt, top_k, as_json, png, dtype):
     """Apply the final norm and lm_head after every block: the logit lens of PROMPT (no chat template)."""
     plt = pyplot("--png") if png else None
-    model, tokenizer = load(model, dtype=dtype)
+    model, tokenizer = load(model, dtype=inspection_dtype(dtype))
     result = logit_lens(model, tokenizer, prompt, top_k)
     click.echo(json.dumps(result.to_dict(), ensure_ascii=False) if as_json else grid(result))
     if png:

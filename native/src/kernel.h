@@ -89,6 +89,17 @@ void silu_avx512(const float* x, float* out, int64_t begin, int64_t end);
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end);
 #endif
 
+// Weight rows [row_begin, row_end) of a packed product, dequantized to float32 into `dst` (K floats a row, each
+// chunk of 32 in the order prepare_inputs gives x). One function per instruction set.
+void dequantize_scalar(const Problem& p, int row_begin, int row_end, float* dst);
+#if defined(__x86_64__) || defined(_M_X64)
+void dequantize_avx2(const Problem& p, int row_begin, int row_end, float* dst);
+void dequantize_avx512(const Problem& p, int row_begin, int row_end, float* dst);
+#endif
+#if defined(__aarch64__)
+void dequantize_neon(const Problem& p, int row_begin, int row_end, float* dst);
+#endif
+
 // Panels [panel_begin, panel_end) of x (M x K) for `gemm`, and output columns [row_begin, row_end) of a
 // product from them. One pair per instruction set, with its panel height.
 void pack_scalar(const float* x, int M, int K, float* panels, int panel_begin, int panel_end);

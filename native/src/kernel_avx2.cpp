@@ -45,6 +45,10 @@ void attend_avx2(const Attention& a, int row, int head, int query_begin, int que
   attend_queries<Avx2>(a, row, head, query_begin, query_end);
 }
 
+void dequantize_avx2(const Problem& p, int row_begin, int row_end, float* dst) {
+  dequantize_rows<Avx2>(p, row_begin, row_end, dst);
+}
+
 void pack_avx2(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
   pack_panels<Avx2>(x, M, K, panels, panel_begin, panel_end);
 }

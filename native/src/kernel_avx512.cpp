@@ -37,6 +37,10 @@ void attend_avx512(const Attention& a, int row, int head, int query_begin, int q
   attend_queries<Avx512>(a, row, head, query_begin, query_end);
 }
 
+void dequantize_avx512(const Problem& p, int row_begin, int row_end, float* dst) {
+  dequantize_rows<Avx512>(p, row_begin, row_end, dst);
+}
+
 void pack_avx512(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
   pack_panels<Avx512>(x, M, K, panels, panel_begin, panel_end);
 }

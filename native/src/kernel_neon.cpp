@@ -44,6 +44,10 @@ void attend_neon(const Attention& a, int row, int head, int query_begin, int que
   attend_queries<Neon>(a, row, head, query_begin, query_end);
 }
 
+void dequantize_neon(const Problem& p, int row_begin, int row_end, float* dst) {
+  dequantize_rows<Neon>(p, row_begin, row_end, dst);
+}
+
 void pack_neon(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
   pack_panels<Neon>(x, M, K, panels, panel_begin, panel_end);
 }

@@ -60,6 +60,10 @@ void attend_scalar(const Attention& a, int row, int head, int query_begin, int q
   attend_queries<Scalar>(a, row, head, query_begin, query_end);
 }
 
+void dequantize_scalar(const Problem& p, int row_begin, int row_end, float* dst) {
+  dequantize_rows<Scalar>(p, row_begin, row_end, dst);
+}
+
 void pack_scalar(const float* x, int M, int K, float* panels, int panel_begin, int panel_end) {
   pack_panels<Scalar>(x, M, K, panels, panel_begin, panel_end);
 }

@@ -159,6 +159,30 @@ inline void rows_bits(const Problem& p, int row_begin, int row_end) {
   }
 }
 
+// Weight rows [row_begin, row_end) as float32 (scale * q + bias, the same FMA as the blocks above), row by row
+// into `dst`, each chunk of 32 values in the order the kernel unpacks them (the order `prepare_inputs` gives x).
+template <class Simd>
+void dequantize_rows(const Problem& p, int row_begin, int row_end, float* dst) {
+  using V = typename Simd::V;
+  constexpr int VPC = 32 / Simd::W;
+  const int groups = p.K / p.group_size, chunks = p.group_size / 32;
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * p.bits / 8;
+  for (int n = row_begin; n < row_end; ++n, dst += p.K) {
+    const uint8_t* w = p.w + n * row_bytes;
+    for (int g = 0; g < groups; ++g) {
+      const V scale = Simd::set1(p.scales[static_cast<int64_t>(n) * groups + g]);
+      const V bias = Simd::set1(p.biases[static_cast<int64_t>(n) * groups + g]);
+      for (int c = 0; c < chunks; ++c) {
+        const int k = (g * chunks + c) * 32;
+        V q[VPC];
+        if (p.bits == 4) Simd::unpack4(w + k / 2, q);
+        else Simd::unpack8(w + k, q);
+        for (int v = 0; v < VPC; ++v) Simd::store(dst + k + v * Simd::W, Simd::fma(q[v], scale, bias));
+      }
+    }
+  }
+}
+
 // The group size as a constant where it is a common one (GS = 0: read from `p`): with the chunks per group
 // known, the compiler unrolls the group loop and keeps the sums in registers (1.6x at 32, in a C++ harness).
 template <class Simd, int BITS>
