@@ -285,6 +285,7 @@ def test_float_swiglu_product_equals_its_parts(rows):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, dtype, message", [((4, 8), (5, 9), mx.float32, "features"),
+                                                               ((4, 0), (5, 0), mx.float32, "at least one"),
                                                                ((4, 8), (5, 8), mx.float16, "float32"),
                                                                ((4, 8), (8,), mx.float32, "float32")])
 def test_float_product_refuses_what_it_does_not_read(x_shape, w_shape, dtype, message):

@@ -533,9 +533,9 @@ mx::array float_product(const std::string& name, const mx::array& x, const mx::a
   const bool float32 = x.dtype() == mx::float32 && w.dtype() == mx::float32 && (!gate || gate->dtype() == mx::float32);
   if (!float32 || x.ndim() < 1 || w.ndim() != 2 || (gate && gate->shape() != w.shape()))
     throw std::invalid_argument(name + ": x must be float32 (..., K) and the weights float32 (N, K) of one shape");
-  if (w.shape(1) != x.shape(-1))
+  if (w.shape(1) != x.shape(-1) || w.shape(1) == 0)
     throw std::invalid_argument(name + ": x has " + std::to_string(x.shape(-1)) + " features, the weights " +
-                                std::to_string(w.shape(1)));
+                                std::to_string(w.shape(1)) + " (they must agree, and be at least one)");
   auto shape = x.shape();
   shape.back() = w.shape(0);
   std::vector<mx::array> inputs{x};
