@@ -125,7 +125,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-torch", action="store_true", help="leave torch's column out")
     parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, as before issue 14")
-    parser.add_argument("--dtype", help="as for minimlx bench (default: minimlx's default)")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "quantized"],
+                        help="as for minimlx bench (default: minimlx's default)")
     args = parser.parse_args()
     if args.mlx_ops:
         minimlx.core.attention.attend = lambda q, k, v, scale, mask: mx.fast.scaled_dot_product_attention(

@@ -21,9 +21,10 @@ weights once and the kernel pads the row to a whole panel (`benchmarks/native_ge
 
 
 def native_product(x: mx.array, weight: mx.array):
-    """The native kernel's module when `x @ weight.T` should run in it (float32, enough rows), else None."""
+    """The native kernel's module when `x @ weight.T` should run in it (float32, enough rows, not switched off),
+    else None. (Only models whose kernel has `matmul` get `NativeLinear`s: `use_native_products`.)"""
     native = native_kernel()
-    if native is None or not hasattr(native, "matmul") or x.dtype != mx.float32 or weight.dtype != mx.float32:
+    if native is None or x.dtype != mx.float32 or weight.dtype != mx.float32:
         return None
     return native if x.size // max(x.shape[-1], 1) >= NATIVE_ROWS else None
 

