@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .checks import check_generation, check_whole
-from .core.sampling import Sampler, apply_repetition_penalty, check_settings, make_sampler
+from .core.sampling import Sampler, apply_repetition_penalty, check_settings, greedy, make_sampler
 from .errors import InvalidSettingError, MinimlxError
 
 
@@ -149,6 +149,11 @@ class Sequence:
     @property
     def running(self) -> bool:
         return self.finish_reason is None and not self.cancelled
+
+    @property
+    def greedy(self) -> bool:
+        """Whether its next token is its logits' argmax alone (no penalty, no draw)."""
+        return self.request.sampler is greedy and self.request.repetition_penalty == 1.0
 
     def sample(self, logits: mx.array, fed: mx.array) -> mx.array:
         """The next token (1,) from this sequence's logits (1, vocab), `fed` (1,) being the token just read."""
@@ -403,7 +408,12 @@ class Engine:
     def decode(self, rows: list[Sequence], cache: list, inputs: mx.array) -> mx.array:
         """Queue one step: each row reads its token in `inputs` (rows,); returns the sampled tokens (rows,)."""
         logits = self.model(inputs[:, None], cache)[:, -1, :]
-        tokens = mx.concatenate([s.sample(logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
+        if all(s.greedy for s in rows):  # one argmax for the batch instead of a slice and an argmax per row
+            for s in rows:
+                s.sampled += 1
+            tokens = greedy(logits)
+        else:
+            tokens = mx.concatenate([s.sample(logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
         if self.agree is not None:
             tokens = self.agree(tokens)
         mx.async_eval(tokens)

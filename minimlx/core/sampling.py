@@ -56,10 +56,16 @@ def apply_repetition_penalty(logits: mx.array, tokens: mx.array, penalty: float)
     return mx.put_along_axis(logits, tokens, mx.where(seen < 0, seen * penalty, seen / penalty), axis=-1)
 
 
+def greedy(logits: mx.array, key: mx.array | None = None) -> mx.array:
+    """The most likely token of each row: the sampler at temperature 0 (rows are independent, so a batch of
+    greedy rows takes one argmax)."""
+    return mx.argmax(logits, axis=-1)
+
+
 def make_sampler(temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> Sampler:
     """`sampler(logits, key) -> token ids`: argmax at temperature 0, else a draw from the filtered distribution."""
     if temperature == 0:
-        return lambda logits, key=None: mx.argmax(logits, axis=-1)
+        return greedy
 
     def sample(logits: mx.array, key: mx.array | None = None) -> mx.array:
         logits = logits.astype(mx.float32) / temperature

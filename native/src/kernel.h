@@ -69,14 +69,16 @@ void rows_avx512(const Problem& p, int row_begin, int row_end);
 void rows_neon(const Problem& p, int row_begin, int row_end);
 #endif
 
-// Queries [query_begin, query_end) of one head of one batch row. One function per instruction set.
-void attend_scalar(const Attention& a, int row, int head, int query_begin, int query_end);
+// Queries [query_begin, query_end) of heads [head, head + heads) of one batch row, heads that share one kv head
+// (at most kHeadsTogether of them). One function per instruction set.
+constexpr int kHeadsTogether = 4;
+void attend_scalar(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
 #if defined(__x86_64__) || defined(_M_X64)
-void attend_avx2(const Attention& a, int row, int head, int query_begin, int query_end);
-void attend_avx512(const Attention& a, int row, int head, int query_begin, int query_end);
+void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_avx512(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
 #endif
 #if defined(__aarch64__)
-void attend_neon(const Attention& a, int row, int head, int query_begin, int query_end);
+void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
 #endif
 
 // out[i] = silu(x[i]) for i in [begin, end). One function per instruction set.

@@ -24,6 +24,13 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // out[r] = the sum of v[r]'s lanes, r < 4: sums within each 128-bit lane, then across the two.
+  static void sum4(const V* v, float* out) {
+    const V ab = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+    const V cd = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+    const V abcd = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  }
   static void unpack4(const uint8_t* p, V* q) {
     const __m256i mask = _mm256_set1_epi32(0xF);
     const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -41,8 +48,8 @@ struct Avx2 {
 
 void rows_avx2(const Problem& p, int row_begin, int row_end) { rows<Avx2>(p, row_begin, row_end); }
 
-void attend_avx2(const Attention& a, int row, int head, int query_begin, int query_end) {
-  attend_queries<Avx2>(a, row, head, query_begin, query_end);
+void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
+  attend_queries<Avx2>(a, row, head, heads, query_begin, query_end);
 }
 
 void dequantize_avx2(const Problem& p, int row_begin, int row_end, float* dst) {

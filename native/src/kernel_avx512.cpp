@@ -20,6 +20,15 @@ struct Avx512 {
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  // out[r] = the sum of v[r]'s lanes, r < 4: sums within each 128-bit lane, then across the lanes.
+  static void sum4(const V* v, float* out) {
+    const V ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const V cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    const V abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+    const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1)));
+  }
   static void unpack4(const uint8_t* p, V* q) {
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0xF)));
@@ -33,8 +42,8 @@ struct Avx512 {
 
 void rows_avx512(const Problem& p, int row_begin, int row_end) { rows<Avx512>(p, row_begin, row_end); }
 
-void attend_avx512(const Attention& a, int row, int head, int query_begin, int query_end) {
-  attend_queries<Avx512>(a, row, head, query_begin, query_end);
+void attend_avx512(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
+  attend_queries<Avx512>(a, row, head, heads, query_begin, query_end);
 }
 
 void dequantize_avx512(const Problem& p, int row_begin, int row_end, float* dst) {

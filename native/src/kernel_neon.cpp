@@ -20,6 +20,8 @@ struct Neon {
   static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
   static V add(V a, V b) { return vaddq_f32(a, b); }
   static float sum(V v) { return vaddvq_f32(v); }
+  // out[r] = the sum of v[r]'s lanes, r < 4: pairwise sums twice.
+  static void sum4(const V* v, float* out) { vst1q_f32(out, vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3]))); }
   static void widen(uint8x16_t bytes, V* q) {
     const uint16x8_t low = vmovl_u8(vget_low_u8(bytes)), high = vmovl_u8(vget_high_u8(bytes));
     q[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(low)));
@@ -40,8 +42,8 @@ struct Neon {
 
 void rows_neon(const Problem& p, int row_begin, int row_end) { rows<Neon>(p, row_begin, row_end); }
 
-void attend_neon(const Attention& a, int row, int head, int query_begin, int query_end) {
-  attend_queries<Neon>(a, row, head, query_begin, query_end);
+void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
+  attend_queries<Neon>(a, row, head, heads, query_begin, query_end);
 }
 
 void dequantize_neon(const Problem& p, int row_begin, int row_end, float* dst) {

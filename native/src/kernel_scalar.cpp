@@ -43,6 +43,7 @@ struct Scalar {
   static V fma(V a, V b, V c) { return a * b + c; }
   static V add(V a, V b) { return a + b; }
   static float sum(V v) { return v; }
+  static void sum4(const V* v, float* out) { std::copy(v, v + 4, out); }
   static void unpack4(const uint8_t* p, V* q) {
     for (int i = 0; i < 16; ++i) {
       q[i] = static_cast<float>(p[i] & 0xF);
@@ -56,8 +57,8 @@ struct Scalar {
 
 void rows_scalar(const Problem& p, int row_begin, int row_end) { rows<Scalar>(p, row_begin, row_end); }
 
-void attend_scalar(const Attention& a, int row, int head, int query_begin, int query_end) {
-  attend_queries<Scalar>(a, row, head, query_begin, query_end);
+void attend_scalar(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
+  attend_queries<Scalar>(a, row, head, heads, query_begin, query_end);
 }
 
 void dequantize_scalar(const Problem& p, int row_begin, int row_end, float* dst) {

@@ -36,7 +36,7 @@ namespace minimlx_native {
 // The kernels of one instruction set.
 struct Isa {
   void (*rows)(const Problem&, int, int);
-  void (*attend)(const Attention&, int, int, int, int);
+  void (*attend)(const Attention&, int, int, int, int, int);
   void (*silu)(const float*, float*, int64_t, int64_t);
   void (*dequantize)(const Problem&, int, int, float*);
   void (*pack)(const float*, int, int, float*, int, int);
@@ -369,7 +369,7 @@ void float_product_work(const std::vector<mx::array>& in, mx::array& out) {
 }
 
 // Queries per block of work: enough that claiming a block costs nothing, few enough that the two cores
-// of a 128-token chunk of 9 heads get 72 blocks to share.
+// get 24 blocks to share from a 128-token chunk of SmolLM2's 9 heads (3 groups of heads sharing a kv head).
 constexpr int kQueryBlock = 16;
 
 // The data of a 4-D array and its first three strides, in floats; rows whose last step is not one float
@@ -403,11 +403,16 @@ Work attention_work(float scale) {
     a.q = rows_of(q, a.q_strides, copies[0]);
     a.k = rows_of(k, a.k_strides, copies[1]);
     a.v = rows_of(v, a.v_strides, copies[2]);
-    const int blocks_per_head = (a.queries + kQueryBlock - 1) / kQueryBlock;
-    const int blocks = a.batch * a.heads * blocks_per_head;
+    // Blocks of queries of a part of the heads that share a kv head (at most kHeadsTogether, as even as can be).
+    const int group = a.heads / a.kv_heads, parts = (group + kHeadsTogether - 1) / kHeadsTogether;
+    const int blocks_per_part = (a.queries + kQueryBlock - 1) / kQueryBlock;
+    const int blocks = a.batch * a.kv_heads * parts * blocks_per_part;
     auto block = [&](int b) {
-      const int head_row = b / blocks_per_head, first = b % blocks_per_head * kQueryBlock;
-      kIsa.attend(a, head_row / a.heads, head_row % a.heads, first, std::min(a.queries, first + kQueryBlock));
+      const int first = b % blocks_per_part * kQueryBlock, part = b / blocks_per_part % parts;
+      const int kv_row = b / blocks_per_part / parts, kv_head = kv_row % a.kv_heads;
+      const int head = part * group / parts, end = (part + 1) * group / parts;
+      kIsa.attend(a, kv_row / a.kv_heads, kv_head * group + head, end - head, first,
+                  std::min(a.queries, first + kQueryBlock));
     };
     share(blocks, block);
   };
