@@ -8,7 +8,8 @@ prompt length, sampling settings, seed, stop strings and token budget:
   pass, right-aligned (a shorter prompt left-padded inside the pass, cached tokens inside it fed again);
   the rest prefill alone. Each first token is sampled from its prompt's last position (so it comes out
   before the next decode step), then the joiners' cache is merged into the batch's, left-padded to the
-  longest row (`GrowingBuffer.merge`). The model sees only a cache whose rows have different positions
+  longest row (`GrowingBuffer.merge`). A joiner that needs one prompt token alone (the prompt cache holds
+  the rest) skips the prefill while others decode: it rides their next step, its last prompt token fed there. The model sees only a cache whose rows have different positions
   and padding; attention reads both from the cache, so core parts know nothing of requests.
 - Each step feeds every row its latest token, samples each row's logits with that row's own
   sampler and random keys (so a seeded draw does not depend on its neighbours), and queues the
@@ -24,6 +25,7 @@ that starts the same way (a conversation resent with one more turn) prefills onl
 import random
 import threading
 from collections import deque
+from collections.abc import Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 
@@ -290,7 +292,12 @@ class Engine:
             caches.append([c.select(going_on) for c in self.cache])
             inputs.append(previous if len(going_on) == len(read_rows) else previous[mx.array(going_on)])
         firsts = []
-        for joined, cache, first in self.admit(len(rows)):
+        riders, groups = self.admit(len(rows))
+        for sequence, cache in riders:  # its last prompt token is fed in the decode step, its first token sampled there
+            rows.append(sequence)
+            caches.append(cache)
+            inputs.append(mx.array(sequence.request.prompt[-1:], dtype=mx.uint32))
+        for joined, cache, first in groups:
             firsts += [s.read(token) for s, token in zip(joined, first.tolist())]
             going = [i for i, s in enumerate(joined) if s.running]
             for i, sequence in enumerate(joined):
@@ -312,12 +319,16 @@ class Engine:
             return firsts
         return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running] + firsts
 
-    def admit(self, running: int):
-        """Prefill waiting sequences while there is room, in groups: (sequences, their cache (a row each), their
-        first tokens (sequences,)).
+    def admit(self, running: int) -> tuple[list[tuple[Sequence, list]], Iterator]:
+        """Take waiting sequences while there is room: (riders, prefilled groups).
 
-        Joiners that need about as many new tokens prefill together (`prefill_together`), the others alone.
-        The first token is sampled from the prompt's last position, as in one pass over the whole prompt.
+        A rider needs one prompt token alone (the prompt cache or its conversation holds the rest), and `running`
+        sequences decode already: it joins their next step as they do, its last prompt token fed where theirs is
+        the one they sampled, for the price of one more row instead of a forward pass of its own. Riders come as
+        (sequence, cache). The others prefill in groups, each (sequences, their cache (a row each), their first
+        tokens (sequences,)), lazily: joiners that need about as many new tokens together (`prefill_together`),
+        the others alone. The first token is sampled from the prompt's last position, as in one pass over the
+        whole prompt.
         """
         joiners = []
         while running + len(joiners) < self.max_batch:
@@ -331,8 +342,10 @@ class Engine:
             if cache is None and self.prompt_cache is not None:
                 sequence.cached_tokens, cache = self.prompt_cache.fetch(sequence.request.prompt)
             joiners.append((sequence, cache if cache is not None else self.model.make_cache()))
-        for group in self.prefill_groups(joiners):
-            yield self.prefill_together(group) if len(group) > 1 else self.prefill_alone(*group[0])
+        rides = [running > 0 and len(s.request.prompt) - s.cached_tokens == 1 for s, _ in joiners]
+        riders = [joiner for joiner, ride in zip(joiners, rides) if ride]
+        groups = self.prefill_groups([joiner for joiner, ride in zip(joiners, rides) if not ride])
+        return riders, (self.prefill_together(g) if len(g) > 1 else self.prefill_alone(*g[0]) for g in groups)
 
     def prefill_groups(self, joiners: list[tuple[Sequence, list]]) -> list[list[tuple[Sequence, list]]]:
         """Joiners in groups to prefill together, by how many prompt tokens each still needs.

@@ -146,6 +146,30 @@ def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
     assert fed_again and padded
 
 
+def test_a_joiner_with_one_token_to_feed_rides_the_decode_step(smollm2, monkeypatch):
+    """A prompt the prompt cache holds but for its last token joins a running batch without a prefill pass: its last
+    token is fed in the batch's next decode step. Greedy and seeded draws give the tokens they give alone."""
+    model, tokenizer = smollm2
+    prefilled = []
+    for name in ("prefill_alone", "prefill_together"):
+        original = getattr(Engine, name)
+        monkeypatch.setattr(Engine, name, lambda self, *a, _f=original: prefilled.append(a) or _f(self, *a))
+    cached, other = encode_prompt(tokenizer, PROMPTS[0]), encode_prompt(tokenizer, PROMPTS[1])
+    engine = Engine(model, tokenizer, prompt_cache_size=2)
+    engine.submit(make_request(cached, max_tokens=3))
+    engine.run()
+    running = engine.submit(make_request(other, max_tokens=12))
+    engine.step()
+    prefilled.clear()
+    riders = [engine.submit(make_request(cached, max_tokens=8)),
+              engine.submit(make_request(cached, max_tokens=8, temperature=0.8, seed=7))]
+    engine.run()
+    assert prefilled == [] and all(r.cached_tokens == len(cached) - 1 for r in riders)
+    assert riders[0].tokens == [r.token for r in stream_generate(model, tokenizer, cached, max_tokens=8)]
+    assert riders[1].tokens == run_batch(model, tokenizer, [make_request(cached, 8, temperature=0.8, seed=7)])[0]
+    assert running.tokens == [r.token for r in stream_generate(model, tokenizer, other, max_tokens=12)]
+
+
 @pytest.fixture(scope="module", params=sorted(TINY))
 def tiny(request, tmp_path_factory):
     config_class, config = TINY[request.param]

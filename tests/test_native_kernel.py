@@ -42,9 +42,11 @@ def assert_float32_close(got, want, x, weight):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 64])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 33, 45, 61])
 @pytest.mark.parametrize("shape", [(7, 64), (577, 128), (96, 1536)])
 def test_product_equals_mlx(bits, group_size, rows, shape):
+    """Input rows in blocks of 8, 4 and fewer; from 28, panels of the GEMM on dequantized weights, a few rows past
+    the last full panel in blocks (33, 45: a 32-row panel and 1 or 13 rows), more in a padded panel (61)."""
     w, scales, biases = packed(*shape, group_size, bits, seed=rows)
     x = mx.random.normal((rows, shape[1]))
     got = minimlx_native.quantized_matmul(x, w, scales, biases, group_size, bits)
@@ -220,7 +222,7 @@ def test_attend_takes_the_native_op_for_masked_prompts(mask, monkeypatch):
 
 
 @pytest.mark.parametrize("bits, group_size", [(4, 32), (8, 64)])
-@pytest.mark.parametrize("rows", [1, 3, 8, 33])
+@pytest.mark.parametrize("rows", [1, 3, 8, 33, 45])
 def test_swiglu_product_equals_its_parts(bits, group_size, rows):
     gate, up = packed(96, 128, group_size, bits, seed=1), packed(96, 128, group_size, bits, seed=2)
     x = mx.random.normal((rows, 128))

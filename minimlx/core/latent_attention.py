@@ -14,7 +14,7 @@ attends over the cached latents directly and never rebuilds the whole context's 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .attention import causal, record_attention
+from .attention import causal, merge_heads, record_attention, split_heads
 from .cache import LatentCache
 from .norms import RMSNorm
 from .quantized import QuantizedWeight
@@ -82,9 +82,9 @@ class LatentAttention(nn.Module):
         self.scale = scale
 
     def __call__(self, x: mx.array, cache: LatentCache | None = None, recorder: Recorder | None = None) -> mx.array:
-        batch, tokens, _ = x.shape
+        tokens = x.shape[1]
         q = self.q_proj(x) if "q_proj" in self else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        q = q.reshape(batch, tokens, self.heads, -1).transpose(0, 2, 1, 3)
+        q = split_heads(q, self.heads)
         q_nope, q_rope = mx.split(q, [self.nope_dims], axis=-1)
         latent, k_rope = mx.split(self.kv_a_proj(x)[:, None], [self.latent_dims], axis=-1)
         position, mask = (cache.position, cache.mask(tokens)) if cache is not None else (0, causal(tokens))
@@ -96,7 +96,7 @@ class LatentAttention(nn.Module):
             out = self._absorbed(q_nope, q_rope, latent_keys, mask)
         else:
             out = self._expanded(q_nope, q_rope, latent_keys, mask, recorder)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, tokens, -1))
+        return self.o_proj(merge_heads(out))
 
     def _expanded(self, q_nope, q_rope, latent_keys, mask, recorder: Recorder | None = None) -> mx.array:
         """Full per-head keys and values from the latents, then causal attention (the path a recorder sees)."""

@@ -318,7 +318,9 @@ void gemm_product(const float* x, int M, int N, int K, float* out, const WeightR
 
 // Input rows from which a packed product dequantizes each block of weight rows once and runs the GEMM on it,
 // instead of the kernel's blocks of 8 input rows. SmolLM2's 30 layers of 4-bit products, two Zen 4 cores: blocks
-// 41.0 ms at 24 rows, 55.1 at 32, 218.7 at 128; dequantized GEMM 44.8, 44.3 and 155.9 ms.
+// 41.0 ms at 24 rows, 55.1 at 32, 218.7 at 128; dequantized GEMM 44.8, 44.3 and 155.9 ms. The GEMM pads its last
+// panel of input rows with zeros, so fewer rows than this past the last full panel take the blocks as well:
+// 36 rows (a 32-row panel and 4 in blocks, not two panels) 69.5-70.7 -> 47.2-47.5 ms; 70 rows 107 -> 83 ms.
 constexpr int kDequantizedGemmRows = 28;
 
 // Inputs x, w, scales, biases: x @ dequantize(w).T. Three more (the gate's w, scales, biases): the SwiGLU
@@ -326,16 +328,28 @@ constexpr int kDequantizedGemmRows = 28;
 Work product_work(int group_size, int bits) {
   return [group_size, bits](const std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
-    const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K);
+    const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K), groups = K / group_size;
     thread_local Floats copy, prepared, sums, gated;
+    const bool gated_product = in.size() == 7;
+    const int rest = M % kIsa.panel_rows, gemm_rows = M < kDequantizedGemmRows ? 0
+                                                      : rest < kDequantizedGemmRows ? M - rest : M;
+    const int rows = M - gemm_rows;  // the blocks' input rows, after the GEMM's
+    const float* xs = contiguous(x, copy);
     prepared.resize(x.size());
-    sums.resize(static_cast<size_t>(M) * (K / group_size));
-    prepare_inputs(contiguous(x, copy), M, K, group_size, bits, prepared.data(), sums.data());
-    auto problem = [&](int first, float* dst) {
-      return Problem{prepared.data(), sums.data(), reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()),
-                     in[first + 1].data<float>(), in[first + 2].data<float>(), dst, M, N, K, group_size, bits};
+    sums.resize(static_cast<size_t>(M) * groups);
+    for (auto [first_row, count] : {std::pair{0, gemm_rows}, std::pair{gemm_rows, rows}})  // each part's own layout
+      if (count > 0)
+        prepare_inputs(xs + static_cast<int64_t>(first_row) * K, count, K, group_size, bits,
+                       prepared.data() + static_cast<int64_t>(first_row) * K,
+                       sums.data() + static_cast<int64_t>(first_row) * groups);
+    // Input rows [first_row, first_row + rows) of the product of weight `first` (w, scales, biases), into dst.
+    auto problem = [&](int first, int first_row, int rows, float* dst) {
+      return Problem{prepared.data() + static_cast<int64_t>(first_row) * K,
+                     sums.data() + static_cast<int64_t>(first_row) * groups,
+                     reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()), in[first + 1].data<float>(),
+                     in[first + 2].data<float>(), dst, rows, N, K, group_size, bits};
     };
-    if (M >= kDequantizedGemmRows) {
+    if (gemm_rows > 0) {
       auto dequantized = [](const Problem& p) {
         return [&p](int begin, int end, Floats& scratch) {
           scratch.resize(static_cast<size_t>(end - begin) * p.K);
@@ -343,14 +357,18 @@ Work product_work(int group_size, int bits) {
           return static_cast<const float*>(scratch.data());
         };
       };
-      const Problem product = problem(1, out.data<float>()), gate = problem(in.size() == 7 ? 4 : 1, nullptr);
+      const Problem product = problem(1, 0, gemm_rows, out.data<float>());
+      const Problem gate = problem(gated_product ? 4 : 1, 0, gemm_rows, nullptr);
       const WeightRows product_rows = dequantized(product), gate_rows = dequantized(gate);
-      return gemm_product(prepared.data(), M, N, K, out.data<float>(), product_rows, in.size() == 7 ? &gate_rows : nullptr);
+      gemm_product(prepared.data(), gemm_rows, N, K, out.data<float>(), product_rows,
+                   gated_product ? &gate_rows : nullptr);
     }
-    if (in.size() == 4) return run(problem(1, out.data<float>()), nullptr);
-    gated.resize(static_cast<size_t>(M) * N);
-    const Problem gate = problem(4, gated.data());
-    run(problem(1, out.data<float>()), &gate);
+    if (rows == 0) return;
+    float* dst = out.data<float>() + static_cast<int64_t>(gemm_rows) * N;
+    if (!gated_product) return run(problem(1, gemm_rows, rows, dst), nullptr);
+    gated.resize(static_cast<size_t>(rows) * N);
+    const Problem gate = problem(4, gemm_rows, rows, gated.data());
+    run(problem(1, gemm_rows, rows, dst), &gate);
   };
 }
 
