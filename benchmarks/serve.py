@@ -1,12 +1,14 @@
 """Concurrent streaming chat requests against minimlx serve and its peers, SmolLM2-135M, same weights.
 
-    python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--work DIR]
+    python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--rounds 3] [--work DIR]
 
 Each server starts in its own process on a free port and answers one warm-up request; then, for each
 N in --clients, N clients each send one streaming chat request at the same moment (temperature 0,
 `max_tokens` --tokens, each a different question that asks for a long answer) and read it to the end.
 Aggregate tokens/s = generated tokens of all N / seconds from the sends to the last token; time to
 first token (TTFT) is the median over the N requests of the seconds to their first content delta.
+Each server goes through the client counts --rounds times in turn, and the table gives the medians of
+the rounds (a busy machine slows one burst, not all of them), failed requests summed over the rounds.
 
 Servers, each left out with a note when not installed: minimlx serve --dtype float32 (the GGUF dequantized),
 minimlx serve as it starts by default with the native kernel of native/ installed (the GGUF's Q4_1 weights kept
@@ -142,8 +144,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench")
     args = parser.parse_args()
+    if args.rounds < 1 or args.tokens < 1 or min(args.clients) < 1:
+        parser.error("--rounds, --tokens and every --clients count must be at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
     found, notes = servers(args.work)
     rows = {}
@@ -152,7 +157,10 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         try:
             stream_chat(url, model, "a warm-up", 8)
-            rows[name] = {n: burst(url, model, n, args.tokens) for n in args.clients}
+            rounds = [{n: burst(url, model, n, args.tokens) for n in args.clients} for _ in range(args.rounds)]
+            rows[name] = {n: (statistics.median(r[n][0] for r in rounds), statistics.median(r[n][1] for r in rounds),
+                              sum(r[n][2] for r in rounds)) for n in args.clients}
+            print(name, "rounds:", {n: [round(r[n][0], 1) for r in rounds] for n in args.clients}, flush=True)
         finally:
             process.terminate()
             process.wait(timeout=30)
@@ -160,7 +168,8 @@ def main() -> None:
                    for n, (tps, ttft, failed) in rows[name].items()}
         print(name, summary, flush=True)
 
-    print(f"\n{machine()}\n\nSmolLM2-135M-Instruct, {args.tokens} generated tokens per request, temperature 0:\n")
+    print(f"\n{machine()}\n\nSmolLM2-135M-Instruct, {args.tokens} generated tokens per request, temperature 0, "
+          f"medians of {args.rounds} rounds:\n")
     print("| server | " + " | ".join(f"{n} clients tok/s | TTFT s" for n in args.clients) + " |")
     print("| --- |" + " ---: | ---: |" * len(args.clients))
     for name, by_clients in rows.items():
