@@ -17,93 +17,78 @@ inline float bias_term(const float* biases, const float* xsum, int groups) {
   return Simd::sum(total) + rest;
 }
 
-// NB output rows from n times MB input rows from m0: each unpacked weight chunk feeds MB products and
-// each input chunk NB, so that one input row still has NB independent sums for the CPU to overlap.
-template <class Simd, int BITS, int GS, int NB, int MB>
+// Output row n times MB input rows from m0: per group, the packed integers times x summed, then scaled (the
+// biases' share comes from x's group sums). Both forms here take one weight row at a time, so that its values
+// are read as one stream, which the CPU's prefetcher follows; four rows side by side (four streams 576 bytes
+// apart) read SmolLM2's 8-bit head, 49,152 x 576, at half the speed from memory (one input row, one core:
+// 5.3-6.6 -> 10.0-12.2 GMAC/s) and ran no faster in cache.
+template <class Simd, int BITS, int GS, int MB>
 inline void block(const Problem& p, int n, int m0) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;  // vectors per chunk of 32 values
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size, chunks = group_size / 32;
-  const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
+  const uint8_t* w = p.w + static_cast<int64_t>(n) * p.K * BITS / 8;
   const float* scales = p.scales + static_cast<int64_t>(n) * groups;
   const float* biases = p.biases + static_cast<int64_t>(n) * groups;
-  V acc[NB][MB];
-  for (int r = 0; r < NB; ++r)
-    for (int m = 0; m < MB; ++m) acc[r][m] = Simd::zero();
+  V acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = Simd::zero();
   for (int g = 0; g < groups; ++g) {
-    V part[NB][MB];
-    for (int r = 0; r < NB; ++r)
-      for (int m = 0; m < MB; ++m) part[r][m] = Simd::zero();
+    V part[MB];
+    for (int m = 0; m < MB; ++m) part[m] = Simd::zero();
     for (int c = 0; c < chunks; ++c) {
       const int k = g * group_size + c * 32;
-      for (int r = 0; r < NB; ++r) {
-        V q[VPC];
-        if constexpr (BITS == 4) Simd::unpack4(p.w + (n + r) * row_bytes + k / 2, q);
-        else Simd::unpack8(p.w + (n + r) * row_bytes + k, q);
-        for (int m = 0; m < MB; ++m) {
-          const float* x = p.x + static_cast<int64_t>(m0 + m) * p.K + k;
-          for (int v = 0; v < VPC; ++v) part[r][m] = Simd::fma(q[v], Simd::load(x + v * Simd::W), part[r][m]);
-        }
+      V q[VPC];
+      if constexpr (BITS == 4) Simd::unpack4(w + k / 2, q);
+      else Simd::unpack8(w + k, q);
+      for (int m = 0; m < MB; ++m) {
+        const float* x = p.x + static_cast<int64_t>(m0 + m) * p.K + k;
+        for (int v = 0; v < VPC; ++v) part[m] = Simd::fma(q[v], Simd::load(x + v * Simd::W), part[m]);
       }
     }
-    for (int r = 0; r < NB; ++r) {
-      const V scale = Simd::set1(scales[r * groups + g]);
-      for (int m = 0; m < MB; ++m) acc[r][m] = Simd::fma(part[r][m], scale, acc[r][m]);
-    }
+    const V scale = Simd::set1(scales[g]);
+    for (int m = 0; m < MB; ++m) acc[m] = Simd::fma(part[m], scale, acc[m]);
   }
-  for (int r = 0; r < NB; ++r)
-    for (int m = 0; m < MB; ++m) {
-      const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
-      p.out[static_cast<int64_t>(m0 + m) * p.N + n + r] = Simd::sum(acc[r][m]) + bias_term<Simd>(biases + r * groups, xsum, groups);
-    }
+  for (int m = 0; m < MB; ++m) {
+    const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
+    p.out[static_cast<int64_t>(m0 + m) * p.N + n] = Simd::sum(acc[m]) + bias_term<Simd>(biases, xsum, groups);
+  }
 }
 
-// Output rows [row_begin, row_end) (a multiple of NB of them), NB at a time, times MB input rows over groups
-// [g_begin, g_end), each weight chunk dequantized once (scale * q + bias) and fed to MB products; the sums
-// are added to `out` unless `first`. Past a few input rows the products bound the time: NB * MB independent
-// sums keep both FMA pipes busy where the integer sums of `block` (MB sums, each waiting on its last FMA)
-// fill half of them.
-template <class Simd, int BITS, int GS, int NB, int MB>
+// Output rows [row_begin, row_end), one at a time, times MB input rows over groups [g_begin, g_end), each weight
+// chunk dequantized once (scale * q + bias) and fed to MB products; the sums are added to `out` unless `first`.
+// Past a few input rows the products bound the time: MB independent sums keep both FMA pipes busy where the
+// integer sums of `block` (each waiting on its last FMA) fill half of them. Two weight rows at a time (each input
+// load feeding two FMAs) ran slower in AVX-512, one core, in cache: 8 rows of 1536 x 576 at 4 bits 40.7-41.0 ->
+// 43.1-43.6 GMAC/s with one, of 576 x 1536 37.0-37.4 -> 41.3-41.6, of the 8-bit head 29.7-30.1 -> 33.5-34.0.
+template <class Simd, int BITS, int GS, int MB>
 inline void dequantized_block(const Problem& p, int row_begin, int row_end, int m0, int g_begin, int g_end, bool first) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size, chunks = group_size / 32;
   const int64_t K = p.K, row_bytes = K * BITS / 8;
   const float* x = p.x + m0 * K;
-  for (int n = row_begin; n + NB <= row_end; n += NB) {
+  for (int n = row_begin; n < row_end; ++n) {
     const uint8_t* w = p.w + n * row_bytes;
     const float* scales = p.scales + static_cast<int64_t>(n) * groups;
     const float* biases = p.biases + static_cast<int64_t>(n) * groups;
-    V acc[NB][MB];
-    for (int r = 0; r < NB; ++r)
-      for (int m = 0; m < MB; ++m) acc[r][m] = Simd::zero();
+    V acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = Simd::zero();
     for (int g = g_begin; g < g_end; ++g) {
-      V scale[NB], bias[NB];
-      for (int r = 0; r < NB; ++r) {
-        scale[r] = Simd::set1(scales[r * groups + g]);
-        bias[r] = Simd::set1(biases[r * groups + g]);
-      }
+      const V scale = Simd::set1(scales[g]), bias = Simd::set1(biases[g]);
       for (int c = 0; c < chunks; ++c) {
         const int k = g * group_size + c * 32;
-        V wv[NB][VPC];
-        for (int r = 0; r < NB; ++r) {
-          if constexpr (BITS == 4) Simd::unpack4(w + r * row_bytes + k / 2, wv[r]);
-          else Simd::unpack8(w + r * row_bytes + k, wv[r]);
-          for (int v = 0; v < VPC; ++v) wv[r][v] = Simd::fma(wv[r][v], scale[r], bias[r]);
-        }
-        for (int m = 0; m < MB; ++m) {
-          V xv[VPC];
-          for (int v = 0; v < VPC; ++v) xv[v] = Simd::load(x + m * K + k + v * Simd::W);
-          for (int r = 0; r < NB; ++r)
-            for (int v = 0; v < VPC; ++v) acc[r][m] = Simd::fma(wv[r][v], xv[v], acc[r][m]);
-        }
+        V wv[VPC];
+        if constexpr (BITS == 4) Simd::unpack4(w + k / 2, wv);
+        else Simd::unpack8(w + k, wv);
+        for (int v = 0; v < VPC; ++v) wv[v] = Simd::fma(wv[v], scale, bias);
+        for (int m = 0; m < MB; ++m)
+          for (int v = 0; v < VPC; ++v) acc[m] = Simd::fma(wv[v], Simd::load(x + m * K + k + v * Simd::W), acc[m]);
       }
     }
-    for (int r = 0; r < NB; ++r)
-      for (int m = 0; m < MB; ++m) {
-        float& out = p.out[(m0 + m) * static_cast<int64_t>(p.N) + n + r];
-        out = (first ? 0.0f : out) + Simd::sum(acc[r][m]);
-      }
+    for (int m = 0; m < MB; ++m) {
+      float& out = p.out[(m0 + m) * static_cast<int64_t>(p.N) + n];
+      out = (first ? 0.0f : out) + Simd::sum(acc[m]);
+    }
   }
 }
 
@@ -111,51 +96,38 @@ inline void dequantized_block(const Problem& p, int row_begin, int row_end, int 
 // cores) beside the weights streaming through. 8 rows of K = 1536 (48 KB) ran 1.6x slower than of K = 576.
 constexpr int kInputTileBytes = 24 * 1024;
 
-// Input rows [m0, m0 + MB) for output rows [row_begin, row_end), NB at a time, in slices of the groups.
+// Input rows [m0, m0 + MB) for output rows [row_begin, row_end), in slices of the groups.
 // Not inlined: inside the caller's one big function, GCC 12 stored the sums to the stack on every group
 // (8 rows of 1536 x 576 at 4 bits, one core of a Zen 4: 26 GMAC/s inlined, 43 in a function of its own).
-template <class Simd, int BITS, int GS, int NB, int MB>
+template <class Simd, int BITS, int GS, int MB>
 __attribute__((noinline)) void dequantized_rows(const Problem& p, int row_begin, int row_end, int m0) {
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size;
   const int64_t input_bytes = static_cast<int64_t>(MB) * p.K * sizeof(float);
   const int slices = static_cast<int>((input_bytes + kInputTileBytes - 1) / kInputTileBytes);
   const int slice = (groups + slices - 1) / slices;
-  const int tail = row_end - (row_end - row_begin) % NB;
-  for (int g = 0; g < groups; g += slice) {
-    const int g_end = g + slice < groups ? g + slice : groups;
-    dequantized_block<Simd, BITS, GS, NB, MB>(p, row_begin, tail, m0, g, g_end, g == 0);
-    dequantized_block<Simd, BITS, GS, 1, MB>(p, tail, row_end, m0, g, g_end, g == 0);
-  }
+  for (int g = 0; g < groups; g += slice)
+    dequantized_block<Simd, BITS, GS, MB>(p, row_begin, row_end, m0, g, g + slice < groups ? g + slice : groups, g == 0);
 }
 
-// The last MB (< 4) input rows, 4 / MB output rows at a time.
-template <class Simd, int BITS, int GS, int MB>
-inline void leftover(const Problem& p, int row_begin, int row_end, int m) {
-  constexpr int NB = 4 / MB;
-  int n = row_begin;
-  for (; n + NB <= row_end; n += NB) block<Simd, BITS, GS, NB, MB>(p, n, m);
-  for (; n < row_end; ++n) block<Simd, BITS, GS, 1, MB>(p, n, m);
-}
-
-// Input rows in blocks of 8, then 4, then the rest, each block swept over the caller's output rows (few
-// enough that their packed weights stay in L1 meanwhile). In a C++ harness, one core: 8 rows of 1536 x 576
-// at 4 bits 280 -> 182 us (39 GMAC/s, of 46 that the core's two FMA pipes can do) on an AVX2 core; 166 us
-// (43 GMAC/s, of 58) on a Zen 4 core in AVX-512. Blocks of 8 input rows take two output rows at a time where
-// the registers hold their 16 sums, two weight chunks and an input chunk (AVX-512: 32 registers).
+// Input rows in blocks of 8, then 4, each block swept over the caller's output rows (few enough that their
+// packed weights stay in L1 meanwhile), then the last 1-3 through `block`. In a C++ harness, one core: 8 rows
+// of 1536 x 576 at 4 bits 280 -> 182 us (39 GMAC/s, of 46 that the core's two FMA pipes can do) on an AVX2
+// core; 161-162 us (43.6 GMAC/s, of 58) on a Zen 4 core in AVX-512.
 template <class Simd, int BITS, int GS>
 inline void rows_bits(const Problem& p, int row_begin, int row_end) {
-  constexpr int VPC = 32 / Simd::W, NB = 2 * 8 + 3 * VPC <= Simd::registers ? 2 : 1;
   int m = 0;
-  for (; m + 8 <= p.M; m += 8) dequantized_rows<Simd, BITS, GS, NB, 8>(p, row_begin, row_end, m);
+  for (; m + 8 <= p.M; m += 8) dequantized_rows<Simd, BITS, GS, 8>(p, row_begin, row_end, m);
   if (m + 4 <= p.M) {
-    dequantized_rows<Simd, BITS, GS, 2, 4>(p, row_begin, row_end, m);
+    dequantized_rows<Simd, BITS, GS, 4>(p, row_begin, row_end, m);
     m += 4;
   }
-  switch (p.M - m) {
-    case 3: leftover<Simd, BITS, GS, 3>(p, row_begin, row_end, m); break;
-    case 2: leftover<Simd, BITS, GS, 2>(p, row_begin, row_end, m); break;
-    case 1: leftover<Simd, BITS, GS, 1>(p, row_begin, row_end, m); break;
-    default: break;
+  for (int n = row_begin; n < row_end; ++n) {
+    switch (p.M - m) {
+      case 3: block<Simd, BITS, GS, 3>(p, n, m); break;
+      case 2: block<Simd, BITS, GS, 2>(p, n, m); break;
+      case 1: block<Simd, BITS, GS, 1>(p, n, m); break;
+      default: return;
+    }
   }
 }
 
