@@ -9,8 +9,9 @@ prompt length, sampling settings, seed, stop strings and token budget:
   the rest prefill alone. Each first token is sampled from its prompt's last position (so it comes out
   before the next decode step), then the joiners' cache is merged into the batch's, left-padded to the
   longest row (`GrowingBuffer.merge`). A joiner that needs one prompt token alone (the prompt cache holds
-  the rest) skips the prefill while others decode: it rides their next step, its last prompt token fed there. The model sees only a cache whose rows have different positions
-  and padding; attention reads both from the cache, so core parts know nothing of requests.
+  the rest) skips the prefill while others decode: it rides their next step, its last prompt token fed
+  there. The model sees only a cache whose rows have different positions and padding; attention reads
+  both from the cache, so core parts know nothing of requests.
 - Each step feeds every row its latest token, samples each row's logits with that row's own
   sampler and random keys (so a seeded draw does not depend on its neighbours), and queues the
   step (`mx.async_eval`) before reading the previous step's tokens, as `generate.py`'s loop did:

@@ -342,12 +342,12 @@ Work product_work(int group_size, int bits) {
         prepare_inputs(xs + static_cast<int64_t>(first_row) * K, count, K, group_size, bits,
                        prepared.data() + static_cast<int64_t>(first_row) * K,
                        sums.data() + static_cast<int64_t>(first_row) * groups);
-    // Input rows [first_row, first_row + rows) of the product of weight `first` (w, scales, biases), into dst.
-    auto problem = [&](int first, int first_row, int rows, float* dst) {
+    // Input rows [first_row, first_row + count) of the product of weight `first` (w, scales, biases), into dst.
+    auto problem = [&](int first, int first_row, int count, float* dst) {
       return Problem{prepared.data() + static_cast<int64_t>(first_row) * K,
                      sums.data() + static_cast<int64_t>(first_row) * groups,
                      reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()), in[first + 1].data<float>(),
-                     in[first + 2].data<float>(), dst, rows, N, K, group_size, bits};
+                     in[first + 2].data<float>(), dst, count, N, K, group_size, bits};
     };
     if (gemm_rows > 0) {
       auto dequantized = [](const Problem& p) {
