@@ -189,6 +189,30 @@ def test_every_architecture_batches_exactly(tiny):
     assert run_batch(tiny, None, requests, max_batch=4) == alone
 
 
+def test_every_architecture_gives_riders_their_own_tokens(tiny, monkeypatch):
+    """Prompts the prompt cache holds but for their last token, and a one-token prompt, join a running batch by
+    riding its decode steps (where the cache can give them back: a sliding window's cannot): each gets the greedy
+    tokens it gets alone, and so does the sequence they joined."""
+    rode = []
+    admit = Engine.admit
+    monkeypatch.setattr(Engine, "admit", lambda self, running: (lambda r: rode.extend(r[0]) or r)(admit(self, running)))
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (9, 14, 5)] + [[3]]
+    greedy = make_sampler()
+    engine = Engine(tiny, None, prompt_cache_size=4)
+    for prompt in prompts[:3]:
+        engine.submit(Request(prompt, 4, stop_ids=frozenset()))
+    engine.run()
+    running = engine.submit(Request(rng.integers(0, VOCAB, size=7).tolist(), 12, stop_ids=frozenset()))
+    engine.step()
+    joined = [engine.submit(Request(prompt, 6, stop_ids=frozenset())) for prompt in prompts]
+    engine.run()
+    for sequence in [running, *joined]:
+        prompt, budget = sequence.request.prompt, sequence.request.max_tokens
+        assert sequence.tokens == list(generate_tokens(tiny, prompt, tiny.make_cache(), greedy, budget))
+    assert joined[3] in [s for s, _ in rode] and (len(rode) == 4) == all(s.cached_tokens for s in joined[:3])
+
+
 @pytest.mark.parametrize("tiny", ["gemma2"], indirect=True)
 def test_the_prompt_cache_reuses_a_windowed_cache_only_whole(tiny):
     """A conversation's follow-up reuses everything; a repeated prompt, which would need the cache cut back to
