@@ -78,6 +78,7 @@ def prompt_ids(count: int, seed: int) -> list[int]:
 
 # ---- preparing the peers' model folders (cached in --work) ----
 
+
 def float32_folder(gguf: Path, work: Path) -> Path:
     """The GGUF dequantized to float32 by transformers, saved as a Hugging Face folder for mlx-lm."""
     folder = work / "smollm2-135m-f32"
@@ -134,6 +135,7 @@ def quantized_folder(gguf: Path, float32: Path, work: Path) -> Path:
 
 
 # ---- workers: one configuration in this process, JSON on stdout ----
+
 
 def timed(tokens, count: int) -> tuple[float, float]:
     """(seconds to the first token, seconds from the first to the `count`-th token) of a token iterator."""
@@ -199,21 +201,31 @@ def workload_worker(model_path: str, max_tokens: int, prompt_lookup: int) -> Non
     model, tokenizer = load(model_path)
     list(stream_generate(model, tokenizer, "Say hello.", max_tokens=4, prompt_lookup=prompt_lookup))
     start = time.perf_counter()
-    responses = list(stream_generate(model, tokenizer, WORKLOAD.read_text(), max_tokens=max_tokens,
-                                     prompt_lookup=prompt_lookup))
+    responses = list(
+        stream_generate(model, tokenizer, WORKLOAD.read_text(), max_tokens=max_tokens, prompt_lookup=prompt_lookup)
+    )
     last = responses[-1]
     first = start + last.prompt_tokens / last.prompt_tps
     rate = last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else None
-    print(json.dumps({"decode_tps": (len(responses) - 1) / (time.perf_counter() - first), "acceptance": rate,
-                      "tokens": [r.token for r in responses]}))
+    print(
+        json.dumps(
+            {
+                "decode_tps": (len(responses) - 1) / (time.perf_counter() - first),
+                "acceptance": rate,
+                "tokens": [r.token for r in responses],
+            }
+        )
+    )
 
 
 def speculation_table(args, gguf: Path) -> str:
     """Plain and prompt-lookup decoding of the rewrite workload, interleaved rounds, as a markdown table."""
     me = [sys.executable, __file__, "--gen-tokens", str(args.workload_tokens), "--model", str(gguf)]
-    configs = {"minimlx, plain decode": me + ["--worker", "workload"],
-               f"minimlx, --prompt-lookup {LOOKUP_TOKENS}": me + ["--worker", "workload", "--prompt-lookup",
-                                                                  str(LOOKUP_TOKENS)]}
+    configs = {
+        "minimlx, plain decode": me + ["--worker", "workload"],
+        f"minimlx, --prompt-lookup {LOOKUP_TOKENS}": me
+        + ["--worker", "workload", "--prompt-lookup", str(LOOKUP_TOKENS)],
+    }
     results: dict[str, list[dict]] = {name: [] for name in configs}
     for round_ in range(args.rounds):
         for name, command in configs.items():
@@ -222,10 +234,13 @@ def speculation_table(args, gguf: Path) -> str:
                 print(f"round {round_ + 1} {name}: decode {result['decode_tps']:.1f} tok/s", file=sys.stderr)
     plain = results["minimlx, plain decode"]
     base = statistics.median(r["decode_tps"] for r in plain) if plain else None
-    lines = [f"{WORKLOAD.relative_to(Path(__file__).parent.parent)} (greedy, at most {args.workload_tokens} tokens, "
-             f"medians of {args.rounds} interleaved rounds):", "",
-             "| configuration | answer tokens | decode tok/s (effective) | x plain | drafts accepted | same tokens |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        f"{WORKLOAD.relative_to(Path(__file__).parent.parent)} (greedy, at most {args.workload_tokens} tokens, "
+        f"medians of {args.rounds} interleaved rounds):",
+        "",
+        "| configuration | answer tokens | decode tok/s (effective) | x plain | drafts accepted | same tokens |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     for name, runs in results.items():
         if not runs:
             continue
@@ -234,8 +249,10 @@ def speculation_table(args, gguf: Path) -> str:
         same = "yes" if plain and all(r["tokens"] == plain[0]["tokens"] for r in runs) else "no"
         ratio = f"{tps / base:.2f}" if base else "-"
         lines.append(f"| {name} | {len(runs[0]['tokens'])} | {tps:.1f} | {ratio} | {accepted} | {same} |")
-    lines.append("| minimlx, --draft-model | - | - | - | - | no smaller model with SmolLM2's tokenizer is installed "
-                 "(SmolLM2-135M is the smallest); a self-draft measures nothing |")
+    lines.append(
+        "| minimlx, --draft-model | - | - | - | - | no smaller model with SmolLM2's tokenizer is installed "
+        "(SmolLM2-135M is the smallest); a self-draft measures nothing |"
+    )
     return "\n".join(lines)
 
 
@@ -246,11 +263,21 @@ def worker(kind: str, model_path: str, prompt_tokens: int, gen_tokens: int) -> N
     timed(run(prompt_ids(prompt_tokens, seed=1), 4), 4)
     ttft, decode = timed(run(prompt_ids(prompt_tokens, seed=0), gen_tokens), gen_tokens)
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports kB
-    print(json.dumps({"load_s": load_s, "ttft_s": ttft, "prefill_tps": prompt_tokens / ttft,
-                      "decode_tps": (gen_tokens - 1) / decode, "peak_rss_gb": peak_rss_gb}))
+    print(
+        json.dumps(
+            {
+                "load_s": load_s,
+                "ttft_s": ttft,
+                "prefill_tps": prompt_tokens / ttft,
+                "decode_tps": (gen_tokens - 1) / decode,
+                "peak_rss_gb": peak_rss_gb,
+            }
+        )
+    )
 
 
 # ---- the driver ----
+
 
 def run_process(command: list[str], env: dict) -> dict | None:
     """Run one configuration in its own process; its last JSON line, or None when it failed."""
@@ -266,8 +293,20 @@ def run_process(command: list[str], env: dict) -> dict | None:
 def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
     """Name -> (command, extra environment) for everything installed here."""
     me = [sys.executable, __file__, "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
-    bench = [sys.executable, "-m", "minimlx", "bench", str(gguf), "--prompt-tokens", str(args.prompt_tokens),
-             "--gen-tokens", str(args.gen_tokens), "--repeats", "1", "--json"]
+    bench = [
+        sys.executable,
+        "-m",
+        "minimlx",
+        "bench",
+        str(gguf),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--gen-tokens",
+        str(args.gen_tokens),
+        "--repeats",
+        "1",
+        "--json",
+    ]
     from minimlx import blas
 
     found = {"minimlx": (bench, {}), "minimlx, eager decode (bench --eager)": (bench + ["--eager"], {})}
@@ -286,7 +325,8 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
             if blas.loaded:  # what minimlx adds beyond the BLAS: mlx-lm with the same BLAS preloaded
                 found[f"mlx-lm, float32, {Path(blas.loaded).name} preloaded"] = (
                     me + ["--worker", "mlx_lm", "--model", str(float32)],
-                    {"LD_PRELOAD": blas.loaded, "MKL_THREADING_LAYER": os.environ.get("MKL_THREADING_LAYER", "GNU")})
+                    {"LD_PRELOAD": blas.loaded, "MKL_THREADING_LAYER": os.environ.get("MKL_THREADING_LAYER", "GNU")},
+                )
     if installed["llama_cpp"]:
         found["llama.cpp (llama-cpp-python), Q4_1"] = (me + ["--worker", "llama_cpp", "--model", str(gguf)], {})
     return found
@@ -298,8 +338,12 @@ def prefill_configurations(bench: list[str]) -> dict[str, tuple[list[str], dict]
     from minimlx import blas
 
     if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in ENVIRONMENT:
-        return {"minimlx, float32 on MKL alone, OMP_WAIT_POLICY=ACTIVE (MKL threads spinning)": (
-            bench + FLOAT32, {"OMP_WAIT_POLICY": "ACTIVE", "MINIMLX_NATIVE": "off"})}
+        return {
+            "minimlx, float32 on MKL alone, OMP_WAIT_POLICY=ACTIVE (MKL threads spinning)": (
+                bench + FLOAT32,
+                {"OMP_WAIT_POLICY": "ACTIVE", "MINIMLX_NATIVE": "off"},
+            )
+        }
     return {}
 
 
@@ -320,8 +364,6 @@ def prefill_profile(args) -> str:
     return process.stdout.strip()
 
 
-
-
 def native_kernel_rows(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
     """The native kernel on/off: with `minimlx_native` installed (pip install ./native), the `minimlx` row (the
     default) runs the GGUF's packed weights through it; `--dtype float32` dequantizes them (BLAS decode, the
@@ -336,9 +378,12 @@ def native_kernel_lines(median: dict[str, dict]) -> list[str]:
     if "minimlx" not in median or KERNEL_OFF not in median:
         return []
     on, off = median["minimlx"], median[KERNEL_OFF]
-    return ["", f"native kernel / float32 BLAS: decode {on['decode_tps'] / off['decode_tps']:.2f}x, "
-                f"prefill {on['prefill_tps'] / off['prefill_tps']:.2f}x, peak RSS {on['peak_rss_gb']:.2f} / "
-                f"{off['peak_rss_gb']:.2f} GB"]
+    return [
+        "",
+        f"native kernel / float32 BLAS: decode {on['decode_tps'] / off['decode_tps']:.2f}x, "
+        f"prefill {on['prefill_tps'] / off['prefill_tps']:.2f}x, peak RSS {on['peak_rss_gb']:.2f} / "
+        f"{off['peak_rss_gb']:.2f} GB",
+    ]
 
 
 def first_output_seconds(command: list[str], after: bytes = b"") -> float:
@@ -363,8 +408,20 @@ def start_to_first_token(args, float32: Path | None) -> dict[str, list[float]]:
     commands = {"minimlx run": (minimlx + ["run", QUESTION, "--temp", "0", "--max-tokens", "8"], b"")}
     if float32 and importlib.util.find_spec("mlx_lm"):
         commands["mlx_lm.generate (float32)"] = (
-            [sys.executable, "-m", "mlx_lm", "generate", "--model", str(float32), "--prompt", QUESTION,
-             "--max-tokens", "8"], b"==========\n")
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm",
+                "generate",
+                "--model",
+                str(float32),
+                "--prompt",
+                QUESTION,
+                "--max-tokens",
+                "8",
+            ],
+            b"==========\n",
+        )
     times = {name: [] for name in commands}
     for _ in range(args.rounds):
         for name, (command, after) in commands.items():
@@ -375,30 +432,47 @@ def start_to_first_token(args, float32: Path | None) -> dict[str, list[float]]:
 def machine() -> str:
     from minimlx import blas
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    return (f"{cpu}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, mlx {version('mlx')}, "
-            f"BLAS under MLX: {blas.loaded or 'MLX wheel (reference)'}")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, mlx {version('mlx')}, "
+        f"BLAS under MLX: {blas.loaded or 'MLX wheel (reference)'}"
+    )
 
 
 NUMBERS = ("load_s", "prefill_tps", "decode_tps", "ttft_s", "peak_rss_gb")
-HEADER = ("| configuration | load s | prefill tok/s | decode tok/s | time to first token s | peak RSS GB "
-          "| minimlx prefill x | minimlx decode x |")
+HEADER = (
+    "| configuration | load s | prefill tok/s | decode tok/s | time to first token s | peak RSS GB "
+    "| minimlx prefill x | minimlx decode x |"
+)
 
 
 def report(args, results: dict[str, list[dict]], first_token: dict[str, list[float]]) -> str:
-    median = {name: {key: statistics.median(r[key] for r in runs) for key in NUMBERS}
-              for name, runs in results.items() if runs}
+    median = {
+        name: {key: statistics.median(r[key] for r in runs) for key in NUMBERS}
+        for name, runs in results.items()
+        if runs
+    }
     ours = median.get("minimlx")
-    title = (f"SmolLM2-135M-Instruct, prompt {args.prompt_tokens} tokens, {args.gen_tokens} generated, "
-             f"medians of {args.rounds} interleaved rounds:")
+    title = (
+        f"SmolLM2-135M-Instruct, prompt {args.prompt_tokens} tokens, {args.gen_tokens} generated, "
+        f"medians of {args.rounds} interleaved rounds:"
+    )
     lines = [f"Machine: {machine()}", "", title, "", HEADER, "| --- |" + " ---: |" * 7]
     for name, m in median.items():
         ratios = "- | -"
         if ours:
             ratios = f"{ours['prefill_tps'] / m['prefill_tps']:.1f} | {ours['decode_tps'] / m['decode_tps']:.1f}"
-        lines.append(f"| {name} | {m['load_s']:.2f} | {m['prefill_tps']:.1f} | {m['decode_tps']:.1f} "
-                     f"| {m['ttft_s']:.3f} | {m['peak_rss_gb']:.2f} | {ratios} |")
+        lines.append(
+            f"| {name} | {m['load_s']:.2f} | {m['prefill_tps']:.1f} | {m['decode_tps']:.1f} "
+            f"| {m['ttft_s']:.3f} | {m['peak_rss_gb']:.2f} | {ratios} |"
+        )
     lines += ["", "| from process start to the first answer text | median s | runs |", "| --- | ---: | --- |"]
     for name, times in first_token.items():
         lines.append(f"| {name} | {statistics.median(times):.2f} | {', '.join(f'{t:.2f}' for t in times)} |")
@@ -421,15 +495,26 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench",
-                        help="where the peers' model folders are written (reused between runs)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "minimlx-bench",
+        help="where the peers' model folders are written (reused between runs)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated substrings of configurations to leave out")
-    parser.add_argument("--workload-tokens", type=int, default=400,
-                        help="most tokens of the answer to the speculation workload")
-    parser.add_argument("--fresh-install", action="store_true",
-                        help="add a row from a fresh venv made with the README's first command (minutes; needs PyPI)")
-    parser.add_argument("--prefill-profile", action="store_true",
-                        help="add the prefill time per op kind (benchmarks/profile_prefill.py)")
+    parser.add_argument(
+        "--workload-tokens", type=int, default=400, help="most tokens of the answer to the speculation workload"
+    )
+    parser.add_argument(
+        "--fresh-install",
+        action="store_true",
+        help="add a row from a fresh venv made with the README's first command (minutes; needs PyPI)",
+    )
+    parser.add_argument(
+        "--prefill-profile",
+        action="store_true",
+        help="add the prefill time per op kind (benchmarks/profile_prefill.py)",
+    )
     parser.add_argument("--worker", choices=[*RUNNERS, "workload"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--prompt-lookup", type=int, default=0, help=argparse.SUPPRESS)
@@ -440,16 +525,22 @@ def main() -> None:
         return worker(args.worker, args.model, args.prompt_tokens, args.gen_tokens)
 
     gguf = smollm2_gguf()
-    configs = {name: c for name, c in configurations(args, gguf).items()
-               if not any(s and s in name for s in args.skip.split(","))}
+    configs = {
+        name: c
+        for name, c in configurations(args, gguf).items()
+        if not any(s and s in name for s in args.skip.split(","))
+    }
     results: dict[str, list[dict]] = {name: [] for name in configs}
     for round_ in range(args.rounds):
         for name, (command, env) in configs.items():
             result = run_process(command, env)
             if result:
                 results[name].append(result)
-                print(f"round {round_ + 1} {name}: prefill {result['prefill_tps']:.1f} tok/s, "
-                      f"decode {result['decode_tps']:.1f} tok/s", file=sys.stderr)
+                print(
+                    f"round {round_ + 1} {name}: prefill {result['prefill_tps']:.1f} tok/s, "
+                    f"decode {result['decode_tps']:.1f} tok/s",
+                    file=sys.stderr,
+                )
     if args.fresh_install and (result := fresh_install(args)):
         results["minimlx, fresh install (README command)"] = [result]
     float32 = args.work / "smollm2-135m-f32"

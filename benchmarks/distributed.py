@@ -84,8 +84,15 @@ def one_step_of_collectives(model, mode: str, repeats: int = 200) -> tuple[float
 
 
 def run(model_path: str, mode: str | None, prompt_tokens: int, gen_tokens: int) -> dict:
-    here = [sys.executable, os.path.abspath(__file__), "--rank", model_path, mode or "none", str(prompt_tokens),
-            str(gen_tokens)]
+    here = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--rank",
+        model_path,
+        mode or "none",
+        str(prompt_tokens),
+        str(gen_tokens),
+    ]
     if mode is not None:
         launcher = [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
         here = [*launcher, "-n", "2", "--backend", "ring", "--", *here]
@@ -117,16 +124,20 @@ def main() -> None:
         for name, mode in configurations.items():
             results[name].append(run(model_path, mode, args.prompt_tokens, args.gen_tokens))
     alone = statistics.median(r["decode_tps"] for r in results["1 process"])
-    print(f"SmolLM2-135M-Instruct, float32 on {os.cpu_count()} CPU cores, {args.prompt_tokens}-token prompt, "
-          f"{args.gen_tokens} tokens, median of {args.rounds} rounds\n")
+    print(
+        f"SmolLM2-135M-Instruct, float32 on {os.cpu_count()} CPU cores, {args.prompt_tokens}-token prompt, "
+        f"{args.gen_tokens} tokens, median of {args.rounds} rounds\n"
+    )
     print("| configuration | decode tok/s | ms/token | x one process | communication ms/token | bytes/token |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, runs in results.items():
         tps = statistics.median(r["decode_tps"] for r in runs)
         comm = statistics.median(r["comm_s"] for r in runs) * 1e3
         nbytes = runs[0]["comm_bytes"]
-        print(f"| {name} | {tps:.1f} | {1e3 / tps:.1f} | {tps / alone:.2f} | "
-              f"{f'{comm:.2f}' if nbytes else '-'} | {f'{nbytes:,}' if nbytes else '-'} |")
+        print(
+            f"| {name} | {tps:.1f} | {1e3 / tps:.1f} | {tps / alone:.2f} | "
+            f"{f'{comm:.2f}' if nbytes else '-'} | {f'{nbytes:,}' if nbytes else '-'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -12,16 +12,24 @@ Best of `repeats` per row count, the two sides interleaved so that a busy machin
 import argparse
 import time
 
-import minimlx  # noqa: F401  (loads the best BLAS before MLX)
 import mlx.core as mx
+
+import minimlx  # noqa: F401  (loads the best BLAS before MLX)
 import minimlx_native
 
 LAYERS, DIMS, KV_DIMS, HIDDEN = 30, 576, 192, 1536
 
 
 def layer_weights() -> dict[str, mx.array]:
-    shapes = {"q": (DIMS, DIMS), "k": (KV_DIMS, DIMS), "v": (KV_DIMS, DIMS), "o": (DIMS, DIMS),
-              "gate": (HIDDEN, DIMS), "up": (HIDDEN, DIMS), "down": (DIMS, HIDDEN)}
+    shapes = {
+        "q": (DIMS, DIMS),
+        "k": (KV_DIMS, DIMS),
+        "v": (KV_DIMS, DIMS),
+        "o": (DIMS, DIMS),
+        "gate": (HIDDEN, DIMS),
+        "up": (HIDDEN, DIMS),
+        "down": (DIMS, HIDDEN),
+    }
     return {name: mx.random.normal(shape) * 0.02 for name, shape in shapes.items()}
 
 

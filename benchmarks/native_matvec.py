@@ -13,8 +13,9 @@ import argparse
 import statistics
 import time
 
-import minimlx  # noqa: F401  (loads the best BLAS before MLX)
 import mlx.core as mx
+
+import minimlx  # noqa: F401  (loads the best BLAS before MLX)
 import minimlx_native
 
 
@@ -39,16 +40,19 @@ def main() -> None:
             mx.eval(packed, scales, biases, dense)
             x = mx.random.normal((1, cols))
             paths = {
-                "native kernel": (lambda v: minimlx_native.quantized_matmul(v, packed, scales, biases, 32, bits),
-                                  packed.nbytes + scales.nbytes + biases.nbytes),
+                "native kernel": (
+                    lambda v: minimlx_native.quantized_matmul(v, packed, scales, biases, 32, bits),
+                    packed.nbytes + scales.nbytes + biases.nbytes,
+                ),
                 "float32 BLAS": (lambda v: v @ dense.T, dense.nbytes),
-                "mx.quantized_matmul": (lambda v: mx.quantized_matmul(v, packed, scales, biases, group_size=32,
-                                                                      bits=bits), packed.nbytes + scales.nbytes +
-                                        biases.nbytes),
+                "mx.quantized_matmul": (
+                    lambda v: mx.quantized_matmul(v, packed, scales, biases, group_size=32, bits=bits),
+                    packed.nbytes + scales.nbytes + biases.nbytes,
+                ),
             }
             times = {name: [] for name in paths}
             for _ in range(3):
-                for name, (fn, _) in paths.items():
+                for fn, _ in paths.values():
                     timed(fn, x)
             for i in range(args.repeats):
                 for name, (fn, _) in paths.items():
@@ -56,7 +60,8 @@ def main() -> None:
                         times[name].append(timed(fn, x))
             for name, (_, nbytes) in paths.items():
                 t = statistics.median(times[name])
-                print(f"| {rows} x {cols} | {bits} | {name} | {nbytes / 1e6:.1f} | {t * 1e6:.0f} | {nbytes / t / 1e9:.1f} |")
+                size = f"{nbytes / 1e6:.1f} | {t * 1e6:.0f} | {nbytes / t / 1e9:.1f}"
+                print(f"| {rows} x {cols} | {bits} | {name} | {size} |")
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ import statistics
 import time
 
 import compare  # first: it keeps the environment as the user gave it (compare.ENVIRONMENT), before minimlx's import
-import minimlx  # noqa: F401, I001  (loads the BLAS before mlx.core)
 import mlx.core as mx
 import mlx.nn as nn
 
+import minimlx  # noqa: F401, I001  (loads the BLAS before mlx.core)
 import minimlx.core.attention
 import minimlx.core.ffn
 from minimlx.loading import load
@@ -40,8 +40,11 @@ def mlx_kinds(model, tokens: int) -> dict:
     mx.eval(x, h, q, k, v, ids)
 
     def matmuls():
-        return [p(x) for l in layers for p in (l.attn.q_proj, l.attn.k_proj, l.attn.v_proj, l.attn.o_proj,
-                                              l.ffn.gate_proj, l.ffn.up_proj)] + [l.ffn.down_proj(h) for l in layers]
+        return [
+            p(x)
+            for l in layers
+            for p in (l.attn.q_proj, l.attn.k_proj, l.attn.v_proj, l.attn.o_proj, l.ffn.gate_proj, l.ffn.up_proj)
+        ] + [l.ffn.down_proj(h) for l in layers]
 
     def cache_writes():
         return [c.state for c in model.make_cache() for _ in [c.update(k, v)]]
@@ -49,14 +52,15 @@ def mlx_kinds(model, tokens: int) -> dict:
     return {
         "matmuls (7 projections per layer)": matmuls,
         "attention (scores, mask, softmax, values)": lambda: [
-            minimlx.core.attention.attend(q + 0, k, v, attn.scale, "causal") for _ in layers],
+            minimlx.core.attention.attend(q + 0, k, v, attn.scale, "causal") for _ in layers
+        ],
         "RoPE (q and k)": lambda: [l.attn.rope(t, 0) for l in layers for t in (q, k)],
-        "RMSNorm (2 per layer + final)": lambda: [n(x) for l in layers for n in (l.attn_norm, l.ffn_norm)]
-        + [model.norm(x)],
+        "RMSNorm (2 per layer + final)": lambda: (
+            [n(x) for l in layers for n in (l.attn_norm, l.ffn_norm)] + [model.norm(x)]
+        ),
         "SwiGLU gate (silu(gate) * up)": lambda: [minimlx.core.ffn.silu(h) * (h + 1) for _ in layers],
         "residual adds": lambda: [x + x for _ in range(2 * len(layers))],
-        "head transposes, reshapes": lambda: [
-            (q + 0).transpose(0, 2, 1, 3).reshape(1, tokens, -1) for _ in layers],
+        "head transposes, reshapes": lambda: [(q + 0).transpose(0, 2, 1, 3).reshape(1, tokens, -1) for _ in layers],
         "KV cache writes": cache_writes,
         "embedding lookup": lambda: model.embed(ids),
         "head (last position)": lambda: model.unembed(x[:, -1:]),
@@ -74,14 +78,22 @@ def torch_kinds(model, tokens: int) -> dict:
 
     layers, attn = model.layers, model.layers[0].attn
     heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
-    weights = [[t(p.weight) for p in (l.attn.q_proj, l.attn.k_proj, l.attn.v_proj, l.attn.o_proj,
-                                      l.ffn.gate_proj, l.ffn.up_proj)] for l in layers]
+    weights = [
+        [
+            t(p.weight)
+            for p in (l.attn.q_proj, l.attn.k_proj, l.attn.v_proj, l.attn.o_proj, l.ffn.gate_proj, l.ffn.up_proj)
+        ]
+        for l in layers
+    ]
     down = [t(l.ffn.down_proj.weight) for l in layers]
     embed = t(model.embed.weight)
     dims, hidden = weights[0][0].shape[1], down[0].shape[1]
     x, h = torch.randn(1, tokens, dims), torch.randn(1, tokens, hidden)
-    q, k, v = torch.randn(1, heads, tokens, head_dim), torch.randn(1, kv_heads, tokens, head_dim), torch.randn(
-        1, kv_heads, tokens, head_dim)
+    q, k, v = (
+        torch.randn(1, heads, tokens, head_dim),
+        torch.randn(1, kv_heads, tokens, head_dim),
+        torch.randn(1, kv_heads, tokens, head_dim),
+    )
     cos, sin = torch.randn(tokens, head_dim), torch.randn(tokens, head_dim)
     norm = torch.ones(dims)
     ids = torch.randint(0, embed.shape[0], (1, tokens))
@@ -94,14 +106,21 @@ def torch_kinds(model, tokens: int) -> dict:
         return norm * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5))
 
     def cache_writes():
-        return [(torch.cat([torch.empty(1, kv_heads, 0, head_dim), k], dim=-2),
-                 torch.cat([torch.empty(1, kv_heads, 0, head_dim), v], dim=-2)) for _ in layers]
+        return [
+            (
+                torch.cat([torch.empty(1, kv_heads, 0, head_dim), k], dim=-2),
+                torch.cat([torch.empty(1, kv_heads, 0, head_dim), v], dim=-2),
+            )
+            for _ in layers
+        ]
 
     return {
-        "matmuls (7 projections per layer)": lambda: [F.linear(x, w) for ws in weights for w in ws]
-        + [F.linear(h, w) for w in down],
+        "matmuls (7 projections per layer)": lambda: (
+            [F.linear(x, w) for ws in weights for w in ws] + [F.linear(h, w) for w in down]
+        ),
         "attention (scores, mask, softmax, values)": lambda: [
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) for _ in layers],
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) for _ in layers
+        ],
         "RoPE (q and k)": lambda: [rope(a) for _ in layers for a in (q, k)],
         "RMSNorm (2 per layer + final)": lambda: [rms(x) for _ in range(2 * len(layers) + 1)],
         "SwiGLU gate (silu(gate) * up)": lambda: [F.silu(h) * (h + 1) for _ in layers],
@@ -125,12 +144,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-torch", action="store_true", help="leave torch's column out")
     parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, as before issue 14")
-    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "quantized"],
-                        help="as for minimlx bench (default: minimlx's default)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16", "quantized"],
+        help="as for minimlx bench (default: minimlx's default)",
+    )
     args = parser.parse_args()
     if args.mlx_ops:
         minimlx.core.attention.attend = lambda q, k, v, scale, mask: mx.fast.scaled_dot_product_attention(
-            q, k, v, scale=scale, mask=mask)
+            q, k, v, scale=scale, mask=mask
+        )
         minimlx.core.ffn.silu = nn.silu
 
     model, _ = load(str(compare.smollm2_gguf()), dtype=args.dtype)
@@ -165,8 +188,10 @@ def main() -> None:
     ms = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
     torch_ms = {name: 1e3 * statistics.median(ts) for name, ts in torch_times.items()}
     whole = ms.pop("whole prefill")
-    print(f"SmolLM2-135M, prefill of {args.tokens} tokens, medians of {args.repeats}: whole prefill {whole:.1f} ms "
-          f"({args.tokens / whole * 1e3:.0f} tok/s)\n")
+    print(
+        f"SmolLM2-135M, prefill of {args.tokens} tokens, medians of {args.repeats}: whole prefill {whole:.1f} ms "
+        f"({args.tokens / whole * 1e3:.0f} tok/s)\n"
+    )
     print("| op kind | minimlx ms | share of the prefill |" + (" torch ms | minimlx / torch |" if theirs else ""))
     print("| --- | ---: | ---: |" + (" ---: | ---: |" if theirs else ""))
     for name, value in ms.items():
@@ -175,8 +200,10 @@ def main() -> None:
             row += f" {torch_ms[name]:.1f} | {value / torch_ms[name]:.1f}x |"
         print(row)
     total = sum(ms.values())
-    print(f"| sum of the kinds | {total:.1f} | {total / whole:.0%} |" + (
-        f" {sum(torch_ms.values()):.1f} | |" if theirs else ""))
+    print(
+        f"| sum of the kinds | {total:.1f} | {total / whole:.0%} |"
+        + (f" {sum(torch_ms.values()):.1f} | |" if theirs else "")
+    )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from compare import ENVIRONMENT, float32_folder, machine, smollm2_gguf  # noqa: E402
 
-TOPICS = ["a dragon", "the sea", "a robot", "a city at night", "a lost key", "the moon", "a small bakery",
-          "a mountain climb", "an old library", "a train journey", "a chess game", "a garden", "a storm",
-          "a lighthouse", "a desert", "a violin"]
+TOPICS = [
+    "a dragon",
+    "the sea",
+    "a robot",
+    "a city at night",
+    "a lost key",
+    "the moon",
+    "a small bakery",
+    "a mountain climb",
+    "an old library",
+    "a train journey",
+    "a chess game",
+    "a garden",
+    "a storm",
+    "a lighthouse",
+    "a desert",
+    "a violin",
+]
 
 
 def free_port() -> int:
@@ -63,10 +78,17 @@ def start(command: list[str], env: dict, port: int, log: Path) -> subprocess.Pop
 
 def stream_chat(url: str, model: str, topic: str, tokens: int) -> tuple[float | None, int, bool]:
     """(seconds to the first content delta, generated tokens, whether it failed) of one streaming request."""
-    body = {"model": model, "messages": [{"role": "user", "content": f"Write a long story about {topic}."}],
-            "max_tokens": tokens, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-    request = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Write a long story about {topic}."}],
+        "max_tokens": tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     start, first, deltas, usage = time.perf_counter(), None, 0, None
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
@@ -111,30 +133,62 @@ def servers(work: Path) -> tuple[dict, list[str]]:
     """name -> (command, env, model name to send); and notes on peers left out."""
     gguf, notes, found = smollm2_gguf(), [], {}
     port = free_port()
-    found[MINIMLX] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16",
-                       "--dtype", "float32"], {}, port, "smollm2-135m")
+    found[MINIMLX] = (
+        [sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16", "--dtype", "float32"],
+        {},
+        port,
+        "smollm2-135m",
+    )
     if importlib.util.find_spec("minimlx_native") is not None:
         port = free_port()
-        found[MINIMLX_KERNEL] = ([sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
-                                 {}, port, "smollm2-135m")
+        found[MINIMLX_KERNEL] = (
+            [sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
+            {},
+            port,
+            "smollm2-135m",
+        )
     else:
         notes.append("the native kernel (pip install ./native) is not installed: minimlx's packed row was left out")
     if importlib.util.find_spec("mlx_lm") is not None:
         from minimlx import blas
 
         folder, port = float32_folder(gguf, work), free_port()
-        env = {"LD_PRELOAD": blas.loaded, "MKL_THREADING_LAYER": os.environ.get("MKL_THREADING_LAYER", "GNU"),
-               "MKL_NUM_THREADS": "1"} if blas.loaded else {}  # as minimlx serve runs MKL
+        env = (
+            {
+                "LD_PRELOAD": blas.loaded,
+                "MKL_THREADING_LAYER": os.environ.get("MKL_THREADING_LAYER", "GNU"),
+                "MKL_NUM_THREADS": "1",
+            }
+            if blas.loaded
+            else {}
+        )  # as minimlx serve runs MKL
         found["mlx-lm server, float32" + (f", {Path(blas.loaded).name} preloaded" if blas.loaded else "")] = (
-            [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port),
-             "--decode-concurrency", "16"], env, port, str(folder))
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm",
+                "server",
+                "--model",
+                str(folder),
+                "--port",
+                str(port),
+                "--decode-concurrency",
+                "16",
+            ],
+            env,
+            port,
+            str(folder),
+        )
     else:
         notes.append("mlx-lm is not installed: its server was left out")
     if importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None:
         port = free_port()
         found["llama.cpp server (llama-cpp-python), Q4_1"] = (
             [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--n_threads", "2"],
-            {}, port, str(gguf))
+            {},
+            port,
+            str(gguf),
+        )
     else:
         notes.append("llama-cpp-python[server] is not installed: llama.cpp's server was left out")
     return found, notes
@@ -158,23 +212,38 @@ def main() -> None:
         try:
             stream_chat(url, model, "a warm-up", 8)
             rounds = [{n: burst(url, model, n, args.tokens) for n in args.clients} for _ in range(args.rounds)]
-            rows[name] = {n: (statistics.median(r[n][0] for r in rounds), statistics.median(r[n][1] for r in rounds),
-                              sum(r[n][2] for r in rounds)) for n in args.clients}
+            rows[name] = {
+                n: (
+                    statistics.median(r[n][0] for r in rounds),
+                    statistics.median(r[n][1] for r in rounds),
+                    sum(r[n][2] for r in rounds),
+                )
+                for n in args.clients
+            }
             print(name, "rounds:", {n: [round(r[n][0], 1) for r in rounds] for n in args.clients}, flush=True)
         finally:
             process.terminate()
             process.wait(timeout=30)
-        summary = {n: f"{tps:.1f} tok/s, TTFT {ttft:.2f} s, {failed} failed" 
-                   for n, (tps, ttft, failed) in rows[name].items()}
+        summary = {
+            n: f"{tps:.1f} tok/s, TTFT {ttft:.2f} s, {failed} failed" for n, (tps, ttft, failed) in rows[name].items()
+        }
         print(name, summary, flush=True)
 
-    print(f"\n{machine()}\n\nSmolLM2-135M-Instruct, {args.tokens} generated tokens per request, temperature 0, "
-          f"medians of {args.rounds} rounds:\n")
+    print(
+        f"\n{machine()}\n\nSmolLM2-135M-Instruct, {args.tokens} generated tokens per request, temperature 0, "
+        f"medians of {args.rounds} rounds:\n"
+    )
     print("| server | " + " | ".join(f"{n} clients tok/s | TTFT s" for n in args.clients) + " |")
     print("| --- |" + " ---: | ---: |" * len(args.clients))
     for name, by_clients in rows.items():
-        print(f"| {name} | " + " | ".join(f"{tps:.1f}{f' ({failed} failed)' if failed else ''} | {ttft:.2f}"
-                                         for tps, ttft, failed in by_clients.values()) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(
+                f"{tps:.1f}{f' ({failed} failed)' if failed else ''} | {ttft:.2f}"
+                for tps, ttft, failed in by_clients.values()
+            )
+            + " |"
+        )
     alone = args.clients[0]
     for mine in (name for name in (MINIMLX, MINIMLX_KERNEL) if name in rows):
         ours = rows[mine]

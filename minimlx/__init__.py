@@ -10,4 +10,17 @@ from .anatomy import ledger, trace
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
-__all__ = ["batch_generate", "convert", "generate", "ledger", "lens", "list_archs", "load", "load_model", "quantize", "register", "stream_generate", "trace"]
+__all__ = [
+    "batch_generate",
+    "convert",
+    "generate",
+    "ledger",
+    "lens",
+    "list_archs",
+    "load",
+    "load_model",
+    "quantize",
+    "register",
+    "stream_generate",
+    "trace",
+]

@@ -73,11 +73,13 @@ def load() -> str | None:
         try:
             ctypes.CDLL(path, os.RTLD_GLOBAL)
         except OSError as e:
-            warnings.warn(f"minimlx: could not load BLAS {path} ({e}); MLX keeps its own BLAS")
+            warnings.warn(f"minimlx: could not load BLAS {path} ({e}); MLX keeps its own BLAS", stacklevel=2)
             continue
         return path
     if setting:
-        warnings.warn(f"minimlx: MINIMLX_BLAS={setting} does not exist; set it to a library path or 'off'")
+        warnings.warn(
+            f"minimlx: MINIMLX_BLAS={setting} does not exist; set it to a library path or 'off'", stacklevel=2
+        )
     return None
 
 
@@ -88,11 +90,16 @@ def warn_if_too_late() -> None:
     if not sys.platform.startswith("linux") or os.environ.get("MINIMLX_BLAS") == "off" or preloaded:
         return
     if sys.modules["mlx.core"].default_device() == sys.modules["mlx.core"].cpu:
-        warnings.warn("minimlx: mlx.core was imported before minimlx, so MLX keeps its reference BLAS and CPU float32 "
-                      "matmuls run about 20x slower; import minimlx before mlx.core", stacklevel=3)
+        warnings.warn(
+            "minimlx: mlx.core was imported before minimlx, so MLX keeps its reference BLAS and CPU float32 "
+            "matmuls run about 20x slower; import minimlx before mlx.core",
+            stacklevel=3,
+        )
 
 
-searched: bool = sys.platform.startswith("linux") and os.environ.get("MINIMLX_BLAS") != "off" and "mlx.core" not in sys.modules
+searched: bool = (
+    sys.platform.startswith("linux") and os.environ.get("MINIMLX_BLAS") != "off" and "mlx.core" not in sys.modules
+)
 """Whether minimlx looked for a BLAS (on Linux, when asked to, before `mlx.core` was imported)."""
 loaded: str | None = load()
 """Path of the BLAS library loaded into this process, or None when MLX keeps its own."""

@@ -27,8 +27,8 @@ Without `dtype`, a dequantized weight takes the dtype of its scales, and other f
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -51,8 +51,16 @@ from .text.tokenizer import add_special_tokens
 
 SHARD_SIZE = 5 << 30  # bytes: mlx-lm's (and the Hugging Face Hub's) largest file
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
 )
 
 
@@ -202,8 +210,12 @@ def float_weights(weights: dict, spec: dict, dtype: str | None) -> dict:
 
 def quantize_floats(model: nn.Module, bits, group_size, mode, recipe) -> dict:
     """`minimlx.quantize` with the experts' routers left in float; returns its quantization entry."""
-    routers = [(parent, key, child) for _, parent in model.named_modules() for key, child in parent.children().items()
-               if isinstance(child, Router)]
+    routers = [
+        (parent, key, child)
+        for _, parent in model.named_modules()
+        for key, child in parent.children().items()
+        if isinstance(child, Router)
+    ]
     for parent, key, _ in routers:
         parent.pop(key)
     try:
@@ -337,13 +349,18 @@ def copy_tokenizer(folder: Path, out: Path) -> None:
 def write_gguf_tokenizer(metadata: dict, out: Path) -> None:
     """tokenizer.json rebuilt from the GGUF's vocabulary, plus the files transformers (and mlx-lm) read with it."""
     vocab = read_vocab(metadata)
-    add_special_tokens(vocab.backend, vocab.bos_token if vocab.add_bos_token else None,
-                       vocab.eos_token if vocab.add_eos_token else None)
+    add_special_tokens(
+        vocab.backend,
+        vocab.bos_token if vocab.add_bos_token else None,
+        vocab.eos_token if vocab.add_eos_token else None,
+    )
     vocab.backend.save(str(out / "tokenizer.json"))
     tokens = metadata["tokenizer.ggml.tokens"]
-    named = {f"{name}_token": tokens[int(metadata[f"tokenizer.ggml.{key}_token_id"])]
-             for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
-             if f"tokenizer.ggml.{key}_token_id" in metadata}
+    named = {
+        f"{name}_token": tokens[int(metadata[f"tokenizer.ggml.{key}_token_id"])]
+        for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+        if f"tokenizer.ggml.{key}_token_id" in metadata
+    }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **named,
@@ -372,6 +389,6 @@ def write_readme(out: Path, source: Path, model_type: str, quantization: dict | 
         "---\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n\n"
         f"# {out.name}\n\n"
         f"An MLX model (`{model_type}`, {how}) converted by `minimlx convert` from `{source.name}`.\n\n"
-        f"```bash\nminimlx run --model {out.name} \"Hello\"\n"
-        f"mlx_lm.generate --model {out.name} --prompt \"Hello\"\n```\n"
+        f'```bash\nminimlx run --model {out.name} "Hello"\n'
+        f'mlx_lm.generate --model {out.name} --prompt "Hello"\n```\n'
     )

@@ -84,7 +84,11 @@ def peer_lost(error: RuntimeError) -> str | None:
 def memory_bytes() -> int:
     """What this machine can hold: the GPU's recommended working set where there is one, else physical memory."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return mx.device_info().get("max_recommended_working_set_size", physical) if mx.default_device() == mx.gpu else physical
+    return (
+        mx.device_info().get("max_recommended_working_set_size", physical)
+        if mx.default_device() == mx.gpu
+        else physical
+    )
 
 
 def shares(total: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
@@ -248,7 +252,11 @@ class Split:
 
     def check_same(self, model: nn.Module, weights: dict[str, mx.array]) -> None:
         """Refuse, before a tensor is read, ranks that hold different models or were asked to split differently."""
-        signature = (self.mode, repr(model.config), sorted((n, tuple(w.shape), str(w.dtype)) for n, w in weights.items()))
+        signature = (
+            self.mode,
+            repr(model.config),
+            sorted((n, tuple(w.shape), str(w.dtype)) for n, w in weights.items()),
+        )
         digest = np.frombuffer(hashlib.sha256(repr(signature).encode()).digest(), dtype=np.int32)
         rows = mx.distributed.all_gather(mx.array(digest)[None], group=self.group).tolist()
         differ = [r for r, row in enumerate(rows) if row != rows[0]]
@@ -262,8 +270,10 @@ class Split:
         """Refuse, before a tensor is read, a share some rank's machine cannot hold: every rank learns of it, so
         that rank 0 can say which."""
         floats = dtype.size if dtype is not None else None
-        needed = sum(w.size * (floats or w.dtype.size) if mx.issubdtype(w.dtype, mx.floating) else w.nbytes
-                     for w in weights.values())
+        needed = sum(
+            w.size * (floats or w.dtype.size) if mx.issubdtype(w.dtype, mx.floating) else w.nbytes
+            for w in weights.values()
+        )
         megabytes = mx.array([[needed / 1e6, memory_bytes() / 1e6]])
         for rank, (need, room) in enumerate(mx.distributed.all_gather(megabytes, group=self.group).tolist()):
             if need > room:
@@ -409,8 +419,10 @@ class Mirrored(Engine):
         with self.lock:
             joined, self.joined = self.joined, []
             cancelled, self.cancelled = self.cancelled, []
-            news = [[s.request.prompt, s.request.max_tokens, s.request.seed, list(s.request.stop),
-                     sorted(s.stop_ids)] for s in joined]
+            news = [
+                [s.request.prompt, s.request.max_tokens, s.request.seed, list(s.request.stop), sorted(s.stop_ids)]
+                for s in joined
+            ]
             self.sequences += joined
             numbers = {id(s): n for n, s in enumerate(self.sequences)}
             self.announce(json.dumps([news, [numbers[id(s)] for s in cancelled]]) if news or cancelled else "")

@@ -356,6 +356,7 @@ class Engine:
         conversation (whose prompt lacks its cached tokens) prefills alone, as does a prompt longer than a
         prefill chunk.
         """
+
         def needs(joiner):
             return len(joiner[0].request.prompt) - joiner[0].cached_tokens
 

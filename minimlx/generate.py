@@ -22,8 +22,8 @@ import mlx.nn as nn
 from .checks import check_ids, check_prompt, vocab_size
 from .compiled import compiled_decoder
 from .core.sampling import Sampler
-from .engine import Engine, Request, Sequence as EngineSequence, make_request
-from .engine import check_generation_settings, split_at_stop  # noqa: F401  (part of this module's API)
+from .engine import Engine, Request, check_generation_settings, make_request, split_at_stop  # noqa: F401  (part of this module's API)
+from .engine import Sequence as EngineSequence
 from .errors import InvalidSettingError
 from .speculative import Acceptance, DraftModel, PromptLookup, Verifier, speculative_tokens
 
@@ -117,8 +117,11 @@ def stream_generate(
             raise InvalidSettingError("choose one drafter: a draft model or prompt lookup, not both")
         if repetition_penalty != 1.0:
             raise InvalidSettingError("speculative decoding does not apply a repetition penalty; drop one of them")
-        drafter = (PromptLookup(prompt_lookup) if prompt_lookup
-                   else DraftModel(compiled_decoder(draft_model) or draft_model, draft_tokens, prefill_step))
+        drafter = (
+            PromptLookup(prompt_lookup)
+            if prompt_lookup
+            else DraftModel(compiled_decoder(draft_model) or draft_model, draft_tokens, prefill_step)
+        )
         verifier = Verifier(temperature, top_p, top_k, min_p, request.seed)
         outputs = speculative_outputs(decoder, tokenizer, request, drafter, verifier, prefill_step)
     else:
@@ -160,8 +163,9 @@ def speculative_outputs(model, tokenizer, request: Request, drafter, verifier: V
     sequence = EngineSequence(request, tokenizer, getattr(getattr(model, "config", None), "max_positions", None))
     cache = request.cache if request.cache is not None else model.make_cache()
     acceptance = Acceptance()
-    tokens = speculative_tokens(model, request.prompt, cache, drafter, verifier, sequence.max_tokens, acceptance,
-                                prefill_step)
+    tokens = speculative_tokens(
+        model, request.prompt, cache, drafter, verifier, sequence.max_tokens, acceptance, prefill_step
+    )
     for token in tokens:
         yield sequence.read(token), acceptance
         if not sequence.running:
@@ -201,8 +205,10 @@ def batch_generate(
         raise InvalidSettingError(f"per_prompt holds {len(per_prompt)} dicts for {len(prompts)} prompts")
     vocab = vocab_size(model)
     requests = [
-        make_request(check_ids(encode_prompt(tokenizer, check_prompt(prompt, vocab), chat_template, system), vocab),
-                     **{**settings, **own})
+        make_request(
+            check_ids(encode_prompt(tokenizer, check_prompt(prompt, vocab), chat_template, system), vocab),
+            **{**settings, **own},
+        )
         for prompt, own in zip(prompts, per_prompt)
     ]
     engine = Engine(model, tokenizer, max_batch=max_batch, prefill_step=prefill_step)
@@ -262,7 +268,8 @@ class Conversation:
             if not self.warned:
                 warnings.warn(
                     f"the conversation no longer fits the model's context of {context} tokens: dropping its oldest "
-                    "turns (the system prompt stays); /reset starts over"
+                    "turns (the system prompt stays); /reset starts over",
+                    stacklevel=2,
                 )
                 self.warned = True
         shared = 0

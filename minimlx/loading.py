@@ -47,7 +47,11 @@ def splitter(parallel: str | None):
 
 
 def assemble(
-    arch, weights: dict[str, mx.array], dtype: str | None, entry: dict | None = None, origin: dict[int, str] = {},
+    arch,
+    weights: dict[str, mx.array],
+    dtype: str | None,
+    entry: dict | None = None,
+    origin: dict[int, str] | None = None,
     parallel: str | None = None,
 ) -> nn.Module:
     """The model of plugin config `arch`, holding `weights` (model names; packed triples where quantized).
@@ -58,7 +62,8 @@ def assemble(
     installed) run through it, and with None (the CPU default when the kernel is installed) the other packed
     modules are dequantized to float32 instead of running on MLX's packed CPU kernels. A float dtype
     dequantizes every packed weight into it. `entry` is the config's
-    quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error messages. `weights` is
+    quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error
+    messages. `weights` is
     emptied as tensors are installed, so that no second copy of the model stays referenced. With `parallel`,
     the checked model and its unread tensors are cut to this rank's share first: only those are read.
     """
@@ -80,7 +85,7 @@ def assemble(
     else:
         dequantize_weights(weights, spec)
         execution = DTYPES[dtype]
-    check_weights(model, weights, origin)
+    check_weights(model, weights, origin or {})
     if split is not None:
         model, weights = split.shard(model, weights, execution)
     install_weights(model, weights, execution)

@@ -28,7 +28,11 @@ MODES = {"affine": (64, 4, (2, 3, 4, 5, 6, 8)), "mxfp4": (32, 4, (4,)), "mxfp8":
 RECIPES = {"mixed-2-6": (2, 6), "mixed-3-4": (3, 4), "mixed-3-6": (3, 6), "mixed-4-6": (4, 6)}
 FIX = "re-convert the model (minimlx convert or mlx_lm.convert)"
 HF_METHODS = {"mxfp4": "mxfp4"}  # Hugging Face quant_method -> the MLX mode of the same numbers
-SCALED_FLOAT_MODES = {(32, 4): "mxfp4", (32, 8): "mxfp8", (16, 4): "nvfp4"}  # (group size, bits): uint8 scales, no biases
+SCALED_FLOAT_MODES = {
+    (32, 4): "mxfp4",
+    (32, 8): "mxfp8",
+    (16, 4): "nvfp4",
+}  # (group size, bits): uint8 scales, no biases
 
 
 def declared(entry: dict | None) -> tuple[str, set[int], set[int]]:
@@ -85,7 +89,8 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
             expected = f"{', '.join(map(str, sorted(bits_declared)))}-bit" if bits_declared else "packed"
             raise CheckpointError(
                 f"tensor {module}.weight has packed shape {tuple(packed)} with scales {tuple(scales)}, which does not "
-                f"fit {expected} {module_mode} quantization of a {tuple(params[f'{module}.weight'].shape)} weight; {FIX}"
+                f"fit {expected} {module_mode} quantization of a {tuple(params[f'{module}.weight'].shape)} weight; "
+                f"{FIX}"
             )
         spec[module] = {"group_size": int(group_size), "bits": int(bits), "mode": module_mode}
     return spec
@@ -142,7 +147,10 @@ def kernel_modules(model: nn.Module, spec: dict[str, dict]) -> dict[str, dict]:
 
 
 def quantize(
-    model: nn.Module, bits: int | None = None, group_size: int | None = None, mode: str = "affine",
+    model: nn.Module,
+    bits: int | None = None,
+    group_size: int | None = None,
+    mode: str = "affine",
     recipe: str | None = None,
 ) -> dict:
     """Quantize a model in memory; returns the `quantization` entry that describes it (mlx-lm's layout:

@@ -35,8 +35,14 @@ ROLES = ("system", "developer", "user", "assistant")
 class APIError(Exception):
     """An error answered with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -50,6 +56,7 @@ def bad(param: str, message: str) -> APIError:
 
 
 # ---- reading a request body ----
+
 
 def integer(body: dict, name: str, default: int | None, minimum: int) -> int | None:
     value = body.get(name)
@@ -129,7 +136,10 @@ class Server:
                 Route("/v1/completions", self.completions, methods=["POST"]),
             ],
             exception_handlers={
-                APIError: self.api_error, Exception: self.internal_error, 404: self.not_found, 405: self.not_allowed
+                APIError: self.api_error,
+                Exception: self.internal_error,
+                404: self.not_found,
+                405: self.not_allowed,
             },
             lifespan=self.lifespan,
         )
@@ -275,8 +285,12 @@ class Server:
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise APIError(404, f"the model '{model}' is not loaded; this server runs '{self.model_name}'", "model",
-                           "model_not_found")
+            raise APIError(
+                404,
+                f"the model '{model}' is not loaded; this server runs '{self.model_name}'",
+                "model",
+                "model_not_found",
+            )
         return body
 
     def authorize(self, request: HTTPRequest) -> None:
@@ -320,8 +334,12 @@ class Reply:
         prompt = self.sequences[0].prompt_tokens
         completion = sum(len(s.tokens) - (bool(s.tokens) and s.tokens[-1] in s.stop_ids) for s in self.sequences)
         cached = self.sequences[0].cached_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     def envelope(self, choices: list[dict], chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
@@ -369,5 +387,11 @@ def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 
     import uvicorn
 
     app = Server(engine, model_name, api_key).app
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3,
-                timeout_keep_alive=KEEP_ALIVE_SECONDS)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )

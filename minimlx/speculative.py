@@ -146,7 +146,7 @@ class Verifier:
                 accepted += 1
             return accepted, best[accepted]
         p, k = self.probabilities(logits), len(drafts)
-        uniform_key, token_key = (mx.random.split(key) if (key := self.next_key()) is not None else (None, None))
+        uniform_key, token_key = mx.random.split(key) if (key := self.next_key()) is not None else (None, None)
         accepted = k
         if k:
             rows, ids = mx.arange(k), mx.array(drafts)

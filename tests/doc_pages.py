@@ -23,8 +23,15 @@ BLOCK = re.compile(r"^```(\w+)( varies)?\n(.*?)^```\n(?:\n```\n(.*?)^```)?", re.
 
 def blocks(page: Path, language: str) -> list[tuple[str, bool, str | None]]:
     """(body, varies, the plain block right after it or None) of each ```language block."""
-    return [(body, bool(varies), after) for lang, varies, body, after in BLOCK.findall(page.read_text())
-            if lang == language] if page.is_file() else []
+    return (
+        [
+            (body, bool(varies), after)
+            for lang, varies, body, after in BLOCK.findall(page.read_text())
+            if lang == language
+        ]
+        if page.is_file()
+        else []
+    )
 
 
 def console_commands(page: Path) -> list[tuple[str, list[str] | None]]:
@@ -56,5 +63,13 @@ def shell(command: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedPr
     (shim / "minimlx").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m minimlx "$@"\n')
     (shim / "minimlx").chmod(0o755)
     env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(ROOT))
-    return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=timeout,
+    )

@@ -27,7 +27,9 @@ def save_reference(folder: Path, config_class: str, seed: int = 0, random_buffer
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():  # transformers initialises some weights (norms, biases) to constants: randomise all
         for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] == config.get("hidden_size", 0) else 0.0))
+            p.copy_(
+                torch.randn_like(p) * 0.2 + (1.0 if p.ndim == 1 and p.shape[0] == config.get("hidden_size", 0) else 0.0)
+            )
         for name, b in model.named_buffers():
             if name.endswith(tuple(random_buffers)):
                 b.copy_(torch.randn_like(b) * 0.2)
@@ -98,8 +100,9 @@ def reference_checkpoint(tmp_path_factory, name: str, config_class: str, config:
 
 
 def save_deepseek_moe_reference(folder: Path, config: dict, seed: int = 0):
-    """DeepSeek-MoE (`model_type: deepseek`), which transformers has no class for, assembled from transformers' own
-    modules the way the published modeling_deepseek.py builds it, saved in the published layout; returns the torch model.
+    """DeepSeek-MoE (`model_type: deepseek`), which transformers has no class for, assembled from transformers'
+    own modules the way the published modeling_deepseek.py builds it, saved in the published layout; returns the torch
+    model.
 
     LlamaForCausalLM gives the attention, norms and dense MLPs; from layer `first_k_dense_replace` on, every
     `moe_layer_freq`-th MLP is a DeepseekV2Moe (greedy softmax routing, `n_shared_experts` shared experts as one MLP),
@@ -112,15 +115,28 @@ def save_deepseek_moe_reference(folder: Path, config: dict, seed: int = 0):
     from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
 
     torch.manual_seed(seed)
-    llama_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "rope_theta")
+    llama_keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_theta",
+    )
     model = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(**{k: config[k] for k in llama_keys}, tie_word_embeddings=False)
     ).eval()
     moe_config = transformers.DeepseekV2Config(
-        hidden_size=config["hidden_size"], moe_intermediate_size=config["moe_intermediate_size"],
-        n_routed_experts=config["n_routed_experts"], num_experts_per_tok=config["num_experts_per_tok"],
-        n_shared_experts=config["n_shared_experts"], topk_method="greedy", routed_scaling_factor=1.0,
+        hidden_size=config["hidden_size"],
+        moe_intermediate_size=config["moe_intermediate_size"],
+        n_routed_experts=config["n_routed_experts"],
+        num_experts_per_tok=config["num_experts_per_tok"],
+        n_shared_experts=config["n_shared_experts"],
+        topk_method="greedy",
+        routed_scaling_factor=1.0,
     )
     for i, layer in enumerate(model.model.layers):
         if i >= config["first_k_dense_replace"] and i % config["moe_layer_freq"] == 0:
@@ -168,7 +184,12 @@ def save_mxfp4_experts(dense: Path, folder: Path, seed: int = 0):
     config = json.loads((dense / "config.json").read_text())
     config["quantization_config"] = {
         "quant_method": "mxfp4",
-        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
     }
     (folder / "config.json").write_text(json.dumps(config))
     return transformers.AutoModelForCausalLM.from_pretrained(

@@ -40,8 +40,15 @@ from minimlx.io.resolve import short_name_path
 
 MINIMLX = [sys.executable, "-m", "minimlx"]
 CONFIG = {
-    "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True,
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
 }
 CONTEXT = CONFIG["max_position_embeddings"]
 DELETE = object()
@@ -129,7 +136,10 @@ def process(*args, input: bytes | None = None, close: int | None = None, stdout=
     """minimlx in a real process (arguments str or bytes); `close`: a standard stream (0, 1) closed before it starts."""
     result = subprocess.run(
         [*MINIMLX, *(a if isinstance(a, bytes) else str(a) for a in args)],
-        input=input, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout,
+        input=input,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
         preexec_fn=None if close is None else lambda: os.close(close),
     )
     decode = lambda stream: stream.decode(errors="replace") if stream else ""  # noqa: E731
@@ -170,21 +180,28 @@ FILE_CASES = {
         ["tokenizer.json", "not a valid tokenizer"],
     ),
     "tokenizer-missing": (remove("tokenizer.json"), ["no tokenizer.json"]),
-    "tokenizer-config-not-json": (corrupt("tokenizer_config.json", b"{,}"), ["tokenizer_config.json", "not valid JSON"]),
+    "tokenizer-config-not-json": (
+        corrupt("tokenizer_config.json", b"{,}"),
+        ["tokenizer_config.json", "not valid JSON"],
+    ),
     "tokenizer-config-a-string": (corrupt("tokenizer_config.json", b'"w1"'), ["tokenizer_config.json", "JSON object"]),
-    "tokenizer-config-not-utf8": (corrupt("tokenizer_config.json", b'{"eos_token": "\xfe"}'), ["tokenizer_config.json"]),
+    "tokenizer-config-not-utf8": (
+        corrupt("tokenizer_config.json", b'{"eos_token": "\xfe"}'),
+        ["tokenizer_config.json"],
+    ),
     "chat-template-a-number": (corrupt("tokenizer_config.json", b'{"chat_template": 5}'), ["chat template"]),
     "generation-config-not-json": (corrupt("generation_config.json", b"eos=1"), ["generation_config.json", "JSON"]),
     "generation-config-a-list": (corrupt("generation_config.json", b"[1]"), ["generation_config.json", "JSON object"]),
-    "generation-config-eos-a-string": (
-        corrupt("generation_config.json", b'{"eos_token_id": "w1"}'), ["eos_token_id"]
-    ),
+    "generation-config-eos-a-string": (corrupt("generation_config.json", b'{"eos_token_id": "w1"}'), ["eos_token_id"]),
     "generation-config-eos-a-float": (corrupt("generation_config.json", b'{"eos_token_id": [1.5]}'), ["eos_token_id"]),
     "index-not-json": (index(b"{"), ["index.json", "not valid JSON"]),
     "index-without-weight-map": (index(b'{"metadata": {}}'), ["weight_map"]),
     "index-weight-map-a-list": (index(b'{"weight_map": ["model.safetensors"]}'), ["weight_map"]),
     "index-file-names-not-text": (index(b'{"weight_map": {"a": 1}}'), ["weight_map"]),
-    "index-names-a-missing-shard": (index(b'{"weight_map": {"a": "gone.safetensors"}}'), ["gone.safetensors", "missing"]),
+    "index-names-a-missing-shard": (
+        index(b'{"weight_map": {"a": "gone.safetensors"}}'),
+        ["gone.safetensors", "missing"],
+    ),
     "weights-missing": (remove("model.safetensors"), ["no .safetensors"]),
     "weights-garbage": (corrupt("model.safetensors", b"\x00" * 64), ["model.safetensors", "corrupt"]),
     "weights-truncated": (
@@ -222,8 +239,14 @@ def test_a_tokenizer_smaller_than_the_embedding_is_fine(tmp_path):
 
 @pytest.mark.parametrize(
     "name, error",
-    [(None, InvalidSettingError), (123, InvalidSettingError), (["a"], InvalidSettingError), ("", ModelNotFoundError),
-     ("no/such-repo-anywhere-x", ModelNotFoundError), ("./absent", ModelNotFoundError)],
+    [
+        (None, InvalidSettingError),
+        (123, InvalidSettingError),
+        (["a"], InvalidSettingError),
+        ("", ModelNotFoundError),
+        ("no/such-repo-anywhere-x", ModelNotFoundError),
+        ("./absent", ModelNotFoundError),
+    ],
     ids=["none", "int", "list", "empty", "unknown-repo", "absent-path"],
 )
 def test_load_of_something_that_is_not_a_model_name(name, error, monkeypatch):
@@ -247,16 +270,25 @@ def test_a_broken_gguf_file(tmp_path, content, words):
 
 @pytest.mark.parametrize(
     "key, value, words",
-    [("embedding_length", "32", ["TypeError"]), ("attention.head_count", 0, ["ZeroDivisionError"]),
-     ("block_count", 10**7, ["'num_hidden_layers'"])],
+    [
+        ("embedding_length", "32", ["TypeError"]),
+        ("attention.head_count", 0, ["ZeroDivisionError"]),
+        ("block_count", 10**7, ["'num_hidden_layers'"]),
+    ],
     ids=["width-as-text", "no-heads", "ten-million-layers"],
 )
 def test_gguf_metadata_that_makes_no_model(tmp_path, key, value, words):
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    metadata = {"embedding_length": 32, "attention.head_count": 4, "block_count": 2, "feed_forward_length": 64,
-                "vocab_size": 8, key: value}
+    metadata = {
+        "embedding_length": 32,
+        "attention.head_count": 4,
+        "block_count": 2,
+        "feed_forward_length": 64,
+        "vocab_size": 8,
+        key: value,
+    }
     for name, v in metadata.items():
         (writer.add_string if isinstance(v, str) else writer.add_uint32)(f"llama.{name}", v)
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
@@ -317,15 +349,31 @@ CONFIG_CASES = {  # name: (base, changes, words of the message)
     "context-zero": (LLAMA, {"max_position_embeddings": 0}, ["'max_position_embeddings'"]),
     "tied-a-string": (LLAMA, {"tie_word_embeddings": "yes"}, ["'tie_word_embeddings'", "true or false"]),
     "bias-a-number": (LLAMA, {"attention_bias": 1}, ["'attention_bias'"]),
-    "rope-scaling-unknown": (LLAMA, {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, ["'dynamic'", "not supported"]),
+    "rope-scaling-unknown": (
+        LLAMA,
+        {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+        ["'dynamic'", "not supported"],
+    ),
     "rope-scaling-longrope": (LLAMA, {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, ["'longrope'"]),
     "rope-scaling-no-factor": (LLAMA, {"rope_scaling": {"rope_type": "linear"}}, ["'rope_scaling.factor'", "missing"]),
-    "rope-scaling-factor-zero": (LLAMA, {"rope_scaling": {"rope_type": "yarn", "factor": 0}}, ["'rope_scaling.factor'"]),
-    "rope-scaling-factor-text": (LLAMA, {"rope_scaling": {"rope_type": "llama3", "factor": "8"}}, ["rope_scaling.factor"]),
+    "rope-scaling-factor-zero": (
+        LLAMA,
+        {"rope_scaling": {"rope_type": "yarn", "factor": 0}},
+        ["'rope_scaling.factor'"],
+    ),
+    "rope-scaling-factor-text": (
+        LLAMA,
+        {"rope_scaling": {"rope_type": "llama3", "factor": "8"}},
+        ["rope_scaling.factor"],
+    ),
     "rope-scaling-a-string": (LLAMA, {"rope_scaling": "linear"}, ["'rope_scaling'", "object"]),
     "rope-parameters-a-list": (LLAMA, {"rope_parameters": [10000.0]}, ["'rope_parameters'", "object"]),
     "rope-factors-empty": (LLAMA, {"rope_scaling": {"rope_type": "per_frequency", "factors": []}}, ["factors"]),
-    "rope-factors-negative": (LLAMA, {"rope_scaling": {"rope_type": "per_frequency", "factors": [1, -1]}}, ["factors[1]"]),
+    "rope-factors-negative": (
+        LLAMA,
+        {"rope_scaling": {"rope_type": "per_frequency", "factors": [1, -1]}},
+        ["factors[1]"],
+    ),
     "layers-ten-million": (LLAMA, {"num_hidden_layers": 10**7}, ["'num_hidden_layers'", "4,096"]),
     "hidden-size-2-to-the-40": (LLAMA, {"hidden_size": 2**40}, ["'hidden_size'"]),
     "vocab-10-to-the-12": (LLAMA, {"vocab_size": 10**12}, ["'vocab_size'"]),
@@ -425,9 +473,14 @@ def test_chat_refuses_a_setting_before_loading_anything(option, value, tmp_path)
 
 @pytest.mark.parametrize(
     "args, words",
-    [(["--gen-tokens", "1"], ["'--gen-tokens'"]), (["--prompt-tokens", "0"], ["'--prompt-tokens'"]),
-     (["--repeats", "0"], ["'--repeats'"]), (["--prefill-step", "0"], ["'--prefill-step'"]),
-     (["--prompt-tokens", "60", "--gen-tokens", "10"], ["context of 64"]), (["--dtype", "int3"], ["'--dtype'"])],
+    [
+        (["--gen-tokens", "1"], ["'--gen-tokens'"]),
+        (["--prompt-tokens", "0"], ["'--prompt-tokens'"]),
+        (["--repeats", "0"], ["'--repeats'"]),
+        (["--prefill-step", "0"], ["'--prefill-step'"]),
+        (["--prompt-tokens", "60", "--gen-tokens", "10"], ["context of 64"]),
+        (["--dtype", "int3"], ["'--dtype'"]),
+    ],
     ids=["gen-tokens-1", "prompt-tokens-0", "repeats-0", "prefill-step-0", "past-the-context", "dtype"],
 )
 def test_bench_refuses_nonsense(tiny, args, words):
@@ -502,15 +555,28 @@ def test_a_bare_stop_string_is_one_stop_string(loaded):
     model, tokenizer = loaded
     text = minimlx.generate(model, tokenizer, "w2", chat_template=False, max_tokens=8)
     stop = " " + text.split()[1]  # as characters, its space would stop the answer sooner
-    assert minimlx.generate(model, tokenizer, "w2", chat_template=False, max_tokens=8, stop=stop) == text[: text.index(stop)]
+    assert (
+        minimlx.generate(model, tokenizer, "w2", chat_template=False, max_tokens=8, stop=stop)
+        == text[: text.index(stop)]
+    )
 
 
 @pytest.mark.parametrize(
     "args, message",
-    [((0,), "max_tokens must be a whole number >= 1"), ((1.5,), "max_tokens"), (("5",), "max_tokens"),
-     ((True,), "max_tokens"), ((5, -1), "seed must be a whole number from 0"), ((5, 2**64), "seed"),
-     ((5, 2.0), "seed"), ((5, None, ""), "stop"), ((5, None, [""]), "stop"), ((5, None, [1]), "stop"),
-     ((5, None, 7), "stop"), ((5, None, b"x"), "stop")],
+    [
+        ((0,), "max_tokens must be a whole number >= 1"),
+        ((1.5,), "max_tokens"),
+        (("5",), "max_tokens"),
+        ((True,), "max_tokens"),
+        ((5, -1), "seed must be a whole number from 0"),
+        ((5, 2**64), "seed"),
+        ((5, 2.0), "seed"),
+        ((5, None, ""), "stop"),
+        ((5, None, [""]), "stop"),
+        ((5, None, [1]), "stop"),
+        ((5, None, 7), "stop"),
+        ((5, None, b"x"), "stop"),
+    ],
     ids=lambda v: repr(v)[:24],
 )
 def test_check_generation(args, message):
@@ -574,7 +640,17 @@ def test_trace_refuses_a_ragged_batch(loaded):
         minimlx.trace(loaded[0], [[1, 2], [3]])
 
 
-IN_PROCESS_IDS = ["fractional", "whole-float", "bool", "text", "none", "nested", "float-array", "a-number", "none-prompt"]
+IN_PROCESS_IDS = [
+    "fractional",
+    "whole-float",
+    "bool",
+    "text",
+    "none",
+    "nested",
+    "float-array",
+    "a-number",
+    "none-prompt",
+]
 
 
 @pytest.mark.parametrize("case", IN_PROCESS_IDS)
@@ -604,7 +680,13 @@ except InvalidSettingError:
 @pytest.mark.parametrize(
     "prompt, settings",
     [("[10**6]", ""), ("[-1]", ""), ("[64]", ""), ('b"ab"', ""), ('"w2"', "max_tokens=1.5")],
-    ids=["id-past-the-vocabulary", "negative-id", "id-equal-to-the-vocabulary", "bytes-prompt", "fractional-max-tokens"],
+    ids=[
+        "id-past-the-vocabulary",
+        "negative-id",
+        "id-equal-to-the-vocabulary",
+        "bytes-prompt",
+        "fractional-max-tokens",
+    ],
 )
 def test_generate_refuses_ids_past_the_vocabulary_without_crashing(tiny, prompt, settings):
     code = GENERATE.format(prompt=prompt, settings=settings)
@@ -669,8 +751,9 @@ def test_closed_stdin(tiny, command):
     refused(process(*command, "--model", tiny, close=0), "standard input is closed")
 
 
-@pytest.mark.parametrize("command", [["run", "w2", "--no-chat-template"], ["anatomy", "gpt2"], ["archs"]],
-                         ids=["run", "anatomy", "archs"])
+@pytest.mark.parametrize(
+    "command", [["run", "w2", "--no-chat-template"], ["anatomy", "gpt2"], ["archs"]], ids=["run", "anatomy", "archs"]
+)
 def test_a_full_disk(tiny, command):
     model = ["--model", tiny] if command[0] == "run" else []
     with open("/dev/full", "wb") as full:
@@ -723,8 +806,11 @@ def smollm2():
 
 def test_ctrl_c_stops_run_within_a_second():
     path = smollm2()
-    child = subprocess.Popen([*MINIMLX, "run", "Write a very long story.", "--model", str(path), "--max-tokens",
-                              "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [*MINIMLX, "run", "Write a very long story.", "--model", str(path), "--max-tokens", "2000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     child.stdout.read(8)  # the answer is streaming
     child.send_signal(signal.SIGINT)
     sent = time.perf_counter()
@@ -735,8 +821,11 @@ def test_ctrl_c_stops_run_within_a_second():
 
 def test_ctrl_c_while_bench_measures_ends_in_one_line():
     path = smollm2()
-    child = subprocess.Popen([*MINIMLX, "bench", str(path), "--gen-tokens", "4000", "--prompt-tokens", "8"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [*MINIMLX, "bench", str(path), "--gen-tokens", "4000", "--prompt-tokens", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     time.sleep(8)  # loaded, and measuring
     child.send_signal(signal.SIGINT)
     sent = time.perf_counter()
@@ -784,8 +873,14 @@ def plugin_registry(monkeypatch):
 
 @pytest.mark.parametrize(
     "error",
-    [RuntimeError("broken"), SystemExit(3), KeyboardInterrupt(), PluginExit("odd"), ImportError("no numpy"),
-     SyntaxError("bad syntax")],
+    [
+        RuntimeError("broken"),
+        SystemExit(3),
+        KeyboardInterrupt(),
+        PluginExit("odd"),
+        ImportError("no numpy"),
+        SyntaxError("bad syntax"),
+    ],
     ids=["runtime-error", "sys-exit", "keyboard-interrupt", "base-exception", "import-error", "syntax-error"],
 )
 def test_a_plugin_that_fails_at_import_is_reported_and_skipped(plugin_registry, error):
@@ -808,7 +903,8 @@ def plugin_raising(error: Exception):
 
 
 @pytest.mark.parametrize(
-    "error", [KeyError("hidden_size"), ZeroDivisionError("division by zero"), TypeError("unsupported operand")],
+    "error",
+    [KeyError("hidden_size"), ZeroDivisionError("division by zero"), TypeError("unsupported operand")],
     ids=["key-error", "zero-division", "type-error"],
 )
 def test_a_plugin_whose_from_config_raises_is_named(plugin_registry, tmp_path, error):

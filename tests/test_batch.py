@@ -37,20 +37,50 @@ TINY = {
     "qwen3": ("Qwen3Config", dict(SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
     "qwen3_moe": (
         "Qwen3MoeConfig",
-        dict(SMALL, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
+        dict(
+            SMALL,
+            moe_intermediate_size=24,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
     ),
     "gemma2": (  # a sliding window of 4 (layer 0) and soft-capped scores: the rotating cache batched
         "Gemma2Config",
-        dict(SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=12, sliding_window=4,
-             query_pre_attn_scalar=12, attn_logit_softcapping=3.0, final_logit_softcapping=4.0),
+        dict(
+            SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            sliding_window=4,
+            query_pre_attn_scalar=12,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=4.0,
+        ),
     ),
     "deepseek_v3": (
         "DeepseekV3Config",
-        dict(SMALL, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
-             q_lora_rank=24, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, n_routed_experts=8,
-             num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
-             routed_scaling_factor=2.5),
+        dict(
+            SMALL,
+            moe_intermediate_size=24,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_nope_head_dim=12,
+            qk_rope_head_dim=8,
+            v_head_dim=10,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+        ),
     ),
 }
 
@@ -69,7 +99,7 @@ def one_blas_thread():
     mkl.MKL_Set_Num_Threads(before)
 
 
-def smollm2_ids(tokenizer, count=len(PROMPTS)):
+def smollm2_ids(tokenizer, count=None):
     return [encode_prompt(tokenizer, prompt) for prompt in PROMPTS[:count]]
 
 
@@ -93,8 +123,12 @@ def test_batch_greedy_tokens_equal_each_prompt_alone(smollm2):
 def test_own_settings_per_sequence(smollm2):
     """Seeded sampling, stop strings and budgets stay each sequence's own in a batch smaller than the queue."""
     model, tokenizer = smollm2
-    own = [dict(temperature=0.9, seed=3), dict(stop=[" Paris"]), dict(max_tokens=3),
-           dict(temperature=0.7, top_p=0.9, seed=5)]
+    own = [
+        dict(temperature=0.9, seed=3),
+        dict(stop=[" Paris"]),
+        dict(max_tokens=3),
+        dict(temperature=0.7, top_p=0.9, seed=5),
+    ]
     prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[4]]
     alone = [minimlx.generate(model, tokenizer, p, **{"max_tokens": 7, **o}) for p, o in zip(prompts, own)]
     together = minimlx.batch_generate(model, tokenizer, prompts, max_batch=3, per_prompt=own, max_tokens=7)
@@ -125,8 +159,13 @@ def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
     model, tokenizer = smollm2
     groups = []
     prefill_together = Engine.prefill_together
-    monkeypatch.setattr(Engine, "prefill_together", lambda self, group: groups.append(
-        [(len(s.request.prompt), s.cached_tokens) for s, _ in group]) or prefill_together(self, group))
+    monkeypatch.setattr(
+        Engine,
+        "prefill_together",
+        lambda self, group: (
+            groups.append([(len(s.request.prompt), s.cached_tokens) for s, _ in group]) or prefill_together(self, group)
+        ),
+    )
     engine = Engine(model, tokenizer, prompt_cache_size=4)
     engine.submit(make_request(encode_prompt(tokenizer, PROMPTS[0]), max_tokens=4))
     engine.run()
@@ -161,8 +200,10 @@ def test_a_joiner_with_one_token_to_feed_rides_the_decode_step(smollm2, monkeypa
     running = engine.submit(make_request(other, max_tokens=12))
     engine.step()
     prefilled.clear()
-    riders = [engine.submit(make_request(cached, max_tokens=8)),
-              engine.submit(make_request(cached, max_tokens=8, temperature=0.8, seed=7))]
+    riders = [
+        engine.submit(make_request(cached, max_tokens=8)),
+        engine.submit(make_request(cached, max_tokens=8, temperature=0.8, seed=7)),
+    ]
     engine.run()
     assert prefilled == [] and all(r.cached_tokens == len(cached) - 1 for r in riders)
     assert riders[0].tokens == [r.token for r in stream_generate(model, tokenizer, cached, max_tokens=8)]
@@ -222,8 +263,10 @@ def test_the_prompt_cache_reuses_a_windowed_cache_only_whole(tiny):
     first = engine.submit(Request(prompt, 6, stop_ids=frozenset()))
     engine.run()
     follow_up = prompt + first.tokens + [7, 8, 9]
-    again, longer = engine.submit(Request(prompt, 6, stop_ids=frozenset())), engine.submit(
-        Request(follow_up, 6, stop_ids=frozenset()))
+    again, longer = (
+        engine.submit(Request(prompt, 6, stop_ids=frozenset())),
+        engine.submit(Request(follow_up, 6, stop_ids=frozenset())),
+    )
     engine.run()
     assert (again.cached_tokens, longer.cached_tokens) == (0, len(prompt) + 5)
     assert again.tokens == first.tokens

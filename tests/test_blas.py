@@ -30,8 +30,14 @@ NOT_INSTALLED = pytest.param(None, marks=pytest.mark.skip(reason="no optimized B
 
 def run_python(code: str, *args, **env) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("MINIMLX_BLAS", "MKL_THREADING_LAYER", "MKL_VERBOSE")}
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=environ | env,
-                          capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=environ | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
 
 
 def optimized_blas() -> str:
@@ -77,12 +83,16 @@ def test_mkl_runs_mlx_matmuls_with_gnu_openmp(tmp_path):
     assert "SGEMM(T,N,384,96,512" in out or "SGEMM(N,N,384,96,512" in out
 
 
-@pytest.mark.parametrize("setting, warning", [("off", None), ("missing", "does not exist"), ("not_a_library", "could not load")])
+@pytest.mark.parametrize(
+    "setting, warning", [("off", None), ("missing", "does not exist"), ("not_a_library", "could not load")]
+)
 def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
     (tmp_path / "not_a_library").write_text("not an ELF file")
     value = setting if setting == "off" else str(tmp_path / setting)
-    process = run_python("import minimlx, mlx.core as mx; print(minimlx.blas.loaded, (mx.ones((2, 3)) @ mx.ones((3, 4))).sum().item())",
-                         MINIMLX_BLAS=value)
+    process = run_python(
+        "import minimlx, mlx.core as mx; print(minimlx.blas.loaded, (mx.ones((2, 3)) @ mx.ones((3, 4))).sum().item())",
+        MINIMLX_BLAS=value,
+    )
     assert process.stdout.split() == ["None", "24.0"]
     if warning:
         assert warning in process.stderr
@@ -104,7 +114,10 @@ def test_the_commands_say_once_when_mlx_keeps_its_reference_blas():
     environ = {k: v for k, v in os.environ.items() if k != "MINIMLX_BLAS"}
     result = subprocess.run(
         [sys.executable, "-m", "minimlx", "bench", "/no/such/model"],
-        env=environ | {"MINIMLX_BLAS": "/no/such/libblas.so"}, capture_output=True, text=True, timeout=120,
+        env=environ | {"MINIMLX_BLAS": "/no/such/libblas.so"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     notes = [line for line in result.stderr.splitlines() if line.startswith("note: MLX runs on its reference BLAS")]
     fix = "pip install mkl" if os.uname().machine == "x86_64" else "apt-get install libopenblas0-pthread"

@@ -59,7 +59,9 @@ def test_folder_without_config(runner, tmp_path):
 
 def test_gguf_of_an_unsupported_architecture(runner, tmp_path):
     path = write_gguf(tmp_path / "mamba.gguf", "F32", architecture="mamba")
-    one_line_error(runner.invoke(main, ["run", "hi", "--model", str(path)]), "GGUF architecture 'mamba' has no plugin", "llama")
+    one_line_error(
+        runner.invoke(main, ["run", "hi", "--model", str(path)]), "GGUF architecture 'mamba' has no plugin", "llama"
+    )
 
 
 @pytest.mark.parametrize(
@@ -88,8 +90,11 @@ def test_chat_keeps_the_conversation_and_resets():
 def test_ctrl_c_stops_an_answer_and_the_chat_goes_on():
     smollm2_path()
     chat = subprocess.Popen(
-        [*MINIMLX, "chat", "--max-tokens", "2000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [*MINIMLX, "chat", "--max-tokens", "2000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     chat.stdin.write("Write a very long story about a dragon.\n")
     chat.stdin.flush()

@@ -11,8 +11,15 @@ from minimlx.core.cache import FixedKVCache
 from minimlx.core.sampling import make_sampler
 from minimlx.generate import encode_prompt, generate_tokens, stream_generate
 
-LLAMA = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, max_position_embeddings=512,
-             num_attention_heads=4, num_key_value_heads=2)
+LLAMA = dict(
+    vocab_size=96,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    max_position_embeddings=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,18 @@ TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor 
 
 def chat_model(folder, context: int, config_class: str = "LlamaConfig", **config):
     """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template."""
-    save_reference(folder, config_class, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, **config)
+    save_reference(
+        folder,
+        config_class,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        **config,
+    )
     save_tokenizer(folder)
     (folder / "chat_template.jinja").write_text(TEMPLATE)
     return folder
@@ -27,12 +37,17 @@ def test_a_chat_that_fills_the_context_drops_its_oldest_turns(tmp_path):
     turns = "".join(f"w{i} w{i + 1} w{i + 2} w{i + 3}\n" for i in range(2, 14))
     result = subprocess.run(
         [sys.executable, "-m", "minimlx", "chat", "--model", str(folder), "--max-tokens", "8", "--temp", "0"],
-        input=turns, capture_output=True, text=True, timeout=120,
+        input=turns,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 12  # an answer line for every turn
     notes = result.stderr.strip().splitlines()
-    assert len(notes) == 1 and notes[0].startswith("warning: the conversation no longer fits the model's context of 64"), result.stderr
+    assert len(notes) == 1 and notes[0].startswith(
+        "warning: the conversation no longer fits the model's context of 64"
+    ), result.stderr
 
 
 def test_memory_grows_only_by_the_cache(tmp_path):

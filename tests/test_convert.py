@@ -189,8 +189,14 @@ def sharded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sharded")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=1024, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
     )
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(folder, max_shard_size="4MB")

@@ -14,8 +14,17 @@ import pytest
 from mlx.utils import tree_map
 
 from minimlx.core import (
-    Attention, FourNormBlock, GatedFFN, KVCache, OffsetRMSNorm, Recorder, RMSNorm, RoPE, RotatingKVCache,
-    Transformer, soft_cap,
+    Attention,
+    FourNormBlock,
+    GatedFFN,
+    KVCache,
+    OffsetRMSNorm,
+    Recorder,
+    RMSNorm,
+    RoPE,
+    RotatingKVCache,
+    Transformer,
+    soft_cap,
 )
 
 DIMS, HEADS, KV_HEADS, HEAD_DIM, WINDOW = 32, 4, 2, 8, 5
@@ -74,8 +83,16 @@ def inputs(tokens: int = 20, batch: int = 2, seed: int = 1) -> mx.array:
     return mx.array(np.random.default_rng(seed).normal(size=(batch, tokens, DIMS)).astype(np.float32))
 
 
-@pytest.mark.parametrize("options", [dict(window=WINDOW), dict(sinks=True), dict(window=WINDOW, sinks=True),
-                                     dict(logit_cap=2.0), dict(window=WINDOW, logit_cap=2.0, sinks=True)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(window=WINDOW),
+        dict(sinks=True),
+        dict(window=WINDOW, sinks=True),
+        dict(logit_cap=2.0),
+        dict(window=WINDOW, logit_cap=2.0, sinks=True),
+    ],
+)
 def test_attention_matches_its_formula(options):
     layer, x = attention(**options), inputs()
     np.testing.assert_allclose(np.array(layer(x)), numpy_attention(layer, x), atol=2e-5)
@@ -206,10 +223,16 @@ def test_embedding_scale_is_rounded_to_the_embeddings_dtype():
     assert recorder.values["embed"].dtype == mx.bfloat16 and recorder.values["embed"][0, 0, 0].item() == 55.5
 
 
-@pytest.mark.parametrize("dims, traditional, scaling", [
-    (16, False, None), (16, True, None), (8, False, None), (8, True, None),
-    (16, False, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
-])
+@pytest.mark.parametrize(
+    "dims, traditional, scaling",
+    [
+        (16, False, None),
+        (16, True, None),
+        (8, False, None),
+        (8, True, None),
+        (16, False, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ],
+)
 def test_one_token_rope_equals_the_rotation_formula(dims, traditional, scaling):
     """A decode step's RoPE at an array position (on the CPU, spelled out instead of `fast.rope`) against the
     rotation written out in numpy: each pair (i, i + dims/2), or (2i, 2i + 1) when traditional, turned by
@@ -222,7 +245,9 @@ def test_one_token_rope_equals_the_rotation_formula(dims, traditional, scaling):
         angles = position / wavelengths
         cos, sin = np.cos(angles), np.sin(angles)
         v = np.array(x, dtype=np.float64)
-        first, second = (v[..., 0:dims:2], v[..., 1:dims:2]) if traditional else (v[..., : dims // 2], v[..., dims // 2 : dims])
+        first, second = (
+            (v[..., 0:dims:2], v[..., 1:dims:2]) if traditional else (v[..., : dims // 2], v[..., dims // 2 : dims])
+        )
         want = v.copy()
         turned = (first * cos - second * sin, first * sin + second * cos)
         if traditional:

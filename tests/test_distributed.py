@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from mlx_lm_reference import save_tokenizer
 from reference import save_reference, to_v4_layout
 
@@ -62,7 +61,11 @@ def launch(command: list[str], timeout: float) -> subprocess.CompletedProcess:
     launcher = [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
     return subprocess.run(
         [*launcher, "-n", "2", "--backend", "ring", "--starting-port", str(free_ports()), "--", *command],
-        env=ENV, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -72,8 +75,14 @@ def start_ranks(commands: list[list[str]], tmp_path) -> list[subprocess.Popen]:
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port + r}"] for r in range(len(commands))]))
     return [
-        subprocess.Popen(command, env={**ENV, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        subprocess.Popen(
+            command,
+            env={**ENV, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
         for r, command in enumerate(commands)
     ]
 
@@ -87,8 +96,16 @@ def deep_folder(tmp_path_factory):
     """A random llama of many layers and a small vocabulary, so that its blocks are nearly all of its bytes."""
     folder = tmp_path_factory.mktemp("deep")
     save_reference(
-        folder, "LlamaConfig", vocab_size=128, hidden_size=128, intermediate_size=512, num_hidden_layers=16,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False,
+        folder,
+        "LlamaConfig",
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
     )
     to_v4_layout(folder)
     save_tokenizer(folder)
@@ -107,8 +124,12 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def models(hf_folder, smollm2, deep_folder):
-    return {"smollm2": smollm2, "qwen3_moe": str(hf_folder("qwen3_moe")), "deepseek_v3": str(hf_folder("deepseek_v3")),
-            "deep": str(deep_folder)}
+    return {
+        "smollm2": smollm2,
+        "qwen3_moe": str(hf_folder("qwen3_moe")),
+        "deepseek_v3": str(hf_folder("deepseek_v3")),
+        "deep": str(deep_folder),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -173,15 +194,21 @@ def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
     from test_serve import wait_until_serving
 
     args = ["-m", models["qwen3_moe"]]
-    alone = subprocess.run(minimlx("run", *args, "w3 w4 w5", "--max-tokens", "8", "--no-chat-template"),
-                           env=ENV, capture_output=True, text=True, timeout=120)
+    alone = subprocess.run(
+        minimlx("run", *args, "w3 w4 w5", "--max-tokens", "8", "--no-chat-template"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     port = free_ports(1)
     ranks = start_ranks([minimlx("serve", *args, "--port", str(port), "--tensor-parallel")] * 2, tmp_path)
     try:
         wait_until_serving(f"http://127.0.0.1:{port}", ranks[0])
         body = json.dumps({"prompt": "w3 w4 w5", "max_tokens": 8, "temperature": 0, "n": 2}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
         answer = json.load(urllib.request.urlopen(request, timeout=120))
     finally:
         for process in ranks:
@@ -209,12 +236,16 @@ def test_a_killed_rank_ends_the_other_within_30_seconds(deep_folder, tmp_path):
 
 
 def test_ranks_with_different_models_are_refused_before_generating(models, tmp_path):
-    ranks = start_ranks([minimlx("run", "-m", models[name], "w3", "--pipeline") for name in ("qwen3_moe", "deepseek_v3")],
-                        tmp_path)
+    ranks = start_ranks(
+        [minimlx("run", "-m", models[name], "w3", "--pipeline") for name in ("qwen3_moe", "deepseek_v3")], tmp_path
+    )
     outputs = [process.communicate(timeout=120) for process in ranks]
     assert [process.returncode for process in ranks] == [2, 2]
     assert outputs[0][0] == outputs[1][0] == ""  # nothing generated
-    assert outputs[0][1].startswith("error: rank 1 loaded a different model than rank 0") and outputs[0][1].count("\n") == 1
+    assert (
+        outputs[0][1].startswith("error: rank 1 loaded a different model than rank 0")
+        and outputs[0][1].count("\n") == 1
+    )
     assert outputs[1][1] == ""  # errors are rank 0's to print
 
 

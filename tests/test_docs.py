@@ -15,8 +15,12 @@ PAGES = ["README.md", "docs/anatomy.md", "docs/python-api.md"]
 COMMANDS = [(page, command, output) for page in PAGES for command, output in console_commands(ROOT / page)]
 COMMANDS += [(page, command, None) for page in PAGES for command in bash_commands(ROOT / page)]
 KNOWN = {}  # documented output that differs here, for a reason outside the page: command -> why (xfail until fixed)
-PROGRAMS = [(page, body, after) for page in PAGES for body, _, after in blocks(ROOT / page, "python")
-            if body.startswith(("import ", "from ")) and ">>> " not in body and "path/to" not in body]
+PROGRAMS = [
+    (page, body, after)
+    for page in PAGES
+    for body, _, after in blocks(ROOT / page, "python")
+    if body.startswith(("import ", "from ")) and ">>> " not in body and "path/to" not in body
+]
 SESSIONS = [page for page in PAGES if any(">>> " in body for body, _, _ in blocks(ROOT / page, "python"))]
 
 
@@ -24,10 +28,17 @@ def test_every_page_has_something_to_run():
     assert {page for page, *_ in COMMANDS + PROGRAMS} | set(SESSIONS) == set(PAGES)
 
 
-@pytest.mark.parametrize("page, command, output", [
-    pytest.param(*case, marks=[pytest.mark.xfail(strict=True, reason=KNOWN[case[1]])] if case[1] in KNOWN else [],
-                 id=f"{case[0]}: {case[1]}") for case in COMMANDS
-])
+@pytest.mark.parametrize(
+    "page, command, output",
+    [
+        pytest.param(
+            *case,
+            marks=[pytest.mark.xfail(strict=True, reason=KNOWN[case[1]])] if case[1] in KNOWN else [],
+            id=f"{case[0]}: {case[1]}",
+        )
+        for case in COMMANDS
+    ],
+)
 def test_documented_command_runs_as_written(page, command, output, tmp_path):
     smollm2_path()
     run = shell(command.replace("minimlx chat", "minimlx chat < /dev/null"), tmp_path)

@@ -10,15 +10,26 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from reference import (
-    random_ids, reference_checkpoint, reference_logits, relative_error, save_reference, to_v4_layout,
+    random_ids,
+    reference_checkpoint,
+    reference_logits,
+    relative_error,
+    save_reference,
+    to_v4_layout,
 )
 
 import minimlx
 
 VOCAB = 96
 BASE = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
 )
 LOCAL_LOCAL_GLOBAL = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 CONFIGS = {
@@ -27,30 +38,81 @@ CONFIGS = {
     "mixtral": ("MixtralConfig", dict(BASE, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": (
         "Qwen2MoeConfig",
-        dict(BASE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-             norm_topk_prob=False),  # no mlp_only_layers: mlx-lm reads none
+        dict(
+            BASE,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+        ),  # no mlp_only_layers: mlx-lm reads none
     ),
-    "phi3": ("Phi3Config", dict(BASE, pad_token_id=0, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
-                                                                          partial_rotary_factor=0.5))),
-    "smollm3": ("SmolLM3Config", dict(BASE, pad_token_id=None, bos_token_id=None, eos_token_id=None, no_rope_layer_interval=2)),
+    "phi3": (
+        "Phi3Config",
+        dict(
+            BASE,
+            pad_token_id=0,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        ),
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        dict(BASE, pad_token_id=None, bos_token_id=None, eos_token_id=None, no_rope_layer_interval=2),
+    ),
     # Windows of 4 tokens, so the caches roll over within the 16 test tokens (and the 9-token prefill chunk).
-    "gemma2": ("Gemma2Config", GEMMA := dict(BASE, head_dim=16, tie_word_embeddings=True, sliding_window=4,
-                                             query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
-                                             final_logit_softcapping=4.0)),
-    "gemma3_text": ("Gemma3TextConfig", GEMMA3 := dict(
-        GEMMA, attn_logit_softcapping=None, final_logit_softcapping=None, layer_types=LOCAL_LOCAL_GLOBAL,
-        rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=100.0),
-                             full_attention=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0)),
-    )),
-    "gemma3": ("Gemma3Config", dict(
-        text_config=GEMMA3, vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                               num_attention_heads=2, image_size=28, patch_size=14),
-        mm_tokens_per_image=4, boi_token_index=93, eoi_token_index=94, image_token_index=95,
-    )),
-    "glm4": ("Glm4Config", dict(
-        BASE, head_dim=16, attention_bias=True, pad_token_id=0,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
-    )),
+    "gemma2": (
+        "Gemma2Config",
+        GEMMA := dict(
+            BASE,
+            head_dim=16,
+            tie_word_embeddings=True,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=4.0,
+        ),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        GEMMA3 := dict(
+            GEMMA,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            layer_types=LOCAL_LOCAL_GLOBAL,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=100.0),
+                full_attention=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0),
+            ),
+        ),
+    ),
+    "gemma3": (
+        "Gemma3Config",
+        dict(
+            text_config=GEMMA3,
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=93,
+            eoi_token_index=94,
+            image_token_index=95,
+        ),
+    ),
+    "glm4": (
+        "Glm4Config",
+        dict(
+            BASE,
+            head_dim=16,
+            attention_bias=True,
+            pad_token_id=0,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        ),
+    ),
 }
 
 
@@ -136,7 +198,8 @@ def test_gemma3_layers_are_local_but_every_third_and_their_caches_stay_at_the_wi
     model = minimlx.load_model(folder, dtype="float32")
     assert [layer.attn.window for layer in model.layers] == [4, 4, None, 4]
     assert [layer.attn.rope._wavelengths[1].item() for layer in model.layers[1:3]] == pytest.approx(
-        [100 ** (2 / 16), 2 * 1000000 ** (2 / 16)], rel=1e-5)  # local base 100; global 1e6, linear factor 2
+        [100 ** (2 / 16), 2 * 1000000 ** (2 / 16)], rel=1e-5
+    )  # local base 100; global 1e6, linear factor 2
     cache, held = model.make_cache(), []
     for t in range(16):
         model(mx.array(ids[:, t : t + 1]), cache)

@@ -13,8 +13,14 @@ import numpy as np
 import pytest
 from mlx.utils import tree_unflatten
 from reference import (
-    random_ids, reference_logits, relative_error, require, save_deepseek_moe_reference, save_mxfp4_experts,
-    save_reference, to_v4_layout,
+    random_ids,
+    reference_logits,
+    relative_error,
+    require,
+    save_deepseek_moe_reference,
+    save_mxfp4_experts,
+    save_reference,
+    to_v4_layout,
 )
 
 import minimlx
@@ -25,11 +31,28 @@ from minimlx.errors import CheckpointError
 
 VOCAB = 128
 DEEPSEEK = dict(  # DeepSeek-MoE 16B's config.json, shrunk
-    model_type="deepseek", architectures=["DeepseekForCausalLM"], vocab_size=VOCAB, hidden_size=64,
-    intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
-    num_key_value_heads=4, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3, first_k_dense_replace=1,
-    moe_layer_freq=1, norm_topk_prob=False, scoring_func="softmax", rms_norm_eps=1e-6, rope_theta=10000.0,
-    rope_scaling=None, max_position_embeddings=128, attention_bias=False, torch_dtype="float32",
+    model_type="deepseek",
+    architectures=["DeepseekForCausalLM"],
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=8,
+    n_shared_experts=2,
+    num_experts_per_tok=3,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    norm_topk_prob=False,
+    scoring_func="softmax",
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    rope_scaling=None,
+    max_position_embeddings=128,
+    attention_bias=False,
+    torch_dtype="float32",
 )
 DEEPSEEK_CONFIGS = {
     "deepseek_16b": DEEPSEEK,
@@ -88,11 +111,28 @@ def test_deepseek_mlx_lm_folder_matches_mlx_lm(deepseek, tmp_path):
 
 
 GPT_OSS = dict(
-    model_type="gpt_oss", vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-    sliding_window=4, max_position_embeddings=128, tie_word_embeddings=False,
-    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=32,
-                         beta_fast=32.0, beta_slow=1.0, truncate=False),
+    model_type="gpt_oss",
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=4,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=150000.0,
+        factor=4.0,
+        original_max_position_embeddings=32,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        truncate=False,
+    ),
 )
 
 
@@ -111,7 +151,9 @@ def test_gpt_oss_experts_match_transformers():
     arch = plugin_config(GPT_OSS)
     checkpoint = {f"model.layers.0.mlp.{k}": mx.array(v.detach().numpy()) for k, v in reference.state_dict().items()}
     moe = arch.ffn(0)
-    moe.update(tree_unflatten([(k.removeprefix("layers.0.ffn."), v) for k, v in arch.convert_weights(checkpoint).items()]))
+    moe.update(
+        tree_unflatten([(k.removeprefix("layers.0.ffn."), v) for k, v in arch.convert_weights(checkpoint).items()])
+    )
     assert relative_error(np.array(moe(mx.array(x.numpy()))), expected) <= 1e-5
     moe.experts.activation = partial(clamped_swiglu, alpha=1.702, limit=float("inf"))  # the same without clamps
     assert relative_error(np.array(moe(mx.array(x.numpy()))), expected) > 0.1
@@ -124,7 +166,13 @@ def gpt_oss(tmp_path_factory):
     config = {k: v for k, v in GPT_OSS.items() if k != "model_type"}
     torch_model = save_reference(dense, "GptOssConfig", **config)
     ids = random_ids(VOCAB)
-    return dense, reference_logits(torch_model, ids), mxfp4, reference_logits(save_mxfp4_experts(dense, mxfp4), ids), ids
+    return (
+        dense,
+        reference_logits(torch_model, ids),
+        mxfp4,
+        reference_logits(save_mxfp4_experts(dense, mxfp4), ids),
+        ids,
+    )
 
 
 def test_gpt_oss_matches_transformers_through_a_wrapping_window(gpt_oss):

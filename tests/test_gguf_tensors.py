@@ -23,9 +23,21 @@ QUANTIZABLE = ["BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0",
 # The others get random blocks with sane float16 scales written at these byte offsets of each block
 # (IQ1_M spreads its scale over the top nibbles of its last 8 bytes; NVFP4's 8-bit scales are always finite).
 SCALES_AT = {
-    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ2_XXS": (0,),
-    "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,),
-    "IQ1_M": (), "NVFP4": (),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ2_XXS": (0,),
+    "IQ2_XS": (0,),
+    "IQ2_S": (0,),
+    "IQ3_XXS": (0,),
+    "IQ3_S": (0,),
+    "IQ1_S": (0,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "IQ1_M": (),
+    "NVFP4": (),
 }
 DEQUANTIZED = [t for t in [*QUANTIZABLE, *SCALES_AT] if t not in PACKED_BITS and t != "BF16"]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -45,7 +57,7 @@ def raw_tensor(kind: str, rng) -> np.ndarray:
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[T[kind]]
     blocks = rng.integers(0, 256, (SHAPE[0] * SHAPE[1] // block_values, block_bytes), dtype=np.uint8)
     for at in SCALES_AT[kind]:
-        blocks[:, at:at + 2] = random_scales(rng, len(blocks)).view(np.uint8).reshape(-1, 2)
+        blocks[:, at : at + 2] = random_scales(rng, len(blocks)).view(np.uint8).reshape(-1, 2)
     if kind == "IQ1_M":
         scale = random_scales(rng, len(blocks)).view(np.uint16)[:, None]
         packed = blocks[:, -8:].view(np.uint16)
@@ -91,8 +103,9 @@ def assert_reads_as(tensors: dict, name: str, kind: str, reference: np.ndarray) 
         np.testing.assert_array_equal(np.array(tensors[name].astype(mx.float32)), reference, err_msg=name)
     else:
         assert tensors[name].dtype == mx.float16, name
-        np.testing.assert_allclose(np.array(tensors[name]).astype(np.float32), reference, rtol=2**-11, atol=2**-25,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            np.array(tensors[name]).astype(np.float32), reference, rtol=2**-11, atol=2**-25, err_msg=name
+        )
 
 
 @pytest.mark.parametrize("kind", ["F32", "F16", "BF16"])
@@ -130,9 +143,14 @@ def test_dequantized_dtype_float32_is_the_reference(written):
         np.testing.assert_array_equal(np.array(tensors[f"{kind}.weight"]), dequantize(raw[kind], T[kind]), err_msg=kind)
 
 
-@pytest.mark.parametrize("recipe, kinds", [
-    ("Q4_K_M", {"F32", "Q4_K", "Q6_K"}), ("Q5_K_S", {"F32", "Q5_K", "Q6_K"}), ("Q6_K", {"F32", "Q6_K"}),
-])
+@pytest.mark.parametrize(
+    "recipe, kinds",
+    [
+        ("Q4_K_M", {"F32", "Q4_K", "Q6_K"}),
+        ("Q5_K_S", {"F32", "Q5_K", "Q6_K"}),
+        ("Q6_K", {"F32", "Q6_K"}),
+    ],
+)
 def test_files_llama_quantize_wrote(recipe, kinds):
     """A tiny random llama quantized by llama.cpp itself (tests/fixtures/make_kquant_fixtures.py)."""
     path = FIXTURES / f"tiny-llama-{recipe}.gguf"
@@ -187,15 +205,19 @@ def test_unreadable_tensor_type(tmp_path):
     )
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda data: b"not a GGUF file at all", "GGUF magic invalid"),
-    (lambda data: data[: len(data) - 100], ".+"),  # truncated, empty: numpy's words for it
-    (lambda data: b"", ".+"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda data: b"not a GGUF file at all", "GGUF magic invalid"),
+        (lambda data: data[: len(data) - 100], ".+"),  # truncated, empty: numpy's words for it
+        (lambda data: b"", ".+"),
+    ],
+)
 def test_corrupt_file(written, tmp_path, damage, reason):
     path = tmp_path / "broken.gguf"
     path.write_bytes(damage(written[0].read_bytes()))
     with pytest.raises(CheckpointError) as error:
         read_gguf(path)
-    assert re.fullmatch(f"cannot read GGUF file {re.escape(str(path))}: {reason}; re-download or re-convert it",
-                        str(error.value))
+    assert re.fullmatch(
+        f"cannot read GGUF file {re.escape(str(path))}: {reason}; re-download or re-convert it", str(error.value)
+    )

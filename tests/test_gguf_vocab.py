@@ -7,18 +7,40 @@ and transformers read a name differently, minimlx follows llama.cpp, which wrote
 
 import mlx.core as mx
 import pytest
+from reference import require
 from test_text import CORPUS, smollm2_gguf
 
 from minimlx.errors import UnsupportedArchitectureError
 from minimlx.text import Tokenizer
 from minimlx.text.byte_level import BYTE_CHARS, token_bytes
 from minimlx.text.gguf_vocab import GPT2, PRE_TOKENIZER_SPLITS, read_vocab
-from reference import require
 
 # transformers' own table (integrations/gguf/gguf_tokenizer_mapping.py); it splits every other name like GPT-2
-TRANSFORMERS_NAMES = ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                      "jina-v5-nano", "dbrx", "smaug-bpe", "tekken", "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2",
-                      "megrez", "qwen35", "gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"]
+TRANSFORMERS_NAMES = [
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+    "dbrx",
+    "smaug-bpe",
+    "tekken",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "kormo",
+    "f2llmv2",
+    "megrez",
+    "qwen35",
+    "gpt-4o",
+    "llama4",
+    "kanana2",
+    "talkie",
+    "minimax-m2",
+]
 GPT2_NAMES = [pre for pre, splits in PRE_TOKENIZER_SPLITS.items() if splits == (GPT2,)]
 BYTES = list(BYTE_CHARS.values())  # a vocabulary of single bytes: enough to see how text is split
 
@@ -45,8 +67,14 @@ def write_vocab(path, metadata: dict, pre: str):
 
 def pieces(pre: str, text: str) -> list[str]:
     """The text of each piece `pre` splits `text` into before BPE."""
-    vocab = read_vocab({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": BYTES,
-                        "tokenizer.ggml.merges": []})
+    vocab = read_vocab(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": BYTES,
+            "tokenizer.ggml.merges": [],
+        }
+    )
     return [token_bytes(piece).decode() for piece, _ in vocab.backend.pre_tokenizer.pre_tokenize_str(text)]
 
 
@@ -67,30 +95,35 @@ def test_gguf_ids_match_transformers(tmp_path, smollm2, pre):
 def test_every_name_transformers_reads_splits_as_there(pre):
     require("transformers")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
-    reference, _ = convert_gguf_tokenizer("llama", {"tokenizer_type": "gpt2", "pre_tokenizer_type": pre,
-                                                    "tokens": BYTES, "merges": []})
+
+    reference, _ = convert_gguf_tokenizer(
+        "llama", {"tokenizer_type": "gpt2", "pre_tokenizer_type": pre, "tokens": BYTES, "merges": []}
+    )
     for text in CORPUS:
         theirs = [token_bytes(piece).decode() for piece, _ in reference.pre_tokenizer.pre_tokenize_str(text)]
         assert pieces(pre, text) == theirs, text
 
 
-@pytest.mark.parametrize("pre, text, split", [
-    ("smollm", "4123", ["4", "1", "2", "3"]),
-    ("gpt-2", "4123", ["4123"]),
-    ("llama-bpe", "4123", ["412", "3"]),
-    ("tiny_aya", "1234567", ["1", "234", "567"]),
-    ("superbpe", "1234567 is", ["1", "234", "567", " is"]),
-    ("falcon", "a+=1234", ["a", "+=", "123", "4"]),
-    ("deepseek-llm", "Hello 世界123\n", ["Hello", " ", "世界", "123", "\n"]),
-    ("kimi-k2", "中文and 中", ["中文", "and", " ", "中"]),
-    ("bloom", "Hello, world!", ["Hello", ",", " world", "!"]),
-    ("jais-2", "a       b", ["a", "    ", "  ", " b"]),
-    ("exaone-moe", "New York City", ["New York City"]),
-    # llama.cpp reads case-aware regexes with "a letter other than a-z" for an upper-case letter
-    # (transformers: "ÉCOLE", " a", "Éb"), and youtu's as any run of letters (transformers: "Hello", "World")
-    ("tekken", "ÉCOLE aÉb", ["É", "COLE", " aÉb"]),
-    ("youtu", "HelloWorld 한국어", ["HelloWorld", " ", "한국어"]),
-])
+@pytest.mark.parametrize(
+    "pre, text, split",
+    [
+        ("smollm", "4123", ["4", "1", "2", "3"]),
+        ("gpt-2", "4123", ["4123"]),
+        ("llama-bpe", "4123", ["412", "3"]),
+        ("tiny_aya", "1234567", ["1", "234", "567"]),
+        ("superbpe", "1234567 is", ["1", "234", "567", " is"]),
+        ("falcon", "a+=1234", ["a", "+=", "123", "4"]),
+        ("deepseek-llm", "Hello 世界123\n", ["Hello", " ", "世界", "123", "\n"]),
+        ("kimi-k2", "中文and 中", ["中文", "and", " ", "中"]),
+        ("bloom", "Hello, world!", ["Hello", ",", " world", "!"]),
+        ("jais-2", "a       b", ["a", "    ", "  ", " b"]),
+        ("exaone-moe", "New York City", ["New York City"]),
+        # llama.cpp reads case-aware regexes with "a letter other than a-z" for an upper-case letter
+        # (transformers: "ÉCOLE", " a", "Éb"), and youtu's as any run of letters (transformers: "Hello", "World")
+        ("tekken", "ÉCOLE aÉb", ["É", "COLE", " aÉb"]),
+        ("youtu", "HelloWorld 한국어", ["HelloWorld", " ", "한국어"]),
+    ],
+)
 def test_splits_as_llama_cpp(pre, text, split):
     """Checked against llama.cpp's own tokenizer on these files; transformers splits all but the first three like
     GPT-2, or differently (the last two)."""
@@ -99,16 +132,25 @@ def test_splits_as_llama_cpp(pre, text, split):
 
 def test_every_name_builds_and_round_trips():
     for pre in PRE_TOKENIZER_SPLITS:
-        tokenizer = Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
-                                         "tokenizer.ggml.tokens": BYTES, "tokenizer.ggml.merges": []})
+        tokenizer = Tokenizer.from_gguf(
+            {
+                "tokenizer.ggml.model": "gpt2",
+                "tokenizer.ggml.pre": pre,
+                "tokenizer.ggml.tokens": BYTES,
+                "tokenizer.ggml.merges": [],
+            }
+        )
         for text in CORPUS:
             assert tokenizer.decode(tokenizer.encode(text)) == text, (pre, text)
 
 
 def test_whole_tokens_first_where_llama_cpp_looks_them_up(smollm2):
     """llama.cpp's `ignore_merges`: a pre-token the vocabulary holds is one token even when no merge builds it."""
-    vocab = {**smollm2, "tokenizer.ggml.tokens": smollm2["tokenizer.ggml.tokens"] + ["ĠHelloWorld"],
-             "tokenizer.ggml.token_type": smollm2["tokenizer.ggml.token_type"].tolist() + [1]}
+    vocab = {
+        **smollm2,
+        "tokenizer.ggml.tokens": smollm2["tokenizer.ggml.tokens"] + ["ĠHelloWorld"],
+        "tokenizer.ggml.token_type": smollm2["tokenizer.ggml.token_type"].tolist() + [1],
+    }
     whole = len(smollm2["tokenizer.ggml.tokens"])
     assert Tokenizer.from_gguf({**vocab, "tokenizer.ggml.pre": "llama-bpe"}).encode(" HelloWorld") == [whole]
     assert whole not in Tokenizer.from_gguf({**vocab, "tokenizer.ggml.pre": "qwen2"}).encode(" HelloWorld")

@@ -7,11 +7,11 @@ import sys
 import mlx.nn as nn
 import pytest
 from click.testing import CliRunner
+from reference import require, save_reference
 
 import minimlx
 from minimlx.anatomy import ledger, preset, presets
 from minimlx.cli import main
-from reference import require, save_reference
 
 PUBLISHED_TOTALS = {
     "gpt2": 124_439_808,
@@ -94,8 +94,12 @@ def test_gpt2_components_and_percentages():
     }
     table = CliRunner().invoke(main, ["anatomy", "gpt2"]).output
     rows = {line[:20].strip(): line for line in table.splitlines()}
-    for component, percent in [("token embedding", "31.0%"), ("position embedding", "0.6%"),
-                               ("attention", "22.8%"), ("FFN", "45.5%")]:
+    for component, percent in [
+        ("token embedding", "31.0%"),
+        ("position embedding", "0.6%"),
+        ("attention", "22.8%"),
+        ("FFN", "45.5%"),
+    ]:
         assert percent in rows[component]
     assert "tied" in rows["lm_head"]
 
@@ -187,31 +191,95 @@ def test_unknown_model_is_one_line_error():
 VOCAB = 64
 ARCHITECTURES = {
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32)),
-    "llama": ("LlamaConfig", dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=False,
-    )),
-    "qwen3": ("Qwen3Config", dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-    )),
-    "qwen3_moe": ("Qwen3MoeConfig", dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        decoder_sparse_step=1, mlp_only_layers=[0], tie_word_embeddings=False,
-    )),
-    "deepseek_v2": ("DeepseekV2Config", dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
-        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        first_k_dense_replace=1, topk_method="greedy", tie_word_embeddings=False,
-    )),
-    "deepseek_v3": ("DeepseekV3Config", dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8,
-        v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        n_group=2, topk_group=1, first_k_dense_replace=1, tie_word_embeddings=False,
-    )),
+    "llama": (
+        "LlamaConfig",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            mlp_only_layers=[0],
+            tie_word_embeddings=False,
+        ),
+    ),
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=8,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            topk_method="greedy",
+            tie_word_embeddings=False,
+        ),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=8,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 
@@ -243,7 +311,12 @@ def test_quantized_model_counts_logical_parameters(checkpoint):
     _, folder = checkpoint
     model = minimlx.load_model(folder)
     before = ledger(model)
-    nn.quantize(model, group_size=32, bits=4, class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % 32 == 0)
+    nn.quantize(
+        model,
+        group_size=32,
+        bits=4,
+        class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % 32 == 0,
+    )
     after = ledger(model)
     assert after.components == before.components and after.layers == before.layers
     assert after.active == before.active

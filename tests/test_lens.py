@@ -7,6 +7,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from click.testing import CliRunner
+from reference import require, save_reference
+from test_trace import IDS, VOCAB, random_model
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
 
@@ -17,8 +19,6 @@ from minimlx.cli.plots import pyplot
 from minimlx.errors import InvalidSettingError
 from minimlx.lens import layer_distributions, logit_lens
 from minimlx.text import Tokenizer
-from reference import require, save_reference
-from test_trace import IDS, VOCAB, random_model
 
 WORDS = ["<s>", "[UNK]", "we", "sat", "on", "the", "river", "bank", "i", "put", "money", "in", "a", "near", "is"]
 
@@ -91,8 +91,13 @@ def test_lens_heatmap(tmp_path):
 
 
 LLAMA = dict(
-    vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, tie_word_embeddings=False,
+    vocab_size=len(WORDS),
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
 )
 
 

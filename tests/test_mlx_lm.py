@@ -54,8 +54,13 @@ def test_packed_modules_are_kept_packed(mlx_lm_folder):
     model = minimlx.load_model(mlx_lm_folder("deepseek_v3", "4bit-g64"), dtype="quantized")
     moe_layer = model.layers[1]
     for module in (
-        model.embed, moe_layer.attn.key_up_proj, moe_layer.attn.value_up_proj, moe_layer.attn.q_b_proj,
-        moe_layer.ffn.experts.gate_proj, moe_layer.ffn.shared_experts.down_proj, model.head,
+        model.embed,
+        moe_layer.attn.key_up_proj,
+        moe_layer.attn.value_up_proj,
+        moe_layer.attn.q_b_proj,
+        moe_layer.ffn.experts.gate_proj,
+        moe_layer.ffn.shared_experts.down_proj,
+        model.head,
     ):
         assert module.weight.dtype == mx.uint32 and module.bits == 4 and module.group_size == 64
     mixed = minimlx.load_model(mlx_lm_folder("qwen3_moe", "mixed_3_6"), dtype="quantized")
@@ -76,8 +81,12 @@ def rewrite_config(folder, target, change):
 
 
 def test_quantization_entry_with_unusable_bits(mlx_lm_folder, tmp_path):
-    folder = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "bad", lambda c: c["quantization"].update(bits=7))
-    with pytest.raises(CheckpointError, match=r"bits=7, which affine quantization cannot use \(supported: 2, 3, 4, 5, 6, 8\)"):
+    folder = rewrite_config(
+        mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "bad", lambda c: c["quantization"].update(bits=7)
+    )
+    with pytest.raises(
+        CheckpointError, match=r"bits=7, which affine quantization cannot use \(supported: 2, 3, 4, 5, 6, 8\)"
+    ):
         minimlx.load_model(folder)
 
 
@@ -87,7 +96,9 @@ def test_packed_weight_that_disagrees_with_the_declared_bits(mlx_lm_folder, tmp_
         config["quantization_config"] = config["quantization"]
 
     folder = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "bad", declare_8_bits)
-    with pytest.raises(CheckpointError, match=r"tensor .*weight has packed shape \(\d+, 8\).* does not fit 8-bit affine"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor .*weight has packed shape \(\d+, 8\).* does not fit 8-bit affine"
+    ):
         minimlx.load_model(folder)
 
 
@@ -101,7 +112,9 @@ def test_gpt2_folder_from_mlx_lm(tmp_path, variant):
     save_reference(source, "GPT2Config", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
     to_v4_layout(source)
     tensors = mx.load(str(source / "model.safetensors"))  # published GPT-2 files lack transformers 5's prefix
-    mx.save_safetensors(str(source / "model.safetensors"), {k.removeprefix("transformer."): v for k, v in tensors.items()})
+    mx.save_safetensors(
+        str(source / "model.safetensors"), {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    )
     save_tokenizer(source)
     folder = mlx_lm_convert(source, tmp_path / variant, **VARIANTS[variant])
     assert "model.h.0.attn.c_attn.weight" in mx.load(str(folder / "model.safetensors"))
@@ -118,9 +131,13 @@ def test_bad_quantized_files_give_one_line_and_exit_2(mlx_lm_folder, tmp_path):
 
     from minimlx.cli import main
 
-    seven = rewrite_config(mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "seven", lambda c: c["quantization"].update(bits=7))
+    seven = rewrite_config(
+        mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "seven", lambda c: c["quantization"].update(bits=7)
+    )
     eight = rewrite_config(
-        mlx_lm_folder("qwen3", "4bit-g64"), tmp_path / "eight", lambda c: c.update(quantization={"group_size": 64, "bits": 8})
+        mlx_lm_folder("qwen3", "4bit-g64"),
+        tmp_path / "eight",
+        lambda c: c.update(quantization={"group_size": 64, "bits": 8}),
     )
     q8_k = write(tmp_path / "q8_k.gguf", {"blk.0.attn_q.weight": (np.zeros((2, 292), np.uint8), "Q8_K")})
     runner = CliRunner()

@@ -11,31 +11,61 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
+from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 import minimlx
+from minimlx.archs import build_model
 from minimlx.core import LatentCache, MoE, SwiGLU
 from minimlx.errors import UnsupportedArchitectureError
-from minimlx.archs import build_model
-from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 VOCAB = 96
 YARN = dict(
-    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
-    mscale=0.9, mscale_all_dim=0.7, beta_fast=32, beta_slow=1,
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=4.0,
+    original_max_position_embeddings=32,
+    mscale=0.9,
+    mscale_all_dim=0.7,
+    beta_fast=32,
+    beta_slow=1,
 )
 LATENT = dict(
-    vocab_size=VOCAB, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=12,
-    qk_rope_head_dim=8, v_head_dim=10, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
-    first_k_dense_replace=1, max_position_embeddings=128, rope_parameters=YARN,
+    vocab_size=VOCAB,
+    hidden_size=48,
+    intermediate_size=80,
+    moe_intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_nope_head_dim=12,
+    qk_rope_head_dim=8,
+    v_head_dim=10,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    first_k_dense_replace=1,
+    max_position_embeddings=128,
+    rope_parameters=YARN,
 )
 CONFIGS = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
         dict(
-            vocab_size=VOCAB, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-            norm_topk_prob=True, mlp_only_layers=[0], max_position_embeddings=128,
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=80,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],
+            max_position_embeddings=128,
         ),
     ),
     "deepseek_v2": (
@@ -166,13 +196,26 @@ def test_correction_bias_chooses_experts_but_does_not_weight_them(build):
 
 def test_layer_schedule():
     qwen = dict(
-        model_type="qwen3_moe", vocab_size=8, hidden_size=8, intermediate_size=8, moe_intermediate_size=4,
-        num_hidden_layers=6, num_attention_heads=2, num_experts=4, num_experts_per_tok=2,
-        decoder_sparse_step=2, mlp_only_layers=[3],
+        model_type="qwen3_moe",
+        vocab_size=8,
+        hidden_size=8,
+        intermediate_size=8,
+        moe_intermediate_size=4,
+        num_hidden_layers=6,
+        num_attention_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3],
     )
     deepseek = dict(
-        LATENT, model_type="deepseek_v3", num_hidden_layers=6, first_k_dense_replace=1, moe_layer_freq=2,
-        n_group=4, topk_group=2,
+        LATENT,
+        model_type="deepseek_v3",
+        num_hidden_layers=6,
+        first_k_dense_replace=1,
+        moe_layer_freq=2,
+        n_group=4,
+        topk_group=2,
     )
     for config, expected in ((qwen, [1, 5]), (deepseek, [2, 4])):
         model = build_model(config)

@@ -12,17 +12,18 @@ if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a
     import minimlx_native
 else:
     minimlx_native = pytest.importorskip(
-        "minimlx_native", reason="the native kernel is not installed (pip install ./native)")
+        "minimlx_native", reason="the native kernel is not installed (pip install ./native)"
+    )
 
 from minimlx import load, stream_generate  # noqa: E402
 from minimlx.compiled import CompiledDecoder  # noqa: E402
+from minimlx.core.cache import visible  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
 from minimlx.core.linear import NATIVE_ROWS, NativeLinear, native_swiglu, use_native_products  # noqa: E402
 from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
-from minimlx.core.cache import visible  # noqa: E402
 from minimlx.core.rope import RoPE  # noqa: E402
-from minimlx.core.sdpa import attend  # noqa: E402
 from minimlx.core.sampling import make_sampler  # noqa: E402
+from minimlx.core.sdpa import attend  # noqa: E402
 from minimlx.engine import make_request  # noqa: E402
 from minimlx.generate import generate_tokens  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
@@ -79,8 +80,9 @@ def test_batched_and_strided_inputs():
     assert_float32_close(got, strided @ weight.T, strided, weight)
 
 
-@pytest.mark.parametrize("bits, group_size, message", [(3, 32, "bits must be 4 or 8"),
-                                                      (4, 48, "group_size must be a multiple of 32")])
+@pytest.mark.parametrize(
+    "bits, group_size, message", [(3, 32, "bits must be 4 or 8"), (4, 48, "group_size must be a multiple of 32")]
+)
 def test_refuses_layouts_it_does_not_read(bits, group_size, message):
     x = mx.zeros((1, 96))
     w, scales, biases = mx.quantize(mx.zeros((8, 96)), 32, 4)
@@ -96,8 +98,10 @@ def test_linear_and_tied_head_forms_equal_mlx():
     weight = mx.dequantize(reference.weight, reference.scales, reference.biases, 32, 4)
     assert_float32_close(kernel(x), reference(x), x, weight)
     embedding = nn.Embedding(50, 64)
-    kernel, reference = KernelEmbedding.from_embedding(embedding, 32, 8), nn.QuantizedEmbedding.from_embedding(
-        embedding, 32, 8)
+    kernel, reference = (
+        KernelEmbedding.from_embedding(embedding, 32, 8),
+        nn.QuantizedEmbedding.from_embedding(embedding, 32, 8),
+    )
     weight = mx.dequantize(reference.weight, reference.scales, reference.biases, 32, 8)
     assert_float32_close(kernel.as_linear(x), reference.as_linear(x), x, weight)
 
@@ -119,8 +123,45 @@ def test_smollm2_greedy_tokens_equal_float32_blas():
     """Quantized, the GGUF's packed weights run through the kernel; in float32 they are dequantized, and its
     products run on BLAS for one row and the kernel's float32 GEMM for the prompt. 32 greedy tokens are the same."""
     smollm2_path()
-    prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
-              8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    prompt = [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        5356,
+        5646,
+        11173,
+        3365,
+        3511,
+        308,
+        34519,
+        28,
+        7018,
+        411,
+        407,
+        19712,
+        8182,
+        2,
+        198,
+        1,
+        4093,
+        198,
+        1780,
+        314,
+        260,
+        3575,
+        282,
+        4649,
+        47,
+        2,
+        198,
+        1,
+        520,
+        9531,
+        198,
+    ]
     ids = {}
     for dtype in ("quantized", "float32"):
         model, _ = load("smollm2-135m", dtype)
@@ -144,9 +185,10 @@ def test_smollm2_quantized_batch_greedy_tokens_equal_each_prompt_alone():
     assert len(PROMPTS) == 8 and batched == alone
 
 
-@pytest.mark.parametrize("batch, heads, kv_heads, queries, past, head_dim",
-                         [(1, 9, 3, 128, 0, 64), (2, 6, 2, 37, 50, 128), (1, 4, 4, 1, 9, 64), (1, 8, 1, 130, 70, 80),
-                          (1, 2, 1, 17, 0, 256)])
+@pytest.mark.parametrize(
+    "batch, heads, kv_heads, queries, past, head_dim",
+    [(1, 9, 3, 128, 0, 64), (2, 6, 2, 37, 50, 128), (1, 4, 4, 1, 9, 64), (1, 8, 1, 130, 70, 80), (1, 2, 1, 17, 0, 256)],
+)
 def test_causal_attention_equals_mlx(batch, heads, kv_heads, queries, past, head_dim):
     """Grouped heads, a chunk that continues a cache (past keys), queries handed in as a transposed view, and
     as one whose rows are not contiguous (copied first)."""
@@ -158,14 +200,20 @@ def test_causal_attention_equals_mlx(batch, heads, kv_heads, queries, past, head
     got = minimlx_native.causal_attention(q, k, v, scale)
     assert got.shape == want.shape and mx.abs(got - want).max().item() < 2e-6
     transposed_rows = mx.random.normal((batch, heads, head_dim, queries), key=keys[0]).swapaxes(2, 3)
-    want = mx.fast.scaled_dot_product_attention(transposed_rows, k, v, scale=scale,
-                                                mask="causal" if queries > 1 else None)
+    want = mx.fast.scaled_dot_product_attention(
+        transposed_rows, k, v, scale=scale, mask="causal" if queries > 1 else None
+    )
     assert mx.abs(minimlx_native.causal_attention(transposed_rows, k, v, scale) - want).max().item() < 2e-6
 
 
-@pytest.mark.parametrize("q_shape, k_shape, message", [((1, 4, 8, 72), (1, 2, 8, 72), "multiple of 16"),
-                                                       ((1, 3, 8, 64), (1, 2, 8, 64), "divides q's"),
-                                                       ((1, 2, 9, 64), (1, 2, 8, 64), "at least as many keys")])
+@pytest.mark.parametrize(
+    "q_shape, k_shape, message",
+    [
+        ((1, 4, 8, 72), (1, 2, 8, 72), "multiple of 16"),
+        ((1, 3, 8, 64), (1, 2, 8, 64), "divides q's"),
+        ((1, 2, 9, 64), (1, 2, 8, 64), "at least as many keys"),
+    ],
+)
 def test_causal_attention_refuses_shapes_it_does_not_read(q_shape, k_shape, message):
     with pytest.raises(ValueError, match=message):
         minimlx_native.causal_attention(mx.zeros(q_shape), mx.zeros(k_shape), mx.zeros(k_shape), 1.0)
@@ -181,18 +229,30 @@ def test_smollm2_greedy_tokens_equal_with_and_without_native_ops(monkeypatch, sm
     for setting in ("on", "off"):
         monkeypatch.setenv("MINIMLX_NATIVE", setting)
         for runner in (model, CompiledDecoder(model)):  # a fresh trace per setting
-            ids[setting, type(runner)] = list(generate_tokens(runner, prompt, runner.make_cache(), make_sampler(), 16, 64))
+            ids[setting, type(runner)] = list(
+                generate_tokens(runner, prompt, runner.make_cache(), make_sampler(), 16, 64)
+            )
     assert len(prompt) == 130 and len(set(map(tuple, ids.values()))) == 1 and len(ids["on", CompiledDecoder]) == 16
 
 
-@pytest.mark.parametrize("batch, heads, kv_heads, queries, keys, mask_shape",
-                         [(1, 9, 3, 1, 256, (1, 1, 1, 256)), (4, 9, 3, 1, 40, (4, 1, 1, 40)),
-                          (3, 8, 2, 5, 20, (3, 1, 5, 20)), (2, 4, 4, 3, 9, (1, 1, 3, 9))])
+@pytest.mark.parametrize(
+    "batch, heads, kv_heads, queries, keys, mask_shape",
+    [
+        (1, 9, 3, 1, 256, (1, 1, 1, 256)),
+        (4, 9, 3, 1, 40, (4, 1, 1, 40)),
+        (3, 8, 2, 5, 20, (3, 1, 5, 20)),
+        (2, 4, 4, 3, 9, (1, 1, 3, 9)),
+    ],
+)
 def test_masked_attention_equals_mlx(batch, heads, kv_heads, queries, keys, mask_shape):
     """Keys hidden by a boolean mask as well as causally: a decode step over a cache of fixed capacity, padded
     rows of a batch, per-query masks; a query that sees no key gets zeros."""
-    q, k, v = (mx.random.normal(shape, key=mx.random.key(i)) for i, shape in
-               enumerate([(batch, heads, queries, 64), (batch, kv_heads, keys, 64), (batch, kv_heads, keys, 64)]))
+    q, k, v = (
+        mx.random.normal(shape, key=mx.random.key(i))
+        for i, shape in enumerate(
+            [(batch, heads, queries, 64), (batch, kv_heads, keys, 64), (batch, kv_heads, keys, 64)]
+        )
+    )
     mask = mx.random.uniform(shape=mask_shape, key=mx.random.key(3)) > 0.4
     causal = mx.arange(keys) <= (keys - queries + mx.arange(queries))[:, None]
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask & causal)
@@ -208,14 +268,19 @@ def test_attend_takes_the_native_op_for_masked_prompts(mask, monkeypatch):
     """A batch's padded prefill and a sliding window's mask go to the native op (not MLX's composed attention,
     whose products wake the BLAS's threads) and give what MLX gives."""
     queries, keys, padding = 6, 10, [3, 0]
-    q, k, v = (mx.random.normal(shape, key=mx.random.key(i)) for i, shape in
-               enumerate([(2, 6, queries, 64), (2, 2, keys, 64), (2, 2, keys, 64)]))
+    q, k, v = (
+        mx.random.normal(shape, key=mx.random.key(i))
+        for i, shape in enumerate([(2, 6, queries, 64), (2, 2, keys, 64), (2, 2, keys, 64)])
+    )
     window = 4 if "window" in mask else None
     shown = visible(0, keys - queries, queries, window, padding if "padded" in mask else ())
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=shown)
     calls = []
-    monkeypatch.setattr(minimlx_native, "masked_attention",
-                        lambda *args: calls.append(args[-1].shape) or minimlx_native._ext.masked_attention(*args))
+    monkeypatch.setattr(
+        minimlx_native,
+        "masked_attention",
+        lambda *args: calls.append(args[-1].shape) or minimlx_native._ext.masked_attention(*args),
+    )
     got = attend(q, k, v, 0.125, shown)
     assert calls == [(2 if "padded" in mask else 1, 1, queries, keys)]
     assert mx.abs(got - want).max().item() < 2e-6
@@ -286,10 +351,15 @@ def test_float_swiglu_product_equals_its_parts(rows):
     assert got.shape == want.shape and mx.abs(got - want).max().item() < 1e-4
 
 
-@pytest.mark.parametrize("x_shape, w_shape, dtype, message", [((4, 8), (5, 9), mx.float32, "features"),
-                                                               ((4, 0), (5, 0), mx.float32, "at least one"),
-                                                               ((4, 8), (5, 8), mx.float16, "float32"),
-                                                               ((4, 8), (8,), mx.float32, "float32")])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, dtype, message",
+    [
+        ((4, 8), (5, 9), mx.float32, "features"),
+        ((4, 0), (5, 0), mx.float32, "at least one"),
+        ((4, 8), (5, 8), mx.float16, "float32"),
+        ((4, 8), (8,), mx.float32, "float32"),
+    ],
+)
 def test_float_product_refuses_what_it_does_not_read(x_shape, w_shape, dtype, message):
     with pytest.raises(ValueError, match=message):
         minimlx_native.matmul(mx.zeros(x_shape), mx.zeros(w_shape, dtype=dtype))
@@ -355,7 +425,9 @@ def test_rotate_equals_mlx_rope(dims, head_dim, traditional, position, tokens):
     with pytest.raises(ValueError, match="dims even"):
         minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), dims + 1, traditional)
     with pytest.raises(ValueError, match="dims even"):
-        minimlx_native.rotate(x, mx.zeros((tokens + 1, dims // 2)), mx.zeros((tokens + 1, dims // 2)), dims, traditional)
+        minimlx_native.rotate(
+            x, mx.zeros((tokens + 1, dims // 2)), mx.zeros((tokens + 1, dims // 2)), dims, traditional
+        )
 
 
 @pytest.mark.parametrize("tokens", [1, 4])

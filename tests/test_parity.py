@@ -5,12 +5,17 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from reference import (
+    random_ids,
+    reference_checkpoint,
+    reference_logits,
+    relative_error,
+    save_reference,
+    to_v4_layout,
+)
 
 import minimlx
 from minimlx.errors import CheckpointError, UnsupportedArchitectureError
-from reference import (
-    random_ids, reference_checkpoint, reference_logits, relative_error, save_reference, to_v4_layout,
-)
 
 VOCAB = 96
 
@@ -22,10 +27,21 @@ CONFIGS = {
     "llama": (
         "LlamaConfig",
         dict(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, rms_norm_eps=1e-5,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=112,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
             rope_parameters=dict(
-                rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
                 original_max_position_embeddings=16,
             ),
         ),
@@ -33,8 +49,15 @@ CONFIGS = {
     "qwen3": (
         "Qwen3Config",
         dict(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=24, max_position_embeddings=128, tie_word_embeddings=True,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
             rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
         ),
     ),
@@ -74,7 +97,9 @@ def test_gpt2_without_transformer_prefix(tmp_path):
     torch_model = save_reference(tmp_path, config_class, **config)
     weights = mx.load(str(tmp_path / "model.safetensors"))
     assert any(k.startswith("transformer.") for k in weights)
-    mx.save_safetensors(str(tmp_path / "model.safetensors"), {k.removeprefix("transformer."): v for k, v in weights.items()})
+    mx.save_safetensors(
+        str(tmp_path / "model.safetensors"), {k.removeprefix("transformer."): v for k, v in weights.items()}
+    )
     ids = random_ids(VOCAB)
     _, logits = logits_of(tmp_path, ids)
     assert relative_error(logits, reference_logits(torch_model, ids)) <= 1e-4

@@ -30,7 +30,9 @@ def private_uses(source: str) -> list[str]:
             found += [node.module] if any(private(part) for part in node.module.split(".")) else []
             found += [f"{node.module}.{a.name}" for a in node.names if private(a.name)]
         elif isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.startswith("minimlx") and any(map(private, a.name.split(".")))]
+            found += [
+                a.name for a in node.names if a.name.startswith("minimlx") and any(map(private, a.name.split(".")))
+            ]
         elif isinstance(node, ast.Attribute) and private(node.attr):
             found.append(node.attr)
     return found
@@ -46,7 +48,9 @@ def test_the_private_name_check_catches_private_imports():
 @pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: p.parent.name)
 def test_example_plugins_use_only_public_minimlx_names(path):
     source = path.read_text()
-    imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module.startswith("minimlx")]
+    imports = [
+        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module.startswith("minimlx")
+    ]
     assert imports, f"{path} imports nothing from minimlx"
     assert private_uses(source) == []
 
@@ -67,7 +71,8 @@ def test_the_tutorial_quotes_the_example_plugin_as_it_is():
 
 
 def fake_distribution(site: Path, name: str, module: str, code: str) -> None:
-    """An installed package as importlib.metadata sees it: a module and a dist-info with one minimlx.archs entry point."""
+    """An installed package as importlib.metadata sees it: a module and a dist-info with one minimlx.archs entry
+    point."""
     (site / f"{module}.py").write_text(textwrap.dedent(code))
     info = site / f"{module}-0.1.dist-info"
     info.mkdir()

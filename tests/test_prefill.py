@@ -33,8 +33,9 @@ def test_silu_and_softmax_match_mlx():
     assert mx.all(weights[:, 61:] == 0).item()
 
 
-@pytest.mark.parametrize("heads, kv_heads, queries, past",
-                         [(9, 3, 128, 0), (9, 3, 130, 70), (4, 4, 65, 0), (6, 1, 1, 9)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, queries, past", [(9, 3, 128, 0), (9, 3, 130, 70), (4, 4, 65, 0), (6, 1, 1, 9)]
+)
 def test_causal_attention_matches_mlx(heads, kv_heads, queries, past):
     """Blocks of 64 queries (the last one partial), grouped heads, a chunk that continues a cache."""
     keys = [mx.random.key(i) for i in range(3)]
@@ -51,8 +52,13 @@ def test_greedy_ids_unchanged_on_smollm2(smollm2, monkeypatch):
     model, tokenizer = smollm2
     ids = chat_ids(tokenizer, "Summarise the history of Paris in detail. " * 20)[:200]
     ours = greedy_ids(model, tokenizer, ids, max_tokens=12, prefill_step=128)
-    monkeypatch.setattr(attention, "attend", lambda q, k, v, scale, mask, sinks=None: mx.fast.scaled_dot_product_attention(
-        q, k, v, scale=scale, mask=mask, sinks=sinks))
+    monkeypatch.setattr(
+        attention,
+        "attend",
+        lambda q, k, v, scale, mask, sinks=None: mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask, sinks=sinks
+        ),
+    )
     monkeypatch.setattr(cpu_math, "silu", nn.silu)  # what the model's silu calls (bound when it was built)
     assert greedy_ids(model, tokenizer, ids, max_tokens=12, prefill_step=128) == ours
 
@@ -65,8 +71,12 @@ def test_mkl_threads_sleep_between_products():
 
     code = "import os, minimlx.blas as b; print(b.loaded or '', os.environ.get('OMP_WAIT_POLICY', ''))"
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "MINIMLX_BLAS")}
-    loaded, policy = (subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
-                                     check=True).stdout.split() + ["", ""])[:2]
+    loaded, policy = (
+        subprocess.run(
+            [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+        ).stdout.split()
+        + ["", ""]
+    )[:2]
     if "mkl" not in loaded:
         pytest.skip("MKL is not the BLAS minimlx loads here")
     assert policy == "PASSIVE"

@@ -6,17 +6,25 @@ from fnmatch import fnmatch
 
 import numpy as np
 import pytest
+from reference import require, save_reference
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import minimlx
 from minimlx.errors import ModelNotFoundError
 from minimlx.io.resolve import resolve
-from reference import require, save_reference
 
 VOCAB = 64
 CONFIG = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    eos_token_id=None,
+    bos_token_id=None,
 )
 
 
@@ -88,8 +96,11 @@ def test_repo_of_one_gguf_resolves_to_it(cache):
 
 def test_repo_of_several_ggufs_asks_for_one(cache):
     cached_repo(cache, "org/tiny-GGUF", "tiny.Q8_0.gguf", "tiny.Q4_K_M.gguf")
-    with pytest.raises(ModelNotFoundError, match=r"several GGUF files \(tiny.Q4_K_M.gguf, tiny.Q8_0.gguf\); "
-                                                 r"name one, as in org/tiny-GGUF/tiny.Q4_K_M.gguf"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"several GGUF files \(tiny.Q4_K_M.gguf, tiny.Q8_0.gguf\); "
+        r"name one, as in org/tiny-GGUF/tiny.Q4_K_M.gguf",
+    ):
         resolve("org/tiny-GGUF")
 
 
@@ -107,8 +118,11 @@ def test_checkpoint_folder_wins_over_its_ggufs(cache):
 def test_named_gguf_missing_from_the_cache_downloads_alone(cache, monkeypatch):
     huggingface_hub = require("huggingface_hub")
     asked = []
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
-                        lambda repo_id, filename: asked.append((repo_id, filename)) or str(cache / filename))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "hf_hub_download",
+        lambda repo_id, filename: asked.append((repo_id, filename)) or str(cache / filename),
+    )
     cached_repo(cache, "org/tiny-GGUF", "tiny.Q8_0.gguf")
     assert resolve("org/tiny-GGUF/tiny.Q4_K_M.gguf") == cache / "tiny.Q4_K_M.gguf"
     assert asked == [("org/tiny-GGUF", "tiny.Q4_K_M.gguf")]
@@ -128,9 +142,17 @@ def test_named_gguf_that_cannot_be_downloaded(cache, monkeypatch):
 def test_repo_download_leaves_ggufs_out(cache, monkeypatch):
     huggingface_hub = require("huggingface_hub")
     patterns = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, allow_patterns: patterns.extend(
-        allow_patterns) or str(cached_repo(cache, repo_id, "config.json")))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, allow_patterns: (
+            patterns.extend(allow_patterns) or str(cached_repo(cache, repo_id, "config.json"))
+        ),
+    )
     assert resolve("org/remote") == cache / "models--org--remote" / "snapshots" / "0123abc"
-    fetched = [name for name in ("config.json", "model.safetensors", "tiny.Q4_K_M.gguf")
-               if any(fnmatch(name, pattern) for pattern in patterns)]
+    fetched = [
+        name
+        for name in ("config.json", "model.safetensors", "tiny.Q4_K_M.gguf")
+        if any(fnmatch(name, pattern) for pattern in patterns)
+    ]
     assert fetched == ["config.json", "model.safetensors"]

@@ -51,7 +51,9 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "minimlx", "serve", "--port", str(self.port), *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             wait_until_serving(self.url, self.process)
@@ -110,9 +112,15 @@ def test_chat_answers_paris_with_the_tokenizers_counts(smollm2_server, tokenizer
 def test_streamed_deltas_make_the_whole_answer(smollm2_server):
     client = smollm2_server.client()
     whole = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
-    chunks = list(client.chat.completions.create(
-        model="smollm2-135m", messages=QUESTION, temperature=0, stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2-135m",
+            messages=QUESTION,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
@@ -122,8 +130,10 @@ def test_streamed_deltas_make_the_whole_answer(smollm2_server):
 def test_a_resent_conversation_reuses_its_cached_prefix(smollm2_server):
     client = smollm2_server.client()
     first = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
-    turns = QUESTION + [{"role": "assistant", "content": first.choices[0].message.content},
-                        {"role": "user", "content": "And of Germany?"}]
+    turns = QUESTION + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And of Germany?"},
+    ]
     second = client.chat.completions.create(model="smollm2-135m", messages=turns, temperature=0)
     assert "Berlin" in second.choices[0].message.content
     assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
@@ -132,8 +142,9 @@ def test_a_resent_conversation_reuses_its_cached_prefix(smollm2_server):
 def test_completions_and_models(smollm2_server):
     client = smollm2_server.client()
     assert [m.id for m in client.models.list()] == ["smollm2-135m"]
-    reply = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=3,
-                                      temperature=0)
+    reply = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=3, temperature=0
+    )
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
 
 
@@ -170,13 +181,16 @@ def test_a_disconnected_stream_frees_its_slot_and_a_full_queue_answers_429(smoll
     closing the stream lets the waiting request through."""
     client = smollm2_server.client()
     long = client.chat.completions.create(
-        model="smollm2-135m", messages=[{"role": "user", "content": "Write a long story about a dragon."}],
-        max_tokens=2000, stream=True,
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        max_tokens=2000,
+        stream=True,
     )
     next(iter(long))
     with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(client.chat.completions.create, model="smollm2-135m", messages=QUESTION,
-                              temperature=0, max_tokens=8)
+        waiting = pool.submit(
+            client.chat.completions.create, model="smollm2-135m", messages=QUESTION, temperature=0, max_tokens=8
+        )
         time.sleep(1.0)
         code, reply = smollm2_server.post(CHAT, {"messages": QUESTION, "max_tokens": 8})
         assert code == 429 and reply["error"]["code"] == "rate_limit_exceeded"
@@ -247,4 +261,7 @@ def test_an_address_in_use_is_refused_before_loading(tmp_path):
         port = taken.getsockname()[1]
         result = CliRunner().invoke(main, ["serve", "--port", str(port), "--model", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pick another --port or --host"
+    assert (
+        result.stderr.strip()
+        == f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pick another --port or --host"
+    )

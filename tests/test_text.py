@@ -28,8 +28,12 @@ CORPUS = [
 ]
 STREAMED = ["机器学习是人工智能的一个分支。你好，世界！", "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷 漢字😀😀"]
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-WITH_SYSTEM = [{"role": "system", "content": "Answer in one word."}, *MESSAGES,
-               {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Japan? 日本"}]
+WITH_SYSTEM = [
+    {"role": "system", "content": "Answer in one word."},
+    *MESSAGES,
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Japan? 日本"},
+]
 
 
 def smollm2_gguf() -> Path:
@@ -111,16 +115,20 @@ def test_invalid_utf8_streams_as_decode(ours):
 
 def with_pre(metadata: dict, pre: str) -> dict:
     """SmolLM2's vocabulary plus multi-digit tokens "12", "123", split by another pre-tokenizer."""
-    return {**metadata, "tokenizer.ggml.pre": pre,
-            "tokenizer.ggml.tokens": metadata["tokenizer.ggml.tokens"] + ["12", "123"],
-            "tokenizer.ggml.merges": metadata["tokenizer.ggml.merges"] + ["1 2", "12 3"],
-            "tokenizer.ggml.token_type": metadata["tokenizer.ggml.token_type"].tolist() + [1, 1]}
+    return {
+        **metadata,
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": metadata["tokenizer.ggml.tokens"] + ["12", "123"],
+        "tokenizer.ggml.merges": metadata["tokenizer.ggml.merges"] + ["1 2", "12 3"],
+        "tokenizer.ggml.token_type": metadata["tokenizer.ggml.token_type"].tolist() + [1, 1],
+    }
 
 
 @pytest.mark.parametrize("pre", ["gpt-2", "default", "llama-bpe", "qwen2"])
 def test_pre_tokenizers_match_transformers(metadata, pre):
     require("transformers")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
     changed = with_pre(metadata, pre)
     vocab = {name: changed[f"tokenizer.ggml.{name}"] for name in ("tokens", "merges", "token_type")}
     described = {"tokenizer_type": "gpt2", "pre_tokenizer_type": pre, **vocab}
@@ -132,25 +140,28 @@ def test_pre_tokenizers_match_transformers(metadata, pre):
 
 
 def test_pre_tokenizers_split_digits_their_own_way(metadata):
-    digits = {pre: Tokenizer.from_gguf(with_pre(metadata, pre)).encode("4123")
-              for pre in ("smollm", "gpt-2", "llama-bpe")}
+    digits = {
+        pre: Tokenizer.from_gguf(with_pre(metadata, pre)).encode("4123") for pre in ("smollm", "gpt-2", "llama-bpe")
+    }
     four, one, two, three, twelve, one_two_three = 36, 33, 34, 35, 49152, 49153
-    assert digits == {"smollm": [four, one, two, three],  # each digit alone
-                      "gpt-2": [four, one_two_three],  # digits together
-                      "llama-bpe": [four, twelve, three]}  # digits in threes: "412", "3"
+    assert digits == {
+        "smollm": [four, one, two, three],  # each digit alone
+        "gpt-2": [four, one_two_three],  # digits together
+        "llama-bpe": [four, twelve, three],
+    }  # digits in threes: "412", "3"
 
 
 def sentencepiece_metadata() -> dict:
     """A tiny SentencePiece GGUF vocabulary: specials, 256 byte tokens, pieces with scores (higher merges first)."""
-    pieces = ["▁", "t", "h", "e", "a", "n", "d", "o", "▁t", "he", "▁the", "an", "▁an", "nd", "▁and", "▁a", "▁▁",
-              "▁to"]
+    pieces = ["▁", "t", "h", "e", "a", "n", "d", "o", "▁t", "he", "▁the", "an", "▁an", "nd", "▁and", "▁a", "▁▁", "▁to"]
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256)), *pieces]
     return {
         "tokenizer.ggml.model": "llama",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.scores": mx.array([0.0] * 259 + [-float(i) for i in range(len(pieces))]),
         "tokenizer.ggml.token_type": mx.array([2, 3, 3] + [6] * 256 + [1] * len(pieces)),
-        "tokenizer.ggml.bos_token_id": mx.array(1), "tokenizer.ggml.eos_token_id": mx.array(2),
+        "tokenizer.ggml.bos_token_id": mx.array(1),
+        "tokenizer.ggml.eos_token_id": mx.array(2),
         "tokenizer.ggml.unknown_token_id": mx.array(0),
     }
 
@@ -161,11 +172,18 @@ SPM_TEXTS = ["the and an to", "the  and\n 你好 😀", "hat hand 🇫🇷 ", "a
 def test_sentencepiece_gguf_matches_transformers():
     require("transformers")
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
     metadata = sentencepiece_metadata()
     vocab = {key: metadata[f"tokenizer.ggml.{key}"] for key in ("tokens", "scores", "token_type")}
-    reference, _ = convert_gguf_tokenizer("llama", {
-        "tokenizer_type": "llama", "tokens": vocab["tokens"], "scores": vocab["scores"].tolist(),
-        "token_type": vocab["token_type"].tolist()})
+    reference, _ = convert_gguf_tokenizer(
+        "llama",
+        {
+            "tokenizer_type": "llama",
+            "tokens": vocab["tokens"],
+            "scores": vocab["scores"].tolist(),
+            "token_type": vocab["token_type"].tolist(),
+        },
+    )
     ours = Tokenizer.from_gguf(metadata)
     assert ours.bos_token_id == 1 and ours.eos_token_ids == {2}
     for text in SPM_TEXTS:
@@ -199,8 +217,10 @@ def test_folder_add_bos_token_and_config_template(smollm2_folder, tmp_path):
         (tmp_path / name).write_bytes((smollm2_folder / name).read_bytes())
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     template = "{{ bos_token }}{{ messages[0]['content'] }}"
-    config.update(add_bos_token=True, chat_template=[{"name": "tool_use", "template": ""},
-                                                     {"name": "default", "template": template}])
+    config.update(
+        add_bos_token=True,
+        chat_template=[{"name": "tool_use", "template": ""}, {"name": "default", "template": template}],
+    )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     ours = Tokenizer.from_folder(tmp_path)
     assert ours.encode("hi") == [1, 6004] and ours.encode("hi", add_special_tokens=False) == [6004]
@@ -236,14 +256,16 @@ def test_other_decoders_stream_by_redecoding():
 def test_chat_template_helpers_render_as_transformers():
     require("transformers")
     from transformers.utils.chat_template_utils import render_jinja_template
+
     template = (
         "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
         "{% generation %}{{ m | tojson }}{% endgeneration %}\n"
         "  {% if loop.index > 2 %}{% break %}{% endif %}\n"
         "{% endfor %}{{ strftime_now('%Y') }}{{ eos_token }}{% if add_generation_prompt %}>{% endif %}"
     )
-    expected = render_jinja_template([WITH_SYSTEM], chat_template=template, add_generation_prompt=True,
-                                     eos_token="</s>")[0][0]
+    expected = render_jinja_template(
+        [WITH_SYSTEM], chat_template=template, add_generation_prompt=True, eos_token="</s>"
+    )[0][0]
     ours = Tokenizer(Backend(models.BPE()), None, "</s>", set(), template)
     assert ours.apply_chat_template(WITH_SYSTEM) == expected
     assert "日本" not in expected and '"Paris."' in expected  # the loop broke after the third message

@@ -11,28 +11,58 @@ from mlx.utils import tree_map
 import minimlx
 from minimlx.anatomy.attention import attention_pattern
 from minimlx.anatomy.trace import BLOCK_ACTIVATIONS, activation_names
+from minimlx.archs import build_model
 from minimlx.cli import main
 from minimlx.core import Attention, Recorder, RoPE
 from minimlx.errors import InvalidSettingError
-from minimlx.archs import build_model
 
 VOCAB = 64
 CONFIGS = {
     "gpt2": dict(model_type="gpt2", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32),
     "llama": dict(
-        model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2,
+        model_type="llama",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
     ),
     "qwen3_moe": dict(
-        model_type="qwen3_moe", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0],
+        model_type="qwen3_moe",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        mlp_only_layers=[0],
     ),
     "deepseek_v3": dict(
-        model_type="deepseek_v3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8,
-        v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        model_type="deepseek_v3",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
     ),
 }
 
@@ -181,7 +211,7 @@ def test_attention_command_prints_the_pattern_and_draws_it(smollm2, tmp_path):
     expected = attention_pattern(model, tokenizer, PROMPT, layer=3, head=2).weights
     assert len(rows) == len(expected) == 5
     for t, (row, weights) in enumerate(zip(rows, expected)):
-        shown = [float(cell) for cell in row[row.rindex("'") + 1:].split()]
+        shown = [float(cell) for cell in row[row.rindex("'") + 1 :].split()]
         assert shown == pytest.approx([100 * w for w in weights[: t + 1]], abs=0.051)
         assert sum(shown) == pytest.approx(100, abs=0.3)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -42,8 +42,15 @@ class Olmo2Config(Llama3Config):
         """LLaMA's attention with one RMSNorm over all query heads together and one over all key heads."""
         bias = self.attention_bias
         return Attention(
-            self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias,
-            qk_norm_eps=self.norm_eps, qk_norm_per_head=False,
+            self.dims,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.rope(),
+            bias,
+            bias,
+            qk_norm_eps=self.norm_eps,
+            qk_norm_per_head=False,
         )
 
     def block(self, layer: int) -> PostNormBlock:

@@ -20,9 +20,9 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..errors import ModelNotFoundError
 from ..archs import build_model
 from ..archs.config import normalize_config
+from ..errors import ModelNotFoundError
 from ..io.checkpoint import DTYPES
 from ..io.config import read_config
 
@@ -38,7 +38,12 @@ COMPONENTS = {
     "lm_head": "lm_head",
     "other": "other",
 }
-FFN_PARTS = {"router": "router", "experts": "routed_experts", "shared_experts": "shared_experts", "shared_gate": "shared_experts"}
+FFN_PARTS = {
+    "router": "router",
+    "experts": "routed_experts",
+    "shared_experts": "shared_experts",
+    "shared_gate": "shared_experts",
+}
 TOP_LEVEL = {"embed": "token_embedding", "positions": "position_embedding", "head": "lm_head"}
 QUANTIZATION_DATA = ("scales", "biases")
 
@@ -116,9 +121,7 @@ class Ledger:
 def _quantized_bits(model: nn.Module) -> dict[str, int]:
     """Bits per weight of every quantized module, by path: a packed uint32 holds 32 / bits weights."""
     return {
-        path: module.bits
-        for path, module in model.named_modules()
-        if hasattr(module, "bits") and "scales" in module
+        path: module.bits for path, module in model.named_modules() if hasattr(module, "bits") and "scales" in module
     }
 
 

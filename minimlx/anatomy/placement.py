@@ -137,6 +137,8 @@ def plan_table(name: str, model: nn.Module, ranks: int, bits: int | None = None,
         if memory_gb:
             needed = rank.weight_bytes + rank.kv_bytes_per_1k * (context or 0) / 1024
             fits = f"{'yes' if needed <= memory_gb * 1e9 else 'no'} ({gigabytes(int(needed))})"
-        lines.append(f"{r:<6}{held:<16}{gigabytes(rank.weight_bytes):>12}{gigabytes(rank.kv_bytes_per_1k):>23}  {fits}".rstrip())
+        lines.append(
+            f"{r:<6}{held:<16}{gigabytes(rank.weight_bytes):>12}{gigabytes(rank.kv_bytes_per_1k):>23}  {fits}".rstrip()
+        )
     lines.append(f"{'total':<22}{gigabytes(sum(rank.weight_bytes for rank in ranks_plan)):>12}")
     return "\n".join(lines)

@@ -1,13 +1,39 @@
 """Architecture plugins. Importing this package registers the built-in ones."""
 
 from . import (  # noqa: F401  (registration happens on import)
-    deepseek, deepseek_moe, gemma, glm4, gpt2, gpt_oss, llama3, mistral, phi3, qwen2, qwen3, smollm3,
+    deepseek,
+    deepseek_moe,
+    gemma,
+    glm4,
+    gpt2,
+    gpt_oss,
+    llama3,
+    mistral,
+    phi3,
+    qwen2,
+    qwen3,
+    smollm3,
 )
 from .registry import (
-    build, build_model, get_arch, get_gguf_arch, gguf_plugin_config, list_archs, plugin_config, register, registrations,
+    build,
+    build_model,
+    get_arch,
+    get_gguf_arch,
+    gguf_plugin_config,
+    list_archs,
+    plugin_config,
+    register,
+    registrations,
 )
 
 __all__ = [
-    "build", "build_model", "get_arch", "get_gguf_arch", "gguf_plugin_config", "list_archs", "plugin_config", "register",
+    "build",
+    "build_model",
+    "get_arch",
+    "get_gguf_arch",
+    "gguf_plugin_config",
+    "list_archs",
+    "plugin_config",
+    "register",
     "registrations",
 ]

@@ -124,6 +124,8 @@ def sliding_layers(config: dict, layers: int, pattern: int) -> tuple[bool, ...]:
     if kinds is None:
         every = number(config, "sliding_window_pattern", pattern)
         return tuple((i + 1) % every != 0 for i in range(layers))
-    require(isinstance(kinds, list) and len(kinds) == layers and set(kinds) <= {"sliding_attention", "full_attention"},
-            f"layer_types must list 'sliding_attention' or 'full_attention' for each of the {layers} layers")
+    require(
+        isinstance(kinds, list) and len(kinds) == layers and set(kinds) <= {"sliding_attention", "full_attention"},
+        f"layer_types must list 'sliding_attention' or 'full_attention' for each of the {layers} layers",
+    )
     return tuple(kind == "sliding_attention" for kind in kinds)

@@ -73,10 +73,13 @@ class DeepseekConfig(Llama3Config):
             moe_layer_freq=number(c, "moe_layer_freq", 1),
         )
         if arch.num_experts:
-            require(arch.experts_per_token <= arch.num_experts and arch.num_experts % arch.groups == 0
-                    and arch.groups_kept <= arch.groups,
-                    f"the experts do not add up: n_routed_experts {arch.num_experts}, num_experts_per_tok "
-                    f"{arch.experts_per_token}, n_group {arch.groups}, topk_group {arch.groups_kept}")
+            require(
+                arch.experts_per_token <= arch.num_experts
+                and arch.num_experts % arch.groups == 0
+                and arch.groups_kept <= arch.groups,
+                f"the experts do not add up: n_routed_experts {arch.num_experts}, num_experts_per_tok "
+                f"{arch.experts_per_token}, n_group {arch.groups}, topk_group {arch.groups_kept}",
+            )
         return arch
 
     def __post_init__(self):

@@ -81,12 +81,23 @@ class Gemma2Config(Llama3Config):
 
     def block(self, layer: int) -> FourNormBlock:
         local = self.sliding[layer]
-        base, scaling = (self.local_rope_base, self.local_rope_scaling) if local else (self.rope_base, self.rope_scaling)
+        base, scaling = (
+            (self.local_rope_base, self.local_rope_scaling) if local else (self.rope_base, self.rope_scaling)
+        )
         rope = RoPE(self.head_dim, base, scaling, self.max_positions)
         attn = Attention(
-            self.dims, self.heads, self.kv_heads, self.head_dim, rope, self.attention_bias, self.attention_bias,
-            qk_norm_eps=self.norm_eps if self.qk_norm else None, window=self.window if local else None,
-            scale=self.query_scale, logit_cap=self.attention_cap, qk_norm=OffsetRMSNorm,
+            self.dims,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            rope,
+            self.attention_bias,
+            self.attention_bias,
+            qk_norm_eps=self.norm_eps if self.qk_norm else None,
+            window=self.window if local else None,
+            scale=self.query_scale,
+            logit_cap=self.attention_cap,
+            qk_norm=OffsetRMSNorm,
         )
         ffn = GatedFFN(self.dims, self.ffn_dims, self.activation, self.mlp_bias)
         return FourNormBlock(attn, ffn, self.norm(), self.norm(), self.norm(), self.norm())
@@ -101,10 +112,21 @@ class Gemma2Config(Llama3Config):
 @register("gemma3_text")
 @dataclass
 class Gemma3TextConfig(Gemma2Config):
-    example_config = {**Gemma2Config.example_config, "model_type": "gemma3_text", "num_hidden_layers": 3,
-                      "sliding_window_pattern": 3}
-    defaults = {**Gemma2Config.defaults, "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "head_dim": 256, "max_position_embeddings": 131072, "rope_theta": 1_000_000.0}
+    example_config = {
+        **Gemma2Config.example_config,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 3,
+        "sliding_window_pattern": 3,
+    }
+    defaults = {
+        **Gemma2Config.defaults,
+        "vocab_size": 262208,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1_000_000.0,
+    }
     global_every, default_caps = 6, (None, None)  # five local layers to each global one; no soft-caps
 
     @classmethod
@@ -114,18 +136,31 @@ class Gemma3TextConfig(Gemma2Config):
         rope = config.get("rope_parameters") or {}
         by_layer_type = "full_attention" in rope or "sliding_attention" in rope
         global_config = {**config, "rope_parameters": rope.get("full_attention")} if by_layer_type else config
-        local = normalize_config({"rope_parameters": rope.get("sliding_attention") if by_layer_type else
-                                  {"rope_theta": config.get("rope_local_base_freq", 10000.0)}})
+        local = normalize_config(
+            {
+                "rope_parameters": rope.get("sliding_attention")
+                if by_layer_type
+                else {"rope_theta": config.get("rope_local_base_freq", 10000.0)}
+            }
+        )
         arch = super().from_config(global_config)
-        return replace(arch, qk_norm=True, local_rope_base=number(local, "rope_theta", 10000.0, float),
-                       local_rope_scaling=rope_scaling(local))
+        return replace(
+            arch,
+            qk_norm=True,
+            local_rope_base=number(local, "rope_theta", 10000.0, float),
+            local_rope_scaling=rope_scaling(local),
+        )
 
 
 # Gemma 3's image-text checkpoints: the text model's tensors under `language_model` (transformers 4 and mlx-lm)
 # or `model.language_model` (transformers 5), beside the vision tower's, which a text model leaves out.
 MULTIMODAL_NAMES = NameMap(
-    [(prefix + theirs.removeprefix("model."), ours) for prefix in ("language_model.model.", "model.language_model.")
-     for theirs, ours in GEMMA_NAMES.templates if theirs.startswith("model.")]
+    [
+        (prefix + theirs.removeprefix("model."), ours)
+        for prefix in ("language_model.model.", "model.language_model.")
+        for theirs, ours in GEMMA_NAMES.templates
+        if theirs.startswith("model.")
+    ]
     + [("language_model.lm_head.", "head."), ("lm_head.", "head.")],
     drop=[*GEMMA_NAMES.drop_patterns, r"(^|\.)vision_tower\.", r"(^|\.)multi_modal_projector\."],
 )

@@ -41,7 +41,14 @@ GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
 @dataclass
 class GPT2Config:
     # A tiny model of this family in config.json form; `minimlx archs` builds it (lazily) to list the parts.
-    example_config = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32}
+    example_config = {
+        "model_type": "gpt2",
+        "vocab_size": 64,
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 32,
+    }
     gguf_architectures = ("gpt2",)
 
     vocab_size: int = 50257

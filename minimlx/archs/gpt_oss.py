@@ -32,8 +32,14 @@ FUSED_EXPERTS = re.compile(r"^(.*\.experts\.)(gate_up_proj|down_proj)(_bias|_blo
 @register("gpt_oss")
 @dataclass
 class GptOssConfig(Llama3Config):
-    example_config = {**Llama3Config.example_config, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4,
-                      "num_experts_per_tok": 2, "sliding_window": 8}
+    example_config = {
+        **Llama3Config.example_config,
+        "model_type": "gpt_oss",
+        "head_dim": 8,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+    }
     names = NAMES.extended(  # mlx-lm keeps the name `experts` (not `switch_mlp`) for gpt-oss
         [
             ("model.layers.{i}.mlp.router.", "layers.{i}.ffn.router.proj."),
@@ -64,14 +70,17 @@ class GptOssConfig(Llama3Config):
             window=number(c, "sliding_window", None),
             sliding=sliding_layers(c, base.layers, 2),  # without layer_types: sliding, full, sliding, ...
         )
-        require(arch.experts_per_token <= arch.num_experts, f"num_experts_per_tok ({arch.experts_per_token}) must be "
-                f"at most num_local_experts ({arch.num_experts})")
+        require(
+            arch.experts_per_token <= arch.num_experts,
+            f"num_experts_per_tok ({arch.experts_per_token}) must be at most num_local_experts ({arch.num_experts})",
+        )
         return arch
 
     def layer_attention(self, layer: int) -> Attention:
         bias, window = self.attention_bias, self.window if self.sliding[layer] else None
-        return Attention(self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias,
-                         window=window, sinks=True)
+        return Attention(
+            self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, window=window, sinks=True
+        )
 
     def ffn(self, layer: int) -> nn.Module:
         router = Router(self.dims, self.num_experts, self.experts_per_token, "softmax", normalize=True, logit_bias=True)
@@ -80,7 +89,10 @@ class GptOssConfig(Llama3Config):
 
     def block(self, layer: int) -> Block:
         return Block(
-            self.layer_attention(layer), self.ffn(layer), RMSNorm(self.dims, self.norm_eps), RMSNorm(self.dims, self.norm_eps)
+            self.layer_attention(layer),
+            self.ffn(layer),
+            RMSNorm(self.dims, self.norm_eps),
+            RMSNorm(self.dims, self.norm_eps),
         )
 
     def convert_weights(self, weights: dict) -> dict:

@@ -97,8 +97,10 @@ class Llama3Config:
         dims, heads = number(c, "hidden_size"), number(c, "num_attention_heads")
         kv_heads = number(c, "num_key_value_heads", heads)
         head_dim = number(c, "head_dim", dims // heads)
-        require(heads % kv_heads == 0,
-                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+        require(
+            heads % kv_heads == 0,
+            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})",
+        )
         require(head_dim > 0, f"hidden_size ({dims}) is below num_attention_heads ({heads}) and no head_dim is given")
         return cls(
             vocab_size=number(c, "vocab_size"),

@@ -50,7 +50,9 @@ class MistralConfig(Llama3Config):
 
     def attention(self) -> Attention:
         bias = self.attention_bias
-        return Attention(self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, window=self.window)
+        return Attention(
+            self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, window=self.window
+        )
 
 
 @register("mixtral")

@@ -50,4 +50,3 @@ class NameMap:
             renamed = (self._swap(name, ours, theirs) for _, theirs, ours, _ in self.pairs)
             out[next((n for n in renamed if n is not None), name)] = value
         return out
-

@@ -74,8 +74,10 @@ class Qwen3MoeConfig(Qwen3Config):
             decoder_sparse_step=number(c, "decoder_sparse_step", 1),
             mlp_only_layers=tuple(c.get("mlp_only_layers") or ()),
         )
-        require(arch.experts_per_token <= max(arch.num_experts, 1), f"num_experts_per_tok ({arch.experts_per_token}) "
-                f"must be at most num_experts ({arch.num_experts})")
+        require(
+            arch.experts_per_token <= max(arch.num_experts, 1),
+            f"num_experts_per_tok ({arch.experts_per_token}) must be at most num_experts ({arch.num_experts})",
+        )
         return arch
 
     def ffn(self, layer: int) -> nn.Module:

@@ -34,7 +34,7 @@ _entry_points_loaded = False
 
 
 def source_of(plugin: type) -> str:
-    """"built-in" for minimlx's own plugins, else the distribution whose entry point names the plugin's package.
+    """ "built-in" for minimlx's own plugins, else the distribution whose entry point names the plugin's package.
 
     Found from the plugin's module rather than from load order, so a plugin imported directly before
     the entry points load is still credited to its package; a module no installed package declares
@@ -132,7 +132,8 @@ def plugin_config(config: dict, source: str = "the config"):
 
 
 def gguf_plugin_config(metadata: dict, tensors: dict, source: str):
-    """The plugin config that a GGUF file's metadata and tensors describe; errors name `source` as plugin_config's do."""
+    """The plugin config that a GGUF file's metadata and tensors describe; errors name `source` as
+    plugin_config's do."""
     reader = get_gguf_arch(metadata.get("general.architecture"))
     with reported(reader, source, f"the plugin for GGUF architecture {metadata.get('general.architecture')!r}"):
         config = reader.gguf_config(metadata, tensors)

@@ -26,8 +26,10 @@ class SmolLM3Config(Llama3Config):
         arch = super().from_config(c)
         interval = number(c, "no_rope_layer_interval", 4)
         rope_layers = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(arch.layers)]
-        require(isinstance(rope_layers, list) and len(rope_layers) == arch.layers,
-                f"no_rope_layers must list a 0 or 1 for each of the {arch.layers} layers")
+        require(
+            isinstance(rope_layers, list) and len(rope_layers) == arch.layers,
+            f"no_rope_layers must list a 0 or 1 for each of the {arch.layers} layers",
+        )
         return replace(arch, rope_layers=tuple(bool(r) for r in rope_layers))
 
     def block(self, layer: int) -> Block:

@@ -63,7 +63,9 @@ def clean(text: str, where: str) -> str:
     """`text` with invalid UTF-8 (which Python keeps as lone surrogates) replaced by U+FFFD, said once on stderr."""
     fixed = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     if fixed != text:
-        warnings.warn(f"{where} is not valid UTF-8; the invalid bytes were replaced by \N{REPLACEMENT CHARACTER}")
+        warnings.warn(
+            f"{where} is not valid UTF-8; the invalid bytes were replaced by \N{REPLACEMENT CHARACTER}", stacklevel=2
+        )
     return fixed
 
 
@@ -109,10 +111,15 @@ def inspection_dtype(dtype: str | None) -> str | None:
 def parallel_options(command):
     """`--pipeline` / `--tensor-parallel` of every command that loads a model: this process is one rank of those
     `mlx.launch` started, holding its part of the model (see docs/distributed.md)."""
-    command = click.option("--tensor-parallel", "parallel", flag_value="tensor",
-                           help="Under mlx.launch: each rank holds part of every layer (heads, FFN columns, experts).")(command)
-    return click.option("--pipeline", "parallel", flag_value="pipeline",
-                        help="Under mlx.launch: each rank holds a range of layers.")(command)
+    command = click.option(
+        "--tensor-parallel",
+        "parallel",
+        flag_value="tensor",
+        help="Under mlx.launch: each rank holds part of every layer (heads, FFN columns, experts).",
+    )(command)
+    return click.option(
+        "--pipeline", "parallel", flag_value="pipeline", help="Under mlx.launch: each rank holds a range of layers."
+    )(command)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -4,7 +4,8 @@ import json
 
 import click
 
-from ..anatomy.depth import depth_rows, depth_table as seed_depth_table
+from ..anatomy.depth import depth_rows
+from ..anatomy.depth import depth_table as seed_depth_table
 from ..anatomy.ledger import COMPONENTS, Ledger, ledger, presets
 from ..errors import ModelNotFoundError
 from ..io.resolve import resolve
@@ -90,16 +91,30 @@ def print_depth_table(ctx: click.Context, _, wanted: bool) -> None:
 
 
 @main.command()
-@click.option("--depth-table", is_flag=True, expose_value=False, is_eager=True, callback=print_depth_table,
-              help="Print the seed's table of ten 2024-2025 models (params, active, width, layers, heads) "
-              "from the presets, and exit.")
+@click.option(
+    "--depth-table",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_depth_table,
+    help="Print the seed's table of ten 2024-2025 models (params, active, width, layers, heads) "
+    "from the presets, and exit.",
+)
 @click.argument("models", nargs=-1, required=True, metavar="MODEL_OR_PRESET...")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table.")
 @click.option("--per-layer", is_flag=True, help="Also count every layer.")
 @click.option("--compare", is_flag=True, help="Compare several models: layers, width, heads, experts, total, active.")
-@click.option("--ranks", type=click.IntRange(min=1), help="Print the placement plan of a pipeline over this many machines.")
-@click.option("--bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), help="With --ranks: weights quantized to this many bits.")
-@click.option("--memory", type=click.FloatRange(min=0, min_open=True), help="With --ranks: each machine's memory in GB.")
+@click.option(
+    "--ranks", type=click.IntRange(min=1), help="Print the placement plan of a pipeline over this many machines."
+)
+@click.option(
+    "--bits",
+    type=click.Choice(["2", "3", "4", "5", "6", "8"]),
+    help="With --ranks: weights quantized to this many bits.",
+)
+@click.option(
+    "--memory", type=click.FloatRange(min=0, min_open=True), help="With --ranks: each machine's memory in GB."
+)
 def anatomy(models, as_json, per_layer, compare, ranks, bits, memory):
     """Count the parameters of a model or preset by component.
 

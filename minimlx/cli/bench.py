@@ -11,17 +11,18 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .. import blas
-from ..errors import InvalidSettingError
 from ..compiled import compiled_decoder
 from ..core.sampling import make_sampler
+from ..errors import InvalidSettingError
 from ..generate import generate_tokens
 from ..loading import default_dtype, load
 from ..speculative import Acceptance, DraftModel, PromptLookup, Verifier, speculative_tokens
 from . import dtype_option, main, parallel_options
 
 
-def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: int, drafter=None,
-                     acceptance: Acceptance | None = None) -> tuple[float, float]:
+def timed_generation(
+    model, prompt: list[int], gen_tokens: int, prefill_step: int, drafter=None, acceptance: Acceptance | None = None
+) -> tuple[float, float]:
     """(seconds to the first token, seconds from the first to the last) of a greedy run of exactly
     `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it. With a `drafter`, decoding is
     speculative and `acceptance` counts its drafts."""
@@ -30,8 +31,16 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
     else:
         drafter.reset()
         verifier = Verifier(0.0, 1.0, 0, 0.0, None)
-        tokens = speculative_tokens(model, prompt, model.make_cache(), drafter, verifier, gen_tokens,
-                                    acceptance if acceptance is not None else Acceptance(), prefill_step)
+        tokens = speculative_tokens(
+            model,
+            prompt,
+            model.make_cache(),
+            drafter,
+            verifier,
+            gen_tokens,
+            acceptance if acceptance is not None else Acceptance(),
+            prefill_step,
+        )
     start = time.perf_counter()
     next(tokens)
     first = time.perf_counter()
@@ -42,25 +51,67 @@ def timed_generation(model, prompt: list[int], gen_tokens: int, prefill_step: in
 
 @main.command()
 @click.argument("model")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Length of the prompt (random token ids, no chat template).")
-@click.option("--gen-tokens", type=click.IntRange(min=2), default=64, show_default=True,
-              help="Tokens generated per run, end-of-sequence ignored.")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Measured runs after one warm-up; the figures are their medians.")
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Length of the prompt (random token ids, no chat template).",
+)
+@click.option(
+    "--gen-tokens",
+    type=click.IntRange(min=2),
+    default=64,
+    show_default=True,
+    help="Tokens generated per run, end-of-sequence ignored.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Measured runs after one warm-up; the figures are their medians.",
+)
 @dtype_option
-@click.option("--prefill-step", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Prompt tokens per prefill chunk.")
+@click.option(
+    "--prefill-step",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Prompt tokens per prefill chunk.",
+)
 @click.option("--eager", is_flag=True, help="Decode without the compiled step (to compare).")
 @click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer).")
-@click.option("--draft-tokens", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Tokens the draft model proposes per step.")
-@click.option("--prompt-lookup", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Decode speculatively with N tokens copied from earlier text; 0: off.")
+@click.option(
+    "--draft-tokens",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Tokens the draft model proposes per step.",
+)
+@click.option(
+    "--prompt-lookup",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Decode speculatively with N tokens copied from earlier text; 0: off.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @parallel_options
-def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, eager, draft_model, draft_tokens,
-          prompt_lookup, as_json, parallel):
+def bench(
+    model,
+    prompt_tokens,
+    gen_tokens,
+    repeats,
+    dtype,
+    prefill_step,
+    eager,
+    draft_model,
+    draft_tokens,
+    prompt_lookup,
+    as_json,
+    parallel,
+):
     """Measure load time, prefill and decode tokens/s, time to first token and peak memory of MODEL.
 
     Decode tok/s counts the tokens generated, so with speculation it is the effective rate; the share of
@@ -113,11 +164,17 @@ def bench(model, prompt_tokens, gen_tokens, repeats, dtype, prefill_step, eager,
     if as_json:
         click.echo(json.dumps(result))
         return
-    click.echo(f"{model}: {result['dtype']} weights {result['weights_gb']:.3f} GB on {result['device']}, "
-               f"BLAS {blas.loaded or 'as MLX ships it'}")
-    click.echo(f"load {load_s:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
-               f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
-               f"peak memory {result['peak_memory_gb']:.3f} GB (median of {repeats})")
+    click.echo(
+        f"{model}: {result['dtype']} weights {result['weights_gb']:.3f} GB on {result['device']}, "
+        f"BLAS {blas.loaded or 'as MLX ships it'}"
+    )
+    click.echo(
+        f"load {load_s:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
+        f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
+        f"peak memory {result['peak_memory_gb']:.3f} GB (median of {repeats})"
+    )
     if drafter is not None:
-        click.echo(f"speculation: {acceptance.accepted} of {acceptance.drafted} drafted tokens accepted "
-                   f"({acceptance.rate:.0%})")
+        click.echo(
+            f"speculation: {acceptance.accepted} of {acceptance.drafted} drafted tokens accepted "
+            f"({acceptance.rate:.0%})"
+        )

@@ -8,16 +8,31 @@ from . import main
 @main.command()
 @click.argument("source")
 @click.argument("out")
-@click.option("--quantize", "-q", is_flag=True,
-              help="Quantize: 4-bit affine in groups of 64 (packed sources keep their group size).")
+@click.option(
+    "--quantize",
+    "-q",
+    is_flag=True,
+    help="Quantize: 4-bit affine in groups of 64 (packed sources keep their group size).",
+)
 @click.option("--bits", type=int, metavar="B", help="Bits per quantized weight (affine: 2, 3, 4, 5, 6, 8); implies -q.")
 @click.option("--group-size", type=int, metavar="G", help="Weights per scale (affine: 32, 64, 128); implies -q.")
-@click.option("--mode", default="affine", show_default=True, metavar="M",
-              help="affine, mxfp4, mxfp8 or nvfp4 (the last three imply -q).")
-@click.option("--recipe", metavar="R",
-              help="mixed-2-6, mixed-3-4, mixed-3-6 or mixed-4-6: more bits where they matter; implies -q.")
-@click.option("--dtype", metavar="D",
-              help="float32, float16 or bfloat16: cast the float weights (unpacks packed ones without -q).")
+@click.option(
+    "--mode",
+    default="affine",
+    show_default=True,
+    metavar="M",
+    help="affine, mxfp4, mxfp8 or nvfp4 (the last three imply -q).",
+)
+@click.option(
+    "--recipe",
+    metavar="R",
+    help="mixed-2-6, mixed-3-4, mixed-3-6 or mixed-4-6: more bits where they matter; implies -q.",
+)
+@click.option(
+    "--dtype",
+    metavar="D",
+    help="float32, float16 or bfloat16: cast the float weights (unpacks packed ones without -q).",
+)
 def convert(source, out, **options):
     """Convert SOURCE into an MLX folder OUT, quantized or not.
 

@@ -16,8 +16,10 @@ def grid(result: LensResult, longest: int = 16) -> str:
     Tokens are shown quoted (leading spaces matter), cut to `longest` characters.
     """
     header = [repr(t)[:longest] for t in result.tokens]
-    cells = [[f"{repr(t[0])[:longest]} {p[0]:.2f}" for t, p in zip(tokens, probs)]
-             for tokens, probs in zip(result.top_tokens, result.top_probs)]
+    cells = [
+        [f"{repr(t[0])[:longest]} {p[0]:.2f}" for t, p in zip(tokens, probs)]
+        for tokens, probs in zip(result.top_tokens, result.top_probs)
+    ]
     width = max(len(c) for c in header + [c for row in cells for c in row]) + 2
     lines = [" " * 7 + "".join(h.ljust(width) for h in header)]
     lines += [f"{label:<7}" + "".join(c.ljust(width) for c in row) for label, row in zip(result.layers, cells)]
@@ -32,8 +34,15 @@ def draw(result: LensResult, path: str, plt) -> None:
     image = axes.imshow(probs, origin="lower", aspect="auto", cmap="Blues", vmin=0, vmax=1)
     for r, row in enumerate(result.top_tokens):
         for c, ranks in enumerate(row):
-            axes.text(c, r, shown(ranks[0]), ha="center", va="center", fontsize=7,
-                      color="white" if probs[r][c] > 0.6 else "black")
+            axes.text(
+                c,
+                r,
+                shown(ranks[0]),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if probs[r][c] > 0.6 else "black",
+            )
     axes.set_xticks(range(columns), [shown(t) for t in result.tokens], rotation=45, ha="right")
     axes.set_yticks(range(rows), result.layers, fontsize=7)
     axes.set_xlabel("prompt position (the cell predicts the token after it)")

@@ -29,10 +29,20 @@ def generation_options(command):
         dtype_option,
         click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
         click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer)."),
-        click.option("--draft-tokens", type=click.IntRange(min=1), default=3, show_default=True,
-                     help="Tokens the draft model proposes per step."),
-        click.option("--prompt-lookup", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="Decode speculatively with N tokens copied from earlier text (no second model); 0: off."),
+        click.option(
+            "--draft-tokens",
+            type=click.IntRange(min=1),
+            default=3,
+            show_default=True,
+            help="Tokens the draft model proposes per step.",
+        ),
+        click.option(
+            "--prompt-lookup",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="Decode speculatively with N tokens copied from earlier text (no second model); 0: off.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -106,8 +116,11 @@ def print_stats(response) -> None:
         err=True,
     )
     if response.drafted_tokens:
-        click.echo(f"speculation: {response.accepted_tokens} of {response.drafted_tokens} drafted tokens accepted "
-                   f"({response.accepted_tokens / response.drafted_tokens:.0%})", err=True)
+        click.echo(
+            f"speculation: {response.accepted_tokens} of {response.drafted_tokens} drafted tokens accepted "
+            f"({response.accepted_tokens / response.drafted_tokens:.0%})",
+            err=True,
+        )
 
 
 @main.command()

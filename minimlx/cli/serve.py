@@ -41,12 +41,27 @@ def check_address(host: str, port: int) -> None:
 @click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Most sequences decoded together; more requests wait.")
-@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Most requests waiting for a batch slot; more are answered 429.")
-@click.option("--prompt-cache", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Most sequences decoded together; more requests wait.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Most requests waiting for a batch slot; more are answered 429.",
+)
+@click.option(
+    "--prompt-cache",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.",
+)
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
@@ -61,7 +76,8 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
     from .run import open_model
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
-        from ..distributed import Mirrored as Engine, world
+        from ..distributed import Mirrored as Engine
+        from ..distributed import world
     if not options["parallel"] or world().rank() == 0:
         check_address(host, port)
     one_blas_thread()

@@ -39,7 +39,9 @@ class GrowingBuffer:
             if self.arrays is None:
                 self.arrays = fresh
             else:
-                self.arrays = [mx.concatenate([old[..., :previous, :], f], axis=-2) for old, f in zip(self.arrays, fresh)]
+                self.arrays = [
+                    mx.concatenate([old[..., :previous, :], f], axis=-2) for old, f in zip(self.arrays, fresh)
+                ]
         self.offset += count
         for buffer, a in zip(self.arrays, new):
             buffer[..., previous : self.offset, :] = a

@@ -24,9 +24,9 @@ def is_moe_layer(layer: int, first_dense: int = 0, every: int = 1, phase: int = 
 class Router(nn.Module):
     """Scores the experts for each token and picks `experts_per_token` of them.
 
-    Scores are a softmax or an element-wise sigmoid of `weight @ x` (`+ bias` with `logit_bias`). With `groups > 1` the experts
-    form equal groups, each ranked by the sum of its `group_top` best scores, and only experts of the
-    `groups_kept` best groups can be chosen. `score_bias` shifts the scores used for choosing only;
+    Scores are a softmax or an element-wise sigmoid of `weight @ x` (`+ bias` with `logit_bias`). With
+    `groups > 1` the experts form equal groups, each ranked by the sum of its `group_top` best scores, and only
+    experts of the `groups_kept` best groups can be chosen. `score_bias` shifts the scores used for choosing only;
     the weights of the chosen experts are the unshifted scores, renormalised to sum to 1 when
     `normalize`, then multiplied by `scale`.
     """
@@ -100,7 +100,9 @@ def with_expert_bias(module: nn.Module, y: mx.array, expert_indices: mx.array) -
 class QuantizedExpertLinear(QuantizedWeight):
     """`ExpertLinear` with packed weights: one gathered quantized matmul (`mx.gather_qmm`) for all experts."""
 
-    def __init__(self, weight: mx.array, group_size: int, bits: int, mode: str = "affine", bias: mx.array | None = None):
+    def __init__(
+        self, weight: mx.array, group_size: int, bits: int, mode: str = "affine", bias: mx.array | None = None
+    ):
         super().__init__(weight, group_size, bits, mode)
         if bias is not None:
             self.bias = bias
@@ -174,7 +176,11 @@ class MoE(nn.Module):
     """
 
     def __init__(
-        self, router: Router, experts: Experts, shared_experts: SwiGLU | None = None, shared_gate: nn.Linear | None = None
+        self,
+        router: Router,
+        experts: Experts,
+        shared_experts: SwiGLU | None = None,
+        shared_gate: nn.Linear | None = None,
     ):
         super().__init__()
         self.router = router

@@ -62,7 +62,13 @@ def kernel_swiglu(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
     """silu(gate(x)) * up(x) in one native op when both maps are bias-free `KernelLinear`s of one layout (the
     two products share one pass over the kernel's threads, and the silu and product happen on the way); else None."""
     fused = getattr(native_kernel(), "quantized_swiglu", None)  # None too in a build older than the op
-    if fused is None or type(gate) is not KernelLinear or type(up) is not KernelLinear or "bias" in gate or "bias" in up:
+    if (
+        fused is None
+        or type(gate) is not KernelLinear
+        or type(up) is not KernelLinear
+        or "bias" in gate
+        or "bias" in up
+    ):
         return None
     if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
         return None

@@ -99,7 +99,9 @@ class RoPE(nn.Module):
         elif kind == "yarn":
             inv_freq, self.output_scale = _yarn_inv_freq(dims, base, scaling, max_positions)
         elif kind != "default":
-            raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency")
+            raise ValueError(
+                f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency"
+            )
         self._wavelengths = 1.0 / inv_freq
         self._settings = (dims, base, repr(scaling), max_positions)  # what the wavelengths are made of
 
@@ -119,8 +121,11 @@ class RoPE(nn.Module):
         the same ones (their caches hand out one positions array per step), so the last are kept, per thread: a
         lazy array belongs to the stream of the thread that made it."""
         last = getattr(_last_angles, "value", None)
-        if last is not None and last[0] == self._settings and last[2] == tokens and (
-            last[1] is offset or (type(offset) is int and type(last[1]) is int and last[1] == offset)
+        if (
+            last is not None
+            and last[0] == self._settings
+            and last[2] == tokens
+            and (last[1] is offset or (type(offset) is int and type(last[1]) is int and last[1] == offset))
         ):
             return last[3], last[4]
         start = offset if isinstance(offset, mx.array) else mx.array([offset])

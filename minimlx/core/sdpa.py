@@ -20,8 +20,9 @@ from .quantized import native_kernel
 QUERY_BLOCK = 64
 
 
-def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.array | None,
-           sinks: mx.array | None = None) -> mx.array:
+def attend(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: str | mx.array | None, sinks: mx.array | None = None
+) -> mx.array:
     """q (batch, heads, queries, head_dim) over k, v (batch, kv_heads, keys, head_dim), to the shape of q.
 
     `mask` and `sinks` are those of `mx.fast.scaled_dot_product_attention`.

@@ -41,8 +41,9 @@ class Transformer(nn.Module):
     def tied_head(self) -> bool:
         return "head" not in self
 
-    def __call__(self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None,
-                 last_only: bool = False) -> mx.array:
+    def __call__(
+        self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None, last_only: bool = False
+    ) -> mx.array:
         """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given; with
         `last_only`, (batch, 1, vocab) for the last position only (a prompt's prefill, whose next token is
         sampled from it: the head's product over the other positions is skipped)."""
@@ -61,8 +62,12 @@ class Transformer(nn.Module):
         # builds the graph and Python idle while it is computed; queued per layer, layer i computes while
         # layer i + 1 is built (SmolLM2 --dtype quantized: one row 24-36 -> 18-21 ms per step, 8 rows 42-52
         # -> 38-41 ms). A GPU computes while the CPU encodes anyway, so there one step stays one submission.
-        queue_layers = (ids.shape[1] == 1 and recorder is None and mx.default_device() == mx.cpu
-                        and isinstance((cache or [None])[0], GrowingBuffer))
+        queue_layers = (
+            ids.shape[1] == 1
+            and recorder is None
+            and mx.default_device() == mx.cpu
+            and isinstance((cache or [None])[0], GrowingBuffer)
+        )
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,

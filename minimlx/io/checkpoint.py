@@ -46,7 +46,9 @@ def read_safetensors(folder: Path) -> dict[str, mx.array]:
         try:
             weights.update(mx.load(str(path)))
         except Exception as e:
-            raise CheckpointError(f"cannot read {path}: {e}; the file is corrupt or truncated, re-download it") from None
+            raise CheckpointError(
+                f"cannot read {path}: {e}; the file is corrupt or truncated, re-download it"
+            ) from None
     return weights
 
 
@@ -68,9 +70,7 @@ def check_weights(model: nn.Module, weights: dict[str, mx.array], origin: dict[i
     unexpected = sorted(set(weights) - set(expected))
     if unexpected:
         more = f" and {len(unexpected) - 1} more" if len(unexpected) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint has unexpected tensor {called(unexpected[0])}{more}; {MISMATCH}"
-        )
+        raise CheckpointError(f"checkpoint has unexpected tensor {called(unexpected[0])}{more}; {MISMATCH}")
     for name, param in expected.items():
         if tuple(weights[name].shape) != tuple(param.shape):
             raise CheckpointError(

@@ -31,8 +31,16 @@ READABLE = "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0"  # suggested in th
 
 # GGUF's metadata value types -> struct formats (8: string, 9: array are read by hand)
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-FLOAT_TYPES = {T.F32: np.float32, T.F16: np.float16, T.BF16: np.uint16, T.F64: np.float64,
-               T.I8: np.int8, T.I16: np.int16, T.I32: np.int32, T.I64: np.int64}
+FLOAT_TYPES = {
+    T.F32: np.float32,
+    T.F16: np.float16,
+    T.BF16: np.uint16,
+    T.F64: np.float64,
+    T.I8: np.int8,
+    T.I16: np.int16,
+    T.I32: np.int32,
+    T.I64: np.int64,
+}
 MX_LOAD_EXACT = {T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q8_0}  # what mx.load reads bit for bit (BF16 it rounds to float16)
 
 
@@ -48,7 +56,9 @@ class Header:
         self.buffer, self.at = memoryview(self.data), 0
         magic, version = self.read("4s"), self.read("I")
         if magic != b"GGUF" or version < 2:
-            raise ValueError(f"GGUF magic invalid or version {version} unsupported" if magic == b"GGUF" else "GGUF magic invalid")
+            raise ValueError(
+                f"GGUF magic invalid or version {version} unsupported" if magic == b"GGUF" else "GGUF magic invalid"
+            )
         tensor_count, field_count = self.read("Q"), self.read("Q")
         self.metadata = {self.string(): self.value(self.read("I")) for _ in range(field_count)}
         self.tensors = []  # (name, type, row-major shape, offset from the data section)
@@ -88,7 +98,9 @@ class Header:
         if kind in FLOAT_TYPES:
             return np.frombuffer(self.data, FLOAT_TYPES[kind], math.prod(shape), begin).reshape(shape)
         row_bytes = shape[-1] // block * size
-        return np.frombuffer(self.data, np.uint8, math.prod(shape[:-1]) * row_bytes, begin).reshape(*shape[:-1], row_bytes)
+        return np.frombuffer(self.data, np.uint8, math.prod(shape[:-1]) * row_bytes, begin).reshape(
+            *shape[:-1], row_bytes
+        )
 
 
 def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype = mx.float16) -> tuple[dict[str, mx.array], dict]:
@@ -135,7 +147,7 @@ def pack(q: np.ndarray, bits: int) -> np.ndarray:
 
 def f16(blocks: np.ndarray, at: int) -> np.ndarray:
     """The float16 stored at byte `at` of each block, as a (blocks, 1) column."""
-    return blocks[:, at:at + 2].view(np.float16)
+    return blocks[:, at : at + 2].view(np.float16)
 
 
 def nibbles(qs: np.ndarray) -> np.ndarray:

@@ -55,7 +55,10 @@ def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, 
     """The prompt text for `messages`; `special_tokens` (bos_token, eos_token) are template variables."""
     try:
         return compile_template(source).render(
-            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+            messages=messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
             **special_tokens,
         )
     except jinja2.TemplateError as error:

@@ -57,7 +57,7 @@ class RedecodingDetokenizer:
         return self._take(self._backend.decode(self._ids, skip_special_tokens=self._skip))
 
     def _take(self, text: str) -> str:
-        new, self._emitted = text[self._emitted:], len(text)
+        new, self._emitted = text[self._emitted :], len(text)
         return new
 
 

@@ -21,24 +21,36 @@ CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 LLAMA3 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-QWEN35 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          r"|\s+(?!\S)|\s+")
-JAIS2 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-         r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)"
-         r"|\s{1,2}(?!\S)|\s{1}")
+QWEN35 = (
+    CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+JAIS2 = (
+    CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)"
+    r"|\s{1,2}(?!\S)|\s{1}"
+)
 MINICPM5 = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 SEED_CODER = CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
-BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]|\s+(?!\S)|\s+")
-EXAONE_MOE = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
-              r"|\s*[\r\n]|\s+(?!\S)|\s+")
+BAILINGMOE = (
+    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]|\s+(?!\S)|\s+"
+)
+EXAONE_MOE = (
+    CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+    r"|\s*[\r\n]|\s+(?!\S)|\s+"
+)
 UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 # llama.cpp's stand-ins for tekken's upper- and lower-case letters: a letter other than a-z, other than A-Z
 UPPER, LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
-TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*"
-          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+{CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*{CONTRACTIONS}?"
-         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEKKEN = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+{CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*{CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 GRANITE_EMBED = GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
 # youtu's and tiny_aya's case-aware letter runs, which llama.cpp matches as any run of letters and marks
 LETTERS_AND_MARKS = rf"[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}\p{{M}}]+{CONTRACTIONS}?"
@@ -47,8 +59,10 @@ YOUTU = LETTERS_AND_MARKS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?
 YOUTU_CJK = r"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+"
 # kimi-k2 and afmoe run hand-written splitters in unicode.cpp (tiny_aya's digits too); these regexes do the same.
 HAN = r"\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}"
-KIMI_K2 = (rf"[{HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{HAN}]]+{CONTRACTIONS}?"
-           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+KIMI_K2 = (
+    rf"[{HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{HAN}]]+{CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 DIGITS_IN_THREES_FROM_THE_RIGHT = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
 WORDS = r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
 DEEPSEEK3 = WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -70,17 +84,59 @@ NOT_PUNCTUATION = r" ?[^(\s|.,!?…。，、।۔،)]+"
 # "default" (and no name: files older than the key) splits like GPT-2, as the llama.cpp that wrote those files
 # did and as transformers reads it; llama.cpp today splits such files with a fallback it warns degrades them.
 PRE_TOKENIZER_SPLITS = {
-    **dict.fromkeys(["default", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
-                     "gigachat", "a.x-4.0", "mellum", "modern-bert", "roberta-bpe", "jina-es", "jina-de",
-                     "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code"], (GPT2,)),
-    **dict.fromkeys(["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"],
-                    (r"\p{N}", GPT2)),
+    **dict.fromkeys(
+        [
+            "default",
+            "gpt-2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "granite-docling",
+            "exaone4",
+            "gigachat",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "roberta-bpe",
+            "jina-es",
+            "jina-de",
+            "jina-v1-en",
+            "jina-v2-es",
+            "jina-v2-de",
+            "jina-v2-code",
+        ],
+        (GPT2,),
+    ),
+    **dict.fromkeys(
+        ["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"], (r"\p{N}", GPT2)
+    ),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"),
-    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                     "jina-v5-nano", "dbrx", "smaug-bpe", "chatglm-bpe", "glm4", "glm5"], (LLAMA3,)),
+    **dict.fromkeys(
+        [
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+            "dbrx",
+            "smaug-bpe",
+            "chatglm-bpe",
+            "glm4",
+            "glm5",
+        ],
+        (LLAMA3,),
+    ),
     "jais-2": (JAIS2,),
-    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
-                     "grok-2"], (QWEN2,)),
+    **dict.fromkeys(
+        ["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open", "grok-2"],
+        (QWEN2,),
+    ),
     "qwen35": (QWEN35,),
     "laguna": (r"[^\n]+|[\n]+", QWEN2),
     "ufakzeka": (UFAKZEKA,),
@@ -98,8 +154,14 @@ PRE_TOKENIZER_SPLITS = {
     **dict.fromkeys(["poro-chat", "bloom", "gpt3-finnish"], (NOT_PUNCTUATION,)),
     "viking": (NOT_PUNCTUATION, r"\p{N}"),
     "tekken": (TEKKEN,),
-    "chameleon": ("<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )", r"\p{N}",
-                  r"[\p{P}!-/:-@\[-`{-~]", GPT2),
+    "chameleon": (
+        "<sentinel:[0-9]+>",
+        "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+        r"([\t\n]|    |  )",
+        r"\p{N}",
+        r"[\p{P}!-/:-@\[-`{-~]",
+        GPT2,
+    ),
     **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], (GPT4O,)),
     "granite-embed-multi-97m": (GRANITE_EMBED,),
     "kimi-k2": (KIMI_K2,),
@@ -107,8 +169,23 @@ PRE_TOKENIZER_SPLITS = {
 }
 # llama.cpp emits a pre-token the vocabulary holds whole before trying merges (`ignore_merges`, as in Llama 3's
 # tokenizer.json): for these names, a token the merges cannot build is still found.
-IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                 "jina-v5-nano", "glm4", "glm5", "youtu", "tekken", "minicpm5", "granite-embed-multi-97m"}
+IGNORE_MERGES = {
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+    "glm4",
+    "glm5",
+    "youtu",
+    "tekken",
+    "minicpm5",
+    "granite-embed-multi-97m",
+}
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -137,23 +214,35 @@ def read_vocab(metadata: dict) -> GGUFVocab:
     kinds = _list(metadata.get("tokenizer.ggml.token_type", []))
     # Control tokens are never split; user-defined ones (like "<think>") are matched whole too, but not special.
     # Only tokens the vocabulary spells as given: a control token outside the byte alphabet is a converter mislabel.
-    known = [(token, kind) for token, kind in zip(tokens, kinds) if kind in (CONTROL, USER_DEFINED)
-             and backend.token_to_id(token) is not None]
-    backend.add_special_tokens([AddedToken(token, normalized=False, special=True)
-                                for token, kind in known if kind == CONTROL])
-    backend.add_tokens([AddedToken(token, normalized=False, special=False)
-                        for token, kind in known if kind == USER_DEFINED])
-    named = {name: tokens[_scalar(metadata[f"tokenizer.ggml.{name}_token_id"])]
-             for name in ("bos", "eos", "unknown", "padding") if f"tokenizer.ggml.{name}_token_id" in metadata}
+    known = [
+        (token, kind)
+        for token, kind in zip(tokens, kinds)
+        if kind in (CONTROL, USER_DEFINED) and backend.token_to_id(token) is not None
+    ]
+    backend.add_special_tokens(
+        [AddedToken(token, normalized=False, special=True) for token, kind in known if kind == CONTROL]
+    )
+    backend.add_tokens(
+        [AddedToken(token, normalized=False, special=False) for token, kind in known if kind == USER_DEFINED]
+    )
+    named = {
+        name: tokens[_scalar(metadata[f"tokenizer.ggml.{name}_token_id"])]
+        for name in ("bos", "eos", "unknown", "padding")
+        if f"tokenizer.ggml.{name}_token_id" in metadata
+    }
     added = {token.content for token in backend.get_added_tokens_decoder().values()}
-    backend.add_special_tokens([AddedToken(token, normalized=False, special=True)
-                                for token in named.values() if token not in added])
+    backend.add_special_tokens(
+        [AddedToken(token, normalized=False, special=True) for token in named.values() if token not in added]
+    )
     return GGUFVocab(
         backend=backend,
         bos_token=named.get("bos"),
         eos_token=named.get("eos"),
-        end_token_ids={_scalar(metadata[f"tokenizer.ggml.{name}_token_id"])
-                       for name in ("eos", "eot", "eom") if f"tokenizer.ggml.{name}_token_id" in metadata},
+        end_token_ids={
+            _scalar(metadata[f"tokenizer.ggml.{name}_token_id"])
+            for name in ("eos", "eot", "eom")
+            if f"tokenizer.ggml.{name}_token_id" in metadata
+        },
         add_bos_token=bool(_scalar(metadata.get("tokenizer.ggml.add_bos_token", model == "llama"))),
         add_eos_token=bool(_scalar(metadata.get("tokenizer.ggml.add_eos_token", False))),
         chat_template=metadata.get("tokenizer.chat_template"),
@@ -168,10 +257,19 @@ def byte_level_bpe(metadata: dict) -> Tokenizer:
             f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(PRE_TOKENIZER_SPLITS))}); "
             "use the model's Hugging Face folder with tokenizer.json instead"
         )
-    spelled = {token if all(char in CHAR_BYTES for char in token) else spell(token): i
-               for i, token in enumerate(metadata["tokenizer.ggml.tokens"])}
-    backend = Tokenizer(models.BPE(spelled, _merges(metadata), continuing_subword_prefix="", end_of_word_suffix="",
-                                   ignore_merges=pre in IGNORE_MERGES))
+    spelled = {
+        token if all(char in CHAR_BYTES for char in token) else spell(token): i
+        for i, token in enumerate(metadata["tokenizer.ggml.tokens"])
+    }
+    backend = Tokenizer(
+        models.BPE(
+            spelled,
+            _merges(metadata),
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            ignore_merges=pre in IGNORE_MERGES,
+        )
+    )
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in PRE_TOKENIZER_SPLITS[pre]]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
@@ -201,8 +299,10 @@ def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[
     merges = []
     for token, score in scores.items():
         pairs = [(token[:cut], token[cut:]) for cut in range(1, len(token))]
-        pairs = sorted((pair for pair in pairs if pair[0] in vocab and pair[1] in vocab),
-                       key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        pairs = sorted(
+            (pair for pair in pairs if pair[0] in vocab and pair[1] in vocab),
+            key=lambda pair: (vocab[pair[0]], vocab[pair[1]]),
+        )
         merges += [(left, right, score) for left, right in pairs]
     merges.sort(key=lambda merge: (merge[2], len(merge[0]), len(merge[1])), reverse=True)
     return [(left, right) for left, right, _ in merges]

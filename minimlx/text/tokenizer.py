@@ -13,8 +13,14 @@ from .gguf_vocab import read_vocab
 
 
 class Tokenizer:
-    def __init__(self, backend: Backend, bos_token: str | None, eos_token: str | None,
-                 eos_token_ids: set[int], chat_template: str | None):
+    def __init__(
+        self,
+        backend: Backend,
+        bos_token: str | None,
+        eos_token: str | None,
+        eos_token_ids: set[int],
+        chat_template: str | None,
+    ):
         self.backend = backend
         self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
@@ -41,8 +47,11 @@ class Tokenizer:
         bos_token, eos_token = _content(config.get("bos_token")), _content(config.get("eos_token"))
         # Like transformers: explicit add_bos/add_eos flags (or no post-processor at all) replace tokenizer.json's.
         if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
-            add_special_tokens(backend, bos_token if config.get("add_bos_token") else None,
-                               eos_token if config.get("add_eos_token") else None)
+            add_special_tokens(
+                backend,
+                bos_token if config.get("add_bos_token") else None,
+                eos_token if config.get("add_eos_token") else None,
+            )
         generation_eos = read_json(folder / "generation_config.json", missing={}).get("eos_token_id")
         template_file = folder / "chat_template.jinja"
         chat_template = template_file.read_text() if template_file.is_file() else config.get("chat_template")
@@ -61,8 +70,11 @@ class Tokenizer:
     def from_gguf(cls, metadata: dict) -> "Tokenizer":
         """From a GGUF file's metadata, as `mx.load(path, return_metadata=True)[1]` returns it."""
         vocab = read_vocab(metadata)
-        add_special_tokens(vocab.backend, vocab.bos_token if vocab.add_bos_token else None,
-                           vocab.eos_token if vocab.add_eos_token else None)
+        add_special_tokens(
+            vocab.backend,
+            vocab.bos_token if vocab.add_bos_token else None,
+            vocab.eos_token if vocab.add_eos_token else None,
+        )
         return cls(vocab.backend, vocab.bos_token, vocab.eos_token, vocab.end_token_ids, vocab.chat_template)
 
     @property
@@ -82,8 +94,12 @@ class Tokenizer:
                 "This model has no chat template; pass --no-chat-template to send the prompt as raw text"
             )
         special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
-        return render_chat(self.chat_template, messages, add_generation_prompt,
-                           **{name: token for name, token in special.items() if token})
+        return render_chat(
+            self.chat_template,
+            messages,
+            add_generation_prompt,
+            **{name: token for name, token in special.items() if token},
+        )
 
     def detokenizer(self, skip_special_tokens: bool = False):
         """A streaming decoder: `add(token_id)` returns the text that token completes, `finalize()` the rest."""

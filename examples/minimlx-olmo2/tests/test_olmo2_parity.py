@@ -5,10 +5,11 @@ Run with `pytest examples/minimlx-olmo2` after `pip install ./examples/minimlx-o
 
 import os
 
-import minimlx  # noqa: I001  (first: it puts a fast BLAS under MLX before mlx.core loads)
 import mlx.core as mx
 import numpy as np
 import pytest
+
+import minimlx  # noqa: I001  (first: it puts a fast BLAS under MLX before mlx.core loads)
 from minimlx.archs import registrations
 
 
