@@ -307,7 +307,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
         "1",
         "--json",
     ]
-    from minimlx import blas
+    from minimlx.cpu import blas
 
     found = {"minimlx": (bench, {}), "minimlx, eager decode (bench --eager)": (bench + ["--eager"], {})}
     for path in [p for p in blas.candidates() if os.path.exists(p) and p != blas.loaded] + ["off"]:
@@ -335,7 +335,7 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
 def prefill_configurations(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
     """minimlx as it prefilled before issue 14, where that was a setting: MKL's OpenMP threads spinning
     between products (minimlx now makes them sleep; on a busy machine spinning costs up to 40x)."""
-    from minimlx import blas
+    from minimlx.cpu import blas
 
     if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in ENVIRONMENT:
         return {
@@ -430,7 +430,7 @@ def start_to_first_token(args, float32: Path | None) -> dict[str, list[float]]:
 
 
 def machine() -> str:
-    from minimlx import blas
+    from minimlx.cpu import blas
 
     cpu = next(
         (

@@ -84,7 +84,7 @@ def main() -> None:
     layers = [layer_weights() for _ in range(LAYERS)]
     packed = [{name: mx.quantize(w, 32, 4) for name, w in layer.items()} for layer in layers]
     mx.eval(layers, packed)
-    print(f"native kernel: {minimlx_native.isa}, {minimlx_native.threads} threads; BLAS {minimlx.blas.loaded}\n")
+    print(f"native kernel: {minimlx_native.isa}, {minimlx_native.threads} threads; BLAS {minimlx.cpu.blas.loaded}\n")
     print("| rows | float32 BLAS ms | float32 native ms | BLAS / native | 4-bit native ms |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for rows in args.rows:

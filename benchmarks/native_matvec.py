@@ -29,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
-    print(f"native kernel: {minimlx_native.isa}, {minimlx_native.threads} threads; BLAS {minimlx.blas.loaded}")
+    print(f"native kernel: {minimlx_native.isa}, {minimlx_native.threads} threads; BLAS {minimlx.cpu.blas.loaded}")
     print("| shape (rows x cols) | bits | path | MB read | us per product | GB/s |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
     for rows, cols in ((576, 1536), (49152, 576)):

@@ -150,7 +150,7 @@ def servers(work: Path) -> tuple[dict, list[str]]:
     else:
         notes.append("the native kernel (pip install ./native) is not installed: minimlx's packed row was left out")
     if importlib.util.find_spec("mlx_lm") is not None:
-        from minimlx import blas
+        from minimlx.cpu import blas
 
         folder, port = float32_folder(gguf, work), free_port()
         env = (

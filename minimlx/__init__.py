@@ -1,6 +1,6 @@
 """minimlx: run transformer language models with MLX and see what happens inside them."""
 
-from . import blas  # noqa: F401, I001  (first: the BLAS must be loaded before mlx.core)
+from .cpu import blas  # noqa: F401, I001  (first: the BLAS must be loaded before mlx.core)
 from .archs import list_archs, register
 from .loading import load, load_model
 from .quantization import quantize

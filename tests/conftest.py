@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-import minimlx  # noqa: F401  (before any test module imports mlx.core: minimlx.blas can then put MKL under MLX)
+import minimlx  # noqa: F401  (before any test module imports mlx.core: minimlx.cpu.blas can then put MKL under MLX)
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -13,9 +13,9 @@ import pytest
 from reference import save_reference
 
 import minimlx
-from minimlx import blas
 from minimlx.core import KVCache
 from minimlx.core.sampling import make_sampler
+from minimlx.cpu import blas
 from minimlx.engine import Engine, QueueFullError, Request, make_request
 from minimlx.generate import encode_prompt, generate_tokens, stream_generate
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from minimlx import blas
+from minimlx.cpu import blas
 
 MATMULS = """
 import json, sys
@@ -20,7 +20,7 @@ a, b = rng.standard_normal((96, 512), dtype=np.float32), rng.standard_normal((51
 with mx.stream(mx.cpu):
     np.save(sys.argv[1], np.array(mx.array(a) @ mx.array(b)))
     np.save(sys.argv[2], np.array(mx.array(a[:1]) @ mx.array(b)))
-print(json.dumps(minimlx.blas.loaded))
+print(json.dumps(minimlx.cpu.blas.loaded))
 """
 
 
@@ -90,7 +90,8 @@ def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
     (tmp_path / "not_a_library").write_text("not an ELF file")
     value = setting if setting == "off" else str(tmp_path / setting)
     process = run_python(
-        "import minimlx, mlx.core as mx; print(minimlx.blas.loaded, (mx.ones((2, 3)) @ mx.ones((3, 4))).sum().item())",
+        "import minimlx, mlx.core as mx; "
+        "print(minimlx.cpu.blas.loaded, (mx.ones((2, 3)) @ mx.ones((3, 4))).sum().item())",
         MINIMLX_BLAS=value,
     )
     assert process.stdout.split() == ["None", "24.0"]
@@ -102,7 +103,7 @@ def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
 
 def test_mlx_imported_first_is_left_alone_and_said():
     """Too late to swap the BLAS: minimlx leaves MLX's own and says so once, with the fix."""
-    result = run_python("import mlx.core, minimlx; print(minimlx.blas.loaded)")
+    result = run_python("import mlx.core, minimlx; print(minimlx.cpu.blas.loaded)")
     assert result.stdout.split() == ["None"]
     warned = [line for line in result.stderr.splitlines() if "mlx.core was imported before minimlx" in line]
     assert len(warned) == 1 and warned[0].endswith("import minimlx before mlx.core"), result.stderr

@@ -69,7 +69,7 @@ def test_mkl_threads_sleep_between_products():
     import subprocess
     import sys
 
-    code = "import os, minimlx.blas as b; print(b.loaded or '', os.environ.get('OMP_WAIT_POLICY', ''))"
+    code = "import os, minimlx.cpu.blas as b; print(b.loaded or '', os.environ.get('OMP_WAIT_POLICY', ''))"
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "MINIMLX_BLAS")}
     loaded, policy = (
         subprocess.run(

@@ -10,9 +10,9 @@ import click
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .. import blas
 from ..compiled import compiled_decoder
 from ..core.sampling import make_sampler
+from ..cpu import blas
 from ..errors import InvalidSettingError
 from ..generate import generate_tokens
 from ..loading import default_dtype, load

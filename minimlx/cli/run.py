@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .. import blas
+from ..cpu import blas
 from ..errors import InvalidSettingError, ModelNotFoundError
 from . import TEXT, dtype_option, main, parallel_options, read_stdin
 

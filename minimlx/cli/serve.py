@@ -21,7 +21,7 @@ def one_blas_thread() -> None:
     five times slower than on one thread, and a lone request no faster (measured, see
     benchmarks/RESULTS.md).
     """
-    from .. import blas
+    from ..cpu import blas
 
     if blas.loaded and "mkl" in blas.loaded and "MKL_NUM_THREADS" not in os.environ:
         ctypes.CDLL(blas.loaded).MKL_Set_Num_Threads(1)
