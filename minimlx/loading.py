@@ -12,14 +12,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .archs import build, gguf_plugin_config, plugin_config
-from .core.linear import use_native_products
-from .core.quantized import native_kernel
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
 from .io.gguf_file import read_gguf
 from .io.resolve import resolve
-from .quantization import dequantize_weights, kernel_modules, packed_modules, quantize_modules
+from .quantization import dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
 
 DTYPE_CHOICES = ("quantized", *DTYPES)
@@ -28,12 +26,14 @@ DTYPE_CHOICES = ("quantized", *DTYPES)
 def default_dtype() -> str | None:
     """On the CPU, float32 (MLX's quantized and half-precision CPU matmuls are far slower than BLAS float32 ones),
     unless the native kernel is installed: then None, which keeps the packed weights it reads packed and runs
-    them through it (3.4-3.7x float32's decode on SmolLM2 and about its prefill, in 0.39x the memory;
-    docs/performance.md) and dequantizes the rest to float32. On a GPU, None: weights stay as stored (quantized
+    them through it (faster than float32 in a fraction of the memory: docs/performance.md) and dequantizes the
+    rest to float32. On a GPU, None: weights stay as stored (quantized
     stays packed, floats in their dtype)."""
     if mx.default_device() != mx.cpu:
         return None
-    return None if native_kernel() is not None else "float32"
+    from .cpu import native
+
+    return None if native.kernel is not None else "float32"
 
 
 def splitter(parallel: str | None):
@@ -74,8 +74,12 @@ def assemble(
     spec = packed_modules(model, weights, entry)
     on_cpu = mx.default_device() == mx.cpu
     if dtype in (None, "quantized"):
-        on_kernel = kernel_modules(model, spec) if on_cpu else {}
-        quantize_modules(model, on_kernel, kernel=True)
+        on_kernel = {}
+        if on_cpu:
+            from .cpu.linear import packed_on_kernel, quantize_on_kernel
+
+            on_kernel = packed_on_kernel(model, spec)
+            quantize_on_kernel(model, on_kernel)
         rest = {path: q for path, q in spec.items() if path not in on_kernel}
         if on_cpu and dtype is None:
             dequantize_weights(weights, rest)
@@ -90,7 +94,9 @@ def assemble(
         model, weights = split.shard(model, weights, execution)
     install_weights(model, weights, execution)
     if on_cpu:
-        use_native_products(model)
+        from .cpu.forms import use_cpu_forms
+
+        use_cpu_forms(model)
     return model if split is None else split.join(model)
 
 

@@ -11,16 +11,16 @@ MLX's `mxfp4` mode: its checkpoints' `*_blocks` hold the same bytes as MLX's pac
 and its `*_scales` the same E8M0 exponents.
 
 How the packed weights run is the caller's choice: kept packed (`mx.quantized_matmul`,
-`mx.gather_qmm`, or on the CPU the optional native kernel), or dequantized once at load into a float dtype.
+`mx.gather_qmm`, or on the CPU the optional native kernel's forms in `cpu.linear`), or dequantized once at load into
+a float dtype.
 """
 
 import math
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map_with_path
+from mlx.utils import tree_flatten
 
-from .core.quantized import KERNEL_FORMS, kernel_runs, native_kernel
 from .errors import CheckpointError, InvalidSettingError
 
 # mode -> (default group size, default bits, the bits it supports)
@@ -124,26 +124,9 @@ def dequantize_weights(weights: dict[str, mx.array], spec: dict[str, dict]) -> d
     return weights
 
 
-def quantize_modules(model: nn.Module, spec: dict[str, dict], kernel: bool = False) -> None:
-    """Swap the modules `spec` names for their quantized forms (which then take the packed tensors); with
-    `kernel`, the native kernel's forms (`spec` must name only modules `kernel_modules` chose)."""
-    if not kernel:
-        nn.quantize(model, class_predicate=lambda path, _: dict(spec[path]) if path in spec else False)
-        return
-
-    def swap(path: str, module: nn.Module) -> nn.Module:
-        return KERNEL_FORMS[type(module)](module, **spec[path]) if path in spec else module
-
-    model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
-
-
-def kernel_modules(model: nn.Module, spec: dict[str, dict]) -> dict[str, dict]:
-    """The part of `spec` whose products the native kernel computes (see `core.quantized.kernel_runs`); none
-    when it is not installed or is switched off."""
-    if native_kernel() is None:
-        return {}
-    modules = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
-    return {path: q for path, q in spec.items() if path in modules and kernel_runs(modules[path], **q)}
+def quantize_modules(model: nn.Module, spec: dict[str, dict]) -> None:
+    """Swap the modules `spec` names for their quantized forms (which then take the packed tensors)."""
+    nn.quantize(model, class_predicate=lambda path, _: dict(spec[path]) if path in spec else False)
 
 
 def quantize(

@@ -105,7 +105,7 @@ def test_cpu_default_runs_what_the_kernel_reads_packed_and_the_rest_in_float32(h
     the kernel and dequantizes its 6-bit ones to float32 (MLX's packed CPU kernels are 10-100x slower); the logits
     are the float32 dequantized model's."""
     pytest.importorskip("minimlx_native", reason="the native kernel is not installed (pip install ./native)")
-    from minimlx.core.quantized import KernelLinear
+    from minimlx.cpu.linear import NativeQuantizedLinear
 
     out = tmp_path / "mixed-4-6"
     convert(hf_folder("llama"), out, "--recipe", "mixed-4-6")
@@ -113,7 +113,7 @@ def test_cpu_default_runs_what_the_kernel_reads_packed_and_the_rest_in_float32(h
     assert entry["bits"] == 4 and entry["model.layers.1.self_attn.v_proj"]["bits"] == 6
     model = minimlx.load_model(out)
     attn = model.layers[1].attn
-    assert isinstance(attn.q_proj, KernelLinear) and attn.q_proj.bits == 4
+    assert isinstance(attn.q_proj, NativeQuantizedLinear) and attn.q_proj.bits == 4
     assert isinstance(attn.v_proj, nn.Linear) and attn.v_proj.weight.dtype == mx.float32
     ids = random_ids(VOCAB)
     float32 = np.array(minimlx.load_model(out, dtype="float32")(mx.array(ids)))

@@ -19,6 +19,7 @@ from minimlx.core import (
     GatedFFN,
     KVCache,
     OffsetRMSNorm,
+    Positions,
     Recorder,
     RMSNorm,
     RoPE,
@@ -26,6 +27,7 @@ from minimlx.core import (
     Transformer,
     soft_cap,
 )
+from minimlx.cpu.forms import use_cpu_forms
 
 DIMS, HEADS, KV_HEADS, HEAD_DIM, WINDOW = 32, 4, 2, 8, 5
 
@@ -237,7 +239,7 @@ def test_one_token_rope_equals_the_rotation_formula(dims, traditional, scaling):
     """A decode step's RoPE at an array position (on the CPU, spelled out instead of `fast.rope`) against the
     rotation written out in numpy: each pair (i, i + dims/2), or (2i, 2i + 1) when traditional, turned by
     position / wavelength_i; features past `dims` untouched."""
-    rope = RoPE(dims, 500.0, scaling, max_positions=256, traditional=traditional)
+    rope = use_cpu_forms(RoPE(dims, 500.0, scaling, max_positions=256, traditional=traditional))
     x = mx.random.normal((1, 3, 1, 16), key=mx.random.key(dims))
     for position in (0, 7, 1000):
         got = np.array(rope(x, mx.array([position])))
@@ -256,5 +258,5 @@ def test_one_token_rope_equals_the_rotation_formula(dims, traditional, scaling):
             want[..., : dims // 2], want[..., dims // 2 : dims] = turned
         want *= rope.output_scale
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(1, position / 100))
-        eager = np.array(rope(x, position))  # an int position: MLX's fast.rope
+        eager = np.array(RoPE.rotate(rope, x, Positions(1, position)))  # MLX's fast.rope
         np.testing.assert_allclose(got, eager, rtol=0, atol=2e-5 * max(1, position / 100))

@@ -122,7 +122,8 @@ def test_nonsense_settings(smollm2, settings):
 def test_cpu_default_is_dequantized_float32_without_the_native_kernel(monkeypatch):
     import mlx.core as mx
 
+    from minimlx.cpu import native
     from minimlx.loading import default_dtype
 
-    monkeypatch.setenv("MINIMLX_NATIVE", "off")
+    monkeypatch.setattr(native, "kernel", None)  # what MINIMLX_NATIVE=off gives at import
     assert mx.default_device() == mx.cpu and default_dtype() == "float32"

@@ -19,11 +19,17 @@ from minimlx import load, stream_generate  # noqa: E402
 from minimlx.compiled import CompiledDecoder  # noqa: E402
 from minimlx.core.cache import visible  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
-from minimlx.core.linear import NATIVE_ROWS, NativeLinear, native_swiglu, use_native_products  # noqa: E402
-from minimlx.core.quantized import KernelEmbedding, KernelLinear, kernel_swiglu  # noqa: E402
-from minimlx.core.rope import RoPE  # noqa: E402
 from minimlx.core.sampling import make_sampler  # noqa: E402
-from minimlx.core.sdpa import attend  # noqa: E402
+from minimlx.cpu import native  # noqa: E402
+from minimlx.cpu.attention import attend  # noqa: E402
+from minimlx.cpu.forms import CpuRoPE, use_cpu_forms  # noqa: E402
+from minimlx.cpu.linear import (  # noqa: E402
+    NATIVE_ROWS,
+    NativeLinear,
+    NativeQuantizedEmbedding,
+    NativeQuantizedLinear,
+    gated_product,
+)
 from minimlx.engine import make_request  # noqa: E402
 from minimlx.generate import generate_tokens  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
@@ -93,13 +99,13 @@ def test_refuses_layouts_it_does_not_read(bits, group_size, message):
 def test_linear_and_tied_head_forms_equal_mlx():
     mx.random.seed(0)
     linear = nn.Linear(64, 24)
-    kernel, reference = KernelLinear.from_linear(linear, 32, 4), nn.QuantizedLinear.from_linear(linear, 32, 4)
+    kernel, reference = NativeQuantizedLinear.from_linear(linear, 32, 4), nn.QuantizedLinear.from_linear(linear, 32, 4)
     x = mx.random.normal((2, 64))
     weight = mx.dequantize(reference.weight, reference.scales, reference.biases, 32, 4)
     assert_float32_close(kernel(x), reference(x), x, weight)
     embedding = nn.Embedding(50, 64)
     kernel, reference = (
-        KernelEmbedding.from_embedding(embedding, 32, 8),
+        NativeQuantizedEmbedding.from_embedding(embedding, 32, 8),
         nn.QuantizedEmbedding.from_embedding(embedding, 32, 8),
     )
     weight = mx.dequantize(reference.weight, reference.scales, reference.biases, 32, 8)
@@ -113,8 +119,9 @@ def test_quantized_runs_through_the_kernel_unless_switched_off(monkeypatch):
     assert default_dtype() is None
     for dtype in (None, "quantized"):
         model, _ = load(smollm2_path(), dtype=dtype)
-        assert isinstance(model.layers[0].attn.q_proj, KernelLinear) and isinstance(model.embed, KernelEmbedding)
-    monkeypatch.setenv("MINIMLX_NATIVE", "off")
+        assert isinstance(model.layers[0].attn.q_proj, NativeQuantizedLinear)
+        assert isinstance(model.embed, NativeQuantizedEmbedding)
+    monkeypatch.setattr(native, "kernel", None)  # what MINIMLX_NATIVE=off gives at import
     model, _ = load(smollm2_path(), dtype="quantized")
     assert type(model.layers[0].attn.q_proj) is nn.QuantizedLinear
 
@@ -167,7 +174,7 @@ def test_smollm2_greedy_tokens_equal_float32_blas():
         model, _ = load("smollm2-135m", dtype)
         ids[dtype] = list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), 32, 512))
         modules = [m for _, m in model.named_modules()]
-        on_kernel = [m for m in modules if isinstance(m, (KernelLinear, KernelEmbedding))]
+        on_kernel = [m for m in modules if isinstance(m, (NativeQuantizedLinear, NativeQuantizedEmbedding))]
         assert len(on_kernel) == (30 * 7 + 1 if dtype == "quantized" else 0)  # every projection and the tied head
         float32 = [m for m in modules if type(m) is NativeLinear and m.weight.dtype == mx.float32]
         assert len(float32) == (0 if dtype == "quantized" else 30 * 7)
@@ -223,12 +230,13 @@ def test_smollm2_greedy_tokens_equal_with_and_without_native_ops(monkeypatch, sm
     """Prefill products and attention, decode attention, norms and rotary embeddings through the kernel (float32
     weights, a 130-token prompt in chunks of 64 so that the second and third continue the cache) give the same 16 greedy
     tokens as MLX's ops, decoding eagerly and in a compiled step (whose attention reads a masked fixed cache)."""
-    model, tokenizer = smollm2
+    _, tokenizer = smollm2
     prompt = tokenizer.encode("The history of the lighthouse begins with fires lit on hills by the sea. " * 9)[:130]
     ids = {}
-    for setting in ("on", "off"):
-        monkeypatch.setenv("MINIMLX_NATIVE", setting)
-        for runner in (model, CompiledDecoder(model)):  # a fresh trace per setting
+    for setting, kernel in (("on", native.kernel), ("off", None)):
+        monkeypatch.setattr(native, "kernel", kernel)  # the CPU forms are chosen when the model loads
+        model, _ = load("smollm2-135m", dtype="float32")
+        for runner in (model, CompiledDecoder(model)):
             ids[setting, type(runner)] = list(
                 generate_tokens(runner, prompt, runner.make_cache(), make_sampler(), 16, 64)
             )
@@ -313,15 +321,15 @@ def test_swiglu_ffn_takes_the_fused_product():
     """A SwiGLU whose gate and up maps are kernel maps of one layout computes them in one op, equal to the
     three-op form; any other pairing keeps the separate ops."""
     mx.random.seed(0)
-    ffn = SwiGLU(64, 96)
+    ffn = use_cpu_forms(SwiGLU(64, 96))
     x = mx.random.normal((2, 64))
     want = ffn(x)
     for name in ("gate_proj", "up_proj", "down_proj"):
-        setattr(ffn, name, KernelLinear.from_linear(getattr(ffn, name), 32, 4))
-    assert type(ffn.gate_proj) is KernelLinear and kernel_swiglu(x, ffn.gate_proj, ffn.up_proj) is not None
+        setattr(ffn, name, NativeQuantizedLinear.from_linear(getattr(ffn, name), 32, 4))
+    assert type(ffn.gate_proj) is NativeQuantizedLinear and gated_product(x, ffn.gate_proj, ffn.up_proj) is not None
     separate = ffn.down_proj(nn.silu(ffn.gate_proj(x)) * ffn.up_proj(x))
     assert mx.abs(ffn(x) - separate).max().item() < 1e-5 and mx.abs(ffn(x) - want).max().item() < 0.1
-    assert kernel_swiglu(x, ffn.gate_proj, nn.Linear(64, 96, bias=False)) is None
+    assert gated_product(x, ffn.gate_proj, nn.Linear(64, 96, bias=False)) is None
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32, 37, 130])
@@ -377,7 +385,7 @@ def test_linear_maps_take_the_native_product_for_many_rows(monkeypatch):
     x = mx.random.normal((NATIVE_ROWS + 3, 64))
     inputs = {"gate_proj": x, "up_proj": x, "down_proj": mx.random.normal((NATIVE_ROWS + 3, 96))}
     want = {name: linear(inputs[name]) for name, linear in plain.items()}
-    use_native_products(ffn)
+    use_cpu_forms(ffn)
     assert all(type(getattr(ffn, name)) is NativeLinear for name in plain)
     assert ffn.gate_proj.weight is plain["gate_proj"].weight and "bias" in ffn.up_proj
     calls = []
@@ -386,11 +394,11 @@ def test_linear_maps_take_the_native_product_for_many_rows(monkeypatch):
         assert_float32_close(getattr(ffn, name)(inputs[name]), want[name], inputs[name], linear.weight)
     assert len(calls) == 3
     assert mx.allclose(ffn.gate_proj(x[:1]), want["gate_proj"][:1]).item() and len(calls) == 3
-    assert native_swiglu(x, ffn.gate_proj, ffn.up_proj) is None  # up has a bias
+    assert gated_product(x, ffn.gate_proj, ffn.up_proj) is None  # up has a bias
     ffn.up_proj = NativeLinear(64, 96, bias=False)
     g = ffn.gate_proj(x)
-    assert mx.abs(native_swiglu(x, ffn.gate_proj, ffn.up_proj) - g * mx.sigmoid(g) * ffn.up_proj(x)).max().item() < 1e-4
-    assert native_swiglu(x[:1], ffn.gate_proj, ffn.up_proj) is None
+    assert mx.abs(gated_product(x, ffn.gate_proj, ffn.up_proj) - g * mx.sigmoid(g) * ffn.up_proj(x)).max().item() < 1e-4
+    assert gated_product(x[:1], ffn.gate_proj, ffn.up_proj) is None
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 576), (1, 64)])
@@ -441,8 +449,19 @@ def test_rotate_rows_at_their_own_positions(monkeypatch, tokens):
     got = minimlx_native.rotate(x, mx.cos(angles), mx.sin(angles), 64, False)
     want = mx.fast.rope(x, 64, traditional=False, base=None, scale=1.0, offset=offsets, freqs=wavelengths)
     assert mx.abs(got - want).max().item() < 3e-4
-    rope = RoPE(64)
-    native = rope(x, offsets)
-    assert mx.abs(native - want).max().item() < 3e-4
-    monkeypatch.setenv("MINIMLX_NATIVE", "off")
-    assert mx.abs(rope(x, offsets) - native).max().item() < 1e-6
+    rope = CpuRoPE(64)
+    rotated = rope(x, offsets)
+    assert mx.abs(rotated - want).max().item() < 3e-4
+    monkeypatch.setattr(native, "kernel", None)
+    assert mx.abs(rope(x, offsets) - rotated).max().item() < 1e-6
+
+
+def test_minimlx_native_off_keeps_the_kernel_out():
+    """The kernel is probed once, at import: MINIMLX_NATIVE=off then leaves every CPU form on MLX's ops."""
+    import subprocess
+    import sys
+
+    code = "import minimlx; from minimlx.cpu import native; print(native.kernel is None, minimlx.load.__name__)"
+    environ = {**os.environ, "MINIMLX_NATIVE": "off"}
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "load"]

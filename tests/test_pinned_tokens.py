@@ -1,14 +1,17 @@
 """Greedy token ids pinned for every built-in family: what a refactor must leave exactly as it is.
 
-Each family's tiny example config is built with seeded random weights (no reference library involved), fed a
-seeded 20-token prompt and decoded greedily for 12 tokens through the engine, so that windows roll over, caches
-grow and the compiled step runs. SmolLM2's answer is pinned on both CPU paths (its default load and float32).
+Each family's tiny example config is built with seeded random weights (no reference library involved), saved and
+loaded as a folder (on the CPU: with its CPU forms), fed a seeded 20-token prompt and decoded greedily for 12 tokens
+through the engine, so that windows roll over, caches grow and the compiled step runs. SmolLM2's answer is pinned
+on both CPU paths (its default load and float32).
 """
+
+import json
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 import minimlx
 from minimlx.archs.registry import build, plugin_config, registrations
@@ -40,16 +43,19 @@ GEMMA_SPREAD = 0.1  # their soft-capped logits saturate (every token tied at the
 SMOLLM2_ANSWER = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # "The capital of France is Paris."
 
 
-def seeded_model(model_type: str):
-    """The family's example model with weights drawn from N(0, spread) in the order of their sorted names."""
+def seeded_model(model_type: str, folder):
+    """The family's example model with weights drawn from N(0, spread) in the order of their sorted names, saved as
+    an MLX folder and loaded from it as a user's would be."""
     plugin = next(r.plugin for r in registrations() if r.model_type == model_type)
-    arch = plugin_config(dict(plugin.example_config, model_type=model_type), "example")
-    model = build(arch)
+    config = dict(plugin.example_config, model_type=model_type)
+    arch = plugin_config(config, "example")
     spread = GEMMA_SPREAD if model_type.startswith("gemma") else 0.3
     rng = np.random.default_rng(0)
-    params = sorted(tree_flatten(model.parameters()), key=lambda item: item[0])
-    model.update(tree_unflatten([(n, mx.array(rng.normal(0, spread, p.shape).astype(np.float32))) for n, p in params]))
-    return model, arch
+    params = sorted(tree_flatten(build(arch).parameters()), key=lambda item: item[0])
+    weights = {name: mx.array(rng.normal(0, spread, p.shape).astype(np.float32)) for name, p in params}
+    mx.save_safetensors(str(folder / "model.safetensors"), arch.export_weights(weights))
+    (folder / "config.json").write_text(json.dumps(config))
+    return minimlx.load_model(folder), arch
 
 
 def test_every_built_in_family_is_pinned():
@@ -58,8 +64,8 @@ def test_every_built_in_family_is_pinned():
 
 
 @pytest.mark.parametrize("model_type", sorted(PINNED))
-def test_greedy_tokens_stay_pinned(model_type):
-    model, arch = seeded_model(model_type)
+def test_greedy_tokens_stay_pinned(model_type, tmp_path):
+    model, arch = seeded_model(model_type, tmp_path)
     prompt = np.random.default_rng(1).integers(0, arch.vocab_size, 20).tolist()
     assert list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), 12)) == PINNED[model_type]
 

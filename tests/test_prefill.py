@@ -1,4 +1,4 @@
-"""The CPU prefill paths (`core.cpu_math`, `core.sdpa.causal_attention`) against MLX's own ops and float64."""
+"""The CPU prefill paths (`cpu.elementwise`, `cpu.attention.causal_attention`) against MLX's own ops and float64."""
 
 import math
 
@@ -8,27 +8,27 @@ import numpy as np
 import pytest
 from test_generate import chat_ids, greedy_ids
 
-import minimlx.core.attention as attention
-from minimlx.core import cpu_math
-from minimlx.core.sdpa import causal_attention
+import minimlx.cpu.attention as attention
+from minimlx.cpu import elementwise
+from minimlx.cpu.attention import causal_attention
 
 
 def test_exp_is_within_about_one_ulp_of_float64():
     x = np.linspace(-87, 88.3, 200_001, dtype=np.float32)
     exact = np.exp(x.astype(np.float64))
-    ours = np.array(cpu_math.exp(mx.array(x))).astype(np.float64)
+    ours = np.array(elementwise.exp(mx.array(x))).astype(np.float64)
     assert np.max(np.abs(ours - exact) / exact) < 2e-7
-    edges = cpu_math.exp(mx.array([-math.inf, -100.0, 0.0, 1.0, 100.0, math.inf])).tolist()
+    edges = elementwise.exp(mx.array([-math.inf, -100.0, 0.0, 1.0, 100.0, math.inf])).tolist()
     assert edges[:3] == [0.0, 0.0, 1.0] and edges[3] == pytest.approx(math.e, rel=1e-7)
     assert edges[4:] == [math.inf, math.inf]
 
 
 def test_silu_and_softmax_match_mlx():
     x = mx.random.normal((3, 1536), key=mx.random.key(0)) * 8
-    assert mx.allclose(cpu_math.silu(x), nn.silu(x), rtol=1e-6, atol=1e-6)
+    assert mx.allclose(elementwise.silu(x), nn.silu(x), rtol=1e-6, atol=1e-6)
     scores = mx.random.normal((4, 100), key=mx.random.key(2)) * 10
     scores = mx.where(mx.arange(100) > 60, -math.inf, scores)
-    weights = cpu_math.softmax(scores)
+    weights = elementwise.softmax(scores)
     assert mx.allclose(weights, mx.softmax(scores, axis=-1, precise=True), rtol=1e-6, atol=1e-7)
     assert mx.all(weights[:, 61:] == 0).item()
 
@@ -59,7 +59,7 @@ def test_greedy_ids_unchanged_on_smollm2(smollm2, monkeypatch):
             q, k, v, scale=scale, mask=mask, sinks=sinks
         ),
     )
-    monkeypatch.setattr(cpu_math, "silu", nn.silu)  # what the model's silu calls (bound when it was built)
+    monkeypatch.setattr(elementwise, "silu", nn.silu)  # what the model's silu calls (bound when it was built)
     assert greedy_ids(model, tokenizer, ids, max_tokens=12, prefill_step=128) == ours
 
 

@@ -7,6 +7,7 @@ from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer, stack_experts
 from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
+from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
 from .transformer import Transformer
@@ -24,6 +25,7 @@ __all__ = [
     "MLP",
     "MoE",
     "OffsetRMSNorm",
+    "Positions",
     "PostNormBlock",
     "RMSNorm",
     "Recorder",

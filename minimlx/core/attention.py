@@ -11,17 +11,9 @@ import mlx.nn as nn
 
 from .cache import KVCache, RotatingKVCache, visible
 from .norms import RMSNorm
+from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
-from .sdpa import attend
-
-
-def causal(tokens: int, window: int | None = None) -> str | mx.array | None:
-    """The mask of `tokens` queries over themselves alone: causal (within `window` tokens when windowed),
-    or none for a single token."""
-    if window is not None and tokens > window:
-        return visible(0, 0, tokens, window)
-    return "causal" if tokens > 1 else None
 
 
 def split_heads(x: mx.array, heads: int) -> mx.array:
@@ -133,30 +125,39 @@ class Attention(nn.Module):
         self.window, self.logit_cap = window, logit_cap
         self.scale = head_dim**-0.5 if scale is None else scale
 
-    def __call__(self, x: mx.array, cache: KVCache | None = None, recorder: Recorder | None = None) -> mx.array:
-        tokens = x.shape[1]
+    def __call__(
+        self,
+        x: mx.array,
+        cache: KVCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        """x: (batch, tokens, dims), continuing `cache` if given; `positions` are the forward pass's."""
+        positions = positions or Positions.of(x.shape[1], cache)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if "q_norm" in self and not self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
         if "q_norm" in self and self.qk_norm_per_head:  # over each head's features, whatever the axes' order
             q, k = self.q_norm(q), self.k_norm(k)
-        if cache is not None:
-            position, mask = cache.position, cache.mask(tokens)
-        else:
-            position, mask = 0, causal(tokens, self.window)
+        mask = positions.mask(cache, self.window)
         if self.rope is not None:
-            q, k = self.rope(q, position), self.rope(k, position)
+            q, k = self.rope.rotate(q, positions), self.rope.rotate(k, positions)
         if cache is not None:
             k, v = cache.update(k, v)
         sinks = self.get("sinks")
         if recorder is not None:
             record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
         if self.logit_cap is None:
-            out = attend(q, k, v, self.scale, mask, sinks)
+            out = self.attend(q, k, v, mask, sinks)
         else:
             out = capped_attention(q, k, v, self.scale, mask, self.logit_cap, sinks)
         return self.o_proj(merge_heads(out))
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, mask, sinks: mx.array | None) -> mx.array:
+        """softmax(q k^T * scale + mask) v for q (batch, heads, queries, head_dim) over k, v (batch, kv_heads,
+        keys, head_dim), with `mask` and `sinks` as `mx.fast.scaled_dot_product_attention` takes them."""
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
 
     def make_cache(self) -> KVCache:
         """A growing cache, or for a windowed layer one that keeps only the window."""

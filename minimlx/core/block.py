@@ -3,6 +3,7 @@
 import mlx.core as mx
 import mlx.nn as nn
 
+from .positions import Positions
 from .recorder import Recorder
 
 
@@ -14,8 +15,8 @@ class Block(nn.Module):
         self.attn_norm, self.attn = attn_norm, attn
         self.ffn_norm, self.ffn = ffn_norm, ffn
 
-    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None) -> mx.array:
-        return self.attn(self.attn_norm(x), cache, recorder)
+    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None, positions=None) -> mx.array:
+        return self.attn(self.attn_norm(x), cache, recorder, positions)
 
     def ffn_input(self, x: mx.array) -> mx.array:
         """What the FFN reads from the residual stream (the routing a trace reports is computed from it)."""
@@ -24,8 +25,10 @@ class Block(nn.Module):
     def ffn_branch(self, x: mx.array) -> mx.array:
         return self.ffn(self.ffn_input(x))
 
-    def __call__(self, x: mx.array, cache=None, recorder: Recorder | None = None) -> mx.array:
-        attn_out = self.attn_branch(x, cache, recorder)
+    def __call__(
+        self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
+    ) -> mx.array:
+        attn_out = self.attn_branch(x, cache, recorder, positions)
         mid = x + attn_out
         mlp_out = self.ffn_branch(mid)
         out = mid + mlp_out
@@ -38,8 +41,8 @@ class PostNormBlock(Block):
     """x + attn_norm(attn(x)), then + ffn_norm(ffn(.)): each sub-layer reads the raw residual stream
     and its output is normalised before it is added (the stream itself is never normalised)."""
 
-    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None) -> mx.array:
-        return self.attn_norm(self.attn(x, cache, recorder))
+    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None, positions=None) -> mx.array:
+        return self.attn_norm(self.attn(x, cache, recorder, positions))
 
     def ffn_input(self, x: mx.array) -> mx.array:
         return x
@@ -56,8 +59,8 @@ class FourNormBlock(Block):
         super().__init__(attn, ffn, attn_norm, ffn_norm)
         self.post_attn_norm, self.post_ffn_norm = post_attn_norm, post_ffn_norm
 
-    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None) -> mx.array:
-        return self.post_attn_norm(super().attn_branch(x, cache, recorder))
+    def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None, positions=None) -> mx.array:
+        return self.post_attn_norm(super().attn_branch(x, cache, recorder, positions))
 
     def ffn_branch(self, x: mx.array) -> mx.array:
         return self.post_ffn_norm(super().ffn_branch(x))

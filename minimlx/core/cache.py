@@ -67,7 +67,7 @@ class GrowingBuffer:
     @property
     def position(self) -> int | mx.array:
         """Position of the next token in its own sequence: `offset`, or one per row (batch,) when rows are padded."""
-        return row_positions(self.offset, tuple(self.padding)) if any(self.padding) else self.offset
+        return row_positions(self.offset, self.padding) if any(self.padding) else self.offset
 
     def mask(self, tokens: int) -> str | mx.array | None:
         """The attention mask for `tokens` new queries over the cache once they are appended: causal,
@@ -76,7 +76,7 @@ class GrowingBuffer:
             return "causal" if tokens > 1 else None
         if tokens > 1:
             return visible(0, self.offset, tokens, padding=self.padding)
-        return decode_mask(self.offset, tuple(self.padding))
+        return decode_mask(self.offset, self.padding)
 
     def rows(self) -> int:
         return self.arrays[0].shape[0] if self.arrays is not None else 1
@@ -126,17 +126,12 @@ class GrowingBuffer:
         return merged
 
 
-# A decode step asks every layer's cache for the same positions and mask: built once per step (as constants, since
-# a cached array left lazy would belong to the stream of the thread that made it), which spares a batch of padded
-# rows about 8 ops per layer, and lets RoPE see the same positions in every layer (rope.py computes their angles once).
-@functools.lru_cache(maxsize=4)
-def row_positions(offset: int, padding: tuple[int, ...]) -> mx.array:
+def row_positions(offset: int, padding: list[int]) -> mx.array:
     """(batch,) where each row's next token sits in its own sequence."""
     return mx.array([offset - p for p in padding])
 
 
-@functools.lru_cache(maxsize=4)
-def decode_mask(offset: int, padding: tuple[int, ...]) -> mx.array:
+def decode_mask(offset: int, padding: list[int]) -> mx.array:
     """(batch, 1, 1, offset + 1): the columns one new token per row sees once appended, its row's padding hidden."""
     return mx.array(np.arange(offset + 1)[None, None, None, :] >= np.array(padding)[:, None, None, None])
 

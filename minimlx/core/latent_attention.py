@@ -14,9 +14,10 @@ attends over the cached latents directly and never rebuilds the whole context's 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .attention import causal, merge_heads, record_attention, split_heads
+from .attention import merge_heads, record_attention, split_heads
 from .cache import LatentCache
 from .norms import RMSNorm
+from .positions import Positions
 from .quantized import QuantizedWeight
 from .recorder import Recorder
 from .rope import RoPE
@@ -81,18 +82,24 @@ class LatentAttention(nn.Module):
         self.rope = rope
         self.scale = scale
 
-    def __call__(self, x: mx.array, cache: LatentCache | None = None, recorder: Recorder | None = None) -> mx.array:
-        tokens = x.shape[1]
+    def __call__(
+        self,
+        x: mx.array,
+        cache: LatentCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        positions = positions or Positions.of(x.shape[1], cache)
         q = self.q_proj(x) if "q_proj" in self else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
         q = split_heads(q, self.heads)
         q_nope, q_rope = mx.split(q, [self.nope_dims], axis=-1)
         latent, k_rope = mx.split(self.kv_a_proj(x)[:, None], [self.latent_dims], axis=-1)
-        position, mask = (cache.position, cache.mask(tokens)) if cache is not None else (0, causal(tokens))
-        q_rope, k_rope = self.rope(q_rope, position), self.rope(k_rope, position)
+        mask = positions.mask(cache)
+        q_rope, k_rope = self.rope.rotate(q_rope, positions), self.rope.rotate(k_rope, positions)
         latent_keys = mx.concatenate([self.kv_a_norm(latent), k_rope], axis=-1)  # (batch, 1, tokens, latent + rope)
         if cache is not None:
             latent_keys = cache.update(latent_keys)
-        if tokens == 1 and recorder is None:
+        if positions.tokens == 1 and recorder is None:
             out = self._absorbed(q_nope, q_rope, latent_keys, mask)
         else:
             out = self._expanded(q_nope, q_rope, latent_keys, mask, recorder)

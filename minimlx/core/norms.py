@@ -3,18 +3,6 @@
 import mlx.core as mx
 import mlx.nn as nn
 
-from .quantized import native_kernel
-
-
-def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
-    """`mx.fast.rms_norm`; on the CPU in float32 one op of the native kernel where it is installed, where MLX's
-    own is composed of five (a decode step runs 61 of them)."""
-    if mx.default_device() == mx.cpu and x.dtype == mx.float32 and weight.dtype == mx.float32:
-        native = getattr(native_kernel(), "rms_norm", None)  # None too in a build older than the op
-        if native is not None:
-            return native(x, weight, eps)
-    return mx.fast.rms_norm(x, weight, eps)
-
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight: no centring, no bias (LLaMA, Qwen, DeepSeek)."""
@@ -24,8 +12,12 @@ class RMSNorm(nn.Module):
         self.weight = mx.ones((dims,))
         self.eps = eps
 
+    def scale(self) -> mx.array:
+        """What the normalised vector is multiplied by."""
+        return self.weight
+
     def __call__(self, x: mx.array) -> mx.array:
-        return rms_norm(x, self.weight, self.eps)
+        return mx.fast.rms_norm(x, self.scale(), self.eps)
 
 
 class OffsetRMSNorm(RMSNorm):
@@ -35,8 +27,8 @@ class OffsetRMSNorm(RMSNorm):
         super().__init__(dims, eps)
         self.weight = mx.zeros((dims,))
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return rms_norm(x, 1 + self.weight, self.eps)
+    def scale(self) -> mx.array:
+        return 1 + self.weight
 
 
 class LayerNorm(nn.Module):

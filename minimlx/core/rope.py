@@ -14,12 +14,11 @@ the default rotates the two halves of the head against each other (Hugging Face'
 """
 
 import math
-import threading
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .quantized import native_kernel
+from .positions import Positions
 
 
 def _llama3_inv_freq(inv_freq: mx.array, scaling: dict, max_positions: int) -> mx.array:
@@ -70,9 +69,6 @@ def _yarn_inv_freq(dims: int, base: float, scaling: dict, max_positions: int) ->
     return inv_freq, attention_factor
 
 
-_last_angles = threading.local()  # .value: (settings, offset, tokens, cos, sin) of RoPE.angles' last call
-
-
 class RoPE(nn.Module):
     """Rotates the first `dims` features of each head; `scaling` is a Hugging Face `rope_scaling` dict."""
 
@@ -103,31 +99,28 @@ class RoPE(nn.Module):
                 f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency"
             )
         self._wavelengths = 1.0 / inv_freq
-        self._settings = (dims, base, repr(scaling), max_positions)  # what the wavelengths are made of
+        self.settings = (dims, base, repr(scaling), max_positions)  # what the wavelengths are made of
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         """x: (batch, heads, tokens, head_dim), tokens starting at position `offset`."""
-        if x.dtype == mx.float32 and mx.default_device() == mx.cpu:
-            y = self.rotate(x, offset)
-        else:
-            y = mx.fast.rope(
-                x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._wavelengths
-            )
+        return self.rotate(x, Positions(x.shape[2], offset))
+
+    def rotate(self, x: mx.array, positions: Positions) -> mx.array:
+        """x: (batch, heads, tokens, head_dim) at `positions` (the forward pass's, shared by its layers)."""
+        y = mx.fast.rope(
+            x,
+            self.dims,
+            traditional=self.traditional,
+            base=None,
+            scale=1.0,
+            offset=positions.offset,
+            freqs=self._wavelengths,
+        )
         return y * self.output_scale if self.output_scale != 1.0 else y
 
     def angles(self, offset: int | mx.array, tokens: int) -> tuple[mx.array, mx.array]:
         """cos and sin of the angles of `tokens` positions from `offset`: (dims / 2,) for one token, (tokens, dims / 2),
-        or (batch, tokens, dims / 2) for a position per row. The queries and keys of every layer of a step ask for
-        the same ones (their caches hand out one positions array per step), so the last are kept, per thread: a
-        lazy array belongs to the stream of the thread that made it."""
-        last = getattr(_last_angles, "value", None)
-        if (
-            last is not None
-            and last[0] == self._settings
-            and last[2] == tokens
-            and (last[1] is offset or (type(offset) is int and type(last[1]) is int and last[1] == offset))
-        ):
-            return last[3], last[4]
+        or (batch, tokens, dims / 2) for a position per row."""
         start = offset if isinstance(offset, mx.array) else mx.array([offset])
         if start.size > 1:  # a position per batch row
             angles = (start[:, None] + mx.arange(tokens)).astype(mx.float32)[..., None] / self._wavelengths
@@ -135,27 +128,4 @@ class RoPE(nn.Module):
             angles = start.astype(mx.float32) / self._wavelengths
         else:
             angles = (start + mx.arange(tokens)).astype(mx.float32)[:, None] / self._wavelengths
-        cos, sin = mx.cos(angles), mx.sin(angles)
-        _last_angles.value = (self._settings, offset, tokens, cos, sin)
-        return cos, sin
-
-    def rotate(self, x: mx.array, offset: int | mx.array) -> mx.array:
-        """On the CPU, spelled out (`offset` an int, an array of one, or one position per batch row): MLX's CPU
-        `fast.rope` is itself composed of ops and builds its angles from an `arange` on every call. One token's
-        angles depend on its position alone, so the queries and keys of a compiled decode step (whose position
-        is an array) share one cos and one sin. The native kernel, where it is installed, rotates in one op."""
-        cos, sin = self.angles(offset, x.shape[2])
-        native = getattr(native_kernel(), "rotate", None)  # None too in a build older than the op
-        if native is not None:
-            return native(x, cos, sin, self.dims, self.traditional)
-        if cos.ndim == 3:
-            cos, sin = cos[:, None], sin[:, None]  # the same for every head
-        half = self.dims // 2
-        if self.traditional:  # rotated pairs are adjacent features
-            pairs = x[..., : self.dims].reshape(*x.shape[:-1], half, 2)
-            x1, x2 = pairs[..., 0], pairs[..., 1]
-            rotated = mx.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(*x.shape[:-1], self.dims)
-        else:  # pairs are feature i and i + dims / 2
-            x1, x2 = x[..., :half], x[..., half : self.dims]
-            rotated = mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
-        return rotated if self.dims == x.shape[-1] else mx.concatenate([rotated, x[..., self.dims :]], axis=-1)
+        return mx.cos(angles), mx.sin(angles)

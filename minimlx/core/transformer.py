@@ -4,7 +4,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .attention import soft_cap
-from .cache import GrowingBuffer
+from .positions import Positions
 from .recorder import Recorder
 
 
@@ -50,37 +50,26 @@ class Transformer(nn.Module):
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * mx.array(self.embed_scale, dtype=x.dtype)
+        positions = Positions.of(ids.shape[1], cache[0] if cache is not None else None)
         if "positions" in self:
-            start = cache[0].position if cache is not None else 0
+            start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
             x = x + self.positions(start + mx.arange(ids.shape[1]))
         if recorder is not None:
             recorder(embed=x)
-        # On the CPU, a one-token step over growing caches (the engine's eager decode; a compiled step's caches
-        # are fixed) queues each layer once it is built. MLX's CPU async_eval computes all but the last ~100
-        # ops of what it is given before it returns, so a step queued whole leaves the CPU idle while Python
-        # builds the graph and Python idle while it is computed; queued per layer, layer i computes while
-        # layer i + 1 is built (SmolLM2 --dtype quantized: one row 24-36 -> 18-21 ms per step, 8 rows 42-52
-        # -> 38-41 ms). A GPU computes while the CPU encodes anyway, so there one step stays one submission.
-        queue_layers = (
-            ids.shape[1] == 1
-            and recorder is None
-            and mx.default_device() == mx.cpu
-            and isinstance((cache or [None])[0], GrowingBuffer)
-        )
         for i, layer in enumerate(self.layers):
-            x = layer(
-                x,
-                cache[i] if cache is not None else None,
-                recorder.scope(f"layers.{i}.") if recorder is not None else None,
-            )
-            if queue_layers:
-                mx.async_eval(x)
+            layer_cache = cache[i] if cache is not None else None
+            scope = recorder.scope(f"layers.{i}.") if recorder is not None else None
+            x = self.run_layer(layer, x, layer_cache, scope, positions)
         x = self.norm(x)  # over every position: on an earlier pipeline rank this slot sends them all on
         logits = self.unembed(x[:, -1:] if last_only else x)
         if recorder is not None:
             recorder(final_norm=x, logits=logits)
         return logits
+
+    def run_layer(self, layer: nn.Module, x: mx.array, cache, recorder: Recorder | None, positions: Positions):
+        """One block of the loop (a backend's form of the model may schedule it differently)."""
+        return layer(x, cache, recorder, positions)
 
     def unembed(self, x: mx.array) -> mx.array:
         """Token scores from final-normed hidden states: the lm_head, or the tied embedding's transpose."""

@@ -1,0 +1,46 @@
+"""What every layer of one forward pass shares: where its tokens sit, their attention masks and RoPE angles.
+
+The loop builds one `Positions` per pass and hands it to every block, so that what depends on the positions
+alone is computed once per pass instead of once per layer: the mask of each kind of cache (layers whose
+caches are of one kind and window see the same columns) and the angles of each RoPE (layers whose RoPEs
+have the same settings turn by the same angles).
+"""
+
+import mlx.core as mx
+
+from .cache import visible
+
+
+def causal(tokens: int, window: int | None = None) -> str | mx.array | None:
+    """The mask of `tokens` queries over themselves alone: causal (within `window` tokens when windowed),
+    or none for a single token."""
+    if window is not None and tokens > window:
+        return visible(0, 0, tokens, window)
+    return "causal" if tokens > 1 else None
+
+
+class Positions:
+    """`tokens` new tokens from position `offset` (an int, or one position per batch row when rows are padded)."""
+
+    def __init__(self, tokens: int, offset: int | mx.array = 0):
+        self.tokens, self.offset = tokens, offset
+        self.masks: dict = {}
+        self.angle_pairs: dict = {}
+
+    @classmethod
+    def of(cls, tokens: int, cache=None) -> "Positions":
+        """The positions of `tokens` tokens that continue `cache` (a layer's cache; every layer's agree)."""
+        return cls(tokens, cache.position if cache is not None else 0)
+
+    def mask(self, cache=None, window: int | None = None) -> str | mx.array | None:
+        """The mask of this pass's queries over `cache` once they are appended (over themselves without one)."""
+        kind = (type(cache), getattr(cache, "window", window))
+        if kind not in self.masks:
+            self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window)
+        return self.masks[kind]
+
+    def angles(self, rope) -> tuple[mx.array, mx.array]:
+        """cos and sin of `rope`'s angles at these positions (see `RoPE.angles`)."""
+        if rope.settings not in self.angle_pairs:
+            self.angle_pairs[rope.settings] = rope.angles(self.offset, self.tokens)
+        return self.angle_pairs[rope.settings]

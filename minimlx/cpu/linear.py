@@ -1,0 +1,96 @@
+"""Linear maps and embeddings whose products run in the native kernel.
+
+Float32 weights (`NativeLinear`): products of at least `NATIVE_ROWS` input rows (a prompt's chunk, a batch of
+sequences) go to the kernel's register-tiled GEMM (native/src/gemm.h), which needs no BLAS thread team to
+wake inside MLX; a single row (a decode step) stays on BLAS's matrix-vector product, which streams the
+weights once while the GEMM would pad the row to a whole panel.
+
+Packed weights in the kernel's layouts (affine 4- and 8-bit, groups of a multiple of 32): the
+`NativeQuantizedLinear` / `NativeQuantizedEmbedding` forms read the packed words directly, in float32.
+Their gate and up projections fuse with the SwiGLU between them (`gated_product`).
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+
+from . import native
+
+NATIVE_ROWS = 2
+"""Fewest input rows a float32 product sends to the native GEMM (benchmarks/native_gemm.py measures where BLAS's
+matrix-vector product stops being faster)."""
+
+
+class NativeLinear(nn.Linear):
+    """`nn.Linear` whose products of many rows run in the native kernel's float32 GEMM."""
+
+    def runs_native(self, x: mx.array) -> bool:
+        return x.dtype == self.weight.dtype == mx.float32 and x.size // max(x.shape[-1], 1) >= NATIVE_ROWS
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not self.runs_native(x):
+            return super().__call__(x)
+        y = native.kernel.matmul(x, self.weight)
+        return y + self.bias if "bias" in self else y
+
+
+class NativeQuantizedLinear(nn.QuantizedLinear):
+    """A quantized linear map whose products run in the native kernel, in float32 (scales included)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = native.kernel.quantized_matmul(x, self.weight, self.scales, self.biases, self.group_size, self.bits)
+        return y + self.bias if "bias" in self else y
+
+
+class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
+    """A quantized embedding whose tied-head product (`as_linear`) runs in the native kernel."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return native.kernel.quantized_matmul(x, self.weight, self.scales, self.biases, self.group_size, self.bits)
+
+
+QUANTIZED_FORMS = {
+    nn.Linear: NativeQuantizedLinear.from_linear,
+    nn.Embedding: NativeQuantizedEmbedding.from_embedding,
+}
+"""The native kernel's quantized form of each module type it can run packed."""
+
+
+def runs_packed(module: nn.Module, group_size: int, bits: int, mode: str) -> bool:
+    """Whether the native kernel computes `module`'s products from its packed weight: linear maps and embeddings
+    (whose `as_linear` is a tied head) in affine 4- or 8-bit with groups of a multiple of 32."""
+    return type(module) in QUANTIZED_FORMS and mode == "affine" and bits in (4, 8) and group_size % 32 == 0
+
+
+def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | None:
+    """silu(gate(x)) * up(x) in one native op when both maps are bias-free native forms of one layout (the two
+    products share one pass over the kernel's threads, the silu and product happen on the way); else None."""
+    if type(gate) is not type(up) or "bias" in gate or "bias" in up:
+        return None
+    if type(gate) is NativeQuantizedLinear:
+        if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
+            return None
+        return native.kernel.quantized_swiglu(
+            x, gate.weight, gate.scales, gate.biases, up.weight, up.scales, up.biases, gate.group_size, gate.bits
+        )
+    if type(gate) is NativeLinear and gate.runs_native(x) and gate.weight.shape == up.weight.shape:
+        return native.kernel.matmul_swiglu(x, gate.weight, up.weight) if up.weight.dtype == mx.float32 else None
+    return None
+
+
+def packed_on_kernel(model: nn.Module, spec: dict[str, dict]) -> dict[str, dict]:
+    """The part of `spec` (module path -> its packed layout) whose products the native kernel computes from the
+    packed weights; none without the kernel."""
+    if native.kernel is None:
+        return {}
+    modules = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
+    return {path: q for path, q in spec.items() if path in modules and runs_packed(modules[path], **q)}
+
+
+def quantize_on_kernel(model: nn.Module, spec: dict[str, dict]) -> None:
+    """Swap the modules `spec` names (chosen by `packed_on_kernel`) for their native quantized forms."""
+
+    def swap(path: str, module: nn.Module) -> nn.Module:
+        return QUANTIZED_FORMS[type(module)](module, **spec[path]) if path in spec else module
+
+    model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
