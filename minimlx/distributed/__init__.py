@@ -6,7 +6,7 @@ to this rank's share, so that only those are read and installed, and `Split.join
 that talk to the other ranks and wraps the model so that every rank goes on with the same tokens.
 
 - Pipeline (`--pipeline`): rank r holds one contiguous range of blocks, balanced by bytes
-  (`anatomy.placement.balance`); the first rank also holds the embedding, the last the final norm and the
+  (`distributed.placement.balance`); the first rank also holds the embedding, the last the final norm and the
   head. The hidden state passes rank to rank with `send`/`recv` through the slots of the one loop: on a
   later rank the embedding's slot receives it, on an earlier one the final norm's slot sends it on and the
   head's slot scores nothing. The last rank samples; one `all_sum` gives its token to every rank.
@@ -34,13 +34,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .anatomy.placement import BEFORE, balance, section_bytes
-from .core.attention import Attention
-from .core.ffn import MLP, SwiGLU
-from .core.latent_attention import LatentAttention
-from .core.moe import MoE
-from .engine import Engine, Output, Request, Sequence
-from .errors import CheckpointError, InvalidSettingError
+from ..core.attention import Attention
+from ..core.ffn import MLP, SwiGLU
+from ..core.latent_attention import LatentAttention
+from ..core.moe import MoE
+from ..engine import Engine, Output, Request, Sequence
+from ..errors import CheckpointError, InvalidSettingError
+from .placement import BEFORE, balance, section_bytes
 
 MODES = ("pipeline", "tensor")
 HIDDEN_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
