@@ -35,15 +35,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .archs import build, get_gguf_arch, plugin_config
+from .archs import build
 from .archs.config import normalize_config
 from .core import Router
-from .errors import CheckpointError, InvalidSettingError, UnsupportedArchitectureError
+from .errors import InvalidSettingError, UnsupportedArchitectureError
 from .io.checkpoint import DTYPES, check_weights
-from .io.config import read_config
-from .io.gguf_file import read_gguf
 from .io.resolve import resolve
-from .loading import folder_weights
+from .loading import Checkpoint, read_checkpoint
 from .quantization import MODES, dequantize_weights, packed_modules, quantize_modules
 from .quantization import quantize as quantize_model
 from .text.gguf_vocab import read_vocab
@@ -97,7 +95,8 @@ def convert(
     say = progress or (lambda line: None)
 
     path = resolve(source)
-    arch, weights, origin, config, entry, tokenizer = read_source(path, dtype)
+    checkpoint, tokenizer = read_source(path, dtype)
+    arch, weights, config, entry = checkpoint.arch, checkpoint.weights, checkpoint.config, checkpoint.entry
     model = build(arch)
     spec = packed_modules(model, weights, entry)
     if quantize and group_size is None and mode == "affine" and spec:
@@ -107,13 +106,13 @@ def convert(
     say(f"{path.name} ({config.get('model_type')}) -> {out}: {doing}")
     if quantize or dtype is not None:
         weights = float_weights(weights, spec, dtype)
-        check_weights(model, weights, origin)
+        check_weights(model, weights, checkpoint.origin)
         model.update(tree_unflatten(list(weights.items())))
         if quantize:
             entry = quantize_floats(model, bits, group_size, mode, recipe)
     else:
         quantize_modules(model, spec)
-        check_weights(model, weights, origin)
+        check_weights(model, weights, checkpoint.origin)
         model.update(tree_unflatten(list(weights.items())))
         if spec:
             entry = kept_entry(spec, entry)
@@ -169,29 +168,21 @@ def check_quantization(bits, group_size, mode, recipe) -> None:
         raise InvalidSettingError(f"cannot quantize so: {message[:1].lower()}{message[1:]}") from None
 
 
-def read_source(path: Path, dtype: str | None):
-    """(plugin config, lazy weights under the model's names, their checkpoint names by id, the config to write,
-    the source's quantization entry, a function that writes the tokenizer files into a folder)."""
-    if path.is_dir():
-        config = read_config(path)
-        arch = plugin_config(config, str(path / "config.json"))
-        weights, origin = folder_weights(arch, path)
-        entry = config.get("quantization") or config.get("quantization_config")
-        return arch, weights, origin, config, entry, lambda out: copy_tokenizer(path, out)
-    if path.suffix.lower() != ".gguf":
-        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
-    tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
-    config = get_gguf_arch(metadata.get("general.architecture")).gguf_config(metadata, tensors)
-    arch = plugin_config(config, str(path))
+def read_source(path: Path, dtype: str | None) -> tuple[Checkpoint, Callable[[Path], None]]:
+    """The checkpoint to convert (its config as an MLX folder's config.json holds it), and a function that writes
+    its tokenizer files into a folder."""
+    checkpoint = read_checkpoint(path, dtype)
+    if checkpoint.metadata is None:
+        return checkpoint, lambda out: copy_tokenizer(path, out)
+    config = checkpoint.config
     if (config.get("rope_scaling") or {}).get("rope_type") == "per_frequency":
         raise UnsupportedArchitectureError(
             f"{path.name} scales its RoPE frequencies by a rope_freqs tensor, which an MLX folder's config.json "
             "cannot express; convert the model's Hugging Face folder instead"
         )
     words = "".join(part.capitalize() for part in config["model_type"].split("_"))
-    config = {"architectures": [f"{words}ForCausalLM"], **config}
-    weights = arch.convert_gguf_weights(tensors, metadata)
-    return arch, weights, {}, config, None, lambda out: write_gguf_tokenizer(metadata, out)
+    checkpoint.config = {"architectures": [f"{words}ForCausalLM"], **config}
+    return checkpoint, lambda out: write_gguf_tokenizer(checkpoint.metadata, out)
 
 
 def float_weights(weights: dict, spec: dict, dtype: str | None) -> dict:

@@ -6,12 +6,13 @@ packed weights run. Neither io nor archs imports the other.
 """
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .archs import build, gguf_plugin_config, plugin_config
+from .archs import build, gguf_config, plugin_config
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
@@ -36,6 +37,41 @@ def default_dtype() -> str | None:
     return None if native.kernel is not None else "float32"
 
 
+@dataclass
+class Checkpoint:
+    """A checkpoint folder or GGUF file, read lazily: no tensor is read until it is evaluated."""
+
+    arch: object  # the plugin config
+    config: dict  # config.json's, or the one a GGUF file's metadata gives
+    weights: dict[str, mx.array]  # under the model's names (packed triples where quantized)
+    origin: dict[int, str] = field(default_factory=dict)  # checkpoint names by id(tensor), for error messages
+    entry: dict | None = None  # config.json's quantization entry
+    metadata: dict | None = None  # a GGUF file's metadata, its tokenizer included
+
+
+def read_checkpoint(path: Path, dtype: str | None = None) -> Checkpoint:
+    """The checkpoint at `path`: a folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not)
+    or a GGUF file, whose tensor types MLX cannot run packed are read as float16, or as `dtype` when it is a float
+    dtype. Only the returned weights refer to the tensors, so installing them one by one frees each as it goes."""
+    if path.is_dir():
+        config = read_config(path)
+        arch = plugin_config(config, str(path / "config.json"))
+        raw = read_safetensors(path)
+        entry = config.get("quantization") or config.get("quantization_config")
+        return Checkpoint(arch, config, arch.convert_weights(raw), {id(w): name for name, w in raw.items()}, entry)
+    if path.suffix.lower() != ".gguf":
+        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
+    tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
+    config = gguf_config(metadata, tensors, str(path))
+    arch = plugin_config(config, str(path))
+    return Checkpoint(arch, config, arch.convert_gguf_weights(tensors, metadata), metadata=metadata)
+
+
+def check_dtype(dtype: str | None) -> None:
+    if dtype not in (None, *DTYPE_CHOICES):
+        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
+
+
 def splitter(parallel: str | None):
     """How this process cuts the model it loads: "pipeline" or "tensor" across the ranks `mlx.launch` started
     (see minimlx.distributed), or None to hold it whole."""
@@ -46,32 +82,24 @@ def splitter(parallel: str | None):
     return Split(parallel)
 
 
-def assemble(
-    arch,
-    weights: dict[str, mx.array],
-    dtype: str | None,
-    entry: dict | None = None,
-    origin: dict[int, str] | None = None,
-    parallel: str | None = None,
-) -> nn.Module:
-    """The model of plugin config `arch`, holding `weights` (model names; packed triples where quantized).
+def assemble(checkpoint: Checkpoint, dtype: str | None, parallel: str | None = None) -> nn.Module:
+    """The model of `checkpoint`'s plugin config, holding its weights (model names; packed triples where quantized).
 
     `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
     floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
     gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
     installed) run through it, and with None (the CPU default when the kernel is installed) the other packed
     modules are dequantized to float32 instead of running on MLX's packed CPU kernels. A float dtype
-    dequantizes every packed weight into it. `entry` is the config's
-    quantization entry, checked against the packed shapes; `origin` maps `id(tensor)` to its checkpoint name, for error
-    messages. `weights` is
-    emptied as tensors are installed, so that no second copy of the model stays referenced. With `parallel`,
-    the checked model and its unread tensors are cut to this rank's share first: only those are read.
+    dequantizes every packed weight into it. The config's quantization entry is checked against the packed shapes.
+    The checkpoint's `weights` are emptied as tensors are installed, so that no second copy of the model stays
+    referenced. With `parallel`, the checked model and its unread tensors are cut to this rank's share first: only
+    those are read.
     """
-    if dtype not in (None, *DTYPE_CHOICES):
-        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
+    check_dtype(dtype)
     split = splitter(parallel)
-    model = build(arch)
-    spec = packed_modules(model, weights, entry)
+    weights = checkpoint.weights
+    model = build(checkpoint.arch)
+    spec = packed_modules(model, weights, checkpoint.entry)
     on_cpu = mx.default_device() == mx.cpu
     if dtype in (None, "quantized"):
         on_kernel = {}
@@ -89,7 +117,7 @@ def assemble(
     else:
         dequantize_weights(weights, spec)
         execution = DTYPES[dtype]
-    check_weights(model, weights, origin or {})
+    check_weights(model, weights, checkpoint.origin)
     if split is not None:
         model, weights = split.shard(model, weights, execution)
     install_weights(model, weights, execution)
@@ -106,20 +134,7 @@ def load_model(path: str | Path, dtype: str | None = None, parallel: str | None 
     folder = Path(path)
     if not folder.exists():
         raise ModelNotFoundError(f"no such model folder: {folder}")
-    config = read_config(folder)
-    arch = plugin_config(config, str(folder / "config.json"))
-    weights, origin = folder_weights(arch, folder)
-    entry = config.get("quantization") or config.get("quantization_config")
-    return assemble(arch, weights, dtype, entry, origin, parallel)
-
-
-def folder_weights(arch, folder: Path) -> tuple[dict[str, mx.array], dict[int, str]]:
-    """A folder's tensors under the model's names (lazy: nothing is read yet), and their checkpoint names by id.
-
-    Only the returned dict refers to the tensors, so installing them one by one frees each source as it goes.
-    """
-    raw = read_safetensors(folder)
-    return arch.convert_weights(raw), {id(w): name for name, w in raw.items()}
+    return assemble(read_checkpoint(folder), dtype, parallel)
 
 
 def load_gguf(path: str | Path, dtype: str | None = None, parallel: str | None = None) -> tuple[nn.Module, dict]:
@@ -129,11 +144,9 @@ def load_gguf(path: str | Path, dtype: str | None = None, parallel: str | None =
     packed and reads the others (llama.cpp's reference dequantizer) as float16; a float dtype reads and
     dequantizes everything into it.
     """
-    if dtype not in (None, *DTYPE_CHOICES):
-        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
-    tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
-    arch = gguf_plugin_config(metadata, tensors, str(path))
-    return assemble(arch, arch.convert_gguf_weights(tensors, metadata), dtype, parallel=parallel), metadata
+    check_dtype(dtype)
+    checkpoint = read_checkpoint(Path(path), dtype)
+    return assemble(checkpoint, dtype, parallel), checkpoint.metadata
 
 
 def load(
@@ -150,13 +163,10 @@ def load(
         raise InvalidSettingError(f"load takes a folder, a .gguf file or a model name, not {path_or_name!r}")
     path = resolve(path_or_name)
     dtype = dtype or default_dtype()
-    if path.is_dir():
-        model, tokenizer = load_model(path, dtype, parallel), Tokenizer.from_folder(path)
-    elif path.suffix.lower() != ".gguf":
-        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
-    else:
-        model, metadata = load_gguf(path, dtype, parallel)
-        tokenizer = Tokenizer.from_gguf(metadata)
+    check_dtype(dtype)
+    checkpoint = read_checkpoint(path, dtype)
+    model = assemble(checkpoint, dtype, parallel)
+    tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:
         raise CheckpointError(

@@ -131,13 +131,12 @@ def plugin_config(config: dict, source: str = "the config"):
         return plugin.from_config(config)
 
 
-def gguf_plugin_config(metadata: dict, tensors: dict, source: str):
-    """The plugin config that a GGUF file's metadata and tensors describe; errors name `source` as
-    plugin_config's do."""
+def gguf_config(metadata: dict, tensors: dict, source: str) -> dict:
+    """The config dict (config.json's form) that a GGUF file's metadata and tensors describe; errors name `source`
+    as plugin_config's do."""
     reader = get_gguf_arch(metadata.get("general.architecture"))
     with reported(reader, source, f"the plugin for GGUF architecture {metadata.get('general.architecture')!r}"):
-        config = reader.gguf_config(metadata, tensors)
-    return plugin_config(config, source)
+        return reader.gguf_config(metadata, tensors)
 
 
 @contextmanager

@@ -10,18 +10,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..errors import CheckpointError, InvalidSettingError
+from ..errors import CheckpointError
 from .config import read_json
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
-
-def parse_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
-    if dtype is None or isinstance(dtype, mx.Dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise InvalidSettingError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
 
 
 def read_safetensors(folder: Path) -> dict[str, mx.array]:
