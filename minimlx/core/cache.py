@@ -91,10 +91,18 @@ class GrowingBuffer:
         drop = min(padding)
         if everything and drop == 0:
             return self
-        picked = type(self)()
-        picked.arrays = [(a if everything else a[mx.array(rows)])[..., drop:, :] for a in self.arrays]
+        picked = self.empty()
         picked.offset, picked.padding = self.offset - drop, [p - drop for p in padding]
+        picked.arrays = [self.kept_columns(a if everything else a[mx.array(rows)], drop) for a in self.arrays]
         return picked
+
+    def empty(self) -> "GrowingBuffer":
+        """A new cache of this kind, holding nothing."""
+        return type(self)()
+
+    def kept_columns(self, a: mx.array, drop: int) -> mx.array:
+        """The columns of `a` a selection keeps when its first `drop` columns are padding in every row."""
+        return a[..., drop:, :]
 
     def prefix(self, count: int) -> "GrowingBuffer":
         """A new cache of the first `count` tokens of this one (which holds one unpadded row); appending to it
@@ -224,22 +232,17 @@ class RotatingKVCache(KVCache):
     def prefix(self, count: int) -> "RotatingKVCache":
         if not self.keeps(count):
             raise ValueError(f"a sliding-window cache of {self.offset} tokens no longer holds the first {count}")
-        fresh = RotatingKVCache(self.window)
+        fresh = self.empty()
         if count:
             fresh.arrays, fresh.offset = [a[..., : count - (self.offset - self.held), :] for a in self.arrays], count
         return fresh
 
-    def select(self, rows: list[int]) -> "RotatingKVCache":
-        everything = rows == list(range(self.rows()))
-        padding = [self.row_padding()[r] for r in rows]
-        drop = min(padding)
-        if everything and drop == 0:
-            return self
-        picked = RotatingKVCache(self.window)
-        picked.offset, picked.padding = self.offset - drop, [p - drop for p in padding]
-        keep = min(picked.offset, self.window - 1)
-        picked.arrays = [(a if everything else a[mx.array(rows)])[..., a.shape[-2] - keep :, :] for a in self.arrays]
-        return picked
+    def empty(self) -> "RotatingKVCache":
+        return RotatingKVCache(self.window)
+
+    def kept_columns(self, a: mx.array, drop: int) -> mx.array:
+        keep = min(self.offset - drop, self.window - 1)
+        return a[..., a.shape[-2] - keep :, :]
 
     @classmethod
     def merge(cls, caches: list["RotatingKVCache"]) -> "RotatingKVCache":

@@ -78,6 +78,10 @@ DEEPSEEK_LETTERS = (
 )
 NOT_PUNCTUATION = r" ?[^(\s|.,!?…。，、।۔،)]+"
 
+# Names of Llama 3's split whose vocabularies hold pre-tokens whole (see IGNORE_MERGES); dbrx, smaug-bpe and
+# chatglm-bpe split the same way but do not.
+LLAMA3_NAMES = ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"]
+LLAMA3_NAMES += ["jina-v5-nano", "glm4", "glm5"]
 # `tokenizer.ggml.pre` -> the regexes that split text before BPE, applied one after the other: every name
 # llama.cpp reads for a byte-level BPE vocabulary. Not here: gemma4, granite-embed-multi-311m and sarvam-moe
 # (BPE over raw UTF-8 with "▁" for spaces, not bytes) and whitespace (another tokenizer model).
@@ -113,25 +117,7 @@ PRE_TOKENIZER_SPLITS = {
         ["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"], (r"\p{N}", GPT2)
     ),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"),
-    **dict.fromkeys(
-        [
-            "llama3",
-            "llama-v3",
-            "llama-bpe",
-            "falcon3",
-            "falcon-h1",
-            "pixtral",
-            "midm-2.0",
-            "lfm2",
-            "jina-v5-nano",
-            "dbrx",
-            "smaug-bpe",
-            "chatglm-bpe",
-            "glm4",
-            "glm5",
-        ],
-        (LLAMA3,),
-    ),
+    **dict.fromkeys([*LLAMA3_NAMES, "dbrx", "smaug-bpe", "chatglm-bpe"], (LLAMA3,)),
     "jais-2": (JAIS2,),
     **dict.fromkeys(
         ["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open", "grok-2"],
@@ -170,17 +156,7 @@ PRE_TOKENIZER_SPLITS = {
 # llama.cpp emits a pre-token the vocabulary holds whole before trying merges (`ignore_merges`, as in Llama 3's
 # tokenizer.json): for these names, a token the merges cannot build is still found.
 IGNORE_MERGES = {
-    "llama3",
-    "llama-v3",
-    "llama-bpe",
-    "falcon3",
-    "falcon-h1",
-    "pixtral",
-    "midm-2.0",
-    "lfm2",
-    "jina-v5-nano",
-    "glm4",
-    "glm5",
+    *LLAMA3_NAMES,
     "youtu",
     "tekken",
     "minicpm5",
