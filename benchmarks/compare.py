@@ -43,8 +43,8 @@ from pathlib import Path
 
 # The environment as the user gave it, for every process this script starts. Importing minimlx (which the driver
 # does to name its BLAS) sets OpenMP variables for minimlx's own MKL, OMP_WAIT_POLICY=PASSIVE among them; a peer
-# that inherited them ran slower than it does for its users (llama.cpp's OpenMP threads then sleep between ops:
-# 37-40 instead of 101-127 tok/s decoding SmolLM2 on a 2-core Zen 4).
+# that inherited them would run slower than it does for its users (llama.cpp's OpenMP threads would sleep
+# between ops).
 ENVIRONMENT = dict(os.environ)
 FLOAT32 = ["--dtype", "float32"]
 KERNEL_OFF = "minimlx, MINIMLX_NATIVE=off (float32 on BLAS alone)"
@@ -333,8 +333,8 @@ def configurations(args, gguf: Path) -> dict[str, tuple[list[str], dict]]:
 
 
 def prefill_configurations(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
-    """minimlx as it prefilled before issue 14, where that was a setting: MKL's OpenMP threads spinning
-    between products (minimlx now makes them sleep; on a busy machine spinning costs up to 40x)."""
+    """minimlx float32 with MKL's OpenMP threads spinning between products, as MKL runs by default (minimlx makes
+    them sleep, because on a machine busier than its cores spinning threads starve the one holding the work)."""
     from minimlx.cpu import blas
 
     if blas.loaded and "mkl" in blas.loaded and "OMP_WAIT_POLICY" not in ENVIRONMENT:

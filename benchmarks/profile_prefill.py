@@ -9,8 +9,7 @@ its real shapes: all 30 layers' worth of it in one graph, through the model's ow
 functions, so a change to how minimlx computes a kind shows here. Torch (when installed) runs the same
 kinds at the same shapes, as transformers computes them. Medians of `--repeats` runs, each kind's runs
 interleaved with the whole prefill's so that a busy machine slows all of them alike. `--mlx-ops` runs
-MLX's own attention and silu instead of minimlx's CPU paths (`core/sdpa.py`, `core/cpu_math.py`): the
-prefill as it was before issue 14 (run it with OMP_WAIT_POLICY=ACTIVE for that release's MKL threads).
+MLX's own attention and silu instead of minimlx's CPU forms, to measure what those forms gain.
 """
 
 import argparse
@@ -143,7 +142,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-torch", action="store_true", help="leave torch's column out")
-    parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, as before issue 14")
+    parser.add_argument("--mlx-ops", action="store_true", help="MLX's attention and silu, not minimlx's CPU forms")
     parser.add_argument(
         "--dtype",
         choices=["float32", "float16", "bfloat16", "quantized"],
@@ -168,7 +167,7 @@ def main() -> None:
     theirs = {}
     if not args.no_torch:
         # minimlx set OMP_WAIT_POLICY=PASSIVE for its MKL; torch gets the user's setting, so that its column is torch
-        # as its users run it (with sleeping threads its products of a 128-token prefill took 187 instead of 167 ms)
+        # as its users run it (its OpenMP threads spin between products by default)
         os.environ.pop("OMP_WAIT_POLICY", None)
         os.environ.update({k: v for k, v in compare.ENVIRONMENT.items() if k == "OMP_WAIT_POLICY"})
         import torch

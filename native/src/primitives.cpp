@@ -89,8 +89,8 @@ void gather(const mx::array& a, float* dst) {
   }
 }
 
-// Scratch floats on 64-byte boundaries, so that the kernels' 32-byte loads of a row never straddle two cache
-// lines: the products ran 1.4x slower on inputs 16 bytes off such a boundary.
+// Scratch floats on 64-byte boundaries, so that the kernels' vector loads of a row never straddle two cache
+// lines (a load that does touches both).
 template <class T>
 struct CacheAligned {
   using value_type = T;
@@ -108,8 +108,8 @@ using Floats = std::vector<float, CacheAligned<float>>;
 // claimed from a shared counter, so a worker that the OS has not scheduled yet costs nothing: the
 // caller takes its blocks, and waits only for blocks that a running worker has already claimed.
 // A worker that finished a job polls for the next one for kSpin before it sleeps: the products of one
-// decode step come tens of microseconds apart, and waking a sleeping thread took about as long as a
-// small product (576 x 576 at 4 bits: 63 us per call with sleeping workers, 31 us with polling ones).
+// decode step come tens of microseconds apart, and waking a sleeping thread takes about as long as a
+// small product.
 // It polls with yield(), so under load it hands its core to whoever needs it.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
@@ -206,8 +206,8 @@ void apply_gate(float* gate, float* out, int M, int N, int begin, int end) {
 
 // Output rows per block: about 32 KB of packed weights per 8 input rows (the kernel's row blocks), so that a
 // product is split finely enough to balance threads and coarsely enough that claiming a block costs little;
-// at least 8 rows (a few KB of weights, reused from L1 by every input row). Blocks of 32 KB / M were 7x smaller
-// at 8 input rows: the products of SmolLM2's 30 layers took 16.8-17.2 instead of 14.6 ms, its head 4.8-5.2 instead of 3.8.
+// at least 8 rows (a few KB of weights, reused from L1 by every input row). Blocks of 32 KB / M (a few
+// rows each at 8 input rows) made claiming and finishing a block (two contended atomics) a large share of the work.
 constexpr int64_t kBlockBytes = 32 * 1024;
 
 // x @ W.T, or with `gate`, silu(x @ G.T) * (x @ W.T): each block computes the same output rows of both
@@ -317,10 +317,9 @@ void gemm_product(const float* x, int M, int N, int K, float* out, const WeightR
 }
 
 // Input rows from which a packed product dequantizes each block of weight rows once and runs the GEMM on it,
-// instead of the kernel's blocks of 8 input rows. SmolLM2's 30 layers of 4-bit products, two Zen 4 cores: blocks
-// 41.0 ms at 24 rows, 55.1 at 32, 218.7 at 128; dequantized GEMM 44.8, 44.3 and 155.9 ms. The GEMM pads its last
-// panel of input rows with zeros, so fewer rows than this past the last full panel take the blocks as well:
-// 36 rows (a 32-row panel and 4 in blocks, not two panels) 69.5-70.7 -> 47.2-47.5 ms; 70 rows 107 -> 83 ms.
+// instead of the kernel's blocks of 8 input rows: below it the blocks are faster, from it the GEMM
+// (benchmarks/native_gemm.py). The GEMM pads its last panel of input rows with zeros, so fewer rows than this past
+// the last full panel take the blocks as well (36 rows: a 32-row panel and 4 rows in blocks, not two panels).
 constexpr int kDequantizedGemmRows = 28;
 
 // Inputs x, w, scales, biases: x @ dequantize(w).T. Three more (the gate's w, scales, biases): the SwiGLU

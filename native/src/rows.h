@@ -19,9 +19,8 @@ inline float bias_term(const float* biases, const float* xsum, int groups) {
 
 // Output row n times MB input rows from m0: per group, the packed integers times x summed, then scaled (the
 // biases' share comes from x's group sums). Both forms here take one weight row at a time, so that its values
-// are read as one stream, which the CPU's prefetcher follows; four rows side by side (four streams 576 bytes
-// apart) read SmolLM2's 8-bit head, 49,152 x 576, at half the speed from memory (one input row, one core:
-// 5.3-6.6 -> 10.0-12.2 GMAC/s) and ran no faster in cache.
+// are read as one stream, which the CPU's prefetcher follows; four rows side by side are four streams a row
+// apart, which it follows poorly, and gain nothing in cache.
 template <class Simd, int BITS, int GS, int MB>
 inline void block(const Problem& p, int n, int m0) {
   using V = typename Simd::V;
@@ -57,9 +56,8 @@ inline void block(const Problem& p, int n, int m0) {
 // Output rows [row_begin, row_end), one at a time, times MB input rows over groups [g_begin, g_end), each weight
 // chunk dequantized once (scale * q + bias) and fed to MB products; the sums are added to `out` unless `first`.
 // Past a few input rows the products bound the time: MB independent sums keep both FMA pipes busy where the
-// integer sums of `block` (each waiting on its last FMA) fill half of them. Two weight rows at a time (each input
-// load feeding two FMAs) ran slower in AVX-512, one core, in cache: 8 rows of 1536 x 576 at 4 bits 40.7-41.0 ->
-// 43.1-43.6 GMAC/s with one, of 576 x 1536 37.0-37.4 -> 41.3-41.6, of the 8-bit head 29.7-30.1 -> 33.5-34.0.
+// integer sums of `block` (each waiting on its last FMA) fill half of them. One weight row at a time, as in
+// `block`: two at a time (each input load feeding two FMAs) measured slower, in cache as well as from memory.
 template <class Simd, int BITS, int GS, int MB>
 inline void dequantized_block(const Problem& p, int row_begin, int row_end, int m0, int g_begin, int g_end, bool first) {
   using V = typename Simd::V;
@@ -93,12 +91,11 @@ inline void dequantized_block(const Problem& p, int row_begin, int row_end, int 
 }
 
 // About this many bytes of inputs per pass over the output rows: MB rows of x stay in L1 (32 KB on most
-// cores) beside the weights streaming through. 8 rows of K = 1536 (48 KB) ran 1.6x slower than of K = 576.
+// cores) beside the weights streaming through; 8 whole rows of K = 1536 (48 KB) would not.
 constexpr int kInputTileBytes = 24 * 1024;
 
 // Input rows [m0, m0 + MB) for output rows [row_begin, row_end), in slices of the groups.
-// Not inlined: inside the caller's one big function, GCC 12 stored the sums to the stack on every group
-// (8 rows of 1536 x 576 at 4 bits, one core of a Zen 4: 26 GMAC/s inlined, 43 in a function of its own).
+// Not inlined: inside the caller's one big function, GCC 12 stored the sums to the stack on every group.
 template <class Simd, int BITS, int GS, int MB>
 __attribute__((noinline)) void dequantized_rows(const Problem& p, int row_begin, int row_end, int m0) {
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size;
@@ -110,9 +107,7 @@ __attribute__((noinline)) void dequantized_rows(const Problem& p, int row_begin,
 }
 
 // Input rows in blocks of 8, then 4, each block swept over the caller's output rows (few enough that their
-// packed weights stay in L1 meanwhile), then the last 1-3 through `block`. In a C++ harness, one core: 8 rows
-// of 1536 x 576 at 4 bits 280 -> 182 us (39 GMAC/s, of 46 that the core's two FMA pipes can do) on an AVX2
-// core; 161-162 us (43.6 GMAC/s, of 58) on a Zen 4 core in AVX-512.
+// packed weights stay in L1 meanwhile), then the last 1-3 through `block`.
 template <class Simd, int BITS, int GS>
 inline void rows_bits(const Problem& p, int row_begin, int row_end) {
   int m = 0;
@@ -156,7 +151,7 @@ void dequantize_rows(const Problem& p, int row_begin, int row_end, float* dst) {
 }
 
 // The group size as a constant where it is a common one (GS = 0: read from `p`): with the chunks per group
-// known, the compiler unrolls the group loop and keeps the sums in registers (1.6x at 32, in a C++ harness).
+// known, the compiler unrolls the group loop and keeps the sums in registers.
 template <class Simd, int BITS>
 inline void rows_groups(const Problem& p, int row_begin, int row_end) {
   switch (p.group_size) {
