@@ -22,12 +22,19 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import minimlx  # noqa: F401, I001  (loads the BLAS before mlx.core)
-import minimlx.core.attention
-import minimlx.core.ffn
+import minimlx.cpu.forms
+from minimlx.cpu import elementwise, native
 from minimlx.loading import load
 
 
-def mlx_kinds(model, tokens: int) -> dict:
+def swiglu_gate(gate: mx.array, up: mx.array, mlx_ops: bool) -> mx.array:
+    """silu(gate) * up as the model's FFN computes it between its products."""
+    if mlx_ops:
+        return nn.silu(gate) * up
+    return native.kernel.swiglu(gate, up) if native.kernel is not None else elementwise.silu(gate) * up
+
+
+def mlx_kinds(model, tokens: int, mlx_ops: bool) -> dict:
     """Op kind -> a function that builds that kind's share of a prefill of `tokens` tokens (all layers)."""
     layers, attn = model.layers, model.layers[0].attn
     heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
@@ -51,13 +58,13 @@ def mlx_kinds(model, tokens: int) -> dict:
     return {
         "matmuls (7 projections per layer)": matmuls,
         "attention (scores, mask, softmax, values)": lambda: [
-            minimlx.core.attention.attend(q + 0, k, v, attn.scale, "causal") for _ in layers
+            l.attn.attend(q + 0, k, v, "causal", None) for l in layers
         ],
         "RoPE (q and k)": lambda: [l.attn.rope(t, 0) for l in layers for t in (q, k)],
         "RMSNorm (2 per layer + final)": lambda: (
             [n(x) for l in layers for n in (l.attn_norm, l.ffn_norm)] + [model.norm(x)]
         ),
-        "SwiGLU gate (silu(gate) * up)": lambda: [minimlx.core.ffn.silu(h) * (h + 1) for _ in layers],
+        "SwiGLU gate (silu(gate) * up)": lambda: [swiglu_gate(h, h + 1, mlx_ops) for _ in layers],
         "residual adds": lambda: [x + x for _ in range(2 * len(layers))],
         "head transposes, reshapes": lambda: [(q + 0).transpose(0, 2, 1, 3).reshape(1, tokens, -1) for _ in layers],
         "KV cache writes": cache_writes,
@@ -149,11 +156,8 @@ def main() -> None:
         help="as for minimlx bench (default: minimlx's default)",
     )
     args = parser.parse_args()
-    if args.mlx_ops:
-        minimlx.core.attention.attend = lambda q, k, v, scale, mask: mx.fast.scaled_dot_product_attention(
-            q, k, v, scale=scale, mask=mask
-        )
-        minimlx.core.ffn.silu = nn.silu
+    if args.mlx_ops:  # the model as core builds it: no CPU forms swapped in
+        minimlx.cpu.forms.use_cpu_forms = lambda model: model
 
     model, _ = load(str(compare.smollm2_gguf()), dtype=args.dtype)
     ids = mx.array(compare.prompt_ids(args.tokens, seed=0))[None]
@@ -163,7 +167,7 @@ def main() -> None:
         model(ids, cache)
         mx.eval([c.state for c in cache])
 
-    ours = {name: (lambda f=f: mx.eval(f())) for name, f in mlx_kinds(model, args.tokens).items()}
+    ours = {name: (lambda f=f: mx.eval(f())) for name, f in mlx_kinds(model, args.tokens, args.mlx_ops).items()}
     theirs = {}
     if not args.no_torch:
         # minimlx set OMP_WAIT_POLICY=PASSIVE for its MKL; torch gets the user's setting, so that its column is torch

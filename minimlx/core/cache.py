@@ -22,8 +22,8 @@ class GrowingBuffer:
     """Arrays of shape (batch, ..., tokens, features) preallocated in steps, so appending is a slice write."""
 
     step = 256
-    # Free columns a merged cache starts with. A join copies every row into fresh memory (page faults
-    # included): 8 SmolLM2 rows of ~40 tokens took 88-117 ms to merge at `step` free columns, 23-28 at 64.
+    # Free columns a merged cache starts with: a join copies every row into fresh memory (page faults included),
+    # so a merge leaves less room than a fresh buffer and grows again when it fills.
     merge_room = 64
 
     def __init__(self):

@@ -1,11 +1,9 @@
 """Put an optimized BLAS under MLX's CPU matmuls on Linux.
 
-The Linux `mlx[cpu]` wheel links the reference (netlib) BLAS, which multiplies float32
-matrices at about 4 GFLOP/s and reads a matrix-vector product's weights at about 1 GB/s.
+The Linux `mlx[cpu]` wheel links the reference (netlib) BLAS, unblocked and single-threaded.
 MLX calls `cblas_sgemm` by name, and the dynamic linker binds that name when `mlx.core` is
 loaded, to the first library in the global symbol scope that defines it. So a BLAS opened with
-`RTLD_GLOBAL` *before* `mlx.core` is imported takes over every float32 matmul (15-30x faster,
-docs/performance.md); opened after `mlx.core`, it changes nothing, which is why
+`RTLD_GLOBAL` *before* `mlx.core` is imported takes over every float32 matmul (docs/performance.md); opened after `mlx.core`, it changes nothing, which is why
 `minimlx/__init__.py` imports this module first.
 
 `MINIMLX_BLAS=off` keeps MLX's own BLAS; `MINIMLX_BLAS=/path/to/libblas.so` loads that
@@ -28,9 +26,8 @@ def candidates() -> list[str]:
     """Libraries to try, best first.
 
     MKL (pip package `mkl`, in this environment's `lib/`) is the fastest on Intel CPUs. On other
-    CPUs it runs generic code paths, and Debian's BLIS (`libblis4-pthread`) streams weights faster:
-    on an AMD EPYC it decodes about 20% faster than MKL (docs/performance.md). Debian's OpenBLAS
-    (`libopenblas0-pthread`) comes last: fast matrix products, slow matrix-vector ones.
+    CPUs it runs generic code paths, and Debian's BLIS (`libblis4-pthread`) streams weights faster. Debian's
+    OpenBLAS (`libopenblas0-pthread`) comes last: fast matrix products, slow matrix-vector ones.
     """
     prefixes = dict.fromkeys([sys.prefix, site.getuserbase()])
     mkl = [path for prefix in prefixes for path in sorted(glob.glob(f"{prefix}/lib/libmkl_rt.so*"))]

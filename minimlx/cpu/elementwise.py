@@ -1,11 +1,11 @@
 """exp, and the silu and softmax built on it, composed from arithmetic for MLX's CPU backend.
 
-MLX's CPU `exp` calls the scalar `std::exp` once per element, about 40x the cost of a multiply, and
+MLX's CPU `exp` calls the scalar `std::exp` once per element, many times the cost of a multiply, and
 `silu`, `sigmoid` and `softmax` are built on it (docs/performance.md, "Where prefill time goes").
 Here exp(x) = 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 (|r| <= ln(2) / 2): 2^n is
 written straight into a float's exponent bits and e^r is its Taylor polynomial of degree 7.
 `mx.compile` fuses the ops into a few loops (seven kernels in all) that g++ compiles the first time
-they run on a machine (5-25 s, once: MLX keeps them in its temporary folder); where no compiler is
+they run on a machine (once: MLX keeps them in its temporary folder); where no compiler is
 found the same ops run unfused, a little faster than `mx.exp`.
 """
 
