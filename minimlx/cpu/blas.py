@@ -3,8 +3,8 @@
 The Linux `mlx[cpu]` wheel links the reference (netlib) BLAS, unblocked and single-threaded.
 MLX calls `cblas_sgemm` by name, and the dynamic linker binds that name when `mlx.core` is
 loaded, to the first library in the global symbol scope that defines it. So a BLAS opened with
-`RTLD_GLOBAL` *before* `mlx.core` is imported takes over every float32 matmul (docs/performance.md); opened after `mlx.core`, it changes nothing, which is why
-`minimlx/__init__.py` imports this module first.
+`RTLD_GLOBAL` *before* `mlx.core` is imported takes over every float32 matmul (docs/performance.md);
+opened after `mlx.core`, it changes nothing, which is why `minimlx/__init__.py` imports this module first.
 
 `MINIMLX_BLAS=off` keeps MLX's own BLAS; `MINIMLX_BLAS=/path/to/libblas.so` loads that
 library instead of searching. Nothing found is not an error: MLX's BLAS stays, and the commands
