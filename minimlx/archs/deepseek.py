@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 
 import mlx.nn as nn
 
-from ..core import Experts, MoE, Router, SwiGLU, is_moe_layer, stack_experts
+from ..core import Experts, MoE, Router, SwiGLU, is_moe_layer
 from ..errors import UnsupportedArchitectureError
 from .config import flag, normalize_config, number, require
+from .experts import stack_experts
 from .llama3 import Llama3Config
 from .registry import register
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 
 import mlx.nn as nn
 
-from ..core import Attention, Experts, MoE, Router, stack_experts
+from ..core import Attention, Experts, MoE, Router
 from .config import flag, normalize_config, number, require
+from .experts import stack_experts
 from .llama3 import NAMES, Llama3Config
 from .registry import register
 

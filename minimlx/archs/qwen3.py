@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 
 import mlx.nn as nn
 
-from ..core import Attention, Experts, MoE, Router, is_moe_layer, stack_experts
+from ..core import Attention, Experts, MoE, Router, is_moe_layer
 from .config import flag, normalize_config, number, require
+from .experts import stack_experts
 from .gguf import Metadata, llama_config
 from .llama3 import Llama3Config
 from .registry import register
