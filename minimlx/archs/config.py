@@ -131,16 +131,22 @@ def require(condition: bool, message: str) -> None:
         raise CheckpointError(f"{message}; fix the config")
 
 
-def sliding_layers(config: dict, layers: int, pattern: int) -> tuple[bool, ...]:
-    """Which layers attend through a sliding window: from `layer_types` ("sliding_attention" or
-    "full_attention" per layer, transformers 5), else every layer but each `sliding_window_pattern`-th
+def sliding_window(config: dict) -> int | None:
+    """The config's sliding attention window; None when null, 0 (as Qwen2-MoE writes) or `use_sliding_window: false`."""
+    window = number(config, "sliding_window", None, low=0)
+    return window if window and flag(config, "use_sliding_window", True) else None
+
+
+def global_layers(config: dict, layers: int, pattern: int) -> tuple[int, ...]:
+    """The layers that attend over the whole text while the others slide a window: from `layer_types`
+    ("sliding_attention" or "full_attention" per layer, transformers 5), else each `sliding_window_pattern`-th
     (`pattern` when absent: 2 alternates, 6 is Gemma 3's 5 local : 1 global)."""
     kinds = config.get("layer_types")
     if kinds is None:
         every = number(config, "sliding_window_pattern", pattern)
-        return tuple((i + 1) % every != 0 for i in range(layers))
+        return tuple(i for i in range(layers) if (i + 1) % every == 0)
     require(
         isinstance(kinds, list) and len(kinds) == layers and set(kinds) <= {"sliding_attention", "full_attention"},
         f"layer_types must list 'sliding_attention' or 'full_attention' for each of the {layers} layers",
     )
-    return tuple(kind == "sliding_attention" for kind in kinds)
+    return tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
