@@ -4,10 +4,11 @@ Two generations of transformers write configs differently:
 - transformers 4: `rope_theta` and `rope_scaling` (with `type` or `rope_type`), `torch_dtype`;
 - transformers 5: `rope_parameters` holding `rope_theta` and the scaling, `dtype`.
 `normalize_config` returns the first shape with `rope_scaling` either None or a dict whose
-`rope_type` names the scaling, and `dtype`. It is idempotent.
+`rope_type` names the scaling, and `dtype`. It is idempotent. The registry calls it once (`registry.plugin_config`),
+so a plugin's `from_config` reads this one layout.
 
 Plugins read values with `number`, `flag`, `choice` and `rope_scaling`, which check type and range and raise
-CheckpointError naming the key; the registry adds the file's name (`registry.plugin_config`).
+CheckpointError naming the key; the registry adds the file's name.
 """
 
 import math
@@ -21,10 +22,23 @@ MAX_LAYERS = 4096  # over 30 times the deepest published model (126): more is a 
 
 
 def normalize_config(config: dict) -> dict:
+    """`config` in the one layout; a nested `text_config` (image-text checkpoints) too.
+
+    Rope parameters per layer type (transformers 5's Gemma 3) become the full-attention layers' `rope_theta` and
+    `rope_scaling` (else the first type's), and the sliding-window layers' `rope_local_base_freq` (transformers 4's
+    key for them) and `rope_local_scaling`.
+    """
     config = dict(config)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = normalize_config(config["text_config"])
     rope = config.pop("rope_parameters", None)
     if isinstance(rope, dict) and "rope_theta" not in rope and rope:
-        rope = next(iter(rope.values()))  # per-layer-type rope parameters: the first type's
+        if isinstance(rope.get("sliding_attention"), dict):
+            local = normalize_config({"rope_parameters": rope["sliding_attention"]})
+            if "rope_theta" in local:
+                config["rope_local_base_freq"] = local["rope_theta"]
+            config["rope_local_scaling"] = local["rope_scaling"]
+        rope = rope.get("full_attention") or next(iter(rope.values()))
     if rope:
         rope = dict(_object(rope, "rope_parameters"))
         if "rope_theta" in rope:
@@ -89,9 +103,10 @@ def choice(config: dict, key: str, default: str, choices) -> str:
     return value
 
 
-def rope_scaling(config: dict) -> dict | None:
-    """A normalized config's `rope_scaling`, its type one that minimlx computes and its factors positive."""
-    scaling = config["rope_scaling"]
+def rope_scaling(config: dict, key: str = "rope_scaling") -> dict | None:
+    """A normalized config's `rope_scaling` (or the scaling under `key`), its type one that minimlx computes and its
+    factors positive."""
+    scaling = config.get(key)
     if scaling is None:
         return None
     kind = scaling["rope_type"]
@@ -116,16 +131,22 @@ def require(condition: bool, message: str) -> None:
         raise CheckpointError(f"{message}; fix the config")
 
 
-def sliding_layers(config: dict, layers: int, pattern: int) -> tuple[bool, ...]:
-    """Which layers attend through a sliding window: from `layer_types` ("sliding_attention" or
-    "full_attention" per layer, transformers 5), else every layer but each `sliding_window_pattern`-th
+def sliding_window(config: dict) -> int | None:
+    """The config's sliding attention window; None when null, 0 (as Qwen2-MoE writes) or `use_sliding_window: false`."""
+    window = number(config, "sliding_window", None, low=0)
+    return window if window and flag(config, "use_sliding_window", True) else None
+
+
+def global_layers(config: dict, layers: int, pattern: int) -> tuple[int, ...]:
+    """The layers that attend over the whole text while the others slide a window: from `layer_types`
+    ("sliding_attention" or "full_attention" per layer, transformers 5), else each `sliding_window_pattern`-th
     (`pattern` when absent: 2 alternates, 6 is Gemma 3's 5 local : 1 global)."""
     kinds = config.get("layer_types")
     if kinds is None:
         every = number(config, "sliding_window_pattern", pattern)
-        return tuple((i + 1) % every != 0 for i in range(layers))
+        return tuple(i for i in range(layers) if (i + 1) % every == 0)
     require(
         isinstance(kinds, list) and len(kinds) == layers and set(kinds) <= {"sliding_attention", "full_attention"},
         f"layer_types must list 'sliding_attention' or 'full_attention' for each of the {layers} layers",
     )
-    return tuple(kind == "sliding_attention" for kind in kinds)
+    return tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")

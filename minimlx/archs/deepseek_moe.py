@@ -11,14 +11,12 @@ from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
-from ..core import LatentAttention, RoPE
 from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
-from .config import flag, normalize_config, number
+from .config import flag, number
 from .deepseek import DeepseekConfig
 from .gguf import Metadata, llama_config, unpacked
-from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
-from .llama3 import NAMES as LLAMA_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 from .registry import register
 
 # Latent attention's names; mlx-lm stores kv_b_proj already split per head as embed_q / unembed_out.
@@ -73,49 +71,25 @@ class DeepseekV2Config(DeepseekConfig):
     gguf_architectures = ("deepseek2",)
     gguf_names = GGUF_NAMES
 
-    q_lora_rank: int | None = None
-    latent_dims: int = 512
-    nope_dims: int = 128
-    rope_dims: int = 64
-    value_dims: int = 128
-    rope_interleave: bool = True
-
     @classmethod
     def from_config(cls, config: dict):
-        c = normalize_config(config)
-        return replace(
-            super().from_config(c),
-            q_lora_rank=number(c, "q_lora_rank", None),
-            latent_dims=number(c, "kv_lora_rank"),
-            nope_dims=number(c, "qk_nope_head_dim"),
-            rope_dims=number(c, "qk_rope_head_dim", low=2),
-            value_dims=number(c, "v_head_dim"),
-            rope_interleave=flag(c, "rope_interleave", True),
-        )
-
-    def rope(self) -> RoPE:
-        return RoPE(self.rope_dims, self.rope_base, self.rope_scaling, self.max_positions, self.rope_interleave)
-
-    def softmax_scale(self) -> float:
-        """1/sqrt(query head size), times yarn's `mscale_all_dim` temperature squared when the rope is stretched."""
-        scale = (self.nope_dims + self.rope_dims) ** -0.5
-        scaling = self.rope_scaling or {}
+        """Latent attention's sizes; RoPE on `qk_rope_head_dim` features of each head, adjacent pairs unless
+        `rope_interleave` is false; queries scaled by 1/sqrt(their size), times yarn's `mscale_all_dim`
+        temperature squared when the rope is stretched."""
+        arch = super().from_config(config)
+        nope, rope = number(config, "qk_nope_head_dim"), number(config, "qk_rope_head_dim", low=2)
+        scale, scaling = (nope + rope) ** -0.5, arch.rope_scaling or {}
         if scaling.get("mscale_all_dim"):
             scale *= yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
-        return scale
-
-    def attention(self) -> LatentAttention:
-        return LatentAttention(
-            self.dims,
-            self.heads,
-            self.q_lora_rank,
-            self.latent_dims,
-            self.nope_dims,
-            self.rope_dims,
-            self.value_dims,
-            self.rope(),
-            self.softmax_scale(),
-            self.attention_bias,
+        return replace(
+            arch,
+            q_lora_rank=number(config, "q_lora_rank", None),
+            latent_dims=number(config, "kv_lora_rank"),
+            nope_dims=nope,
+            rotary_dims=rope,
+            value_dims=number(config, "v_head_dim"),
+            interleaved_rope=flag(config, "rope_interleave", True),
+            query_scale=scale,
         )
 
     def convert_weights(self, weights: dict) -> dict:
@@ -196,7 +170,9 @@ class DeepseekV2Config(DeepseekConfig):
 @dataclass
 class DeepseekV3Config(DeepseekV2Config):
     example_config = {**DeepseekV2Config.example_config, "model_type": "deepseek_v3", "q_lora_rank": 16, "n_group": 2}
-
-    scoring: str = "sigmoid"
-    topk_method: str = "noaux_tc"
-    norm_topk_prob: bool = True
+    defaults = {
+        **DeepseekV2Config.defaults,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "norm_topk_prob": True,
+    }

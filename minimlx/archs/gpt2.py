@@ -7,11 +7,10 @@ import mlx.nn as nn
 from ..core import MLP, Attention, Block, LayerNorm, Transformer
 from ..core.ffn import ACTIVATIONS
 from ..errors import UnsupportedArchitectureError
-from .config import MAX_LAYERS, choice, normalize_config, number, require
+from .config import MAX_LAYERS, choice, number, require
 from .fused import fuse, split_fused
 from .gguf import Metadata
-from .llama3 import GGUF_NAMES as LLAMA_GGUF_NAMES
-from .names import NameMap
+from .names import LLAMA_GGUF_NAMES, NameMap
 from .registry import register
 
 # mlx-lm's names; Hugging Face's are the same without `model.` (or with `transformer.` instead).
@@ -62,18 +61,17 @@ class GPT2Config:
 
     @classmethod
     def from_config(cls, config: dict):
-        c = normalize_config(config)
-        dims, heads = number(c, "n_embd", 768), number(c, "n_head", 12)
+        dims, heads = number(config, "n_embd", 768), number(config, "n_head", 12)
         require(dims % heads == 0, f"n_embd ({dims}) must be a multiple of n_head ({heads})")
         return cls(
-            vocab_size=number(c, "vocab_size", 50257),
+            vocab_size=number(config, "vocab_size", 50257),
             dims=dims,
-            layers=number(c, "n_layer", 12, high=MAX_LAYERS),
+            layers=number(config, "n_layer", 12, high=MAX_LAYERS),
             heads=heads,
-            max_positions=number(c, "n_positions", None) or number(c, "n_ctx", 1024),
-            ffn_dims=number(c, "n_inner", None),
-            norm_eps=number(c, "layer_norm_epsilon", 1e-5, float),
-            activation=choice(c, "activation_function", "gelu_new", ACTIVATIONS),
+            max_positions=number(config, "n_positions", None) or number(config, "n_ctx", 1024),
+            ffn_dims=number(config, "n_inner", None),
+            norm_eps=number(config, "layer_norm_epsilon", 1e-5, float),
+            activation=choice(config, "activation_function", "gelu_new", ACTIVATIONS),
         )
 
     def build(self) -> Transformer:

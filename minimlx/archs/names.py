@@ -4,6 +4,8 @@
 table reads a checkpoint (theirs -> ours) and writes one (ours -> theirs); in both directions the
 first matching pair wins, so more specific prefixes come first, and where several checkpoint
 layouts name a tensor differently, the first pair gives the name written.
+
+`LLAMA_NAMES` and `LLAMA_GGUF_NAMES` are the tables most families share, each extending them with its own names.
 """
 
 import re
@@ -50,3 +52,47 @@ class NameMap:
             renamed = (self._swap(name, ours, theirs) for _, theirs, ours, _ in self.pairs)
             out[next((n for n in renamed if n is not None), name)] = value
         return out
+
+
+# Hugging Face and mlx-lm names (mlx-lm's first where they differ: that is the layout `convert` writes).
+# The router and expert names serve the mixture-of-experts families.
+LLAMA_NAMES = NameMap(
+    [
+        ("model.embed_tokens.", "embed."),
+        ("model.layers.{i}.self_attn.", "layers.{i}.attn."),
+        ("model.layers.{i}.mlp.gate.e_score_correction_bias", "layers.{i}.ffn.router.score_bias"),
+        ("model.layers.{i}.mlp.gate.", "layers.{i}.ffn.router.proj."),
+        ("model.layers.{i}.mlp.switch_mlp.", "layers.{i}.ffn.experts."),
+        ("model.layers.{i}.mlp.", "layers.{i}.ffn."),
+        ("model.layers.{i}.input_layernorm.", "layers.{i}.attn_norm."),
+        ("model.layers.{i}.post_attention_layernorm.", "layers.{i}.ffn_norm."),
+        ("model.norm.", "norm."),
+        ("lm_head.", "head."),
+    ],
+    drop=[r"rotary_emb\.inv_freq$"],
+)
+
+# llama.cpp's names (`llama`, and the families that share its tensors).
+LLAMA_GGUF_NAMES = NameMap(
+    [
+        ("token_embd.", "embed."),
+        ("output_norm.", "norm."),
+        ("output.", "head."),
+        ("blk.{i}.attn_norm.", "layers.{i}.attn_norm."),
+        ("blk.{i}.attn_q_norm.", "layers.{i}.attn.q_norm."),
+        ("blk.{i}.attn_k_norm.", "layers.{i}.attn.k_norm."),
+        ("blk.{i}.attn_q.", "layers.{i}.attn.q_proj."),
+        ("blk.{i}.attn_k.", "layers.{i}.attn.k_proj."),
+        ("blk.{i}.attn_v.", "layers.{i}.attn.v_proj."),
+        ("blk.{i}.attn_output.", "layers.{i}.attn.o_proj."),
+        ("blk.{i}.ffn_norm.", "layers.{i}.ffn_norm."),
+        ("blk.{i}.ffn_gate_inp.", "layers.{i}.ffn.router.proj."),
+        ("blk.{i}.ffn_gate_exps.", "layers.{i}.ffn.experts.gate_proj."),
+        ("blk.{i}.ffn_up_exps.", "layers.{i}.ffn.experts.up_proj."),
+        ("blk.{i}.ffn_down_exps.", "layers.{i}.ffn.experts.down_proj."),
+        ("blk.{i}.ffn_gate.", "layers.{i}.ffn.gate_proj."),
+        ("blk.{i}.ffn_up.", "layers.{i}.ffn.up_proj."),
+        ("blk.{i}.ffn_down.", "layers.{i}.ffn.down_proj."),
+    ],
+    drop=[r"^rope_freqs\."],
+)

@@ -3,61 +3,60 @@
 Qwen2-MoE routes like Qwen3-MoE (softmax router, top `num_experts_per_tok` of `num_experts`, renormalised
 when `norm_topk_prob`) and adds one shared SwiGLU expert whose output each token scales by
 sigmoid(shared_expert_gate(x)).
+
+Qwen2's sliding window covers only some layers; minimlx reads such a model up to the window, where windowed attention
+is ordinary causal attention, and refuses longer texts.
 """
 
 from dataclasses import dataclass, replace
 
-import mlx.nn as nn
-
-from ..core import Attention, SwiGLU
-from .config import normalize_config, number
+from .config import number, sliding_window
+from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config
-from .llama3 import GGUF_NAMES, NAMES, Llama3Config
-from .mistral import windowed
-from .qwen3 import Qwen3MoeConfig
+from .llama3 import Llama3Config
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
+from .qwen3 import Qwen3MoeConfig, gguf_experts, qwen_experts
 from .registry import register
+
+
+def context_within_window(config: dict) -> dict:
+    """The config with its context cut to its sliding attention window, when the window is shorter."""
+    window = sliding_window(config)
+    if window and window < number(config, "max_position_embeddings", 2048):
+        return {**config, "max_position_embeddings": window}
+    return config
 
 
 @register("qwen2")
 @dataclass
-class Qwen2Config(Llama3Config):
+class Qwen2Config(DecoderConfig):
     example_config = {**Llama3Config.example_config, "model_type": "qwen2"}
     gguf_architectures = ("qwen2",)
+    defaults = {"rms_norm_eps": 1e-6}
 
     @classmethod
     def from_config(cls, config: dict):
-        c = windowed(normalize_config(config))
-        c.setdefault("rms_norm_eps", 1e-6)
-        return super().from_config(c)
-
-    def attention(self) -> Attention:
-        return Attention(self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), qkv_bias=True)
-
-    @classmethod
-    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
-        return llama_config(metadata, tensors, "qwen2")
-
-    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
-        """llama.cpp's names -> the model's (its converter keeps Qwen's q/k rows in rotate-half order)."""
-        return self.gguf_names.to_ours(tensors)
+        """q, k and v always have biases, the output projection never (there is no `attention_bias`)."""
+        arch = super().from_config(context_within_window(config))
+        return replace(arch, qkv_bias=True, out_bias=False)
 
 
 @register("qwen2_moe")
 @dataclass
-class Qwen2MoeConfig(Qwen3MoeConfig):
+class Qwen2MoeConfig(Qwen2Config):
     example_config = {
         **Qwen3MoeConfig.example_config,
         "model_type": "qwen2_moe",
         "shared_expert_intermediate_size": 48,
     }
     gguf_architectures = ("qwen2moe",)
-    names = NAMES.extended(
+    names = LLAMA_NAMES.extended(
         [
             ("model.layers.{i}.mlp.shared_expert_gate.", "layers.{i}.ffn.shared_gate."),
             ("model.layers.{i}.mlp.shared_expert.", "layers.{i}.ffn.shared_experts."),
         ]
     )
-    gguf_names = GGUF_NAMES.extended(
+    gguf_names = LLAMA_GGUF_NAMES.extended(
         [
             ("blk.{i}.ffn_gate_inp_shexp.", "layers.{i}.ffn.shared_gate."),
             ("blk.{i}.ffn_gate_shexp.", "layers.{i}.ffn.shared_experts.gate_proj."),
@@ -65,26 +64,20 @@ class Qwen2MoeConfig(Qwen3MoeConfig):
             ("blk.{i}.ffn_down_shexp.", "layers.{i}.ffn.shared_experts.down_proj."),
         ]
     )
-    attention = Qwen2Config.attention  # Qwen2's biases, no q/k norm
-
-    shared_ffn_dims: int = 0
+    defaults = {**Qwen2Config.defaults, "rope_theta": 1000000.0}
 
     @classmethod
     def from_config(cls, config: dict):
-        c = windowed(normalize_config(config))
-        return replace(super().from_config(c), shared_ffn_dims=number(c, "shared_expert_intermediate_size", 0, low=0))
-
-    def shared_expert(self) -> tuple:
-        if not self.shared_ffn_dims:
-            return ()
-        return SwiGLU(self.dims, self.shared_ffn_dims), nn.Linear(self.dims, 1, bias=False)
+        arch = super().from_config(config)
+        shared = number(config, "shared_expert_intermediate_size", 0, low=0)
+        return replace(arch, moe=qwen_experts(config, shared))
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
         m = Metadata(metadata)
         return {
-            **super().gguf_config(metadata, tensors),
-            "model_type": "qwen2_moe",
+            **llama_config(metadata, tensors, "qwen2_moe"),
+            **gguf_experts(metadata),
             "shared_expert_intermediate_size": m.get("expert_shared_feed_forward_length", 0),
             "norm_topk_prob": False,  # llama.cpp's qwen2moe graph never renormalises
         }

@@ -6,40 +6,56 @@ mixture of experts: softmax router, top `num_experts_per_tok`, optionally renorm
 
 from dataclasses import dataclass, replace
 
-import mlx.nn as nn
-
-from ..core import Attention, Experts, MoE, Router, is_moe_layer, stack_experts
-from .config import flag, normalize_config, number, require
+from .config import flag, number, require
+from .decoder import DecoderConfig
+from .experts import MoEConfig
 from .gguf import Metadata, llama_config
 from .llama3 import Llama3Config
 from .registry import register
 
 
+def qwen_experts(config: dict, shared_ffn_dims: int = 0) -> MoEConfig | None:
+    """Qwen's mixture of experts (Qwen2-MoE's adds a shared expert, gated); None where `num_experts` is 0."""
+    experts = number(config, "num_experts", None, low=0) or number(config, "num_local_experts", 0, low=0)
+    chosen = number(config, "num_experts_per_tok")
+    ffn_dims = number(config, "moe_intermediate_size")
+    normalize = flag(config, "norm_topk_prob")
+    step = number(config, "decoder_sparse_step", 1)
+    dense = tuple(config.get("mlp_only_layers") or ())
+    require(chosen <= max(experts, 1), f"num_experts_per_tok ({chosen}) must be at most num_experts ({experts})")
+    if not experts:
+        return None
+    return MoEConfig(
+        experts,
+        chosen,
+        ffn_dims,
+        normalize=normalize,
+        shared_ffn_dims=shared_ffn_dims,
+        shared_gate=True,
+        every=step,
+        phase=step - 1,
+        dense_layers=dense,
+    )
+
+
+def gguf_experts(metadata: dict) -> dict:
+    """llama.cpp's expert keys as Qwen's config keys."""
+    m = Metadata(metadata)
+    return {
+        "num_experts": m["expert_count"],
+        "num_experts_per_tok": m["expert_used_count"],
+        "moe_intermediate_size": m["expert_feed_forward_length"],
+    }
+
+
 @register("qwen3")
 @dataclass
-class Qwen3Config(Llama3Config):
+class Qwen3Config(DecoderConfig):
+    example_config = {**Llama3Config.example_config, "model_type": "qwen3"}
     gguf_architectures = ("qwen3",)
+    defaults = {"rms_norm_eps": 1e-6, "rope_theta": 1000000.0}
 
-    @classmethod
-    def from_config(cls, config: dict):
-        c = normalize_config(config)
-        c.setdefault("rms_norm_eps", 1e-6)
-        c.setdefault("rope_theta", 1000000.0)
-        return super().from_config(c)
-
-    def attention(self) -> Attention:
-        bias = self.attention_bias
-        return Attention(
-            self.dims, self.heads, self.kv_heads, self.head_dim, self.rope(), bias, bias, qk_norm_eps=self.norm_eps
-        )
-
-    @classmethod
-    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
-        return llama_config(metadata, tensors, "qwen3")
-
-    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
-        """llama.cpp's names -> the model's (its converter keeps Qwen's q/k rows in rotate-half order)."""
-        return self.gguf_names.to_ours(tensors)
+    qk_norm: bool = True
 
 
 @register("qwen3_moe")
@@ -55,52 +71,14 @@ class Qwen3MoeConfig(Qwen3Config):
     }
     gguf_architectures = ("qwen3moe",)
 
-    num_experts: int = 0
-    experts_per_token: int = 1
-    moe_ffn_dims: int = 0
-    norm_topk_prob: bool = False
-    decoder_sparse_step: int = 1
-    mlp_only_layers: tuple = ()
-
     @classmethod
     def from_config(cls, config: dict):
-        c = normalize_config(config)
-        arch = replace(
-            super().from_config(c),
-            num_experts=number(c, "num_experts", None, low=0) or number(c, "num_local_experts", 0, low=0),
-            experts_per_token=number(c, "num_experts_per_tok"),
-            moe_ffn_dims=number(c, "moe_intermediate_size"),
-            norm_topk_prob=flag(c, "norm_topk_prob"),
-            decoder_sparse_step=number(c, "decoder_sparse_step", 1),
-            mlp_only_layers=tuple(c.get("mlp_only_layers") or ()),
-        )
-        require(
-            arch.experts_per_token <= max(arch.num_experts, 1),
-            f"num_experts_per_tok ({arch.experts_per_token}) must be at most num_experts ({arch.num_experts})",
-        )
-        return arch
-
-    def ffn(self, layer: int) -> nn.Module:
-        step = self.decoder_sparse_step
-        if self.num_experts == 0 or not is_moe_layer(layer, every=step, phase=step - 1, dense=self.mlp_only_layers):
-            return super().ffn(layer)
-        router = Router(self.dims, self.num_experts, self.experts_per_token, "softmax", self.norm_topk_prob)
-        return MoE(router, Experts(self.dims, self.moe_ffn_dims, self.num_experts), *self.shared_expert())
-
-    def shared_expert(self) -> tuple:
-        """The shared expert beside the routed ones, and its gate: none in Qwen3-MoE."""
-        return ()
-
-    def convert_weights(self, weights: dict) -> dict:
-        return stack_experts(super().convert_weights(weights))
+        return replace(super().from_config(config), moe=qwen_experts(config))
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
-        m = Metadata(metadata)
         return {
             **llama_config(metadata, tensors, "qwen3_moe"),
-            "num_experts": m["expert_count"],
-            "num_experts_per_tok": m["expert_used_count"],
-            "moe_intermediate_size": m["expert_feed_forward_length"],
+            **gguf_experts(metadata),
             "norm_topk_prob": True,  # llama.cpp's qwen3moe graph always renormalises the chosen weights
         }

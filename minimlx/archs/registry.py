@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 import mlx.nn as nn
 
 from ..errors import CheckpointError, MinimlxError, UnsupportedArchitectureError
+from .config import normalize_config
 
 GROUP = "minimlx.archs"
 
@@ -121,14 +122,16 @@ def get_gguf_arch(architecture: str | None) -> type:
 def plugin_config(config: dict, source: str = "the config"):
     """The plugin config that a config.json dict (read from `source`) describes.
 
-    Errors name `source`; a plugin that fails other than with a MinimlxError is named too.
+    The config is normalized here, once (`normalize_config`: either transformers layout), so every plugin's
+    `from_config` reads one layout. Errors name `source`; a plugin that fails other than with a MinimlxError is
+    named too.
     """
     if not isinstance(config, dict):
         raise CheckpointError(f"{source} must hold a JSON object, not {type(config).__name__}; fix it")
     model_type = config.get("model_type")
     plugin = get_arch(model_type)
     with reported(plugin, source, f"the plugin for model_type {model_type!r}"):
-        return plugin.from_config(config)
+        return plugin.from_config(normalize_config(config))
 
 
 def gguf_config(metadata: dict, tensors: dict, source: str) -> dict:

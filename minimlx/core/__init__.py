@@ -5,7 +5,7 @@ from .block import Block, FourNormBlock, PostNormBlock
 from .cache import KVCache, LatentCache, RotatingKVCache
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
-from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer, stack_experts
+from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
 from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
 from .positions import Positions
 from .recorder import Recorder
@@ -38,5 +38,4 @@ __all__ = [
     "clamped_swiglu",
     "is_moe_layer",
     "soft_cap",
-    "stack_experts",
 ]

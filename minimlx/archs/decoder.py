@@ -1,0 +1,224 @@
+"""The settings the decoder families differ by, and the one recipe that builds each of them from core parts.
+
+LLaMA's block is the plain case: RMSNorm -> grouped-query attention with RoPE -> RMSNorm -> SwiGLU FFN, the head
+tied to the embedding or separate. The other families change a few things: biases, a norm on queries and keys, RoPE
+on part of each head, a sliding window, where the norms sit, a mixture of experts, latent attention. `DecoderConfig`
+holds each of those as a field and builds every family from them (`rope`, `attention`, `ffn`, `block`, `build`), so
+a family's plugin sets fields, as defaults or from its own config keys in `from_config`, and builds nothing itself.
+"""
+
+from dataclasses import dataclass
+
+import mlx.nn as nn
+
+from ..core import (
+    Attention,
+    Block,
+    FourNormBlock,
+    GatedFFN,
+    LatentAttention,
+    PostNormBlock,
+    RMSNorm,
+    RoPE,
+    SwiGLU,
+    Transformer,
+)
+from .config import MAX_LAYERS, flag, number, require, rope_scaling
+from .experts import MoEConfig, stack_experts
+from .fused import fuse, split_fused
+from .gguf import llama_config, unpermute_rows
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
+
+BLOCKS = {"before": Block, "after": PostNormBlock, "both": FourNormBlock}  # where a block's norms sit
+
+
+@dataclass
+class DecoderConfig:
+    names = LLAMA_NAMES  # checkpoint names <-> the model's: Hugging Face and mlx-lm
+    gguf_names = LLAMA_GGUF_NAMES  # llama.cpp's
+    defaults = {}  # transformers' values for the config keys that a family's published configs may leave out
+    fused = ()  # checkpoint modules that stack several projections' rows: "qkv_proj", "gate_up_proj"
+    gguf_rows_permuted = False  # whether llama.cpp's converter reordered the q/k rows (LLaMA's files; not Qwen's)
+
+    # read from every config
+    vocab_size: int
+    dims: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dims: int  # the features of each head that RoPE turns (the first `partial_rotary_factor` of them)
+    ffn_dims: int
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    rope_scaling: dict | None = None
+    max_positions: int = 2048
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    tied_head: bool = False
+    # what the families differ by
+    norm_class: type = RMSNorm  # of every norm in the model
+    norms: str = "before"  # where a block's norms sit: "before" the sub-layers, "after" them, or "both" (four)
+    qk_norm: bool = False  # queries and keys normed before RoPE: each head on its own, or all heads at once
+    qk_norm_per_head: bool = True
+    interleaved_rope: bool = False  # RoPE turns adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
+    unrotated_layers: tuple[int, ...] = ()  # layers that attend with no RoPE (the causal mask alone orders tokens)
+    window: int | None = None  # each token sees itself and the `window - 1` tokens before it ...
+    global_layers: tuple[int, ...] = ()  # ... except in these layers, which see the whole text
+    local_rope_base: float | None = None  # the windowed layers' own RoPE, where it differs
+    local_rope_scaling: dict | None = None
+    sinks: bool = False  # a learned logit per head joins the softmax
+    query_scale: float | None = None  # scores are q k^T times it, not over sqrt(head_dim)
+    attention_cap: float | None = None  # attention scores soft-capped at it
+    logit_cap: float | None = None  # logits soft-capped at it
+    embed_scale: float | None = None  # embedded tokens multiplied by it
+    activation: str = "silu"  # of the dense FFN's gate: a SwiGLU, or a GatedFFN with another activation
+    moe: MoEConfig | None = None
+    latent_dims: int = 0  # set: multi-head latent attention (DeepSeek) with these four sizes
+    q_lora_rank: int | None = None
+    nope_dims: int = 0
+    value_dims: int = 0
+
+    @classmethod
+    def from_config(cls, config: dict):
+        """The keys every family reads, from a normalized config (the registry normalizes) and the family's
+        `defaults`; a family's own `from_config` reads its other keys into fields with `dataclasses.replace`."""
+        c = {**cls.defaults, **config}
+        dims, heads = number(c, "hidden_size"), number(c, "num_attention_heads")
+        kv_heads = number(c, "num_key_value_heads", heads)
+        head_dim = number(c, "head_dim", dims // heads)
+        require(
+            heads % kv_heads == 0,
+            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})",
+        )
+        require(head_dim > 0, f"hidden_size ({dims}) is below num_attention_heads ({heads}) and no head_dim is given")
+        rotary = number(c, "partial_rotary_factor", 1.0, float)
+        require(rotary <= 1, f"partial_rotary_factor ({rotary}) must be at most 1")
+        bias = flag(c, "attention_bias")
+        return cls(
+            vocab_size=number(c, "vocab_size"),
+            dims=dims,
+            layers=number(c, "num_hidden_layers", high=MAX_LAYERS),
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            rotary_dims=int(head_dim * rotary),
+            ffn_dims=number(c, "intermediate_size"),
+            norm_eps=number(c, "rms_norm_eps", 1e-5, float),
+            rope_base=number(c, "rope_theta", 10000.0, float),
+            rope_scaling=rope_scaling(c),
+            max_positions=number(c, "max_position_embeddings", 2048),
+            qkv_bias=bias,
+            out_bias=bias,
+            mlp_bias=flag(c, "mlp_bias"),
+            tied_head=flag(c, "tie_word_embeddings"),
+        )
+
+    def sliding(self, layer: int) -> bool:
+        """Whether layer `layer` attends through the sliding window."""
+        return self.window is not None and layer not in self.global_layers
+
+    def rope(self, layer: int) -> RoPE | None:
+        """Layer `layer`'s RoPE: over `rotary_dims`, the windowed layers' own base and scaling where they have them."""
+        if layer in self.unrotated_layers:
+            return None
+        local = self.local_rope_base is not None and self.sliding(layer)
+        base, scaling = (
+            (self.local_rope_base, self.local_rope_scaling) if local else (self.rope_base, self.rope_scaling)
+        )
+        return RoPE(self.rotary_dims, base, scaling, self.max_positions, self.interleaved_rope)
+
+    def attention(self, layer: int) -> nn.Module:
+        """Grouped-query attention (multi-head when `kv_heads == heads`), or latent attention when `latent_dims`."""
+        if self.latent_dims:
+            return LatentAttention(
+                self.dims,
+                self.heads,
+                self.q_lora_rank,
+                self.latent_dims,
+                self.nope_dims,
+                self.rotary_dims,
+                self.value_dims,
+                self.rope(layer),
+                self.query_scale,
+                self.qkv_bias,
+            )
+        return Attention(
+            self.dims,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.rope(layer),
+            self.qkv_bias,
+            self.out_bias,
+            qk_norm_eps=self.norm_eps if self.qk_norm else None,
+            qk_norm_per_head=self.qk_norm_per_head,
+            window=self.window if self.sliding(layer) else None,
+            sinks=self.sinks,
+            scale=self.query_scale,
+            logit_cap=self.attention_cap,
+            qk_norm=self.norm_class,
+        )
+
+    def ffn(self, layer: int) -> nn.Module:
+        """The dense gated FFN, or a mixture of experts in the layers `moe` covers."""
+        if self.moe is not None and self.moe.covers(layer):
+            return self.moe.build(self.dims, self.mlp_bias)
+        if self.activation == "silu":
+            return SwiGLU(self.dims, self.ffn_dims, bias=self.mlp_bias)
+        return GatedFFN(self.dims, self.ffn_dims, self.activation, self.mlp_bias)
+
+    def block(self, layer: int) -> Block:
+        """Layer `layer`'s attention and FFN, wired to the residual stream with their norms where `norms` puts them."""
+        attn, ffn = self.attention(layer), self.ffn(layer)
+        norms = [self.norm_class(self.dims, self.norm_eps) for _ in range(4 if self.norms == "both" else 2)]
+        return BLOCKS[self.norms](attn, ffn, *norms)
+
+    def build(self) -> Transformer:
+        blocks = [self.block(i) for i in range(self.layers)]
+        head = None if self.tied_head else nn.Linear(self.dims, self.vocab_size, bias=False)
+        norm = self.norm_class(self.dims, self.norm_eps)
+        embed = nn.Embedding(self.vocab_size, self.dims)
+        return Transformer(embed, blocks, norm, head, embed_scale=self.embed_scale, logit_cap=self.logit_cap)
+
+    def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
+        """The checkpoint's fused modules (`fused`), each with the projections it stacks and their rows."""
+        kv_rows = self.kv_heads * self.head_dim
+        parts = {
+            "qkv_proj": [("q_proj", self.heads * self.head_dim), ("k_proj", kv_rows), ("v_proj", kv_rows)],
+            "gate_up_proj": [("gate_proj", self.ffn_dims), ("up_proj", self.ffn_dims)],
+        }
+        return {fused: parts[fused] for fused in self.fused}
+
+    def convert_weights(self, weights: dict) -> dict:
+        """Hugging Face or mlx-lm tensors -> the model's: renamed, a tied model's stray lm_head dropped, experts
+        stacked, fused projections split."""
+        weights = self.names.to_ours(weights)
+        weights = {k: v for k, v in weights.items() if not (self.tied_head and k.startswith("head."))}
+        if self.moe is not None:
+            weights = stack_experts(weights)
+        for fused, parts in self.fused_parts().items():
+            weights = split_fused(weights, fused, parts)
+        return weights
+
+    def export_weights(self, weights: dict) -> dict:
+        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes)."""
+        for fused, parts in self.fused_parts().items():
+            weights = fuse(weights, fused, [part for part, _ in parts])
+        return self.names.to_theirs(weights)
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """The config of a llama.cpp file whose architecture is named as the family's model_type (`qwen2`, `qwen3`):
+        llama.cpp's LLaMA keys. A family reads such files when it lists the name in `gguf_architectures`."""
+        return llama_config(metadata, tensors, metadata["general.architecture"])
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's names -> the model's; q/k rows back in rotate-half order where its converter permuted them."""
+        weights = self.gguf_names.to_ours(tensors)
+        if self.gguf_rows_permuted:
+            for name, w in weights.items():
+                if ".attn.q_proj." in name or ".attn.k_proj." in name:
+                    weights[name] = unpermute_rows(w, self.heads if ".q_proj." in name else self.kv_heads)
+        return weights

@@ -1,0 +1,97 @@
+"""Mixtures of experts: the settings a family's config gives them, and their tensors as checkpoints store them.
+
+`MoEConfig` builds core's `MoE` from a family's settings; `stack_experts` turns per-expert (or fused) checkpoint
+tensors into the stacked `(num_experts, out, in)` weights of core's `Experts`.
+"""
+
+import re
+from dataclasses import dataclass
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..core import Experts, MoE, Router, SwiGLU, clamped_swiglu, is_moe_layer
+from ..core.moe import swiglu
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture of experts in place of the dense FFN: how many experts, how wide, how the router picks them (core's
+    `Router` says what each setting does), a shared expert beside them, and the layers that have one."""
+
+    num_experts: int
+    experts_per_token: int
+    ffn_dims: int  # each routed expert's hidden width
+    scoring: str = "softmax"
+    normalize: bool = False
+    groups: int = 1
+    groups_kept: int = 1
+    group_top: int = 1
+    score_bias: bool = False
+    scale: float = 1.0
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None  # set: the experts' activation is `clamped_swiglu` (gpt-oss), else SwiGLU
+    swiglu_alpha: float = 1.702
+    shared_ffn_dims: int = 0  # a SwiGLU that every token passes through beside the routed experts (0: none)
+    shared_gate: bool = False  # its output scaled per token by sigmoid(shared_gate(x))
+    first_dense: int = (
+        0  # layers keep the dense FFN before this one, off the `every`/`phase` beat and in `dense_layers`
+    )
+    every: int = 1
+    phase: int = 0
+    dense_layers: tuple[int, ...] = ()
+
+    def covers(self, layer: int) -> bool:
+        return is_moe_layer(layer, self.first_dense, self.every, self.phase, self.dense_layers)
+
+    def build(self, dims: int, bias: bool) -> MoE:
+        """The router, the experts and the shared expert (a SwiGLU with `bias`) of a model `dims` wide."""
+        router = Router(
+            dims,
+            self.num_experts,
+            self.experts_per_token,
+            self.scoring,
+            self.normalize,
+            self.groups,
+            self.groups_kept,
+            self.group_top,
+            self.score_bias,
+            self.scale,
+            self.router_bias,
+        )
+        limit, alpha = self.swiglu_limit, self.swiglu_alpha
+        activation = swiglu if limit is None else partial(clamped_swiglu, alpha=alpha, limit=limit)
+        experts = Experts(dims, self.ffn_dims, self.num_experts, self.expert_bias, activation)
+        if not self.shared_ffn_dims:
+            return MoE(router, experts)
+        gate = nn.Linear(dims, 1, bias=False) if self.shared_gate else None
+        return MoE(router, experts, SwiGLU(dims, self.shared_ffn_dims, bias=bias), gate)
+
+
+PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.(weight|scales|biases)$")
+FUSED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Checkpoint expert tensors -> the stacked `experts.{gate,up,down}_proj.weight` of `Experts`.
+
+    Accepts per-expert tensors `...experts.{e}.{proj}.weight` (what published checkpoints hold; quantized ones with
+    their `scales` and `biases`), and the fused `...experts.gate_up_proj` (num_experts, 2 * hidden, dims) and
+    `...experts.down_proj` (num_experts, dims, hidden) that transformers 5 keeps in memory.
+    """
+    out, per_expert = {}, {}
+    for name, w in weights.items():
+        if m := PER_EXPERT.match(name):
+            per_expert.setdefault(f"{m[1]}.{m[3]}.{m[4]}", {})[int(m[2])] = w
+        elif m := FUSED.match(name):
+            if m[2] == "gate_up_proj":
+                out[f"{m[1]}.gate_proj.weight"], out[f"{m[1]}.up_proj.weight"] = mx.split(w, 2, axis=1)
+            else:
+                out[f"{m[1]}.down_proj.weight"] = w
+        else:
+            out[name] = w
+    for name, experts in per_expert.items():
+        out[name] = mx.stack([experts[e] for e in sorted(experts)])
+    return out
