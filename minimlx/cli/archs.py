@@ -6,6 +6,7 @@ import warnings
 import click
 
 from ..archs import registrations
+from ..archs.config import normalize_config
 from . import main
 
 
@@ -18,7 +19,7 @@ def core_parts(plugin: type) -> list[str] | None:
     if example is None:
         return None
     try:
-        model = plugin.from_config(example).build()
+        model = plugin.from_config(normalize_config(example)).build()
         parts = model.modules() + model.make_cache()
     except Exception as e:  # a plugin's broken example must not hide the other architectures
         warnings.warn(f"{plugin.__module__}.{plugin.__name__}: example_config does not build ({e!r})", stacklevel=2)
