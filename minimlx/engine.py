@@ -35,15 +35,7 @@ import mlx.nn as nn
 
 from .checks import check_generation, check_whole
 from .core.sampling import Sampler, apply_repetition_penalty, check_settings, greedy, make_sampler
-from .errors import InvalidSettingError, MinimlxError
-
-
-class QueueFullError(MinimlxError):
-    """The engine already holds as many waiting sequences as it was told to."""
-
-
-class PromptTooLongError(InvalidSettingError):
-    """The prompt leaves no room in the model's context for an answer."""
+from .errors import InvalidSettingError, PromptTooLongError, QueueFullError
 
 
 @dataclass

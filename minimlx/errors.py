@@ -23,3 +23,11 @@ class CheckpointError(MinimlxError):
 
 class InvalidSettingError(MinimlxError):
     """A setting is out of range (sampling parameters, dtype, device, prompt length)."""
+
+
+class QueueFullError(MinimlxError):
+    """The decode engine already holds as many waiting sequences as it was told to."""
+
+
+class PromptTooLongError(InvalidSettingError):
+    """The prompt leaves no room in the model's context for an answer."""

@@ -24,8 +24,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from .engine import Engine, Output, PromptTooLongError, QueueFullError, Sequence, make_request
-from .errors import MinimlxError
+from .engine import Engine, Output, Sequence, make_request
+from .errors import MinimlxError, PromptTooLongError, QueueFullError
 
 log = logging.getLogger("minimlx.serve")
 DEFAULT_MAX_TOKENS = 512

@@ -16,7 +16,8 @@ import minimlx
 from minimlx.core import KVCache
 from minimlx.core.sampling import make_sampler
 from minimlx.cpu import blas
-from minimlx.engine import Engine, QueueFullError, Request, make_request
+from minimlx.engine import Engine, Request, make_request
+from minimlx.errors import QueueFullError
 from minimlx.generate import encode_prompt, generate_tokens, stream_generate
 
 PROMPTS = [
