@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .checks import check_whole, vocab_size
-from .core.sampling import apply_min_p, apply_top_k, apply_top_p
+from .core.sampling import filtered_logits
 from .errors import InvalidSettingError
 
 
@@ -109,7 +109,7 @@ class Verifier:
     """The model's side of a round: its distributions over the drafted positions, and the accept/reject rule.
 
     At temperature 0 the distribution is one-hot on the argmax (drafts kept while they equal it);
-    otherwise the logits go through the same filters as `make_sampler` (temperature, top-k, top-p, min-p).
+    otherwise the logits go through the sampler's filters (`filtered_logits`).
     """
 
     def __init__(self, temperature: float, top_p: float, top_k: int, min_p: float, seed: int | None):
@@ -121,14 +121,7 @@ class Verifier:
         if self.temperature == 0:
             best = mx.argmax(logits, axis=-1, keepdims=True)
             return (mx.arange(logits.shape[-1]) == best).astype(mx.float32)
-        logits = logits.astype(mx.float32) / self.temperature
-        if self.top_k > 0:
-            logits = apply_top_k(logits, self.top_k)
-        if self.top_p < 1.0:
-            logits = apply_top_p(logits, self.top_p)
-        if self.min_p > 0.0:
-            logits = apply_min_p(logits, self.min_p)
-        return mx.softmax(logits, axis=-1)
+        return mx.softmax(filtered_logits(logits, self.temperature, self.top_p, self.top_k, self.min_p), axis=-1)
 
     def next_key(self) -> mx.array | None:
         if self.key is None:

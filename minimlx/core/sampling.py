@@ -62,20 +62,28 @@ def greedy(logits: mx.array, key: mx.array | None = None) -> mx.array:
     return mx.argmax(logits, axis=-1)
 
 
+def filtered_logits(
+    logits: mx.array, temperature: float, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0
+) -> mx.array:
+    """The logits a token is drawn from at `temperature` (> 0): scaled, then filtered by top-k, top-p and min-p (the
+    one filter chain of the sampler and of speculative verification)."""
+    logits = logits.astype(mx.float32) / temperature
+    if top_k > 0:
+        logits = apply_top_k(logits, top_k)
+    if top_p < 1.0:
+        logits = apply_top_p(logits, top_p)
+    if min_p > 0.0:
+        logits = apply_min_p(logits, min_p)
+    return logits
+
+
 def make_sampler(temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> Sampler:
     """`sampler(logits, key) -> token ids`: argmax at temperature 0, else a draw from the filtered distribution."""
     if temperature == 0:
         return greedy
 
     def sample(logits: mx.array, key: mx.array | None = None) -> mx.array:
-        logits = logits.astype(mx.float32) / temperature
-        if top_k > 0:
-            logits = apply_top_k(logits, top_k)
-        if top_p < 1.0:
-            logits = apply_top_p(logits, top_p)
-        if min_p > 0.0:
-            logits = apply_min_p(logits, min_p)
-        return mx.random.categorical(logits, axis=-1, key=key)
+        return mx.random.categorical(filtered_logits(logits, temperature, top_p, top_k, min_p), axis=-1, key=key)
 
     return sample
 
