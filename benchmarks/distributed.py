@@ -32,16 +32,15 @@ def rank_main(model_path: str, mode: str | None, prompt_tokens: int, gen_tokens:
 
     import mlx.core as mx
 
-    from minimlx.core.sampling import make_sampler
-    from minimlx.generate import generate_tokens
+    from minimlx.decode import SamplingSettings, generate_tokens
     from minimlx.loading import load
 
     model, tokenizer = load(model_path, None, mode)
     rng = random.Random(0)
     prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(prompt_tokens)]
-    for _ in generate_tokens(model, prompt, model.make_cache(), make_sampler(), 4):
+    for _ in generate_tokens(model, prompt, model.make_cache(), SamplingSettings(4)):
         pass
-    tokens = generate_tokens(model, prompt, model.make_cache(), make_sampler(), gen_tokens)
+    tokens = generate_tokens(model, prompt, model.make_cache(), SamplingSettings(gen_tokens))
     next(tokens)
     first = time.perf_counter()
     for _ in tokens:

@@ -5,7 +5,7 @@ from .archs import list_archs, register
 from .loading import load, load_model
 from .quantization import quantize
 from .convert import convert
-from .generate import batch_generate, generate, stream_generate
+from .decode import batch_generate, generate, stream_generate
 from .anatomy import ledger, trace
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 

@@ -2,11 +2,11 @@
 
 A thin layer: it checks each request, renders chat messages with the model's template, hands
 the token ids and settings to the engine, and streams back what the engine returns. Sampling,
-batching, stop strings and the prompt cache all live in `minimlx.engine`.
+batching, stop strings and the prompt cache all live in `minimlx.decode`.
 
-One thread steps the engine while any sequence runs; requests join its batch as they arrive. Each
+One thread steps the engine while any generation runs; requests join its batch as they arrive. Each
 request owns an asyncio queue, which the engine thread fills through the event loop. A streaming
-client that disconnects cancels its sequences, which leave the batch at the next step.
+client that disconnects cancels its generations, which leave the batch at the next step.
 """
 
 import asyncio
@@ -24,7 +24,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from .engine import Engine, Output, Sequence, make_request
+from .decode import Engine, Generation, Output, Request, SamplingSettings
 from .errors import MinimlxError, PromptTooLongError, QueueFullError
 
 log = logging.getLogger("minimlx.serve")
@@ -125,8 +125,8 @@ class Server:
         # Every array the model holds, private ones too (RoPE's frequencies), evaluated here: an unevaluated
         # array belongs to the stream of the thread that made it, and the engine thread has its own.
         mx.eval([a for module in engine.model.modules() for a in module.values() if isinstance(a, mx.array)])
-        self.listeners: dict[Sequence, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self.listening = threading.Lock()  # a sequence is listened to before the engine thread can deliver to it
+        self.listeners: dict[Generation, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.listening = threading.Lock()  # a generation is listened to before the engine thread can deliver to it
         self.stopping = False
         self.app = Starlette(
             routes=[
@@ -168,47 +168,49 @@ class Server:
                         self.engine.clear()
                         outputs = []
                         failure = APIError(500, f"generation failed: {e}", code="engine_error", kind="server_error")
-                        for sequence in list(self.listeners):
-                            self.deliver(sequence, failure)
+                        for generation in list(self.listeners):
+                            self.deliver(generation, failure)
                     for output in outputs:
-                        self.deliver(output.sequence, output)
+                        self.deliver(output.generation, output)
                 mx.clear_cache()  # idle: MLX's freed buffers go back to the system, so memory stays flat
 
-    def deliver(self, sequence: Sequence, item) -> None:
+    def deliver(self, generation: Generation, item) -> None:
         with self.listening:
-            listener = self.listeners.get(sequence)
+            listener = self.listeners.get(generation)
         if listener is not None:
             loop, queue = listener
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-    def submit(self, prompt: list[int], settings: dict, n: int, param: str) -> tuple[list[Sequence], asyncio.Queue]:
-        """Start `n` sequences of `prompt` (the request's field `param`); their outputs arrive on the returned queue."""
-        queue, sequences = asyncio.Queue(), []
+    def submit(
+        self, prompt: list[int], settings: SamplingSettings, n: int, param: str
+    ) -> tuple[list[Generation], asyncio.Queue]:
+        """Start `n` generations of `prompt` (the request's field `param`); their outputs come on the returned queue."""
+        queue, generations = asyncio.Queue(), []
         try:
             for _ in range(n):
                 with self.listening:
-                    sequence = self.engine.submit(make_request(prompt, **settings))
-                    self.listeners[sequence] = (asyncio.get_running_loop(), queue)
-                sequences.append(sequence)
+                    generation = self.engine.submit(Request(prompt, settings))
+                    self.listeners[generation] = (asyncio.get_running_loop(), queue)
+                generations.append(generation)
         except QueueFullError as e:
-            self.cancel(sequences)
+            self.cancel(generations)
             raise APIError(429, str(e), code="rate_limit_exceeded", kind="rate_limit_error") from e
         except PromptTooLongError as e:
-            self.cancel(sequences)
+            self.cancel(generations)
             raise APIError(400, str(e), param, "context_length_exceeded") from e
         except MinimlxError as e:
-            self.cancel(sequences)
+            self.cancel(generations)
             raise APIError(400, str(e), code="invalid_value") from e
-        return sequences, queue
+        return generations, queue
 
-    def cancel(self, sequences: list[Sequence]) -> None:
-        for sequence in sequences:
-            self.engine.cancel(sequence)
-            self.listeners.pop(sequence, None)
+    def cancel(self, generations: list[Generation]) -> None:
+        for generation in generations:
+            self.engine.cancel(generation)
+            self.listeners.pop(generation, None)
 
-    async def outputs(self, sequences: list[Sequence], queue: asyncio.Queue) -> AsyncIterator[Output]:
-        """Every output of `sequences` until all have finished; cancels them if the consumer stops early."""
-        running = len(sequences)
+    async def outputs(self, generations: list[Generation], queue: asyncio.Queue) -> AsyncIterator[Output]:
+        """Every output of `generations` until all have finished; cancels them if the consumer stops early."""
+        running = len(generations)
         try:
             while running:
                 item = await queue.get()
@@ -217,7 +219,7 @@ class Server:
                 running -= item.finish_reason is not None
                 yield item
         finally:
-            self.cancel(sequences)
+            self.cancel(generations)
 
     # ---- endpoints ----
 
@@ -250,27 +252,29 @@ class Server:
 
     async def complete(self, request: HTTPRequest, body: dict, prompt: list[int], chat: bool):
         max_tokens = integer(body, "max_completion_tokens", None, 1) if chat else None
-        settings = {
-            "max_tokens": max_tokens or integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1),
-            "temperature": number(body, "temperature", 1.0, 0.0, 2.0),
-            "top_p": number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-            "seed": integer(body, "seed", None, -(2**63)),
-            "stop": stop_strings(body),
-        }
+        max_tokens = max_tokens or integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
+        temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+        seed = integer(body, "seed", None, -(2**63))
+        settings = SamplingSettings(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed % 2**32 if seed is not None else None,
+            stop=stop_strings(body),
+        )
         n = integer(body, "n", 1, 1)
         stream = flag(body, "stream")
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise bad("stream_options", "'stream_options' must be an object")
         include_usage = flag(options, "include_usage")
-        if settings["seed"] is not None:
-            settings["seed"] %= 2**32
-        sequences, queue = self.submit(prompt, settings, n, "messages" if chat else "prompt")
-        reply = Reply(self.model_name, chat, sequences)
+        generations, queue = self.submit(prompt, settings, n, "messages" if chat else "prompt")
+        reply = Reply(self.model_name, chat, generations)
         if stream:
-            events = reply.stream(self.outputs(sequences, queue), include_usage)
+            events = reply.stream(self.outputs(generations, queue), include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
-        async for output in self.outputs(sequences, queue):
+        async for output in self.outputs(generations, queue):
             reply.add(output)
         return JSONResponse(reply.whole())
 
@@ -317,23 +321,23 @@ class Server:
 class Reply:
     """The answer to one completion request, in the OpenAI shapes: whole, or as server-sent events."""
 
-    def __init__(self, model_name: str, chat: bool, sequences: list[Sequence]):
-        self.model_name, self.chat, self.sequences = model_name, chat, sequences
+    def __init__(self, model_name: str, chat: bool, generations: list[Generation]):
+        self.model_name, self.chat, self.generations = model_name, chat, generations
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.index = {sequence: i for i, sequence in enumerate(sequences)}
-        self.texts: list[list[str]] = [[] for _ in sequences]
-        self.finish: list[str | None] = [None] * len(sequences)
+        self.index = {generation: i for i, generation in enumerate(generations)}
+        self.texts: list[list[str]] = [[] for _ in generations]
+        self.finish: list[str | None] = [None] * len(generations)
 
     def add(self, output: Output) -> None:
-        i = self.index[output.sequence]
+        i = self.index[output.generation]
         self.texts[i].append(output.text)
         self.finish[i] = output.finish_reason
 
     def usage(self) -> dict:
-        prompt = self.sequences[0].prompt_tokens
-        completion = sum(len(s.tokens) - (bool(s.tokens) and s.tokens[-1] in s.stop_ids) for s in self.sequences)
-        cached = self.sequences[0].cached_tokens
+        prompt = self.generations[0].prompt_tokens
+        completion = sum(len(s.tokens) - (bool(s.tokens) and s.tokens[-1] in s.stop_ids) for s in self.generations)
+        cached = self.generations[0].cached_tokens
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -361,13 +365,13 @@ class Reply:
 
         if self.chat:
             role = {"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            first = [{"index": i, **role} for i in range(len(self.sequences))]
+            first = [{"index": i, **role} for i in range(len(self.generations))]
             yield event(self.envelope(first, chunk=True))
         try:
             async for output in outputs:
                 self.add(output)
                 if output.text or output.finish_reason:
-                    choice = self.choice(self.index[output.sequence], output.text, output.finish_reason, chunk=True)
+                    choice = self.choice(self.index[output.generation], output.text, output.finish_reason, chunk=True)
                     yield event(self.envelope([choice], chunk=True))
         except APIError as e:
             yield event({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}})

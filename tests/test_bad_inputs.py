@@ -27,8 +27,8 @@ from minimlx.anatomy.lens import logit_lens
 from minimlx.archs import build_model, registry
 from minimlx.archs.deepseek_moe import DeepseekV3Config
 from minimlx.archs.qwen3 import Qwen3MoeConfig
-from minimlx.checks import check_generation, check_ids, check_whole
 from minimlx.cli import main
+from minimlx.decode import SamplingSettings, check_ids, check_whole
 from minimlx.errors import (
     CheckpointError,
     InvalidSettingError,
@@ -559,6 +559,11 @@ def test_a_bare_stop_string_is_one_stop_string(loaded):
         minimlx.generate(model, tokenizer, "w2", chat_template=False, max_tokens=8, stop=stop)
         == text[: text.index(stop)]
     )
+
+
+def check_generation(max_tokens, seed=None, stop=None) -> list[str]:
+    """What SamplingSettings makes of a token budget, seed and stop strings: the stop strings, as a list."""
+    return list(SamplingSettings(max_tokens, seed=seed, stop=stop).stop)
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,9 @@ from reference import save_reference
 
 import minimlx
 from minimlx.core import KVCache
-from minimlx.core.sampling import make_sampler
 from minimlx.cpu import blas
-from minimlx.engine import Engine, Request, make_request
+from minimlx.decode import Engine, Request, SamplingSettings, encode_prompt, generate_tokens, stream_generate
 from minimlx.errors import QueueFullError
-from minimlx.generate import encode_prompt, generate_tokens, stream_generate
 
 PROMPTS = [
     "What is the capital of France?",
@@ -114,7 +112,7 @@ def run_batch(model, tokenizer, requests, **engine_options):
 def test_batch_greedy_tokens_equal_each_prompt_alone(smollm2):
     model, tokenizer = smollm2
     alone = [[r.token for r in stream_generate(model, tokenizer, p, max_tokens=8)] for p in PROMPTS]
-    batched = run_batch(model, tokenizer, [make_request(ids, max_tokens=8) for ids in smollm2_ids(tokenizer)])
+    batched = run_batch(model, tokenizer, [Request(ids, SamplingSettings(8)) for ids in smollm2_ids(tokenizer)])
     assert batched == alone
     texts = minimlx.batch_generate(model, tokenizer, PROMPTS[:3], max_tokens=8)
     assert texts == [tokenizer.decode([t for t in ids if t not in tokenizer.eos_token_ids]) for ids in alone[:3]]
@@ -144,9 +142,9 @@ def test_prompt_cache_reuses_a_conversation_prefix(smollm2):
     second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Germany?"}]
     ids = tokenizer.encode(tokenizer.apply_chat_template(second), add_special_tokens=False)
     engine = Engine(model, tokenizer, prompt_cache_size=2)
-    engine.submit(make_request(encode_prompt(tokenizer, PROMPTS[0]), max_tokens=12))
+    engine.submit(Request(encode_prompt(tokenizer, PROMPTS[0]), SamplingSettings(12)))
     engine.run()
-    follow_up = engine.submit(make_request(ids, max_tokens=12))
+    follow_up = engine.submit(Request(ids, SamplingSettings(12)))
     engine.run()
     assert follow_up.cached_tokens > len(encode_prompt(tokenizer, PROMPTS[0]))
     assert follow_up.tokens == [r.token for r in stream_generate(model, tokenizer, ids, max_tokens=12)]
@@ -168,10 +166,10 @@ def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
         ),
     )
     engine = Engine(model, tokenizer, prompt_cache_size=4)
-    engine.submit(make_request(encode_prompt(tokenizer, PROMPTS[0]), max_tokens=4))
+    engine.submit(Request(encode_prompt(tokenizer, PROMPTS[0]), SamplingSettings(4)))
     engine.run()
     prompts = smollm2_ids(tokenizer)[1:6] + [tokenizer.encode(text) for text in ("Hi", "The sea", "One, two,")]
-    sequences = [engine.submit(make_request(ids, max_tokens=8)) for ids in prompts]
+    sequences = [engine.submit(Request(ids, SamplingSettings(8))) for ids in prompts]
     engine.run()
     alone = [[r.token for r in stream_generate(model, tokenizer, ids, max_tokens=8)] for ids in prompts]
     assert [s.tokens for s in sequences] == alone
@@ -196,19 +194,17 @@ def test_a_joiner_with_one_token_to_feed_rides_the_decode_step(smollm2, monkeypa
         monkeypatch.setattr(Engine, name, lambda self, *a, _f=original: prefilled.append(a) or _f(self, *a))
     cached, other = encode_prompt(tokenizer, PROMPTS[0]), encode_prompt(tokenizer, PROMPTS[1])
     engine = Engine(model, tokenizer, prompt_cache_size=2)
-    engine.submit(make_request(cached, max_tokens=3))
+    engine.submit(Request(cached, SamplingSettings(3)))
     engine.run()
-    running = engine.submit(make_request(other, max_tokens=12))
+    running = engine.submit(Request(other, SamplingSettings(12)))
     engine.step()
     prefilled.clear()
-    riders = [
-        engine.submit(make_request(cached, max_tokens=8)),
-        engine.submit(make_request(cached, max_tokens=8, temperature=0.8, seed=7)),
-    ]
+    seeded = SamplingSettings(8, temperature=0.8, seed=7)
+    riders = [engine.submit(Request(cached, SamplingSettings(8))), engine.submit(Request(cached, seeded))]
     engine.run()
     assert prefilled == [] and all(r.cached_tokens == len(cached) - 1 for r in riders)
     assert riders[0].tokens == [r.token for r in stream_generate(model, tokenizer, cached, max_tokens=8)]
-    assert riders[1].tokens == run_batch(model, tokenizer, [make_request(cached, 8, temperature=0.8, seed=7)])[0]
+    assert riders[1].tokens == run_batch(model, tokenizer, [Request(cached, seeded)])[0]
     assert running.tokens == [r.token for r in stream_generate(model, tokenizer, other, max_tokens=12)]
 
 
@@ -225,9 +221,8 @@ def test_every_architecture_batches_exactly(tiny):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, VOCAB, size=int(n)).tolist() for n in rng.integers(1, 24, size=10)]
     budgets = [int(n) for n in rng.integers(3, 13, size=10)]
-    greedy = make_sampler()
-    alone = [list(generate_tokens(tiny, p, tiny.make_cache(), greedy, n)) for p, n in zip(prompts, budgets)]
-    requests = [Request(p, n, stop_ids=frozenset()) for p, n in zip(prompts, budgets)]
+    alone = [list(generate_tokens(tiny, p, tiny.make_cache(), SamplingSettings(n))) for p, n in zip(prompts, budgets)]
+    requests = [Request(p, SamplingSettings(n), stop_ids=frozenset()) for p, n in zip(prompts, budgets)]
     assert run_batch(tiny, None, requests, max_batch=4) == alone
 
 
@@ -240,18 +235,19 @@ def test_every_architecture_gives_riders_their_own_tokens(tiny, monkeypatch):
     monkeypatch.setattr(Engine, "admit", lambda self, running: (lambda r: rode.extend(r[0]) or r)(admit(self, running)))
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (9, 14, 5)] + [[3]]
-    greedy = make_sampler()
     engine = Engine(tiny, None, prompt_cache_size=4)
     for prompt in prompts[:3]:
-        engine.submit(Request(prompt, 4, stop_ids=frozenset()))
+        engine.submit(Request(prompt, SamplingSettings(4), stop_ids=frozenset()))
     engine.run()
-    running = engine.submit(Request(rng.integers(0, VOCAB, size=7).tolist(), 12, stop_ids=frozenset()))
+    running = engine.submit(
+        Request(rng.integers(0, VOCAB, size=7).tolist(), SamplingSettings(12), stop_ids=frozenset())
+    )
     engine.step()
-    joined = [engine.submit(Request(prompt, 6, stop_ids=frozenset())) for prompt in prompts]
+    joined = [engine.submit(Request(prompt, SamplingSettings(6), stop_ids=frozenset())) for prompt in prompts]
     engine.run()
     for sequence in [running, *joined]:
-        prompt, budget = sequence.request.prompt, sequence.request.max_tokens
-        assert sequence.tokens == list(generate_tokens(tiny, prompt, tiny.make_cache(), greedy, budget))
+        prompt, budget = sequence.request.prompt, sequence.request.settings.max_tokens
+        assert sequence.tokens == list(generate_tokens(tiny, prompt, tiny.make_cache(), SamplingSettings(budget)))
     assert joined[3] in [s for s, _ in rode] and (len(rode) == 4) == all(s.cached_tokens for s in joined[:3])
 
 
@@ -259,19 +255,19 @@ def test_every_architecture_gives_riders_their_own_tokens(tiny, monkeypatch):
 def test_the_prompt_cache_reuses_a_windowed_cache_only_whole(tiny):
     """A conversation's follow-up reuses everything; a repeated prompt, which would need the cache cut back to
     tokens its window has dropped, is prefilled afresh. Both give the tokens they get alone."""
-    greedy, prompt = make_sampler(), list(range(1, 11))
+    prompt = list(range(1, 11))
     engine = Engine(tiny, None, prompt_cache_size=2)
-    first = engine.submit(Request(prompt, 6, stop_ids=frozenset()))
+    first = engine.submit(Request(prompt, SamplingSettings(6), stop_ids=frozenset()))
     engine.run()
     follow_up = prompt + first.tokens + [7, 8, 9]
     again, longer = (
-        engine.submit(Request(prompt, 6, stop_ids=frozenset())),
-        engine.submit(Request(follow_up, 6, stop_ids=frozenset())),
+        engine.submit(Request(prompt, SamplingSettings(6), stop_ids=frozenset())),
+        engine.submit(Request(follow_up, SamplingSettings(6), stop_ids=frozenset())),
     )
     engine.run()
     assert (again.cached_tokens, longer.cached_tokens) == (0, len(prompt) + 5)
     assert again.tokens == first.tokens
-    assert longer.tokens == list(generate_tokens(tiny, follow_up, tiny.make_cache(), greedy, 6))
+    assert longer.tokens == list(generate_tokens(tiny, follow_up, tiny.make_cache(), SamplingSettings(6)))
 
 
 def test_padded_rows_see_only_their_own_tokens():
@@ -289,6 +285,6 @@ def test_padded_rows_see_only_their_own_tokens():
 def test_a_full_queue_refuses(smollm2):
     model, tokenizer = smollm2
     engine = Engine(model, tokenizer, max_queue=1)
-    engine.submit(make_request([1, 2, 3]))
+    engine.submit(Request([1, 2, 3]))
     with pytest.raises(QueueFullError):
-        engine.submit(make_request([1, 2, 3]))
+        engine.submit(Request([1, 2, 3]))

@@ -6,10 +6,8 @@ import pytest
 from reference import save_reference
 
 import minimlx
-from minimlx.compiled import CompiledDecoder, compiled_decoder
-from minimlx.core.cache import FixedKVCache
-from minimlx.core.sampling import make_sampler
-from minimlx.generate import encode_prompt, generate_tokens, stream_generate
+from minimlx.decode import SamplingSettings, encode_prompt, generate_tokens, stream_generate
+from minimlx.decode.compiled import CompiledDecoder, FixedKVCache, compiled_decoder
 
 LLAMA = dict(
     vocab_size=96,
@@ -30,7 +28,7 @@ def tiny(tmp_path_factory):
 
 
 def eager_ids(model, prompt, count):
-    return list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), count))
+    return list(generate_tokens(model, prompt, model.make_cache(), SamplingSettings(count)))
 
 
 def test_compiled_smollm2_greedy_tokens_equal_eager(smollm2):
@@ -47,7 +45,7 @@ def test_compiled_tiny_model_across_capacity_growth(tiny, monkeypatch):
     monkeypatch.setattr(FixedKVCache, "step", 8)
     decoder = CompiledDecoder(tiny)
     prompt = np.random.default_rng(0).integers(0, 96, size=5).tolist()
-    compiled = list(generate_tokens(decoder, prompt, decoder.make_cache(), make_sampler(), 40))
+    compiled = list(generate_tokens(decoder, prompt, decoder.make_cache(), SamplingSettings(40)))
     assert compiled == eager_ids(tiny, prompt, 40)
     cache, eager_cache = decoder.make_cache(), tiny.make_cache()
     for ids in ([prompt], [[7]], [[9]]):

@@ -8,7 +8,7 @@ from mlx_lm_reference import save_tokenizer
 from reference import save_reference
 
 import minimlx
-from minimlx.generate import Conversation
+from minimlx.decode import Conversation
 
 TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}assistant "
 

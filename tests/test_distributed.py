@@ -28,15 +28,14 @@ TOKENS = 16
 # per job the greedy token ids, the peak memory since the job started, and the checkpoint tensors it installed.
 RANK_JOBS = f"""
 import gc, json, sys
-from minimlx.core.sampling import make_sampler
-from minimlx.generate import generate_tokens
+from minimlx.decode import SamplingSettings, generate_tokens
 from minimlx.loading import load
 import mlx.core as mx  # after minimlx, which puts its BLAS under MLX only if mlx.core is not yet imported
 results = []
 for path, mode in json.loads(sys.argv[2]):
     gc.collect(); mx.clear_cache(); mx.reset_peak_memory()
     model, _ = load(path, None, mode)
-    ids = list(generate_tokens(model, {PROMPT}, model.make_cache(), make_sampler(), {TOKENS}))
+    ids = list(generate_tokens(model, {PROMPT}, model.make_cache(), SamplingSettings({TOKENS})))
     results.append(dict(ids=ids, peak=mx.get_peak_memory(), tensors=sorted(getattr(model, "tensors", []))))
     del model
 rank = mx.distributed.init().rank() if any(mode for _, mode in json.loads(sys.argv[2])) else 0
@@ -146,12 +145,11 @@ def ranks_ran(models, tmp_path_factory):
 
 @functools.cache
 def one_process_ids(path: str) -> list[int]:
-    from minimlx.core.sampling import make_sampler
-    from minimlx.generate import generate_tokens
+    from minimlx.decode import SamplingSettings, generate_tokens
     from minimlx.loading import load
 
     model, _ = load(path)
-    return list(generate_tokens(model, PROMPT, model.make_cache(), make_sampler(), TOKENS))
+    return list(generate_tokens(model, PROMPT, model.make_cache(), SamplingSettings(TOKENS)))
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen3_moe", "deepseek_v3"])

@@ -6,8 +6,8 @@ import pytest
 from reference import require
 
 from minimlx import generate, stream_generate
+from minimlx.decode import Conversation, split_at_stop
 from minimlx.errors import InvalidSettingError
-from minimlx.generate import Conversation, split_at_stop
 from minimlx.io.resolve import short_name_path
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]

@@ -16,10 +16,8 @@ else:
     )
 
 from minimlx import load, stream_generate  # noqa: E402
-from minimlx.compiled import CompiledDecoder  # noqa: E402
 from minimlx.core.cache import visible  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
-from minimlx.core.sampling import make_sampler  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
 from minimlx.cpu.attention import attend  # noqa: E402
 from minimlx.cpu.forms import CpuRoPE, use_cpu_forms  # noqa: E402
@@ -30,8 +28,8 @@ from minimlx.cpu.linear import (  # noqa: E402
     NativeQuantizedLinear,
     gated_product,
 )
-from minimlx.engine import make_request  # noqa: E402
-from minimlx.generate import generate_tokens  # noqa: E402
+from minimlx.decode import Request, SamplingSettings, generate_tokens  # noqa: E402
+from minimlx.decode.compiled import CompiledDecoder  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
 
 
@@ -172,7 +170,7 @@ def test_smollm2_greedy_tokens_equal_float32_blas():
     ids = {}
     for dtype in ("quantized", "float32"):
         model, _ = load("smollm2-135m", dtype)
-        ids[dtype] = list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), 32, 512))
+        ids[dtype] = list(generate_tokens(model, prompt, model.make_cache(), SamplingSettings(32), 512))
         modules = [m for _, m in model.named_modules()]
         on_kernel = [m for m in modules if isinstance(m, (NativeQuantizedLinear, NativeQuantizedEmbedding))]
         assert len(on_kernel) == (30 * 7 + 1 if dtype == "quantized" else 0)  # every projection and the tied head
@@ -188,7 +186,7 @@ def test_smollm2_quantized_batch_greedy_tokens_equal_each_prompt_alone():
 
     model, tokenizer = load("smollm2-135m", "quantized")
     alone = [[r.token for r in stream_generate(model, tokenizer, p, max_tokens=16)] for p in PROMPTS]
-    batched = run_batch(model, tokenizer, [make_request(ids, max_tokens=16) for ids in smollm2_ids(tokenizer)])
+    batched = run_batch(model, tokenizer, [Request(ids, SamplingSettings(16)) for ids in smollm2_ids(tokenizer)])
     assert len(PROMPTS) == 8 and batched == alone
 
 
@@ -238,7 +236,7 @@ def test_smollm2_greedy_tokens_equal_with_and_without_native_ops(monkeypatch, sm
         model, _ = load("smollm2-135m", dtype="float32")
         for runner in (model, CompiledDecoder(model)):
             ids[setting, type(runner)] = list(
-                generate_tokens(runner, prompt, runner.make_cache(), make_sampler(), 16, 64)
+                generate_tokens(runner, prompt, runner.make_cache(), SamplingSettings(16), 64)
             )
     assert len(prompt) == 130 and len(set(map(tuple, ids.values()))) == 1 and len(ids["on", CompiledDecoder]) == 16
 

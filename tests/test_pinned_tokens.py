@@ -15,8 +15,7 @@ from mlx.utils import tree_flatten
 
 import minimlx
 from minimlx.archs.registry import build, plugin_config, registrations
-from minimlx.core.sampling import make_sampler
-from minimlx.generate import generate_tokens, stream_generate
+from minimlx.decode import SamplingSettings, generate_tokens, stream_generate
 
 PINNED = {
     "deepseek": [32, 32, 32, 32, 32, 32, 38, 38, 38, 38, 38, 38],
@@ -67,7 +66,7 @@ def test_every_built_in_family_is_pinned():
 def test_greedy_tokens_stay_pinned(model_type, tmp_path):
     model, arch = seeded_model(model_type, tmp_path)
     prompt = np.random.default_rng(1).integers(0, arch.vocab_size, 20).tolist()
-    assert list(generate_tokens(model, prompt, model.make_cache(), make_sampler(), 12)) == PINNED[model_type]
+    assert list(generate_tokens(model, prompt, model.make_cache(), SamplingSettings(12))) == PINNED[model_type]
 
 
 @pytest.mark.parametrize("dtype", [None, "float32"])

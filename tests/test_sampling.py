@@ -12,9 +12,9 @@ from minimlx.core.sampling import (
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
-    check_settings,
     make_sampler,
 )
+from minimlx.decode import SamplingSettings
 from minimlx.errors import InvalidSettingError
 
 PROBS = [0.1, 0.4, 0.2, 0.3]
@@ -112,4 +112,4 @@ def test_a_seed_reproduces_a_sample():
 )
 def test_nonsense_settings_are_refused(settings, message):
     with pytest.raises(InvalidSettingError, match=message):
-        check_settings(**settings)
+        SamplingSettings(**settings)

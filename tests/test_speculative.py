@@ -7,9 +7,9 @@ from reference import save_reference
 from test_compiled import LLAMA
 
 import minimlx
+from minimlx.decode import SamplingSettings, stream_generate
+from minimlx.decode.speculative import PromptLookup, Verifier
 from minimlx.errors import InvalidSettingError
-from minimlx.generate import stream_generate
-from minimlx.speculative import PromptLookup, Verifier
 
 
 class Ids:
@@ -73,7 +73,7 @@ def test_sampling_keeps_the_model_distribution(tiny):
     for a sampled draft model's drafts and for prompt lookup's certain ones."""
     model, other = tiny
     prompt = mx.array([np.random.default_rng(1).integers(0, 96, size=12).tolist()])
-    verifier = Verifier(temperature=1.0, top_p=1.0, top_k=6, min_p=0.0, seed=0)
+    verifier = Verifier(SamplingSettings(temperature=1.0, top_p=1.0, top_k=6, min_p=0.0), mx.random.key(0))
     logits = model(prompt)[0, -3:]  # the model's logits at the last token and two drafted positions
     p = np.array(verifier.probabilities(logits[:1])[0])
     q = verifier.probabilities(other(prompt)[0, -2:] * 0.5)  # a broader, different draft distribution

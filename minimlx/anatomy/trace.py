@@ -17,8 +17,8 @@ The weights are formed only while tracing; the fused kernel never forms them.
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..checks import check_ids, vocab_size
 from ..core import Recorder
+from ..decode.prompt import check_ids, vocab_size
 from ..errors import InvalidSettingError
 
 BLOCK_ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")

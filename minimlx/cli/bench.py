@@ -10,43 +10,24 @@ import click
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..compiled import compiled_decoder
-from ..core.sampling import make_sampler
 from ..cpu import blas
+from ..decode import Engine, Generation, Request, SamplingSettings
+from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
-from ..generate import generate_tokens
 from ..loading import default_dtype, load
-from ..speculative import Acceptance, DraftModel, PromptLookup, Verifier, speculative_tokens
 from . import dtype_option, main, parallel_options
 
 
-def timed_generation(
-    model, prompt: list[int], gen_tokens: int, prefill_step: int, drafter=None, acceptance: Acceptance | None = None
-) -> tuple[float, float]:
-    """(seconds to the first token, seconds from the first to the last) of a greedy run of exactly
-    `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it. With a `drafter`, decoding is
-    speculative and `acceptance` counts its drafts."""
-    if drafter is None:
-        tokens = generate_tokens(model, prompt, model.make_cache(), make_sampler(), gen_tokens, prefill_step)
-    else:
-        drafter.reset()
-        verifier = Verifier(0.0, 1.0, 0, 0.0, None)
-        tokens = speculative_tokens(
-            model,
-            prompt,
-            model.make_cache(),
-            drafter,
-            verifier,
-            gen_tokens,
-            acceptance if acceptance is not None else Acceptance(),
-            prefill_step,
-        )
+def timed_generation(engine: Engine, prompt: list[int], gen_tokens: int) -> tuple[float, float, Generation]:
+    """(seconds to the first token, seconds from the first to the last, the generation) of a greedy run of exactly
+    `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it."""
+    generation = engine.submit(Request(prompt, SamplingSettings(max_tokens=gen_tokens), stop_ids=frozenset()))
     start = time.perf_counter()
-    next(tokens)
+    while not generation.tokens:
+        engine.step()
     first = time.perf_counter()
-    for _ in tokens:
-        pass
-    return first - start, time.perf_counter() - first
+    engine.run()
+    return first - start, time.perf_counter() - first, generation
 
 
 @main.command()
@@ -117,8 +98,7 @@ def bench(
     Decode tok/s counts the tokens generated, so with speculation it is the effective rate; the share of
     drafted tokens the model accepted is reported beside it.
     """
-    if draft_model is not None and prompt_lookup:
-        raise InvalidSettingError("--draft-model and --prompt-lookup are two ways to draft; choose one")
+    check_speculation((draft_model is not None) + bool(prompt_lookup))
     if parallel:
         from ..distributed import rank_zero_speaks
 
@@ -136,16 +116,21 @@ def bench(
         )
     rng = random.Random(0)
     prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(prompt_tokens)]
-    runner = net if eager else compiled_decoder(net) or net
-    drafter = PromptLookup(prompt_lookup) if prompt_lookup else None
-    if draft_model is not None:
-        draft = load(draft_model, dtype)[0]
-        drafter = DraftModel(draft if eager else compiled_decoder(draft) or draft, draft_tokens, prefill_step)
-    acceptance = Acceptance()
-    timed_generation(runner, prompt, min(gen_tokens, 4), prefill_step, drafter)
-    runs = [timed_generation(runner, prompt, gen_tokens, prefill_step, drafter, acceptance) for _ in range(repeats)]
-    ttft = statistics.median(first for first, _ in runs)
-    decode = statistics.median(rest for _, rest in runs)
+    draft = load(draft_model, dtype)[0] if draft_model is not None else None
+    engine = Engine(
+        net,
+        max_batch=1,
+        prefill_step=prefill_step,
+        draft_model=draft,
+        draft_tokens=draft_tokens,
+        prompt_lookup=prompt_lookup,
+        compiled=not eager,
+    )
+    timed_generation(engine, prompt, min(gen_tokens, 4))
+    runs = [timed_generation(engine, prompt, gen_tokens) for _ in range(repeats)]
+    ttft = statistics.median(first for first, _, _ in runs)
+    decode = statistics.median(rest for _, rest, _ in runs)
+    drafted, accepted = sum(g.drafted for _, _, g in runs), sum(g.accepted for _, _, g in runs)
     weights = tree_flatten(net.parameters())
     result = {
         "load_s": load_s,
@@ -158,8 +143,8 @@ def bench(
         "dtype": dtype or default_dtype() or ("native-kernel" if mx.default_device() == mx.cpu else "as stored"),
         "device": str(mx.default_device()),
         "blas": blas.loaded,
-        "compiled": runner is not net,
-        "acceptance": acceptance.rate if drafter is not None else None,
+        "compiled": engine.compiled,
+        "acceptance": accepted / drafted if drafted else None,
     }
     if as_json:
         click.echo(json.dumps(result))
@@ -173,8 +158,5 @@ def bench(
         f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
         f"peak memory {result['peak_memory_gb']:.3f} GB (median of {repeats})"
     )
-    if drafter is not None:
-        click.echo(
-            f"speculation: {acceptance.accepted} of {acceptance.drafted} drafted tokens accepted "
-            f"({acceptance.rate:.0%})"
-        )
+    if engine.drafter is not None:
+        click.echo(f"speculation: {accepted} of {drafted} drafted tokens accepted ({result['acceptance'] or 0:.0%})")

@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidSettingError, MinimlxError
 from . import clean, main
-from .run import generation_options, open_model, print_stats, sampling, speculation
+from .run import generation_options, open_model, print_stats, settings_from_options, speculation
 
 HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
 
@@ -16,13 +16,13 @@ HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
 @generation_options
 def chat(**options):
     """Talk with a model. Only each new turn is prefilled: the cache holds the conversation."""
-    settings = sampling(options)
+    settings = settings_from_options(options)
     if sys.stdin is None:
         raise InvalidSettingError("standard input is closed; chat reads your turns from it")
-    from ..generate import Conversation
+    from ..decode import Conversation
 
     model, tokenizer = open_model(options)
-    settings |= speculation(options)
+    drafting = speculation(options)
     conversation = Conversation(model, tokenizer, options["system"])
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a line of invalid UTF-8 is cleaned, not fatal
@@ -45,7 +45,7 @@ def chat(**options):
             continue
         response = None
         try:
-            with closing(conversation.say(line, **settings)) as responses:
+            with closing(conversation.say(line, settings, **drafting)) as responses:
                 for response in responses:
                     sys.stdout.write(response.text)
                     sys.stdout.flush()

@@ -9,6 +9,8 @@ import sys
 import click
 
 from ..cpu import blas
+from ..decode.settings import NAMES, SamplingSettings
+from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
 from . import TEXT, dtype_option, main, parallel_options, read_stdin
 
@@ -18,7 +20,9 @@ def generation_options(command):
     options = [
         click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
         click.option("--max-tokens", default=256, show_default=True, help="Most tokens to generate."),
-        click.option("--temp", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."),
+        click.option(
+            "--temp", "temperature", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."
+        ),
         click.option("--top-p", default=1.0, show_default=True, help="Keep the most likely tokens holding this mass."),
         click.option("--top-k", default=0, show_default=True, help="Keep this many most likely tokens; 0 keeps all."),
         click.option("--min-p", default=0.0, show_default=True, help="Drop tokens below min-p times the top one."),
@@ -49,30 +53,17 @@ def generation_options(command):
     return parallel_options(command)
 
 
-def sampling(options: dict) -> dict:
-    """stream_generate's settings from the shared options, checked before anything loads."""
-    from ..checks import check_generation
-    from ..generate import check_generation_settings
-
-    settings = {
-        "max_tokens": options["max_tokens"],
-        "temperature": options["temp"],
-        "top_p": options["top_p"],
-        "top_k": options["top_k"],
-        "min_p": options["min_p"],
-        "repetition_penalty": options["repetition_penalty"],
-    }
-    check_generation_settings(**settings)
-    check_generation(options["max_tokens"], options["seed"])
-    if options["draft_model"] is not None and options["prompt_lookup"]:
-        raise InvalidSettingError("--draft-model and --prompt-lookup are two ways to draft; choose one")
-    if (options["draft_model"] is not None or options["prompt_lookup"]) and options["repetition_penalty"] != 1.0:
-        raise InvalidSettingError("speculative decoding does not apply --repetition-penalty; drop one of them")
-    return {**settings, "seed": options["seed"]}
+def settings_from_options(options: dict) -> SamplingSettings:
+    """The settings of the sampling options (taken out of `options`), checked with the speculation options before
+    anything loads."""
+    settings = SamplingSettings(**{name: options.pop(name) for name in NAMES & options.keys()})
+    check_speculation((options["draft_model"] is not None) + bool(options["prompt_lookup"]), settings)
+    return settings
 
 
 def speculation(options: dict) -> dict:
-    """stream_generate's speculative settings from the shared options, the draft model loaded (after `sampling`)."""
+    """stream_generate's speculative settings from the shared options, the draft model loaded (after
+    `settings_from_options`)."""
     if options["draft_model"] is None:
         return {"prompt_lookup": options["prompt_lookup"]}
     from ..loading import load
@@ -129,20 +120,25 @@ def print_stats(response) -> None:
 @click.option("--no-chat-template", is_flag=True, help="Send the prompt as raw text (completion).")
 def run(prompt, no_chat_template, **options):
     """Generate an answer to PROMPT ("-" or nothing: read it from stdin)."""
-    settings = sampling(options)
+    settings = settings_from_options(options)
     if prompt in (None, "-"):
         if prompt is None and sys.stdin is not None and sys.stdin.isatty():
             raise InvalidSettingError('no prompt; pass one, e.g. minimlx run "Hello", or pipe it in with "-"')
         prompt = read_stdin()
     if not prompt.strip():
         raise InvalidSettingError("the prompt is empty; give some text")
-    from ..generate import stream_generate
+    from ..decode import stream_generate
 
     model, tokenizer = open_model(options)
-    settings |= speculation(options)
     response = None
     for response in stream_generate(
-        model, tokenizer, prompt, chat_template=not no_chat_template, system=options["system"], **settings
+        model,
+        tokenizer,
+        prompt,
+        settings=settings,
+        chat_template=not no_chat_template,
+        system=options["system"],
+        **speculation(options),
     ):
         sys.stdout.write(response.text)
         sys.stdout.flush()

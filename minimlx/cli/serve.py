@@ -70,7 +70,7 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
     """Answer OpenAI-style HTTP requests (chat, completions) until Ctrl-C."""
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
         raise InvalidSettingError(f"minimlx serve needs Starlette and uvicorn: {EXTRA}")
-    from ..engine import Engine
+    from ..decode import Engine
     from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server
     from .run import open_model

@@ -7,11 +7,8 @@ reproducible: the same key and logits give the same token.
 
 import math
 from collections.abc import Callable
-from numbers import Integral, Real
 
 import mlx.core as mx
-
-from ..errors import InvalidSettingError
 
 Sampler = Callable[[mx.array, mx.array | None], mx.array]
 
@@ -78,7 +75,8 @@ def filtered_logits(
 
 
 def make_sampler(temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> Sampler:
-    """`sampler(logits, key) -> token ids`: argmax at temperature 0, else a draw from the filtered distribution."""
+    """`sampler(logits, key) -> token ids`: argmax at temperature 0, else a draw from the filtered distribution.
+    (The settings are checked by `minimlx.decode.SamplingSettings`.)"""
     if temperature == 0:
         return greedy
 
@@ -86,25 +84,3 @@ def make_sampler(temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, m
         return mx.random.categorical(filtered_logits(logits, temperature, top_p, top_k, min_p), axis=-1, key=key)
 
     return sample
-
-
-def check_settings(
-    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0
-) -> None:
-    """Refuse sampling settings that mean nothing (NaN, infinite, the wrong type, out of range), naming the range."""
-    reals = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "repetition_penalty": repetition_penalty}
-    for name, value in reals.items():
-        if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
-            raise InvalidSettingError(f"{name} must be a finite number, got {value!r}")
-    if not isinstance(top_k, Integral) or isinstance(top_k, bool):
-        raise InvalidSettingError(f"top_k must be a whole number, got {top_k!r}")
-    problems = [
-        (temperature < 0, f"temperature must be >= 0 (0 is greedy), got {temperature}"),
-        (not 0 < top_p <= 1, f"top_p must be in (0, 1] (1 keeps every token), got {top_p}"),
-        (top_k < 0, f"top_k must be >= 0 (0 keeps every token), got {top_k}"),
-        (not 0 <= min_p <= 1, f"min_p must be in [0, 1] (0 keeps every token), got {min_p}"),
-        (repetition_penalty <= 0, f"repetition_penalty must be > 0 (1 is no penalty), got {repetition_penalty}"),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise InvalidSettingError(message)

@@ -38,7 +38,7 @@ from ..core.attention import Attention
 from ..core.ffn import MLP, SwiGLU
 from ..core.latent_attention import LatentAttention
 from ..core.moe import MoE
-from ..engine import Engine, Output, Request, Sequence
+from ..decode import Engine, Generation, Output, Request, SamplingSettings
 from ..errors import CheckpointError, InvalidSettingError
 from .placement import BEFORE, balance, section_bytes
 
@@ -400,17 +400,17 @@ class Mirrored(Engine):
         super().__init__(model, *args, **kwargs)
         self.lock = threading.RLock()
         self.group, self.rank = model.group, model.rank
-        self.joined: list[Sequence] = []
+        self.joined: list[Generation] = []
         self.cancelled: list[int] = []
-        self.sequences: list[Sequence] = []  # every sequence submitted, by number
+        self.sequences: list[Generation] = []  # every sequence submitted, by number
 
-    def submit(self, request: Request) -> Sequence:
+    def submit(self, request: Request) -> Generation:
         with self.lock:
             sequence = super().submit(request)
             self.joined.append(sequence)
             return sequence
 
-    def cancel(self, sequence: Sequence) -> None:
+    def cancel(self, sequence: Generation) -> None:
         with self.lock:
             super().cancel(sequence)
             self.cancelled.append(sequence)
@@ -420,7 +420,13 @@ class Mirrored(Engine):
             joined, self.joined = self.joined, []
             cancelled, self.cancelled = self.cancelled, []
             news = [
-                [s.request.prompt, s.request.max_tokens, s.request.seed, list(s.request.stop), sorted(s.stop_ids)]
+                [
+                    s.request.prompt,
+                    s.request.settings.max_tokens,
+                    s.seed,
+                    list(s.request.settings.stop),
+                    sorted(s.stop_ids),
+                ]
                 for s in joined
             ]
             self.sequences += joined
@@ -444,7 +450,8 @@ class Mirrored(Engine):
             if message:
                 news, cancelled = json.loads(message)
                 for prompt, max_tokens, seed, stop, stop_ids in news:
-                    request = Request(prompt, max_tokens, seed=seed, stop=stop, stop_ids=frozenset(stop_ids))
+                    settings = SamplingSettings(max_tokens, seed=seed, stop=stop)
+                    request = Request(prompt, settings, stop_ids=frozenset(stop_ids))
                     self.sequences.append(Engine.submit(self, request))
                 for number in cancelled:
                     Engine.cancel(self, self.sequences[number])

@@ -4,6 +4,7 @@ Decoding on the CPU is bound by reading the weights once per forward pass, and a
 tokens reads them once too. So each round a drafter proposes up to k tokens, the model scores
 the last token and the k drafts together, and every draft it agrees with is a token gained; the
 first disagreement is replaced by the model's own token and the cache is trimmed back to it.
+The engine runs the rounds (`Engine.speculate`); this module holds the drafters and the verifier.
 
 Two drafters:
 - `PromptLookup`: the tokens that followed the latest earlier occurrence of the text's last
@@ -19,27 +20,22 @@ renormalised; when every draft is kept, one more token is drawn from p. Each emi
 then distributed exactly as p. Prompt lookup's drafts are certain (q is one-hot).
 """
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-
 import mlx.core as mx
 import mlx.nn as nn
 
-from .checks import check_whole, vocab_size
-from .core.sampling import filtered_logits
-from .errors import InvalidSettingError
+from ..core.sampling import filtered_logits
+from ..errors import InvalidSettingError
+from .prefill import prefill, shared_start
+from .settings import SamplingSettings, check_whole
 
 
-@dataclass
-class Acceptance:
-    """How many tokens the drafter proposed and how many of them the model kept."""
-
-    drafted: int = 0
-    accepted: int = 0
-
-    @property
-    def rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+def check_speculation(drafters: int, settings: SamplingSettings | None = None) -> None:
+    """Refuse what speculative decoding cannot do, before any work: more than one of the `drafters` asked for, or
+    drafting with a repetition penalty in `settings`."""
+    if drafters > 1:
+        raise InvalidSettingError("choose one drafter: a draft model or prompt lookup, not both")
+    if drafters and settings is not None and settings.repetition_penalty != 1.0:
+        raise InvalidSettingError("speculative decoding does not apply a repetition penalty; drop one of them")
 
 
 class PromptLookup:
@@ -82,17 +78,12 @@ class DraftModel:
     def draft(self, context: list[int], count: int, verifier: "Verifier") -> tuple[list[int], mx.array]:
         """(`count` drafted tokens, the distributions (count, vocab) they were drawn from, filtered as the
         verifier filters the model's)."""
-        shared = 0
-        limit = min(len(self.read), len(context) - 1)
-        while shared < limit and self.read[shared] == context[shared]:
-            shared += 1
+        shared = shared_start(self.read, context)
         for c in self.cache:
             c.trim(c.offset - shared)
-        ids = mx.array(context[shared:])[None]
-        for start in range(0, ids.shape[1] - 1, self.prefill_step):
-            self.model(ids[:, start : min(start + self.prefill_step, ids.shape[1] - 1)], self.cache)
-            mx.eval([c.state for c in self.cache])
-        feed, drafts, rows = ids[:, -1:], [], []
+        prefill(self.model, context[shared:-1], self.cache, self.prefill_step)
+        mx.eval([c.state for c in self.cache])
+        feed, drafts, rows = mx.array([context[-1:]]), [], []
         for _ in range(count):  # queued lazily, evaluated once
             q = verifier.probabilities(self.model(feed, self.cache)[:, -1])
             feed = mx.random.categorical(mx.log(q), key=verifier.next_key())[:, None]
@@ -108,20 +99,20 @@ class DraftModel:
 class Verifier:
     """The model's side of a round: its distributions over the drafted positions, and the accept/reject rule.
 
-    At temperature 0 the distribution is one-hot on the argmax (drafts kept while they equal it);
-    otherwise the logits go through the sampler's filters (`filtered_logits`).
+    At temperature 0 the distribution is one-hot on the argmax (drafts kept while they equal it); otherwise the
+    logits go through the sampler's filters (`filtered_logits`). `key` starts the chain of keys its draws take.
     """
 
-    def __init__(self, temperature: float, top_p: float, top_k: int, min_p: float, seed: int | None):
-        self.temperature, self.top_p, self.top_k, self.min_p = temperature, top_p, top_k, min_p
-        self.key = mx.random.key(seed) if seed is not None else None
+    def __init__(self, settings: SamplingSettings, key: mx.array | None = None):
+        self.settings, self.key = settings, key
 
     def probabilities(self, logits: mx.array) -> mx.array:
         """(rows, vocab) logits -> (rows, vocab) probabilities of the token that would be sampled."""
-        if self.temperature == 0:
+        s = self.settings
+        if s.temperature == 0:
             best = mx.argmax(logits, axis=-1, keepdims=True)
             return (mx.arange(logits.shape[-1]) == best).astype(mx.float32)
-        return mx.softmax(filtered_logits(logits, self.temperature, self.top_p, self.top_k, self.min_p), axis=-1)
+        return mx.softmax(filtered_logits(logits, s.temperature, s.top_p, s.top_k, s.min_p), axis=-1)
 
     def next_key(self) -> mx.array | None:
         if self.key is None:
@@ -132,7 +123,7 @@ class Verifier:
     def verify(self, logits: mx.array, drafts: list[int], q: mx.array | None) -> tuple[int, int]:
         """(drafts accepted, the token after them) from the model's logits (k + 1, vocab) over the last
         token and the k drafts; `q` (k, vocab) is the drafter's distribution, None when its drafts are certain."""
-        if self.temperature == 0:
+        if self.settings.temperature == 0:
             best = mx.argmax(logits, axis=-1).tolist()
             accepted = 0
             while accepted < len(drafts) and drafts[accepted] == best[accepted]:
@@ -152,44 +143,3 @@ class Verifier:
         else:
             residual = p[k]
         return accepted, mx.random.categorical(mx.log(residual), key=token_key).item()
-
-
-def speculative_tokens(
-    model: nn.Module,
-    prompt: Sequence[int],
-    cache: list,
-    drafter: PromptLookup | DraftModel,
-    verifier: Verifier,
-    max_tokens: int,
-    acceptance: Acceptance,
-    prefill_step: int = 512,
-) -> Iterator[int]:
-    """Yield up to `max_tokens` token ids continuing `prompt` (which continues `cache`), a round of
-    accepted drafts and one token of the model's at a time; `acceptance` counts the drafts as it goes.
-
-    The cache holds every token of the text but the last; a round reads that one and the drafts.
-    """
-    if isinstance(drafter, DraftModel) and vocab_size(drafter.model) != vocab_size(model):
-        raise InvalidSettingError(
-            f"the draft model's vocabulary ({vocab_size(drafter.model)} tokens) differs from the model's "
-            f"({vocab_size(model)}); the draft model must share the model's tokenizer"
-        )
-    context = list(prompt)
-    ids = mx.array(context[:-1], dtype=mx.int32)
-    for start in range(0, ids.size, prefill_step):
-        model(ids[None, start : start + prefill_step], cache)
-        mx.eval([c.state for c in cache])
-    produced = 0
-    while produced < max_tokens:
-        count = min(drafter.tokens, max_tokens - produced - 1)  # the round's own token comes on top
-        drafts, q = drafter.draft(context, count, verifier) if count else ([], None)
-        logits = model(mx.array([context[-1:] + drafts]), cache)[0]
-        accepted, token = verifier.verify(logits, drafts, q)
-        for c in cache:
-            c.trim(len(drafts) - accepted)
-        acceptance.drafted += len(drafts)
-        acceptance.accepted += accepted
-        new = drafts[:accepted] + [token]
-        context += new
-        produced += len(new)
-        yield from new

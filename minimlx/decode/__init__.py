@@ -1,0 +1,31 @@
+"""Decoding, in one place: the settings of a generation, the engine that batches sequences (with its compiled
+step and speculative rounds), and the calls built on it (`generate`, `stream_generate`, `batch_generate`, the
+conversation)."""
+
+from .conversation import Conversation
+from .engine import Engine, Generation, Output, PromptCache, Request, split_at_stop
+from .generate import GenerationResponse, batch_generate, generate, generate_tokens, make_cache, stream_generate
+from .prompt import check_ids, check_prompt, encode_prompt, vocab_size
+from .settings import SamplingSettings, check_whole
+
+__all__ = [
+    "Conversation",
+    "Engine",
+    "Generation",
+    "GenerationResponse",
+    "Output",
+    "PromptCache",
+    "Request",
+    "SamplingSettings",
+    "batch_generate",
+    "check_ids",
+    "check_prompt",
+    "check_whole",
+    "encode_prompt",
+    "generate",
+    "generate_tokens",
+    "make_cache",
+    "split_at_stop",
+    "stream_generate",
+    "vocab_size",
+]

@@ -1,0 +1,84 @@
+"""A chat that keeps its KV cache between turns (`minimlx chat`)."""
+
+import warnings
+from collections.abc import Iterator
+from contextlib import closing
+
+import mlx.nn as nn
+
+from .generate import GenerationResponse, make_cache, stream_generate
+from .prefill import shared_start
+from .settings import NAMES, SamplingSettings, sampling_settings
+
+
+class Conversation:
+    """A chat whose KV cache holds the conversation so far, so each turn prefills only its new tokens.
+
+    Every turn renders the whole conversation with the chat template, keeps the cached tokens
+    that agree with it, trims the rest and feeds only what follows. A conversation that no longer
+    leaves room for an answer in the model's context drops its oldest turns (the system prompt stays),
+    with one warning per conversation.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, system: str | None = None):
+        self.model, self.tokenizer, self.system = model, tokenizer, system
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
+        self.cache = make_cache(self.model)
+        self.cached_ids: list[int] = []
+        self.warned = False
+
+    def render(self, messages: list[dict]) -> list[int]:
+        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special_tokens=False)
+
+    def keep(self, count: int) -> int:
+        """Forget every cached token after the first `count` (all of them where a sliding-window layer no longer
+        holds those): the number kept."""
+        if not all(c.keeps(count) for c in self.cache):
+            count = 0
+        for c in self.cache:
+            c.trim(c.offset - count)
+        self.cached_ids = self.cached_ids[:count]
+        return count
+
+    def say(self, text: str, settings: SamplingSettings | None = None, **options) -> Iterator[GenerationResponse]:
+        """Stream the answer to `text`; `settings` (or its fields by name) and `options` are stream_generate's.
+
+        Closing the iterator early (or an interrupt) keeps the answer so far in the conversation.
+        """
+        settings = sampling_settings(settings, {name: options.pop(name) for name in NAMES & options.keys()})
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids = self.render(messages)
+        context = getattr(self.model.config, "max_positions", None)
+        room = min(settings.max_tokens, context // 4) if context else 0
+        first = 1 if self.system is not None else 0  # the first message that may be dropped
+        while context and len(ids) + room > context and len(messages) - first > 1:
+            messages = messages[:first] + messages[first + 2 :]  # the oldest exchange: a question and its answer
+            ids = self.render(messages)
+            if not self.warned:
+                warnings.warn(
+                    f"the conversation no longer fits the model's context of {context} tokens: dropping its oldest "
+                    "turns (the system prompt stays); /reset starts over",
+                    stacklevel=2,
+                )
+                self.warned = True
+        shared = self.keep(shared_start(self.cached_ids, ids))
+        answer, generated = [], []
+        try:
+            stream = stream_generate(
+                self.model, self.tokenizer, ids[shared:], settings=settings, cache=self.cache, **options
+            )
+            with closing(stream) as responses:
+                for response in responses:
+                    if not generated:
+                        self.messages = messages
+                    answer.append(response.text)
+                    generated.append(response.token)
+                    yield response
+        finally:
+            if generated:
+                self.messages = self.messages + [{"role": "assistant", "content": "".join(answer)}]
+            self.cached_ids = ids + generated
+            self.keep(min(len(self.cached_ids), *(c.offset for c in self.cache)))

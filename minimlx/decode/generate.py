@@ -1,0 +1,158 @@
+"""Text generation: prompts in, text out, through the one decode engine (`engine.py`).
+
+`stream_generate` runs a batch of one and `batch_generate` a batch of many; both hand the engine
+token ids and `SamplingSettings`, and turn what it returns into text and statistics. `generate_tokens`
+is the engine's raw token stream, for timing it. The engine chooses how one sequence decodes: the
+compiled step where the model has one, speculative rounds with a draft model or prompt lookup.
+"""
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import InvalidSettingError
+from .engine import Engine, Request
+from .prompt import check_ids, prompt_ids, vocab_size
+from .settings import SamplingSettings, sampling_settings
+
+
+@dataclass
+class GenerationResponse:
+    """One generated token, the text it completes (possibly ""), and the running statistics."""
+
+    text: str
+    token: int
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory_gb: float
+    finish_reason: str | None = None  # "stop" (end of sequence or a stop string), "length", None before the end
+    drafted_tokens: int = 0  # speculative decoding: tokens proposed so far, and how many the model kept
+    accepted_tokens: int = 0
+
+
+def generate_tokens(
+    model: nn.Module, prompt: Sequence[int], cache: list, settings: SamplingSettings, prefill_step: int = 512
+) -> Iterator[int]:
+    """Yield `settings.max_tokens` sampled token ids (fewer only where the model's context ends) continuing `prompt`
+    (which continues `cache`), end-of-sequence ids included: the engine running one sequence, no text."""
+    check_ids(prompt, vocab_size(model))
+    engine = Engine(model, max_batch=1, prefill_step=prefill_step)
+    engine.submit(Request(list(prompt), settings, stop_ids=frozenset(), cache=cache))
+    while engine.busy:
+        for output in engine.step():
+            yield output.token
+
+
+def stream_generate(
+    model: nn.Module,
+    tokenizer,
+    prompt: str | Sequence[int],
+    *,
+    settings: SamplingSettings | None = None,
+    chat_template: bool = True,
+    system: str | None = None,
+    cache: list | None = None,
+    prefill_step: int = 512,
+    draft_model: nn.Module | None = None,
+    draft_tokens: int = 3,
+    prompt_lookup: int = 0,
+    **sampling,
+) -> Iterator[GenerationResponse]:
+    """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
+
+    The sampling settings come as `settings=SamplingSettings(...)` or as its fields by name (`max_tokens=32,
+    temperature=0.7, ...`). Generation ends at an end-of-sequence id (its text is not emitted), at a `stop`
+    string (the text ends before it), or after `max_tokens`; the last response carries `finish_reason`.
+    Pass a `cache` (from `make_cache(model)`) to continue a conversation: `prompt` then holds only
+    the new tokens. The repetition penalty counts the tokens of this prompt and of the answer.
+
+    Speculative decoding (same tokens when greedy, same distribution when sampling): `draft_model`
+    (a smaller model sharing the tokenizer) proposes `draft_tokens` tokens per step, or
+    `prompt_lookup=N` proposes N tokens copied from where the text's last words occurred before.
+    """
+    settings = sampling_settings(settings, sampling)
+    ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
+    engine = Engine(
+        model,
+        tokenizer,
+        max_batch=1,
+        prefill_step=prefill_step,
+        draft_model=draft_model,
+        draft_tokens=draft_tokens,
+        prompt_lookup=prompt_lookup,
+    )
+    generation = engine.submit(Request(ids, settings, cache=cache))
+    start = time.perf_counter()
+    n = 0
+    try:
+        while generation.running:
+            for output in engine.step():
+                n += 1
+                if n == 1:
+                    first = time.perf_counter()
+                yield GenerationResponse(
+                    text=output.text,
+                    token=output.token,
+                    prompt_tokens=len(ids),
+                    prompt_tps=len(ids) / (first - start),
+                    generation_tokens=n,
+                    generation_tps=(n - 1) / (time.perf_counter() - first) if n > 1 else 0.0,
+                    peak_memory_gb=mx.get_peak_memory() / 1e9,
+                    finish_reason=output.finish_reason,
+                    drafted_tokens=generation.drafted,
+                    accepted_tokens=generation.accepted,
+                )
+    finally:
+        engine.cancel(generation)
+        engine.step()  # the generation leaves the batch: a `cache` passed in now holds prompt and answer
+
+
+def make_cache(model: nn.Module) -> list:
+    """A cache for one sequence of `model`, of the kind its one-sequence engine decodes over (fixed-capacity where
+    the compiled step can use it)."""
+    return Engine(model, max_batch=1).make_cache()
+
+
+def generate(model: nn.Module, tokenizer, prompt: str | Sequence[int], **options) -> str:
+    """The whole answer as one string; `options` are those of `stream_generate`."""
+    return "".join(response.text for response in stream_generate(model, tokenizer, prompt, **options))
+
+
+def batch_generate(
+    model: nn.Module,
+    tokenizer,
+    prompts: Sequence[str | Sequence[int]],
+    max_batch: int = 16,
+    per_prompt: Sequence[dict] | None = None,
+    chat_template: bool = True,
+    system: str | None = None,
+    prefill_step: int = 512,
+    settings: SamplingSettings | None = None,
+    **sampling,
+) -> list[str]:
+    """The answer to each prompt, decoded together `max_batch` at a time, in the order of `prompts`.
+
+    `settings` (or its fields by name, as stream_generate takes them) hold for every prompt; `per_prompt` holds one
+    dict per prompt that overrides some of them for that prompt. At temperature 0 each answer has the token ids
+    that `generate` gives the prompt alone.
+    """
+    settings = sampling_settings(settings, sampling)
+    per_prompt = per_prompt if per_prompt is not None else [{}] * len(prompts)
+    if len(per_prompt) != len(prompts):
+        raise InvalidSettingError(f"per_prompt holds {len(per_prompt)} dicts for {len(prompts)} prompts")
+    requests = [
+        Request(prompt_ids(model, tokenizer, prompt, chat_template, system), replace(settings, **own))
+        for prompt, own in zip(prompts, per_prompt)
+    ]
+    engine = Engine(model, tokenizer, max_batch=max_batch, prefill_step=prefill_step)
+    generations = [engine.submit(request) for request in requests]
+    texts = {id(g): [] for g in generations}
+    while engine.busy:
+        for output in engine.step():
+            texts[id(output.generation)].append(output.text)
+    return ["".join(texts[id(g)]) for g in generations]

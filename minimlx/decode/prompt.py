@@ -1,0 +1,55 @@
+"""What generation continues: a prompt as text or token ids, the ids checked against the model's vocabulary.
+
+An id outside the vocabulary would read past the embedding (a crash, or a silent wrap), so each is checked
+before any work is done (InvalidSettingError naming it); `trace` checks its ids the same way.
+"""
+
+from collections.abc import Sequence
+
+from ..errors import InvalidSettingError
+from .settings import whole
+
+
+def vocab_size(model) -> int | None:
+    """The size of a model's token embedding, as its plugin config states it (None when it does not)."""
+    return getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+def check_ids(ids, vocab_size: int | None) -> list[int]:
+    """`ids` (a sequence or 1-d array of token ids) as a list of ints, each in [0, vocab_size)."""
+    if isinstance(ids, (str, bytes, bytearray)) or not hasattr(ids, "__iter__"):
+        kind = "bytes; decode them to text first" if isinstance(ids, (bytes, bytearray)) else type(ids).__name__
+        raise InvalidSettingError(f"the prompt must be text or a sequence of token ids, not {kind}")
+    values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if not values:
+        raise InvalidSettingError("the prompt is empty (no token ids); give at least one token")
+    for token in values:
+        if not whole(token):
+            raise InvalidSettingError(f"token ids must be whole numbers, got {token!r}")
+        if vocab_size is not None and not 0 <= token < vocab_size:
+            raise InvalidSettingError(f"token id {token} is outside the model's vocabulary (0 to {vocab_size - 1})")
+    return [int(token) for token in values]
+
+
+def check_prompt(prompt, vocab_size: int | None) -> str | list[int]:
+    """A prompt as generation takes it: text as it is, token ids checked by `check_ids`."""
+    return prompt if isinstance(prompt, str) else check_ids(prompt, vocab_size)
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[int], chat_template: bool = True, system: str | None = None):
+    """Token ids of the prompt: ids pass through; text goes through the chat template when the model has one."""
+    if not isinstance(prompt, str):
+        return list(prompt)
+    if system is not None and not chat_template:
+        raise InvalidSettingError("a system prompt needs the chat template; drop --no-chat-template or --system")
+    if chat_template and (tokenizer.chat_template is not None or system is not None):
+        system_message = [{"role": "system", "content": system}] if system is not None else []
+        messages = system_message + [{"role": "user", "content": prompt}]
+        return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+    return tokenizer.encode(prompt)
+
+
+def prompt_ids(model, tokenizer, prompt, chat_template: bool = True, system: str | None = None) -> list[int]:
+    """The checked token ids generation continues, from text or ids."""
+    vocab = vocab_size(model)
+    return check_ids(encode_prompt(tokenizer, check_prompt(prompt, vocab), chat_template, system), vocab)
