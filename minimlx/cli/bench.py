@@ -16,6 +16,7 @@ from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
 from . import dtype_option, main, parallel_options
+from .run import speculation_options, whole_option
 
 
 def timed_generation(engine: Engine, prompt: list[int], gen_tokens: int) -> tuple[float, float, Generation]:
@@ -32,51 +33,13 @@ def timed_generation(engine: Engine, prompt: list[int], gen_tokens: int) -> tupl
 
 @main.command()
 @click.argument("model")
-@click.option(
-    "--prompt-tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Length of the prompt (random token ids, no chat template).",
-)
-@click.option(
-    "--gen-tokens",
-    type=click.IntRange(min=2),
-    default=64,
-    show_default=True,
-    help="Tokens generated per run, end-of-sequence ignored.",
-)
-@click.option(
-    "--repeats",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Measured runs after one warm-up; the figures are their medians.",
-)
+@whole_option("--prompt-tokens", 128, "Length of the prompt (random token ids, no chat template).")
+@whole_option("--gen-tokens", 64, "Tokens generated per run, end-of-sequence ignored.", low=2)
+@whole_option("--repeats", 3, "Measured runs after one warm-up; the figures are their medians.")
 @dtype_option
-@click.option(
-    "--prefill-step",
-    type=click.IntRange(min=1),
-    default=512,
-    show_default=True,
-    help="Prompt tokens per prefill chunk.",
-)
+@whole_option("--prefill-step", 512, "Prompt tokens per prefill chunk.")
 @click.option("--eager", is_flag=True, help="Decode without the compiled step (to compare).")
-@click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer).")
-@click.option(
-    "--draft-tokens",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Tokens the draft model proposes per step.",
-)
-@click.option(
-    "--prompt-lookup",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Decode speculatively with N tokens copied from earlier text; 0: off.",
-)
+@speculation_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @parallel_options
 def bench(

@@ -15,41 +15,69 @@ from ..errors import InvalidSettingError, ModelNotFoundError
 from . import TEXT, dtype_option, main, parallel_options, read_stdin
 
 
-def generation_options(command):
-    """The options `run` and `chat` share: model, device, dtype and sampling."""
-    options = [
-        click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
-        click.option("--max-tokens", default=256, show_default=True, help="Most tokens to generate."),
-        click.option(
-            "--temp", "temperature", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy."
-        ),
-        click.option("--top-p", default=1.0, show_default=True, help="Keep the most likely tokens holding this mass."),
-        click.option("--top-k", default=0, show_default=True, help="Keep this many most likely tokens; 0 keeps all."),
-        click.option("--min-p", default=0.0, show_default=True, help="Drop tokens below min-p times the top one."),
-        click.option("--repetition-penalty", default=1.0, show_default=True, help="Above 1 discourages repeats."),
-        click.option("--seed", type=int, help="Seed that makes sampling reproducible (0 to 2**64 - 1)."),
-        click.option("--system", type=TEXT, help="System prompt (through the chat template)."),
-        click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
-        dtype_option,
-        click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
-        click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer)."),
-        click.option(
-            "--draft-tokens",
-            type=click.IntRange(min=1),
-            default=3,
-            show_default=True,
-            help="Tokens the draft model proposes per step.",
-        ),
-        click.option(
-            "--prompt-lookup",
-            type=click.IntRange(min=0),
-            default=0,
-            show_default=True,
-            help="Decode speculatively with N tokens copied from earlier text (no second model); 0: off.",
-        ),
-    ]
+def whole_option(name: str, default: int, help: str, low: int = 1):
+    """An option taking a whole number from `low` up, its default shown."""
+    return click.option(name, type=click.IntRange(min=low), default=default, show_default=True, help=help)
+
+
+def decorated(command, options: list):
+    """`command` under `options`, the first listed shown first in --help."""
     for option in reversed(options):
         command = option(command)
+    return command
+
+
+def setting_option(flag: str, name: str, help: str):
+    """The option for one field of `SamplingSettings`, its default and type the field's."""
+    return click.option(flag, name, default=getattr(SamplingSettings(), name), show_default=True, help=help)
+
+
+def sampling_options(command):
+    """The options `SamplingSettings` is built from (`settings_from_options` checks them, before anything loads)."""
+    return decorated(
+        command,
+        [
+            setting_option("--max-tokens", "max_tokens", "Most tokens to generate."),
+            setting_option("--temp", "temperature", "Sampling temperature; 0 is greedy."),
+            setting_option("--top-p", "top_p", "Keep the most likely tokens holding this mass."),
+            setting_option("--top-k", "top_k", "Keep this many most likely tokens; 0 keeps all."),
+            setting_option("--min-p", "min_p", "Drop tokens below min-p times the top one."),
+            setting_option("--repetition-penalty", "repetition_penalty", "Above 1 discourages repeats."),
+            click.option("--seed", type=int, help="Seed that makes sampling reproducible (0 to 2**64 - 1)."),
+        ],
+    )
+
+
+def speculation_options(command):
+    """The options that decode speculatively (run, chat, bench)."""
+    return decorated(
+        command,
+        [
+            click.option("--draft-model", help="Decode speculatively with this smaller model (same tokenizer)."),
+            whole_option("--draft-tokens", 3, "Tokens the draft model proposes per step."),
+            whole_option(
+                "--prompt-lookup",
+                0,
+                "Decode speculatively with N tokens copied from earlier text (no second model); 0: off.",
+                low=0,
+            ),
+        ],
+    )
+
+
+def generation_options(command):
+    """The options `run` and `chat` share: model, sampling, device, dtype and speculation."""
+    command = decorated(
+        speculation_options(command),
+        [
+            click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
+            sampling_options,
+            click.option("--system", type=TEXT, help="System prompt (through the chat template)."),
+            click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
+            dtype_option,
+            click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
+        ],
+    )
     return parallel_options(command)
 
 

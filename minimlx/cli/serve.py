@@ -9,6 +9,7 @@ import click
 
 from ..errors import InvalidSettingError
 from . import dtype_option, main, parallel_options
+from .run import open_model, whole_option
 
 EXTRA = 'pip install "minimlx[serve]"'
 
@@ -17,9 +18,8 @@ def one_blas_thread() -> None:
     """Make MKL multiply on one thread unless MKL_NUM_THREADS says otherwise.
 
     A batched decode step is hundreds of small matmuls (a few rows each). With a second MKL thread
-    each one waits for that thread to be scheduled; on a busy 2-core machine that made a batch of 8
-    five times slower than on one thread, and a lone request no faster (measured, see
-    benchmarks/RESULTS.md).
+    each one waits for that thread to be scheduled, which on a busy machine makes batches slower and a
+    lone request no faster (measured: benchmarks/RESULTS.md).
     """
     from ..cpu import blas
 
@@ -41,26 +41,10 @@ def check_address(host: str, port: int) -> None:
 @click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
-@click.option(
-    "--max-batch",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Most sequences decoded together; more requests wait.",
-)
-@click.option(
-    "--max-queue",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Most requests waiting for a batch slot; more are answered 429.",
-)
-@click.option(
-    "--prompt-cache",
-    type=click.IntRange(min=0),
-    default=8,
-    show_default=True,
-    help="Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.",
+@whole_option("--max-batch", 8, "Most sequences decoded together; more requests wait.")
+@whole_option("--max-queue", 64, "Most requests waiting for a batch slot; more are answered 429.")
+@whole_option(
+    "--prompt-cache", 8, "Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.", low=0
 )
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
@@ -73,7 +57,6 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
     from ..decode import Engine
     from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server
-    from .run import open_model
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
         from ..distributed import Mirrored as Engine
