@@ -528,7 +528,7 @@ def test_generate_refuses_a_sampling_setting(loaded, case):
         minimlx.generate(*loaded, "w2", chat_template=False, **SAMPLING[case])
 
 
-UNWIRED = {  # refused once generate.py calls minimlx.checks (see the report); meanwhile a TypeError or wrong answer
+BUDGET_SEED_STOP = {  # the token budget, seed and stop strings, refused by SamplingSettings like the sampling settings
     "max-tokens-text": {"max_tokens": "5"},
     "max-tokens-a-bool": {"max_tokens": True},
     "seed-negative": {"seed": -1, "temperature": 1.0},
@@ -545,10 +545,10 @@ UNWIRED = {  # refused once generate.py calls minimlx.checks (see the report); m
 }
 
 
-@pytest.mark.parametrize("case", UNWIRED)
+@pytest.mark.parametrize("case", BUDGET_SEED_STOP)
 def test_generate_refuses_a_generation_setting(loaded, case):
     with pytest.raises(InvalidSettingError):
-        minimlx.generate(*loaded, "w2 w3 w4", chat_template=False, **UNWIRED[case])
+        minimlx.generate(*loaded, "w2 w3 w4", chat_template=False, **BUDGET_SEED_STOP[case])
 
 
 def test_a_bare_stop_string_is_one_stop_string(loaded):
