@@ -256,13 +256,21 @@ def speculation_table(args, gguf: Path) -> str:
     return "\n".join(lines)
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: Linux's VmHWM, since `ru_maxrss` keeps the driver's peak across exec."""
+    if not os.path.exists("/proc/self/status"):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
+
+
 def worker(kind: str, model_path: str, prompt_tokens: int, gen_tokens: int) -> None:
     start = time.perf_counter()
     run = RUNNERS[kind](model_path)
     load_s = time.perf_counter() - start
     timed(run(prompt_ids(prompt_tokens, seed=1), 4), 4)
     ttft, decode = timed(run(prompt_ids(prompt_tokens, seed=0), gen_tokens), gen_tokens)
-    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports kB
+    peak_rss_gb = peak_rss_bytes() / 1e9
     print(
         json.dumps(
             {

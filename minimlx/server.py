@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .decode import Engine, Generation, Output, Request, SamplingSettings
-from .errors import MinimlxError, PromptTooLongError, QueueFullError
+from .errors import InvalidSettingError, MinimlxError, PromptTooLongError, QueueFullError
 
 log = logging.getLogger("minimlx.serve")
 DEFAULT_MAX_TOKENS = 512
@@ -58,26 +58,31 @@ def bad(param: str, message: str) -> APIError:
 # ---- reading a request body ----
 
 
-def integer(body: dict, name: str, default: int | None, minimum: int) -> int | None:
+def integer(body: dict, name: str, default: int | None) -> int | None:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(name, f"'{name}' must be an integer, got {json.dumps(value)}")
-    if value < minimum:
-        raise bad(name, f"'{name}' must be at least {minimum}, got {value}")
     return value
 
 
-def number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+def number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(name, f"'{name}' must be a number, got {json.dumps(value)}")
-    if value > high or value < low or (low_open and value == low):
-        raise bad(name, f"'{name}' must be in {'(' if low_open else '['}{low}, {high}], got {value}")
     return float(value)
+
+
+def sampling_settings(**fields) -> SamplingSettings:
+    """The request's SamplingSettings, whose checks are the only ones: a refusal is a 400 naming the field."""
+    try:
+        return SamplingSettings(**fields)
+    except InvalidSettingError as e:
+        name = str(e).split(" ", 1)[0]
+        raise bad(name if name in fields else None, str(e)) from None
 
 
 def flag(body: dict, name: str) -> bool:
@@ -87,10 +92,9 @@ def flag(body: dict, name: str) -> bool:
     return value
 
 
-def stop_strings(body: dict) -> list[str]:
+def stop_strings(body: dict) -> str | list | None:
     stop = body.get("stop")
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+    if isinstance(stop, list) and len(stop) > 4:  # OpenAI's limit; what a stop string is, SamplingSettings checks
         raise bad("stop", "'stop' must be a non-empty string or a list of at most 4 of them")
     return stop
 
@@ -251,19 +255,22 @@ class Server:
         return await self.complete(request, body, prompt, chat=False)
 
     async def complete(self, request: HTTPRequest, body: dict, prompt: list[int], chat: bool):
-        max_tokens = integer(body, "max_completion_tokens", None, 1) if chat else None
-        max_tokens = max_tokens or integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
-        temperature = number(body, "temperature", 1.0, 0.0, 2.0)
-        top_p = number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
-        seed = integer(body, "seed", None, -(2**63))
-        settings = SamplingSettings(
+        max_tokens = integer(body, "max_completion_tokens", None) if chat else None
+        max_tokens = integer(body, "max_tokens", DEFAULT_MAX_TOKENS) if max_tokens is None else max_tokens
+        temperature = number(body, "temperature", 1.0)
+        if temperature > 2:  # OpenAI's range, which clients are written against
+            raise bad("temperature", f"'temperature' must be at most 2, got {temperature}")
+        seed = integer(body, "seed", None)  # OpenAI takes any integer
+        settings = sampling_settings(
             max_tokens=max_tokens,
             temperature=temperature,
-            top_p=top_p,
+            top_p=number(body, "top_p", 1.0),
             seed=seed % 2**32 if seed is not None else None,
             stop=stop_strings(body),
         )
-        n = integer(body, "n", 1, 1)
+        n = integer(body, "n", 1)
+        if n < 1:
+            raise bad("n", f"'n' must be at least 1, got {n}")
         stream = flag(body, "stream")
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):

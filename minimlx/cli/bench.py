@@ -4,6 +4,7 @@ import json
 import random
 import resource
 import statistics
+import sys
 import time
 
 import click
@@ -29,6 +30,16 @@ def timed_generation(engine: Engine, prompt: list[int], gen_tokens: int) -> tupl
     first = time.perf_counter()
     engine.run()
     return first - start, time.perf_counter() - first, generation
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory. On Linux its own high-water mark (VmHWM): `ru_maxrss` keeps the peak
+    of the process that started this one across exec, so a benchmark's child would report its parent's."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024 / 1e9
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1e9 if sys.platform == "darwin" else 1e6)
 
 
 @main.command()
@@ -102,7 +113,7 @@ def bench(
         "ttft_s": ttft,
         "peak_memory_gb": mx.get_peak_memory() / 1e9,
         "weights_gb": sum(w.nbytes for _, w in weights) / 1e9,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # Linux counts kB
+        "peak_rss_gb": peak_rss_gb(),
         "dtype": dtype or default_dtype() or ("native-kernel" if mx.default_device() == mx.cpu else "as stored"),
         "device": str(mx.default_device()),
         "blas": blas.loaded,
