@@ -717,6 +717,19 @@ def test_run_refuses_a_system_prompt_without_the_template(tiny):
     refused(cli("run", "w2", "--model", tiny, "--no-chat-template", "--system", "be brief"), "system prompt")
 
 
+def test_a_chat_template_that_fails_in_its_own_code_is_one_line(broken):
+    """A template is a program: a division by zero in it is the template's error, said in one line."""
+    (broken / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 1 // 0 }}"}))
+    refused(cli("run", "w2", "--model", broken), "chat template", "ZeroDivisionError")
+
+
+@pytest.mark.parametrize("command", [["lens", "--png"], ["attention", "--plot"]], ids=["lens", "attention"])
+def test_a_picture_into_a_missing_folder_is_refused_before_the_model_loads(tiny, tmp_path, command):
+    name, option = command
+    picture = tmp_path / "no such folder" / "picture.png"
+    refused(cli(name, tiny, "w2 w3", option, picture), "does not exist", "no such folder")
+
+
 def test_lens_refuses_an_empty_prompt(tiny):
     refused(cli("lens", tiny, ""), "no token ids")
 

@@ -58,7 +58,7 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
 @dtype_option
 def attention(model, prompt, layer, head, plot, dtype):
     """Which earlier tokens each token of PROMPT reads: one layer's attention weights (no chat template)."""
-    plt = pyplot("--plot") if plot else None  # before the model loads: a missing matplotlib fails at once
+    plt = pyplot("--plot", plot) if plot else None  # before the model loads: a missing matplotlib fails at once
     model, tokenizer = load(model, dtype=inspection_dtype(dtype))
     pattern = attention_pattern(model, tokenizer, prompt, layer, head)
     click.echo(table(pattern))

@@ -60,7 +60,7 @@ def draw(result: LensResult, path: str, plt) -> None:
 @dtype_option
 def lens(model, prompt, top_k, as_json, png, dtype):
     """Apply the final norm and lm_head after every block: the logit lens of PROMPT (no chat template)."""
-    plt = pyplot("--png") if png else None
+    plt = pyplot("--png", png) if png else None
     model, tokenizer = load(model, dtype=inspection_dtype(dtype))
     result = logit_lens(model, tokenizer, prompt, top_k)
     click.echo(json.dumps(result.to_dict(), ensure_ascii=False) if as_json else grid(result))

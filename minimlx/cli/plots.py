@@ -1,11 +1,16 @@
 """matplotlib for the commands that draw (`lens --png`, `attention --plot`): an optional dependency."""
 
+from pathlib import Path
+
 from ..errors import InvalidSettingError
 
 
-def pyplot(option: str):
-    """matplotlib's pyplot drawing to files, or the one-line error that says how to install it (call it before
-    the model loads, so that a missing matplotlib fails at once)."""
+def pyplot(option: str, path: str):
+    """matplotlib's pyplot drawing to files, or the one-line error that says how to install it, or that the
+    picture's folder does not exist (call it before the model loads, so that either fails at once)."""
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        raise InvalidSettingError(f"{option} {path}: the folder {folder} does not exist; create it or name another")
     try:
         import matplotlib
 

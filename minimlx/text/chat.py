@@ -61,8 +61,9 @@ def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, 
             add_generation_prompt=add_generation_prompt,
             **special_tokens,
         )
-    except jinja2.TemplateError as error:
+    except Exception as error:  # a template is a program: any error in it is the template's, not minimlx's
         reason = " ".join(str(error).split())
+        reason = reason if isinstance(error, jinja2.TemplateError) else f"{type(error).__name__}: {reason}"
         raise InvalidSettingError(
             f"The model's chat template failed: {reason}; check the messages' roles and order, "
             "or pass --no-chat-template to send the prompt as raw text"
