@@ -25,6 +25,7 @@ Without `dtype`, a dequantized weight takes the dtype of its scales, and other f
 """
 
 import json
+import os
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def convert(
     recipe: str | None = None,
     dtype: str | None = None,
     *,
+    force: bool = False,
     shard_size: int = SHARD_SIZE,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
@@ -81,7 +83,10 @@ def convert(
     `quantize` packs the weights (`bits`, `group_size`, `mode`, `recipe` as in `minimlx.quantize`; giving any of
     them quantizes too); `dtype` ("float32", "float16", "bfloat16") casts the float tensors. Shards hold at most
     `shard_size` bytes (a tensor larger than that gets a shard of its own). `progress` receives one line per
-    shard written. `out` must not exist or be an empty folder.
+    shard written. `out` must not exist or be an empty folder; `force` replaces a folder that holds files.
+
+    The folder is written whole or not at all: into a hidden folder beside `out`, renamed to `out` once every
+    file is written, so that an interrupted, killed or failed conversion leaves `out` as it was.
     """
     quantize = quantize or any(v is not None for v in (bits, group_size, recipe)) or mode != "affine"
     recipe = recipe.replace("_", "-") if isinstance(recipe, str) else recipe  # mlx-lm spells them mixed_3_6
@@ -90,8 +95,13 @@ def convert(
     if quantize:
         check_quantization(bits, group_size, mode, recipe)
     out = Path(out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidSettingError(f"{out} already exists and is not an empty folder; name a new folder to write to")
+    if out.exists() and not out.is_dir():
+        raise InvalidSettingError(f"{out} already exists and is not a folder; name a new folder to write to")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InvalidSettingError(
+            f"{out} already exists and is not an empty folder; name a new folder to write to, or pass --force to "
+            "replace it"
+        )
     say = progress or (lambda line: None)
 
     path = resolve(source)
@@ -124,22 +134,37 @@ def convert(
     tensors = export(arch, tensors)
     torch_dtype = dtype or dominant_float_dtype(tensors)
 
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    check_room(out, sum(w.nbytes for w in tensors.values()))
+    staging = out.parent / f".{out.name}.converting-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
     try:
-        write_shards(tensors, out, shard_size, say)
-        write_config(config, quantization, torch_dtype, out / "config.json")
-        tokenizer(out)
-        write_readme(out, path, config.get("model_type"), quantization, torch_dtype)
-    except BaseException:  # an interrupted conversion leaves no half-written folder behind
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        else:
-            for item in out.iterdir():
-                shutil.rmtree(item) if item.is_dir() else item.unlink()
-        raise
+        write_shards(tensors, staging, shard_size, say)
+        write_config(config, quantization, torch_dtype, staging / "config.json")
+        tokenizer(staging)
+        write_readme(staging, path, config.get("model_type"), quantization, torch_dtype)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except (OSError, RuntimeError) as e:  # MLX reports a failed write (a full disk, say) as a RuntimeError
+        reason = " ".join(str(e).split())
+        raise InvalidSettingError(f"writing {out} failed ({reason}); {out} is as it was") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     say(f"wrote {out}")
     return out
+
+
+def check_room(out: Path, nbytes: int) -> None:
+    """Refuse before writing when the disk under `out` has less room than the tensors' bytes (plus what the
+    config, tokenizer and README take)."""
+    needed, free = nbytes + (16 << 20), shutil.disk_usage(out.parent).free
+    if needed > free:
+        raise InvalidSettingError(
+            f"not enough disk space for {out}: it needs {needed / 1e9:.2f} GB and {free / 1e9:.2f} GB are free; "
+            "free some space or write to another disk"
+        )
 
 
 def plan(quantize, bits, group_size, mode, recipe, dtype, spec) -> str:

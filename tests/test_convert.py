@@ -257,3 +257,62 @@ def test_an_existing_folder_is_not_overwritten(tmp_path):
     result = CliRunner().invoke(main, ["convert", str(tmp_path / "anything"), str(tmp_path / "out"), "-q"])
     one_line_error(result, "already exists and is not an empty folder")
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+def refused_after_progress(result, *fragments):
+    """Exit status 2 and, after the line that says what the conversion does, one error line: no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 2 and lines[1].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output and all(fragment in lines[1] for fragment in fragments)
+
+
+def test_force_replaces_an_existing_folder(hf_folder, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    convert(hf_folder("llama"), out, "--force")
+    assert not (out / "notes.txt").exists() and (out / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing left beside it
+
+
+def test_a_conversion_that_would_not_fit_the_disk_is_refused_before_it_starts(hf_folder, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**5, 10**5))
+    result = CliRunner().invoke(main, ["convert", str(hf_folder("llama")), str(tmp_path / "out")])
+    refused_after_progress(result, "not enough disk space", "GB are free")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_leaves_the_target_as_it_was(hf_folder, tmp_path, monkeypatch):
+    """MLX reports a full disk as `RuntimeError: [write] Unable to write ...`: one line, and no folder."""
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[write] Unable to write 5497 bytes to file.")
+
+    monkeypatch.setattr(mx, "save_safetensors", full)
+    result = CliRunner().invoke(main, ["convert", str(hf_folder("llama")), str(tmp_path / "out")])
+    refused_after_progress(result, "writing", "Unable to write 5497 bytes", "is as it was")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_conversion_killed_at_any_point_leaves_no_half_written_folder(sharded, tmp_path):
+    """Killed (SIGKILL, no cleanup) at six points from start to end: the folder is absent, or whole and loadable."""
+    import time
+
+    def start(out):
+        code = f"import minimlx; minimlx.convert({str(sharded)!r}, {str(out)!r}, shard_size=2 << 20)"
+        return subprocess.Popen([sys.executable, "-W", "ignore", "-c", code])
+
+    began = time.perf_counter()
+    assert start(tmp_path / "whole").wait(timeout=120) == 0
+    duration = time.perf_counter() - began
+    for trial in range(6):
+        out = tmp_path / f"killed-{trial}"
+        process = start(out)
+        time.sleep(duration * (trial + 1) / 7)
+        process.kill()
+        process.wait(timeout=30)
+        if out.exists():
+            assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
+            minimlx.load_model(out)

@@ -33,14 +33,16 @@ from . import main
     metavar="D",
     help="float32, float16 or bfloat16: cast the float weights (unpacks packed ones without -q).",
 )
+@click.option("--force", is_flag=True, help="Replace OUT when it is a folder that holds files.")
 def convert(source, out, **options):
     """Convert SOURCE into an MLX folder OUT, quantized or not.
 
     SOURCE is a Hugging Face or MLX checkpoint folder, a .gguf file, a Hugging Face repo id or
-    smollm2-135m. OUT (a new or empty folder) gets config.json, safetensors shards under mlx-lm's
-    tensor names, the tokenizer and a README.md; minimlx and mlx-lm both load it. Without -q or
-    --dtype the tensors are written as stored (packed ones stay packed). The model is read, converted
-    and written one shard at a time; a line per shard goes to stderr.
+    smollm2-135m. OUT (a new or empty folder, or any folder with --force) gets config.json, safetensors
+    shards under mlx-lm's tensor names, the tokenizer and a README.md; minimlx and mlx-lm both load it.
+    Without -q or --dtype the tensors are written as stored (packed ones stay packed). The model is read,
+    converted and written one shard at a time; a line per shard goes to stderr. OUT appears only once it
+    is whole: an interrupted conversion leaves it as it was.
     """
     from ..convert import convert as convert_checkpoint
 
