@@ -29,6 +29,7 @@ from .errors import InvalidSettingError, MinimlxError, PromptTooLongError, Queue
 
 log = logging.getLogger("minimlx.serve")
 DEFAULT_MAX_TOKENS = 512
+MAX_REQUEST_MB = 8  # a chat of several hundred thousand words: any longer one would not fit a model's context anyway
 ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -124,8 +125,11 @@ def chat_messages(body: dict) -> list[dict]:
 class Server:
     """The engine, its thread, and the endpoints that feed it."""
 
-    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None):
+    def __init__(
+        self, engine: Engine, model_name: str, api_key: str | None = None, max_request_mb: float = MAX_REQUEST_MB
+    ):
         self.engine, self.tokenizer, self.model_name, self.api_key = engine, engine.tokenizer, model_name, api_key
+        self.max_body = int(max_request_mb * 1e6)
         # Every array the model holds, private ones too (RoPE's frequencies), evaluated here: an unevaluated
         # array belongs to the stream of the thread that made it, and the engine thread has its own.
         mx.eval([a for module in engine.model.modules() for a in module.values() if isinstance(a, mx.array)])
@@ -289,9 +293,11 @@ class Server:
         """The JSON body, after the API key check and the model name check."""
         self.authorize(request)
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await self.bounded_body(request))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from e
+        except RecursionError:
+            raise APIError(400, "the body's JSON is nested too deeply to read", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         model = body.get("model")
@@ -303,6 +309,24 @@ class Server:
                 "model_not_found",
             )
         return body
+
+    async def bounded_body(self, request: HTTPRequest) -> bytes:
+        """The request's bytes, refused (413) as soon as they are known to pass `--max-request-mb`: from the
+        Content-Length header before any is read, else while they arrive."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            raise self.too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise self.too_large()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def too_large(self) -> APIError:
+        message = f"the body is larger than {self.max_body / 1e6:g} MB, the most this server reads (--max-request-mb)"
+        return APIError(413, message, code="request_too_large")
 
     def authorize(self, request: HTTPRequest) -> None:
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -393,11 +417,18 @@ class Reply:
 KEEP_ALIVE_SECONDS = 30
 
 
-def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None):
+def serve(
+    engine: Engine,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    max_request_mb: float = MAX_REQUEST_MB,
+):
     """Serve until interrupted."""
     import uvicorn
 
-    app = Server(engine, model_name, api_key).app
+    app = Server(engine, model_name, api_key, max_request_mb).app
     uvicorn.run(
         app,
         host=host,

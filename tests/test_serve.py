@@ -164,6 +164,8 @@ BAD_REQUESTS = {
     "prompt_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),
     "unknown_model": (CHAT, {"model": "gpt-4o", "messages": QUESTION}, 404, "model"),
     "completion_without_prompt": ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    "json_nested_100000_deep": (CHAT, b"[" * 100_000 + b"]" * 100_000, 400, None),
+    "stop_list_of_numbers": (CHAT, {"messages": QUESTION, "stop": [1]}, 400, "stop"),
 }
 
 
@@ -265,3 +267,20 @@ def test_an_address_in_use_is_refused_before_loading(tmp_path):
         result.stderr.strip()
         == f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pick another --port or --host"
     )
+
+
+def test_a_body_over_the_limit_is_refused_from_its_length_before_it_is_read(smollm2_server):
+    """A client announcing 100 MB gets a 413 with an OpenAI body at once, having sent a few bytes of it."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", smollm2_server.port, timeout=10)
+    started = time.monotonic()
+    connection.putrequest("POST", CHAT)
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(100_000_000))
+    connection.endheaders(b'{"messages": [')
+    response = connection.getresponse()
+    reply = json.loads(response.read())
+    connection.close()
+    assert response.status == 413 and time.monotonic() - started < 2
+    assert set(reply["error"]) == {"message", "type", "param", "code"} and "8 MB" in reply["error"]["message"]

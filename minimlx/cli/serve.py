@@ -47,10 +47,17 @@ def check_address(host: str, port: int) -> None:
     "--prompt-cache", 8, "Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.", low=0
 )
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
+@click.option(
+    "--max-request-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=8,
+    show_default=True,
+    help="Largest request body read; larger ones are answered 413.",
+)
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
 @parallel_options
-def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
+def serve(host, port, max_batch, max_queue, prompt_cache, api_key, max_request_mb, **options):
     """Answer OpenAI-style HTTP requests (chat, completions) until Ctrl-C."""
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
         raise InvalidSettingError(f"minimlx serve needs Starlette and uvicorn: {EXTRA}")
@@ -70,4 +77,4 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, **options):
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL
     click.echo(f"minimlx serves {name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
-    run_server(engine, name, host, port, api_key)
+    run_server(engine, name, host, port, api_key, max_request_mb)
