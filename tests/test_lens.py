@@ -86,7 +86,7 @@ def test_same_word_in_two_contexts(tmp_path):
 def test_lens_heatmap(tmp_path):
     require("matplotlib")
     result = logit_lens(random_model("llama"), word_tokenizer(tmp_path), "we sat on the river bank")
-    draw(result, tmp_path / "lens.png", pyplot("--png"))
+    draw(result, tmp_path / "lens.png", pyplot("--png", str(tmp_path / "lens.png")))
     assert (tmp_path / "lens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
