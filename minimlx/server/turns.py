@@ -1,0 +1,64 @@
+"""One chat turn in the form every endpoint builds (chat completions, Responses, Messages), and what it yields.
+
+An endpoint reads its own body into a `Turn`, hands it to `Server.start`, and renders the `Piece`s of the
+returned `Answer` in its own shapes, whole or streamed. Templates, tool-call grammars, reasoning and tool-call
+parsing, logprobs and usage are the same for all three.
+"""
+
+from dataclasses import dataclass, field
+
+from ..decode.grammar import Constraint
+from ..text.replies import Delta
+
+
+@dataclass
+class Turn:
+    """A chat request, API-neutral.
+
+    `messages` are OpenAI-shaped: role "system", "user", "assistant" or "tool"; `content` a string; an assistant's
+    `tool_calls` as [{"id", "type": "function", "function": {"name", "arguments": JSON text}}] and its
+    `reasoning_content`; a tool message's `tool_call_id`. `tools` are OpenAI function tools
+    [{"type": "function", "function": {"name", "description", "parameters"}}]; `tool_choice` is "auto", "none",
+    "required" or a tool's name. `constraint` is the answer's grammar (response_format, text.format);
+    `settings` the SamplingSettings fields (max_tokens, temperature, top_p, top_k, seed, stop, logit_bias);
+    `logprobs` None (none) or how many alternatives to report beside each token's own (0-20);
+    `template_kwargs` extra chat-template variables (enable_thinking, ...).
+    """
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    constraint: Constraint | None = None
+    settings: dict = field(default_factory=dict)
+    logprobs: int | None = None
+    template_kwargs: dict = field(default_factory=dict)
+    n: int = 1
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's log-probability under the model, and the most likely alternatives at its place."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float, list[int]]]  # (token, logprob, bytes), most likely first
+
+
+@dataclass
+class Piece:
+    """What one generated token adds to choice `index`: its deltas (possibly none), its logprob when asked for,
+    and `finish_reason` ("stop", "length" or "tool_calls") once the choice has ended."""
+
+    index: int
+    deltas: list[Delta]
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
