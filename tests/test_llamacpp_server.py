@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from llamacpp import SERVER_TESTS, llamacpp_server_tests
+from llamacpp_server_standin import serve_args
 
 HERE = Path(__file__).parent
 # Their test file -> the test functions run (every parametrization of each); None runs the whole file.
@@ -138,6 +139,20 @@ def test_llamacpp_server(tmp_path):
     assert passed >= PASSING * len(results), f"{passed} of {len(results)} of llama.cpp's server tests passed, " + (
         f"under {PASSING:.0%}; the others:\n" + "\n".join(f"{test}: {why}" for test, why in failed.items())
     )
+
+
+def test_llamacpp_server_standin():
+    """llama-server's flags as utils.py passes them for a test with a template file -> minimlx serve's; one it has
+    no equivalent for ends the stand-in naming it."""
+    flags = "--port 8080 --temp 0.8 --seed 42 --host 127.0.0.1 --offline --hf-repo ggml-org/test-model-stories260K"
+    flags += " --batch-size 2048 --no-slots --alias tiny --ctx-size 8192 --parallel 1 --n-predict 128 --jinja"
+    flags += " --chat-template-file ../../../models/templates/X.jinja --chat-template chatml --reasoning-format none"
+    assert serve_args(flags.split()) == [
+        *("-m", "smollm2-135m", "--port", "8080", "--host", "127.0.0.1", "--served-model-name", "tiny"),
+        *("--max-batch", "1", "--chat-template", "../../../models/templates/X.jinja", "--reasoning-format", "none"),
+    ]
+    with pytest.raises(SystemExit, match="--embedding has no minimlx serve equivalent"):
+        serve_args(["--port", "8080", "--embedding"])
 
 
 if __name__ == "__main__":
