@@ -70,14 +70,13 @@ class Server:
         self.listeners: dict[Generation, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.listening = threading.Lock()  # a generation is listened to before the engine thread can deliver to it
         self.stopping = False
+        api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
+        # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
+        bare = [
+            Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
+        ]
         self.app = Starlette(
-            routes=[
-                Route("/health", self.health),
-                Route("/v1/models", self.models),
-                *chat.routes(self),
-                *responses.routes(self),
-                *messages.routes(self),
-            ],
+            routes=[Route("/health", self.health), *api, *bare],
             exception_handlers={
                 APIError: self.api_error,
                 Exception: self.internal_error,
@@ -276,7 +275,7 @@ class Server:
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
         """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
-        if request.url.path.startswith("/v1/messages"):
+        if request.url.path.removeprefix("/v1").startswith("/messages"):
             return JSONResponse(messages.error_body(error), status_code=error.status)
         return error.response()
 
