@@ -23,6 +23,8 @@ VERSION = "0.3.36"  # llama-cpp-python's, pinning the llama.cpp it vendors
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minimlx-tests" / f"llama.cpp-{VERSION}"
 PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 CONVERTER = "convert_hf_to_gguf.py"
+TEMPLATES = CACHE.parent / f"llama.cpp-{VERSION}-templates"
+TEMPLATE_README = "models/templates/README.md"
 
 
 def llamacpp_sources() -> Path:
@@ -32,25 +34,38 @@ def llamacpp_sources() -> Path:
             raise FileNotFoundError(f"MINIMLX_LLAMACPP={folder} has no {CONVERTER}")
         return Path(folder)
     if not (CACHE / CONVERTER).is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-            subprocess.run([*pip, f"llama-cpp-python=={VERSION}", "-d", tmp], check=True)
-            extract(next(Path(tmp).glob("llama_cpp_python-*.tar.gz")), CACHE)
+        download_and_extract(CACHE, PARTS, CONVERTER)
     return CACHE
 
 
-def extract(sdist: Path, target: Path) -> None:
-    """The converter's files of the sdist's vendored llama.cpp -> `target`."""
+def llamacpp_template(name: str) -> str:
+    """The chat template llama.cpp keeps as `models/templates/{name}.jinja` (real models' templates), from
+    `$MINIMLX_LLAMACPP` or the sdist, extracted once into a cache folder of its own."""
+    folder = Path(os.environ.get("MINIMLX_LLAMACPP") or TEMPLATES)
+    if not (folder / TEMPLATE_README).is_file():
+        download_and_extract(folder, ("models/templates/",), TEMPLATE_README)
+    return (folder / "models" / "templates" / f"{name}.jinja").read_text()
+
+
+def download_and_extract(target: Path, parts: tuple[str, ...], required: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
+        subprocess.run([*pip, f"llama-cpp-python=={VERSION}", "-d", tmp], check=True)
+        extract(next(Path(tmp).glob("llama_cpp_python-*.tar.gz")), target, parts, required)
+
+
+def extract(sdist: Path, target: Path, parts: tuple[str, ...] = PARTS, required: str = CONVERTER) -> None:
+    """The files under `parts` of the sdist's vendored llama.cpp -> `target`, which must then hold `required`."""
     with staged(target) as staging, tarfile.open(sdist) as tar:
         members = []
         for member in tar.getmembers():
             _, _, inside = member.name.partition("/vendor/llama.cpp/")
-            if inside.startswith(PARTS) and (member.isfile() or member.isdir()):
+            if inside.startswith(parts) and (member.isfile() or member.isdir()):
                 member.name = inside
                 members.append(member)
         tar.extractall(staging, members=members, filter="data")
-        if not (staging / CONVERTER).is_file():
-            raise FileNotFoundError(f"{sdist.name} holds no vendor/llama.cpp/{CONVERTER}")
+        if not (staging / required).is_file():
+            raise FileNotFoundError(f"{sdist.name} holds no vendor/llama.cpp/{required}")
 
 
 @contextlib.contextmanager

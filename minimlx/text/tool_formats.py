@@ -286,6 +286,7 @@ class GlmFormat(ToolFormat):
     """GLM-4.5/4.6: `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n...</tool_call>`,
     string values written bare, others as JSON (so a value that reads as JSON is taken as JSON)."""
 
+    run_open = "\n"  # each call on a line of its own
     head = re.compile(r"<tool_call>([^\n<]+)(?=[\n<])")
     pair = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
