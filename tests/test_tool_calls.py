@@ -7,7 +7,6 @@ import llguidance
 import mlx.core as mx
 import pytest
 
-from llamacpp import llamacpp_template
 from minimlx.errors import InvalidSettingError
 from minimlx.text import Tokenizer
 from minimlx.text.chat import chat_messages_for_template, render_chat
@@ -22,6 +21,7 @@ from minimlx.text.tool_formats import (
     ToolFormat,
     tool_format,
 )
+from tests.llamacpp import llamacpp_template
 from tests.test_generate import smollm2_path
 
 WEATHER = {
@@ -227,3 +227,11 @@ def test_grammars_force_valid_calls(name, smollm2):
 def test_grammar_for_an_unknown_tool_is_refused():
     with pytest.raises(InvalidSettingError, match="'get_news' names no tool"):
         ToolFormat().grammar(TOOLS, "get_news")
+
+
+def test_a_final_assistant_message_is_continued():
+    tokenizer = Tokenizer.from_gguf(mx.load(str(smollm2_path()), return_metadata=True)[1])
+    messages = [*QUESTION, {"role": "assistant", "content": "It will be"}]
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\nIt will be"
+    )
