@@ -55,6 +55,11 @@ def llamacpp_server_tests() -> Path:
     return SERVER_CACHE
 
 
+def llamacpp_template(name: str) -> str:
+    """The chat template llama.cpp keeps as `models/templates/{name}.jinja` (real models' templates)."""
+    return (llamacpp_server_tests() / "models" / "templates" / f"{name}.jinja").read_text()
+
+
 @contextlib.contextmanager
 def downloaded_sdist():
     """The llama-cpp-python sdist, downloaded by pip into a temporary folder for as long as it is needed."""
