@@ -181,7 +181,7 @@ class Server:
             messages, prefill = messages[:-1], messages[-1]["content"]
         tools = turn.tools if turn.tool_choice != "none" else None
         try:
-            text = self.tool_format.render(self.tokenizer, messages, tools, turn.template_kwargs)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, **turn.template_kwargs)
         except MinimlxError as e:
             raise bad("messages", str(e)) from None
         return text + prefill
@@ -194,9 +194,7 @@ class Server:
         tools = check_tools(turn.tools, turn.tool_choice) if turn.tool_choice != "none" else None
         constraint = turn.constraint
         if tools and turn.tool_choice != "auto":
-            names = [t["function"]["name"] for t in tools]
-            chosen = tools if turn.tool_choice == "required" else [tools[names.index(turn.tool_choice)]]
-            grammar = self.tool_format.grammar(chosen, turn.parallel_tool_calls and turn.tool_choice == "required")
+            grammar = self.tool_format.grammar(tools, turn.tool_choice, turn.parallel_tool_calls)
             constraint = Constraint.lark(grammar)
         text = self.render(turn)
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
