@@ -36,12 +36,17 @@ def closed(schema):
 
 
 def schema_text(schema, strict: bool) -> str:
-    """The schema (a dict, a bool or JSON text) as JSON text, closed when `strict`."""
+    """The schema (a dict, a bool or JSON text) as JSON text, closed when `strict` (the caller's dict untouched).
+    `true` is the schema `{}`; `false`, which no answer matches, is refused."""
+    if schema is True or schema == "true":
+        return "{}"
+    if schema is False or schema == "false":
+        raise InvalidSettingError("the JSON schema false matches no answer; give one that some JSON matches")
     try:
         if isinstance(schema, str) and not strict:
             return schema  # llguidance parses it (and refuses nesting too deep to follow)
-        value = json.loads(schema) if isinstance(schema, str) else schema
-        return json.dumps(closed(value) if strict else value)
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return json.dumps(closed(json.loads(text))) if strict else text
     except RecursionError:
         raise InvalidSettingError("the JSON schema is nested too deeply to compile; flatten it") from None
     except (TypeError, ValueError) as e:
@@ -98,7 +103,9 @@ class Constraint:
             try:
                 return LLMatcher.grammar_from_json_schema(self.source, defaults={"whitespace_flexible": False})
             except ValueError as e:
-                raise InvalidSettingError(f"the JSON schema is not valid JSON ({e}); give a JSON object") from None
+                raise InvalidSettingError(
+                    f"the JSON schema must be a JSON object or a boolean ({e}); give one"
+                ) from None
         try:
             return llguidance.grammar_from(self.kind, self.source)
         except ValueError as e:
