@@ -239,3 +239,20 @@ def _deep(levels):
         node["type"], node["items"] = "array", {}
         node = node["items"]
     return schema
+
+
+def test_run_constrains_the_answer_and_refuses_two_constraints(tmp_path):
+    from click.testing import CliRunner
+    from test_cli_run import one_line_error
+
+    from minimlx.cli import main
+
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}}))
+    result = CliRunner().invoke(main, ["run", "Capital of France?", "--json-schema", str(schema), "--max-tokens", "12"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) in ({"city": "Paris"}, {"city": "Rome"}, {})
+    runner = CliRunner()
+    one_line_error(runner.invoke(main, ["run", "x", "--regex", "a", "--json-schema", str(schema)]), "give one of them")
+    one_line_error(runner.invoke(main, ["run", "x", "--grammar", str(tmp_path / "absent.lark")]), "absent.lark")
+    one_line_error(runner.invoke(main, ["run", "x", "--regex", "[a-"]), "regex")
