@@ -1,6 +1,6 @@
 """Concurrent streaming chat requests against minimlx serve and its peers, SmolLM2-135M, same weights.
 
-    python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--rounds 3] [--work DIR]
+    python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--rounds 3] [--work DIR] [--json-schema]
 
 Each server starts in its own process on a free port and answers one warm-up request; then, for each
 N in --clients, N clients each send one streaming chat request at the same moment (temperature 0,
@@ -9,6 +9,10 @@ Aggregate tokens/s = generated tokens of all N / seconds from the sends to the l
 first token (TTFT) is the median over the N requests of the seconds to their first content delta.
 Each server goes through the client counts --rounds times in turn, and the table gives the medians of
 the rounds (a busy machine slows one burst, not all of them), failed requests summed over the rounds.
+
+--json-schema also sends every minimlx burst with `response_format` set to a JSON schema (a story object:
+title, a string of any length, tags), burst for burst beside the unconstrained one, and reports the ratio of
+the two: what computing a grammar's token mask at every step costs a batch.
 
 Servers, each left out with a note when not installed: minimlx serve --dtype float32 (the GGUF dequantized),
 minimlx serve as it starts by default with the native kernel of native/ installed (the GGUF's Q4_1 weights kept
@@ -76,7 +80,21 @@ def start(command: list[str], env: dict, port: int, log: Path) -> subprocess.Pop
     sys.exit(f"{command[:4]} did not start; see {log}")
 
 
-def stream_chat(url: str, model: str, topic: str, tokens: int) -> tuple[float | None, int, bool]:
+STORY = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "story": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    },
+    "required": ["title", "story", "tags"],
+    "additionalProperties": False,
+}
+
+
+def stream_chat(
+    url: str, model: str, topic: str, tokens: int, schema: dict | None = None
+) -> tuple[float | None, int, bool]:
     """(seconds to the first content delta, generated tokens, whether it failed) of one streaming request."""
     body = {
         "model": model,
@@ -86,6 +104,8 @@ def stream_chat(url: str, model: str, topic: str, tokens: int) -> tuple[float | 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "story", "schema": schema}}
     request = urllib.request.Request(
         f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
@@ -105,13 +125,13 @@ def stream_chat(url: str, model: str, topic: str, tokens: int) -> tuple[float | 
     return first, (usage or {}).get("completion_tokens", deltas), False
 
 
-def burst(url: str, model: str, clients: int, tokens: int) -> tuple[float, float, int]:
+def burst(url: str, model: str, clients: int, tokens: int, schema: dict | None = None) -> tuple[float, float, int]:
     """(aggregate generated tokens/s, median time to first token, failed requests) of `clients` requests at once."""
     results, go = [None] * clients, threading.Barrier(clients + 1)
 
     def client(i):
         go.wait()
-        results[i] = stream_chat(url, model, TOPICS[i % len(TOPICS)], tokens)
+        results[i] = stream_chat(url, model, TOPICS[i % len(TOPICS)], tokens, schema)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -200,18 +220,29 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench")
+    parser.add_argument("--json-schema", action="store_true", help="also time minimlx's bursts under a JSON schema")
     args = parser.parse_args()
     if args.rounds < 1 or args.tokens < 1 or min(args.clients) < 1:
         parser.error("--rounds, --tokens and every --clients count must be at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
     found, notes = servers(args.work)
-    rows = {}
+    rows, structured = {}, {}
     for name, (command, env, port, model) in found.items():
         process = start(command, env, port, args.work / f"{name.split()[0]}.log")
         url = f"http://127.0.0.1:{port}"
         try:
             stream_chat(url, model, "a warm-up", 8)
-            rounds = [{n: burst(url, model, n, args.tokens) for n in args.clients} for _ in range(args.rounds)]
+            constrained = args.json_schema and name.startswith("minimlx")
+            rounds, schema_rounds = [], []
+            for _ in range(args.rounds):  # the two kinds of burst alternate, so that both see the same machine
+                rounds.append({})
+                schema_rounds.append({})
+                for n in args.clients:
+                    rounds[-1][n] = burst(url, model, n, args.tokens)
+                    if constrained:
+                        schema_rounds[-1][n] = burst(url, model, n, args.tokens, STORY)
+            if constrained:
+                structured[name] = {n: statistics.median(r[n][0] for r in schema_rounds) for n in args.clients}
             rows[name] = {
                 n: (
                     statistics.median(r[n][0] for r in rounds),
@@ -254,6 +285,16 @@ def main() -> None:
                 if not name.startswith("minimlx") and n in by_clients:
                     print(f"; / {name} at {n}: {ours[n][0] / by_clients[n][0]:.1f}x", end="")
             print()
+    if structured:
+        print("\nJSON-schema requests (response_format json_schema) / unconstrained ones, aggregate tokens/s:\n")
+        print("| server | " + " | ".join(f"{n} clients" for n in args.clients) + " |")
+        print("| --- |" + " ---: |" * len(args.clients))
+        for name, by_clients in structured.items():
+            ratios = (
+                f"{by_clients[n]:.1f} / {rows[name][n][0]:.1f} = {by_clients[n] / rows[name][n][0]:.2f}x"
+                for n in args.clients
+            )
+            print(f"| {name} | " + " | ".join(ratios) + " |")
     for note in notes:
         print(f"\nnote: {note}")
 

@@ -98,6 +98,25 @@ dtype_option = click.option(
 """The `--dtype` option of every command that loads a model."""
 
 
+def read_template(context, parameter, path: str | None) -> str | None:
+    """The text of a --chat-template file, or a one-line error naming it."""
+    if path is None:
+        return None
+    try:
+        return open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise InvalidSettingError(f"cannot read the chat template {path} ({reason}); give a Jinja file") from None
+
+
+chat_template_option = click.option(
+    "--chat-template",
+    metavar="FILE",
+    callback=read_template,
+    help="A Jinja chat template file used instead of the model's own.",
+)
+
+
 def inspection_dtype(dtype: str | None) -> str | None:
     """The dtype of the commands that show a model's inner numbers (lens, attention, compare): float32 on the CPU
     unless `--dtype` says otherwise, the checkpoint's weights dequantized exactly, so that their tables match a

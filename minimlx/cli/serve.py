@@ -1,17 +1,14 @@
-"""`minimlx serve`: an OpenAI-compatible HTTP server over the decode engine (needs the `serve` extra)."""
+"""`minimlx serve`: OpenAI- and Anthropic-compatible HTTP APIs over the decode engine."""
 
 import ctypes
-import importlib.util
 import os
 import socket
 
 import click
 
 from ..errors import InvalidSettingError
-from . import dtype_option, main, parallel_options
+from . import chat_template_option, dtype_option, main, parallel_options
 from .run import open_model, whole_option
-
-EXTRA = 'pip install "minimlx[serve]"'
 
 
 def one_blas_thread() -> None:
@@ -54,13 +51,35 @@ def check_address(host: str, port: int) -> None:
     show_default=True,
     help="Largest request body read; larger ones are answered 413.",
 )
+@click.option(
+    "--served-model-name",
+    help="The only model name requests may ask for (others get 404); default: any name is answered.",
+)
+@chat_template_option
+@click.option(
+    "--reasoning-format",
+    type=click.Choice(["auto", "deepseek", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto/deepseek: thinking goes to reasoning_content; none: it stays in the content.",
+)
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
 @parallel_options
-def serve(host, port, max_batch, max_queue, prompt_cache, api_key, max_request_mb, **options):
-    """Answer OpenAI-style HTTP requests (chat, completions) until Ctrl-C."""
-    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
-        raise InvalidSettingError(f"minimlx serve needs Starlette and uvicorn: {EXTRA}")
+def serve(
+    host,
+    port,
+    max_batch,
+    max_queue,
+    prompt_cache,
+    api_key,
+    max_request_mb,
+    served_model_name,
+    chat_template,
+    reasoning_format,
+    **options,
+):
+    """Answer OpenAI (chat completions, completions, Responses) and Anthropic (Messages) requests until Ctrl-C."""
     from ..decode import Engine
     from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server
@@ -76,5 +95,15 @@ def serve(host, port, max_batch, max_queue, prompt_cache, api_key, max_request_m
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL
-    click.echo(f"minimlx serves {name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
-    run_server(engine, name, host, port, api_key, max_request_mb)
+    click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
+    run_server(
+        engine,
+        name,
+        host,
+        port,
+        api_key=api_key,
+        max_request_mb=max_request_mb,
+        served_model_name=served_model_name,
+        chat_template=chat_template,
+        reasoning=reasoning_format != "none",
+    )

@@ -1,8 +1,11 @@
-"""`minimlx serve`: OpenAI-compatible HTTP endpoints over one decode engine (Starlette on uvicorn).
+"""`minimlx serve`: OpenAI's (chat completions, completions, Responses) and Anthropic's (Messages) HTTP APIs over
+one decode engine (Starlette on uvicorn).
 
-A thin layer: it checks each request, renders chat messages with the model's template, hands
-the token ids and settings to the engine, and streams back what the engine returns. Sampling,
-batching, stop strings and the prompt cache all live in `minimlx.decode`.
+A thin layer: each endpoint reads its body into a `Turn` (turns.py); the server renders it with the model's chat
+template and tools, turns a tool choice into a grammar, and hands the token ids and settings to the engine; the
+engine's tokens come back as `Piece`s (content, reasoning and tool-call deltas, logprobs), which each endpoint
+writes in its own shapes. Sampling, grammars, batching, stop strings and the prompt cache live in `minimlx.decode`;
+templates, tool-call formats and reasoning in `minimlx.text`.
 
 One thread steps the engine while any generation runs; requests join its batch as they arrive. Each
 request owns an asyncio queue, which the engine thread fills through the event loop. A streaming
@@ -13,20 +16,23 @@ import asyncio
 import json
 import logging
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import mlx.core as mx
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
+from ..decode.grammar import Constraint
 from ..errors import MinimlxError, PromptTooLongError, QueueFullError
-from .fields import APIError, bad, chat_messages, flag, integer, number, sampling_settings, stop_strings
+from ..text.replies import Delta, ReplyParser, tool_format
+from . import chat, messages, responses
+from .fields import APIError, bad, sampling_settings
+from .turns import Piece, TokenLogprob, Turn, Usage, check_tools
 
 log = logging.getLogger("minimlx.serve")
 DEFAULT_MAX_TOKENS = 512
@@ -34,12 +40,29 @@ MAX_REQUEST_MB = 8  # a chat of several hundred thousand words: any longer one w
 
 
 class Server:
-    """The engine, its thread, and the endpoints that feed it."""
+    """The engine, its thread, and the endpoints that feed it.
+
+    `model_name` is what responses report; with `served_model_name` given, it is also the only `model` a request
+    may name (404 otherwise), else any name is answered by the one model loaded. `chat_template` replaces the
+    model's own; `reasoning` splits thinking text from the answer (False keeps it in the content).
+    """
 
     def __init__(
-        self, engine: Engine, model_name: str, api_key: str | None = None, max_request_mb: float = MAX_REQUEST_MB
+        self,
+        engine: Engine,
+        model_name: str,
+        api_key: str | None = None,
+        max_request_mb: float = MAX_REQUEST_MB,
+        served_model_name: str | None = None,
+        chat_template: str | None = None,
+        reasoning: bool = True,
     ):
-        self.engine, self.tokenizer, self.model_name, self.api_key = engine, engine.tokenizer, model_name, api_key
+        self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
+        self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
+        self.tool_format = tool_format(self.tokenizer.chat_template)
+        self.reasoning = reasoning
         self.max_body = int(max_request_mb * 1e6)
         # Every array the model holds, private ones too (RoPE's frequencies), evaluated here: an unevaluated
         # array belongs to the stream of the thread that made it, and the engine thread has its own.
@@ -51,8 +74,9 @@ class Server:
             routes=[
                 Route("/health", self.health),
                 Route("/v1/models", self.models),
-                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                Route("/v1/completions", self.completions, methods=["POST"]),
+                *chat.routes(self),
+                *responses.routes(self),
+                *messages.routes(self),
             ],
             exception_handlers={
                 APIError: self.api_error,
@@ -140,6 +164,66 @@ class Server:
         finally:
             self.cancel(generations)
 
+    # ---- running a turn ----
+
+    def render(self, turn: Turn) -> str:
+        """The prompt text of a chat turn: the template over its messages and tools. A final assistant message is
+        continued (its text ends the prompt, after the generation prompt)."""
+        if self.tokenizer.chat_template is None:
+            raise APIError(400, "this model has no chat template; use /v1/completions", "messages", "no_chat_template")
+        messages, prefill = turn.messages, ""
+        if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+            if len(messages) > 1 and messages[-2]["role"] == "assistant":
+                raise bad(
+                    "messages",
+                    "the messages end with two assistant messages; the last one is continued, so "
+                    "send at most one at the end",
+                )
+            messages, prefill = messages[:-1], messages[-1]["content"]
+        tools = turn.tools if turn.tool_choice != "none" else None
+        try:
+            text = self.tool_format.render(self.tokenizer, messages, tools, turn.template_kwargs)
+        except MinimlxError as e:
+            raise bad("messages", str(e)) from None
+        return text + prefill
+
+    def count_tokens(self, turn: Turn) -> int:
+        return len(self.tokenizer.encode(self.render(turn), add_special_tokens=False))
+
+    async def start(self, turn: Turn) -> "Answer":
+        """Start the turn's choices: its template, its tool choice or answer grammar, its settings."""
+        tools = check_tools(turn.tools, turn.tool_choice) if turn.tool_choice != "none" else None
+        constraint = turn.constraint
+        if tools and turn.tool_choice != "auto":
+            names = [t["function"]["name"] for t in tools]
+            chosen = tools if turn.tool_choice == "required" else [tools[names.index(turn.tool_choice)]]
+            grammar = self.tool_format.grammar(chosen, turn.parallel_tool_calls and turn.tool_choice == "required")
+            constraint = Constraint.lark(grammar)
+        text = self.render(turn)
+        prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        answer = await self.start_raw(prompt, replace(turn, constraint=constraint), "messages")
+        answer.parsers = [
+            ReplyParser(self.tokenizer.chat_template, tools=bool(tools), reasoning=self.reasoning, prompt=text)
+            for _ in answer.generations
+        ]
+        return answer
+
+    async def start_raw(self, prompt: list[int], turn: Turn, param: str) -> "Answer":
+        """Start `turn.n` generations of the token ids `prompt` (the request's field `param`) with the turn's
+        settings; their text is content alone."""
+        if turn.n > self.engine.max_batch:
+            raise bad("n", f"'n' is {turn.n} but this server decodes at most {self.engine.max_batch} (--max-batch)")
+        fields = {"max_tokens": DEFAULT_MAX_TOKENS, **turn.settings}
+        settings = sampling_settings(**fields, constraint=turn.constraint, logprobs=turn.logprobs)
+        generations, queue = self.submit(prompt, settings, turn.n, param)
+        return Answer(self, generations, queue)
+
+    def token_logprob(self, token: int, logprob: float, top) -> TokenLogprob:
+        """A token's logprob with its text and bytes, and its alternatives' (`top`: (id, logprob) pairs)."""
+        text = self.tokenizer.decode([token])
+        alternatives = [(self.tokenizer.decode([t]), lp) for t, lp in top]
+        return TokenLogprob(text, logprob, list(text.encode()), [(t, lp, list(t.encode())) for t, lp in alternatives])
+
     # ---- endpoints ----
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
@@ -149,56 +233,6 @@ class Server:
         self.authorize(request)
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "minimlx"}
         return JSONResponse({"object": "list", "data": [card]})
-
-    async def chat_completions(self, request: HTTPRequest):
-        body = await self.read(request)
-        messages = chat_messages(body)
-        if self.tokenizer.chat_template is None:
-            raise APIError(400, "this model has no chat template; use /v1/completions", "messages", "no_chat_template")
-        prompt = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special_tokens=False)
-        return await self.complete(request, body, prompt, chat=True)
-
-    async def completions(self, request: HTTPRequest):
-        body = await self.read(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, str) and prompt:
-            prompt = self.tokenizer.encode(prompt)
-        elif not (isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)):
-            raise bad("prompt", "'prompt' must be a non-empty string or a list of token ids")
-        return await self.complete(request, body, prompt, chat=False)
-
-    async def complete(self, request: HTTPRequest, body: dict, prompt: list[int], chat: bool):
-        max_tokens = integer(body, "max_completion_tokens", None) if chat else None
-        max_tokens = integer(body, "max_tokens", DEFAULT_MAX_TOKENS) if max_tokens is None else max_tokens
-        temperature = number(body, "temperature", 1.0)
-        if temperature > 2:  # OpenAI's range, which clients are written against
-            raise bad("temperature", f"'temperature' must be at most 2, got {temperature}")
-        seed = integer(body, "seed", None)  # OpenAI takes any integer
-        settings = sampling_settings(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=number(body, "top_p", 1.0),
-            seed=seed % 2**32 if seed is not None else None,
-            stop=stop_strings(body),
-        )
-        n = integer(body, "n", 1)
-        if n < 1:
-            raise bad("n", f"'n' must be at least 1, got {n}")
-        stream = flag(body, "stream")
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise bad("stream_options", "'stream_options' must be an object")
-        include_usage = flag(options, "include_usage")
-        generations, queue = self.submit(prompt, settings, n, "messages" if chat else "prompt")
-        reply = Reply(self.model_name, chat, generations)
-        if stream:
-            events = reply.stream(self.outputs(generations, queue), include_usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        async for output in self.outputs(generations, queue):
-            reply.add(output)
-        return JSONResponse(reply.whole())
 
     async def read(self, request: HTTPRequest) -> dict:
         """The JSON body, after the API key check and the model name check."""
@@ -212,13 +246,9 @@ class Server:
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise APIError(
-                404,
-                f"the model '{model}' is not loaded; this server runs '{self.model_name}'",
-                "model",
-                "model_not_found",
-            )
+        if self.served_model_name is not None and model is not None and model != self.served_model_name:
+            message = f"the model '{model}' is not served here; this server answers to '{self.served_model_name}'"
+            raise APIError(404, message, "model", "model_not_found", kind="not_found_error")
         return body
 
     async def bounded_body(self, request: HTTPRequest) -> bytes:
@@ -245,81 +275,65 @@ class Server:
             raise APIError(401, message, code="invalid_api_key")
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
+        """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+        if request.url.path.startswith("/v1/messages"):
+            return JSONResponse(messages.error_body(error), status_code=error.status)
         return error.response()
 
     async def internal_error(self, request: HTTPRequest, error: Exception) -> JSONResponse:
         log.exception("request failed", exc_info=error)
-        error = APIError(500, f"internal error: {type(error).__name__}", code="internal_error", kind="server_error")
-        return error.response()
+        kind = type(error).__name__
+        return await self.api_error(
+            request, APIError(500, f"internal error: {kind}", code="internal_error", kind="server_error")
+        )
 
     async def not_found(self, request: HTTPRequest, error: Exception) -> JSONResponse:
-        return APIError(404, f"no such endpoint: {request.url.path}", code="not_found").response()
+        error = APIError(404, f"no such endpoint: {request.url.path}", code="not_found", kind="not_found_error")
+        return await self.api_error(request, error)
 
     async def not_allowed(self, request: HTTPRequest, error: Exception) -> JSONResponse:
         message = f"{request.method} is not allowed on {request.url.path}"
-        return APIError(405, message, code="method_not_allowed").response()
+        return await self.api_error(request, APIError(405, message, code="method_not_allowed"))
 
 
-class Reply:
-    """The answer to one completion request, in the OpenAI shapes: whole, or as server-sent events."""
+class Answer:
+    """The running choices of one turn: the engine's outputs as Pieces (deltas, logprobs, finish reasons)."""
 
-    def __init__(self, model_name: str, chat: bool, generations: list[Generation]):
-        self.model_name, self.chat, self.generations = model_name, chat, generations
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
+    def __init__(self, server: Server, generations: list[Generation], queue: asyncio.Queue):
+        self.server, self.generations, self.queue = server, generations, queue
         self.index = {generation: i for i, generation in enumerate(generations)}
-        self.texts: list[list[str]] = [[] for _ in generations]
-        self.finish: list[str | None] = [None] * len(generations)
+        self.parsers: list[ReplyParser] | None = None  # a chat's; a raw prompt's text is content alone
+        self.called = [False] * len(generations)
 
-    def add(self, output: Output) -> None:
-        i = self.index[output.generation]
-        self.texts[i].append(output.text)
-        self.finish[i] = output.finish_reason
+    @property
+    def prompt_tokens(self) -> int:
+        return self.generations[0].prompt_tokens
 
-    def usage(self) -> dict:
-        prompt = self.generations[0].prompt_tokens
-        completion = sum(len(s.tokens) - (bool(s.tokens) and s.tokens[-1] in s.stop_ids) for s in self.generations)
-        cached = self.generations[0].cached_tokens
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
+    async def pieces(self) -> AsyncIterator[Piece]:
+        async for output in self.server.outputs(self.generations, self.queue):
+            yield self.piece(output)
 
-    def envelope(self, choices: list[dict], chunk: bool) -> dict:
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model_name, "choices": choices}
+    def piece(self, output: Output) -> Piece:
+        i, generation = self.index[output.generation], output.generation
+        if self.parsers is None:
+            deltas = [Delta("content", output.text)] if output.text else []
+        else:
+            deltas = self.parsers[i].feed(output.text) if output.text else []
+            if output.finish_reason is not None:
+                deltas += self.parsers[i].close()
+        self.called[i] |= any(d.kind == "tool_call" for d in deltas)
+        finish = "tool_calls" if output.finish_reason == "stop" and self.called[i] else output.finish_reason
+        logprob = None
+        if output.logprob is not None and output.token not in generation.stop_ids:
+            logprob = self.server.token_logprob(output.token, output.logprob, output.top_logprobs)
+        return Piece(i, deltas, logprob, finish)
 
-    def choice(self, i: int, text: str, finish: str | None, chunk: bool) -> dict:
-        if not self.chat:
-            return {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-        content = {"delta": {"content": text}} if chunk else {"message": {"role": "assistant", "content": text}}
-        return {"index": i, **content, "logprobs": None, "finish_reason": finish}
+    def usage(self) -> Usage:
+        def answered(g: Generation) -> int:  # the stop token ending an answer is not part of it
+            return len(g.tokens) - (bool(g.tokens) and g.tokens[-1] in g.stop_ids)
 
-    def whole(self) -> dict:
-        choices = [self.choice(i, "".join(t), f, chunk=False) for i, (t, f) in enumerate(zip(self.texts, self.finish))]
-        return {**self.envelope(choices, chunk=False), "usage": self.usage()}
-
-    async def stream(self, outputs: AsyncIterator[Output], include_usage: bool) -> AsyncIterator[str]:
-        def event(data: dict) -> str:
-            return f"data: {json.dumps(data)}\n\n"
-
-        if self.chat:
-            role = {"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            first = [{"index": i, **role} for i in range(len(self.generations))]
-            yield event(self.envelope(first, chunk=True))
-        try:
-            async for output in outputs:
-                self.add(output)
-                if output.text or output.finish_reason:
-                    choice = self.choice(self.index[output.generation], output.text, output.finish_reason, chunk=True)
-                    yield event(self.envelope([choice], chunk=True))
-        except APIError as e:
-            yield event({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}})
-        if include_usage:
-            yield event({**self.envelope([], chunk=True), "usage": self.usage()})
-        yield "data: [DONE]\n\n"
+        completion = sum(answered(g) for g in self.generations)
+        return Usage(self.prompt_tokens, completion, self.generations[0].cached_tokens)
 
 
 # Idle keep-alive connections stay open longer than HTTP clients keep them pooled (httpx 5 s, aiohttp 15 s):
@@ -328,20 +342,12 @@ class Reply:
 KEEP_ALIVE_SECONDS = 30
 
 
-def serve(
-    engine: Engine,
-    model_name: str,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    api_key: str | None = None,
-    max_request_mb: float = MAX_REQUEST_MB,
-):
-    """Serve until interrupted."""
+def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8080, **options):
+    """Serve until interrupted; `options` are Server's (api_key, max_request_mb, served_model_name, ...)."""
     import uvicorn
 
-    app = Server(engine, model_name, api_key, max_request_mb).app
     uvicorn.run(
-        app,
+        Server(engine, model_name, **options).app,
         host=host,
         port=port,
         log_level="warning",

@@ -7,8 +7,6 @@ from starlette.responses import JSONResponse
 from ..decode import SamplingSettings
 from ..errors import InvalidSettingError
 
-ROLES = ("system", "developer", "user", "assistant")
-
 
 class APIError(Exception):
     """An error answered with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
@@ -29,8 +27,12 @@ class APIError(Exception):
         return JSONResponse({"error": body}, status_code=self.status)
 
 
-def bad(param: str, message: str) -> APIError:
+def bad(param: str | None, message: str) -> APIError:
     return APIError(400, message, param, "invalid_value")
+
+
+def unsupported_image(param: str) -> APIError:
+    return APIError(400, "image input is not supported by this model (it reads text only)", param, "unsupported_input")
 
 
 # ---- reading a request body ----
@@ -77,23 +79,58 @@ def stop_strings(body: dict) -> str | list | None:
     return stop
 
 
-def text_content(content, param: str) -> str:
-    """A message's text: a string, or a list of {"type": "text", "text": ...} parts."""
+def text_content(content, param: str, kinds=("text", "input_text", "output_text")) -> str:
+    """A message's text: a string, or a list of text parts ({"type": "text", "text": ...}) joined."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        if any(p.get("type") in ("image", "image_url", "input_image") for p in content):
+            raise unsupported_image(param)
+        if all(p.get("type", "text") in kinds and isinstance(p.get("text"), str) for p in content):
+            return "".join(p["text"] for p in content)
     raise bad(param, f"'{param}' must be a string or a list of text parts")
 
 
-def chat_messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages", "'messages' must be a non-empty list of {role, content} objects")
-    rendered = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise bad(f"messages[{i}].role", f"messages[{i}] needs a role out of {', '.join(ROLES)}")
-        role = "system" if message["role"] == "developer" else message["role"]
-        rendered.append({"role": role, "content": text_content(message.get("content"), f"messages[{i}].content")})
-    return rendered
+def optional(body: dict, name: str, kind: type, what: str):
+    """The field `name` when given (None when absent), refused unless it is a `kind`."""
+    value = body.get(name)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
+        raise bad(name, f"'{name}' must be {what}, got {json.dumps(value)[:80]}")
+    return value
+
+
+def checked_schema(schema, strict: bool, param: str):
+    """The Constraint of a JSON schema given in field `param`; a schema llguidance cannot compile is a 400."""
+    from ..decode.grammar import Constraint
+
+    if not isinstance(schema, (dict, bool)):
+        raise bad(param, f"the JSON schema in '{param}' must be an object, got {json.dumps(schema)[:80]}")
+    try:
+        return Constraint.json_schema(schema, strict)
+    except InvalidSettingError as e:
+        raise bad(param, str(e)) from None
+
+
+GRAMMAR_FIELDS = ("regex", "grammar", "lark_grammar", "json_schema")
+
+
+def constraint_fields(body: dict):
+    """The Constraint of the extension fields: `regex`, `grammar` (llama.cpp's GBNF), `lark_grammar` (llguidance's
+    Lark) or `json_schema` (a schema, as llama.cpp takes it); at most one."""
+    from ..decode.grammar import Constraint
+
+    given = [name for name in GRAMMAR_FIELDS if body.get(name) is not None]
+    if len(given) > 1:
+        raise bad(given[1], f"give one of {', '.join(GRAMMAR_FIELDS)}, not {' and '.join(given)}")
+    if not given:
+        return None
+    name, value = given[0], body[given[0]]
+    if name == "json_schema":
+        return checked_schema(value, False, name)
+    if not isinstance(value, str) or not value:
+        raise bad(name, f"'{name}' must be a non-empty string")
+    make = {"regex": Constraint.regex, "grammar": Constraint.gbnf, "lark_grammar": Constraint.lark}[name]
+    try:
+        return make(value)
+    except InvalidSettingError as e:
+        raise bad(name, str(e)) from None

@@ -5,6 +5,7 @@ returned `Answer` in its own shapes, whole or streamed. Templates, tool-call gra
 parsing, logprobs and usage are the same for all three.
 """
 
+import re
 from dataclasses import dataclass, field
 
 from ..decode.grammar import Constraint
@@ -64,3 +65,27 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+
+
+def check_tools(tools: list | None, choice: str) -> list[dict] | None:
+    """The turn's function tools, checked: each {"type": "function", "function": {"name", "parameters"}} with a
+    name of letters, digits, _ and - (at most 64) and parameters a JSON schema object; `choice` must name one."""
+    from .fields import bad
+
+    if not tools:
+        if choice not in ("auto", "none"):
+            raise bad("tool_choice", f"'tool_choice' is {choice!r} but the request gives no tools")
+        return None
+    for i, tool in enumerate(tools):
+        function = (
+            tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        )
+        name = function.get("name") if isinstance(function, dict) else None
+        if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name)):
+            raise bad(f"tools[{i}]", f"tools[{i}] must be a function tool with a name of letters, digits, _, . and -")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise bad(f"tools[{i}].parameters", f"tools[{i}]'s parameters must be a JSON schema object")
+    names = [tool["function"]["name"] for tool in tools]
+    if choice not in ("auto", "none", "required") and choice not in names:
+        raise bad("tool_choice", f"'tool_choice' names {choice!r}, which is none of the tools ({', '.join(names)})")
+    return tools
