@@ -259,3 +259,89 @@ def test_a_generation_failing_midway_ends_the_stream_with_an_error_event():
     events = collect(reply(text("content", "Hel"), failure).events())
     assert [e["type"] for e in events] == ["message_start", "content_block_start", "content_block_delta", "error"]
     assert events[-1]["error"] == {"type": "api_error", "message": "generation failed: boom"}
+
+
+# ---- end to end: the official anthropic client against `minimlx serve` ----
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    from test_generate import smollm2_path
+    from test_serve import Served
+
+    smollm2_path()
+    server = Served()
+    yield server
+    server.stop()
+
+
+def client(served):
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=served.url, api_key="x", timeout=60, max_retries=0)
+
+
+def test_a_streamed_message_equals_the_whole_one_and_count_tokens_agrees(served):
+    messages = client(served).messages
+    request = dict(model="smollm2-135m", system="Answer briefly.", messages=QUESTION, max_tokens=24, temperature=0)
+    whole = messages.create(**request)
+    assert whole.id.startswith("msg_") and whole.type == "message" and whole.role == "assistant"
+    assert [block.type for block in whole.content] == ["text"] and whole.content[0].text
+    assert whole.stop_reason in ("end_turn", "max_tokens") and 0 < whole.usage.output_tokens <= 24
+    with messages.stream(**request) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == whole.content[0].text == final.content[0].text
+    assert (final.stop_reason, final.usage.output_tokens) == (whole.stop_reason, whole.usage.output_tokens)
+    counted = messages.count_tokens(model="smollm2-135m", system="Answer briefly.", messages=QUESTION)
+    assert counted.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_tool_use_matches_its_schema_and_its_result_is_answered(served, stream):
+    jsonschema = pytest.importorskip("jsonschema")
+    messages = client(served).messages
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    request = dict(
+        model="smollm2-135m",
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        max_tokens=60,
+        temperature=0,
+    )
+    if stream:
+        with messages.stream(**request) as streaming:
+            message = streaming.get_final_message()
+    else:
+        message = messages.create(**request)
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id.startswith("toolu_")
+    jsonschema.validate(uses[0].input, WEATHER["input_schema"])
+    assert message.stop_reason == "tool_use"
+    result = {"type": "tool_result", "tool_use_id": uses[0].id, "content": "Sunny, 25 C"}
+    history = ask + [{"role": "assistant", "content": message.content}, {"role": "user", "content": [result]}]
+    answer = messages.create(model="smollm2-135m", messages=history, tools=[WEATHER], max_tokens=30, temperature=0)
+    assert answer.content[0].type == "text" and answer.content[0].text
+
+
+def test_bad_requests_are_anthropic_errors(served):
+    anthropic = pytest.importorskip("anthropic")
+    messages = client(served).messages
+    bad_requests = [
+        (dict(messages=[{"role": "user", "content": [IMAGE, {"type": "text", "text": "What?"}]}]), "image input"),
+        (dict(messages=QUESTION, temperature=1.5), "'temperature' must be from 0 to 1"),
+        (dict(messages=QUESTION, tool_choice={"type": "tool", "name": "nowhere"}), "'tool_choice' names 'nowhere'"),
+    ]
+    for request, message in bad_requests:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            messages.create(model="smollm2-135m", max_tokens=5, **request)
+        body = refused.value.body
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"].startswith(message)
+    status, body = served.post("/v1/messages", {"messages": QUESTION})
+    assert (status, body["error"]["type"]) == (400, "invalid_request_error")
+    assert body["error"]["message"].startswith("'max_tokens' is required")
+    status, body = served.post("/v1/messages/nothing", {})
+    assert (status, body["type"], body["error"]["type"]) == (404, "error", "not_found_error")

@@ -2,6 +2,7 @@
 events (no model), then the official `openai` client against a real `minimlx serve`."""
 
 import asyncio
+import json
 
 import pytest
 from pydantic import TypeAdapter
@@ -257,3 +258,93 @@ def test_a_generation_failing_midway_ends_the_stream_with_an_error_and_a_failed_
     assert events[-1]["response"]["error"] == {"code": "server_error", "message": "generation failed: boom"}
     with pytest.raises(APIError):
         asyncio.run(reply(text("content", "Hel"), failure).whole())
+
+
+# ---- end to end: the official openai client against `minimlx serve` ----
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    from test_generate import smollm2_path
+    from test_serve import Served
+
+    smollm2_path()
+    server = Served()
+    yield server
+    server.stop()
+
+
+def test_a_streamed_response_equals_the_whole_one(served):
+    client = served.client()
+    request = dict(input=QUESTION, instructions="Answer briefly.", max_output_tokens=24, temperature=0)
+    whole = client.responses.create(**request)
+    assert whole.id.startswith("resp_") and whole.output[0].id.startswith("msg_") and whole.output_text
+    assert whole.status in ("completed", "incomplete") and whole.model == "smollm2-135m"
+    assert 0 < whole.usage.output_tokens <= 24
+    assert whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
+    events = list(client.responses.create(**request, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == whole.output_text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+    with client.responses.stream(**request) as accumulated:  # the client's own event accumulator
+        assert accumulated.get_final_response().output_text == whole.output_text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_function_call_matches_its_schema_and_its_output_is_answered(served, stream):
+    jsonschema = pytest.importorskip("jsonschema")
+    client = served.client()
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    choice = "required" if stream else {"type": "function", "name": "get_weather"}
+    request = dict(input=ask, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False, max_output_tokens=60)
+    if stream:
+        events = list(client.responses.create(**request, stream=True))
+        response = events[-1].response
+        deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        assert deltas == response.output[-1].arguments
+    else:
+        response = client.responses.create(**request)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].id.startswith("fc_")
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 25 C"}
+    call = calls[0].model_dump(include={"type", "call_id", "name", "arguments"})
+    answer = client.responses.create(input=ask + [call, result], tools=[WEATHER], max_output_tokens=30, temperature=0)
+    assert answer.output_text
+
+
+def test_a_json_schema_format_is_followed(served):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    response = served.client().responses.create(
+        input="Name the capital of France as JSON.",
+        text={"format": {"type": "json_schema", "name": "capital", "schema": schema, "strict": True}},
+        max_output_tokens=40,
+        temperature=0,
+    )
+    jsonschema.validate(json.loads(response.output_text), schema)
+
+
+def test_bad_requests_are_openai_errors(served):
+    openai = pytest.importorskip("openai")
+    client = served.client()
+    bad_requests = [
+        (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input[0].type"),
+        (dict(input="x", previous_response_id="resp_1"), "previous_response_id"),
+        (dict(input="x", tools=[{"type": "web_search"}]), "tools[0]"),
+        (dict(input="x", tool_choice={"type": "function", "name": "nowhere"}), "tool_choice"),
+        (dict(input="x", text={"format": {"type": "json_schema", "name": "n", "schema": {"type": 5}}}), None),
+    ]
+    for request, param in bad_requests:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(**request, max_output_tokens=5)
+        error = refused.value.body
+        assert set(error) >= {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        if param is not None:
+            assert error["param"] == param
+    status, body = served.post("/v1/responses", b"{not json")
+    assert status == 400 and body["error"]["code"] == "invalid_json"
