@@ -50,12 +50,14 @@ class TokenLogprob:
 @dataclass
 class Piece:
     """What one generated token adds to choice `index`: its deltas (possibly none), its logprob when asked for,
-    and `finish_reason` ("stop", "length" or "tool_calls") once the choice has ended."""
+    and `finish_reason` ("stop", "length" or "tool_calls") once the choice has ended; `stop_string` the stop
+    string that ended it, if one did (Anthropic's stop_sequence names it)."""
 
     index: int
     deltas: list[Delta]
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None
+    stop_string: str | None = None
 
 
 @dataclass

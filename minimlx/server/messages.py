@@ -1,0 +1,303 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`).
+
+`system` and `messages` (text, tool_use, tool_result and thinking blocks) become a `Turn`'s chat messages; tools
+with an `input_schema` its function tools. The answer comes back as content blocks (thinking, text, tool_use), whole
+or as Anthropic's stream of events; errors in Anthropic's shape (`error_body`, which app.py answers with on these
+paths).
+"""
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from .blocks import Block, Blocks, Change, server_sent
+from .fields import APIError, bad, flag, integer, number, text_content
+from .turns import Turn
+
+if TYPE_CHECKING:
+    from .app import Answer, Server
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+NO_IMAGES = "image input is not supported by this model; send text"
+
+
+def routes(server: "Server") -> list[Route]:
+    async def create(request: HTTPRequest):
+        body = await server.read(request)
+        turn = read_turn(body)
+        turn.settings = sampling(body)
+        stream = flag(body, "stream")
+        reply = Reply(server.model_name, await server.start(turn))
+        if stream:
+            return StreamingResponse(reply.events(), media_type="text/event-stream")
+        return JSONResponse(await reply.whole())
+
+    async def count_tokens(request: HTTPRequest):
+        return JSONResponse({"input_tokens": server.count_tokens(read_turn(await server.read(request)))})
+
+    return [
+        Route("/v1/messages", create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    ]
+
+
+def error_body(error: APIError) -> dict:
+    """`error` in Anthropic's shape, its type chosen by the HTTP status as Anthropic's own API does."""
+    kind = ERROR_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+# ---- the request ----
+
+
+def read_turn(body: dict) -> Turn:
+    """The conversation a Messages body asks about (what count_tokens counts): system, messages, tools, tool
+    choice and thinking; not yet how to sample its answer."""
+    system = body.get("system")
+    messages = [{"role": "system", "content": text_content(system, "system")}] if system else []
+    history = body.get("messages")
+    if not isinstance(history, list):
+        raise bad("messages", "'messages' must be a list of {role, content} objects")
+    for i, message in enumerate(history):
+        messages += chat_messages(message, f"messages[{i}]")
+    if not history:  # llama.cpp's server answers an empty conversation too: from an empty user turn
+        messages.append({"role": "user", "content": ""})
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise bad("tools", "'tools' must be a list of {name, description, input_schema} tools")
+    choice, parallel = tool_choice(body.get("tool_choice"))
+    return Turn(
+        messages,
+        tools=[function_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)] or None,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        template_kwargs=thinking(body.get("thinking")),
+    )
+
+
+def sampling(body: dict) -> dict:
+    """How to sample the answer: the Turn's settings."""
+    max_tokens = integer(body, "max_tokens", None)
+    if max_tokens is None:
+        raise bad("max_tokens", "'max_tokens' is required: the most tokens the answer may take")
+    temperature = number(body, "temperature", 1.0)
+    if temperature > 1:  # Anthropic's range
+        raise bad("temperature", f"'temperature' must be from 0 to 1, got {temperature}")
+    stop = body.get("stop_sequences") or []
+    if not isinstance(stop, list):
+        raise bad("stop_sequences", "'stop_sequences' must be a list of strings")
+    return {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": number(body, "top_p", 1.0),
+        "top_k": integer(body, "top_k", 0),
+        "stop": stop,
+    }
+
+
+def chat_messages(message, param: str) -> list[dict]:
+    """One Anthropic message as chat messages: an assistant's tool_use blocks become its tool_calls and its
+    thinking its reasoning_content; a user's tool_result blocks become tool messages, before any text it has."""
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        raise bad(f"{param}.role", f"{param} needs a role out of user, assistant")
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise bad(f"{param}.content", f"{param}.content must be a string or a list of content blocks")
+    texts, reasoning, calls, results = [], [], [], []
+    for i, block in enumerate(content):
+        where = f"{param}.content[{i}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(text_field(block, "text", where))
+        elif kind == "image":
+            raise bad(where, NO_IMAGES)
+        elif role == "assistant" and kind == "thinking":
+            reasoning.append(text_field(block, "thinking", where))
+        elif role == "assistant" and kind == "redacted_thinking":
+            continue  # another model's encrypted thinking: nothing this one can read
+        elif role == "assistant" and kind == "tool_use":
+            arguments = block.get("input", {})
+            if not isinstance(arguments, dict):
+                raise bad(f"{where}.input", f"{where}.input must be an object")
+            function = {"name": text_field(block, "name", where), "arguments": json.dumps(arguments)}
+            calls.append({"id": text_field(block, "id", where), "type": "function", "function": function})
+        elif role == "user" and kind == "tool_result":
+            output = tool_result_text(block.get("content", ""), f"{where}.content")
+            results.append({"role": "tool", "tool_call_id": text_field(block, "tool_use_id", where), "content": output})
+        else:
+            raise bad(f"{where}.type", f"{where} is a '{kind}' block, which a {role} message cannot hold here")
+    if role == "user":
+        return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+    reply = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        reply["reasoning_content"] = "".join(reasoning)
+    if calls:
+        reply["tool_calls"] = calls
+    return [reply]
+
+
+def tool_result_text(content, param: str) -> str:
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "image" for b in content):
+        raise bad(param, NO_IMAGES)
+    return text_content(content, param)
+
+
+def text_field(block: dict, name: str, param: str) -> str:
+    value = block.get(name)
+    if not isinstance(value, str):
+        raise bad(f"{param}.{name}", f"{param}.{name} must be a string")
+    return value
+
+
+def function_tool(tool, param: str) -> dict:
+    """An Anthropic tool {"name", "description", "input_schema"} as an OpenAI function tool."""
+    if not isinstance(tool, dict) or tool.get("type", "custom") != "custom" or "input_schema" not in tool:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        message = f"{param} ('{kind}') is not a client tool with an input_schema, the only tools this server runs"
+        raise bad(param, message)
+    if not isinstance(tool["input_schema"], dict):
+        raise bad(f"{param}.input_schema", f"{param}.input_schema must be a JSON Schema object")
+    function = {"name": text_field(tool, "name", param), "parameters": tool["input_schema"]}
+    if tool.get("description") is not None:
+        function["description"] = text_field(tool, "description", param)
+    return {"type": "function", "function": function}
+
+
+def tool_choice(choice) -> tuple[str, bool]:
+    """(the Turn's tool_choice, whether calls may come in parallel) of Anthropic's tool_choice."""
+    if choice is None:
+        return "auto", True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        name = choice["name"]
+    elif kind in TOOL_CHOICES:
+        name = TOOL_CHOICES[kind]
+    else:
+        message = '\'tool_choice\' must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
+        raise bad("tool_choice", message + '{"type": "tool", "name": ...}')
+    return name, not flag(choice, "disable_parallel_tool_use")
+
+
+def thinking(setting) -> dict:
+    """The chat-template variables of `thinking`: enable_thinking, which templates that can think read."""
+    if setting is None:
+        return {}
+    kind = setting.get("type") if isinstance(setting, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        message = '\'thinking\' must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}'
+        raise bad("thinking", message)
+    return {"enable_thinking": kind != "disabled"}
+
+
+# ---- the response ----
+
+
+class Reply:
+    """One answer as an Anthropic message: whole, or as server-sent events."""
+
+    def __init__(self, model_name: str, answer: "Answer"):
+        self.model_name, self.answer = model_name, answer
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.blocks = Blocks()
+        self.tool_ids: dict[int, str] = {}  # a tool_use block's position -> its id
+
+    async def whole(self) -> dict:
+        async for piece in self.answer.pieces():
+            self.blocks.add(piece)
+        self.blocks.finish()
+        return self.message([self.content_block(block) for block in self.blocks.blocks], **self.ending())
+
+    async def events(self) -> AsyncIterator[str]:
+        started = self.message([], stop_reason=None, stop_sequence=None)
+        yield server_sent({"type": "message_start", "message": started})
+        try:
+            async for piece in self.answer.pieces():
+                for change in self.blocks.add(piece):
+                    for event in self.changed(change):
+                        yield server_sent(event)
+            for change in self.blocks.finish():
+                for event in self.changed(change):
+                    yield server_sent(event)
+        except APIError as e:
+            yield server_sent(error_body(e))
+            return
+        usage = {"output_tokens": self.answer.usage().completion_tokens}
+        yield server_sent({"type": "message_delta", "delta": self.ending(), "usage": usage})
+        yield server_sent({"type": "message_stop"})
+
+    def changed(self, change: Change) -> list[dict]:
+        block, at = change.block, {"index": change.block.position}
+        if change.what == "start":
+            started = self.content_block(Block(block.kind, block.position, name=block.name))
+            return [{"type": "content_block_start", **at, "content_block": started}]
+        if change.what == "delta":
+            if block.kind == "tool_call":
+                delta = {"type": "input_json_delta", "partial_json": change.text}
+            elif block.kind == "reasoning":
+                delta = {"type": "thinking_delta", "thinking": change.text}
+            else:
+                delta = {"type": "text_delta", "text": change.text}
+            return [{"type": "content_block_delta", **at, "delta": delta}]
+        stopped = [{"type": "content_block_stop", **at}]
+        if block.kind == "reasoning":  # Anthropic closes a thinking block with its signature (this server has none)
+            signed = {"type": "content_block_delta", **at, "delta": {"type": "signature_delta", "signature": ""}}
+            return [signed] + stopped
+        return stopped
+
+    def content_block(self, block: Block) -> dict:
+        if block.kind == "reasoning":
+            return {"type": "thinking", "thinking": block.text, "signature": ""}
+        if block.kind == "content":
+            return {"type": "text", "text": block.text}
+        tool_id = self.tool_ids.setdefault(block.position, f"toolu_{uuid.uuid4().hex[:24]}")
+        return {"type": "tool_use", "id": tool_id, "name": block.name, "input": call_input(block.text)}
+
+    def ending(self) -> dict:
+        """Why the answer stopped: Anthropic's stop_reason and, when a stop string ended it, that string."""
+        if self.blocks.stop_string is not None:
+            return {"stop_reason": "stop_sequence", "stop_sequence": self.blocks.stop_string}
+        return {"stop_reason": STOP_REASONS[self.blocks.finish_reason], "stop_sequence": None}
+
+    def message(self, content: list[dict], stop_reason: str | None, stop_sequence: str | None) -> dict:
+        usage = self.answer.usage()
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model_name,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": {
+                "input_tokens": usage.prompt_tokens - usage.cached_tokens,  # Anthropic counts cached input apart
+                "output_tokens": usage.completion_tokens,
+                "cache_read_input_tokens": usage.cached_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+
+
+def call_input(arguments: str) -> dict:
+    """A tool call's input: its JSON arguments, or nothing where they are not a whole object (the answer ran out
+    of max_tokens inside them, which its stop_reason says)."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
