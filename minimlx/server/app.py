@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
 from ..decode.grammar import Constraint
+from ..decode.settings import NAMES as SETTING_NAMES
 from ..errors import MinimlxError, PromptTooLongError, QueueFullError
 from ..text.replies import Delta, ReplyParser, tool_format
 from . import chat, messages, responses
@@ -140,9 +141,10 @@ class Server:
         except PromptTooLongError as e:
             self.cancel(generations)
             raise APIError(400, str(e), param, "context_length_exceeded") from e
-        except MinimlxError as e:
+        except MinimlxError as e:  # a setting only the engine can check (a logit_bias id past the vocabulary)
             self.cancel(generations)
-            raise APIError(400, str(e), code="invalid_value") from e
+            name = str(e).split(" ", 1)[0]
+            raise bad(name if name in SETTING_NAMES else None, str(e)) from e
         return generations, queue
 
     def cancel(self, generations: list[Generation]) -> None:
