@@ -106,7 +106,12 @@ def test_a_forced_tool_call_validates_streamed_or_not(templated_server, choice):
 
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"]},
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}},
+        "required": ["name"],
+        "additionalProperties": False,
+    },
     {
         "type": "object",
         "properties": {
@@ -122,7 +127,12 @@ SCHEMAS = [
     },
     {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 2, "maxItems": 4},
     {"type": "string", "enum": ["red", "green", "blue"]},
-    {"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 65}}, "required": ["age"]},
+    {
+        "type": "object",
+        "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 65}},
+        "required": ["age"],
+        "additionalProperties": False,
+    },
     {
         "type": "object",
         "properties": {"ok": {"type": "boolean"}, "note": {"type": "string", "maxLength": 15}},
@@ -140,11 +150,13 @@ SCHEMAS = [
             }
         },
         "required": ["tags"],
+        "additionalProperties": False,
     },
     {
         "type": "object",
         "properties": {"level": {"enum": [1, 2, 3]}, "label": {"const": "x"}},
         "required": ["level", "label"],
+        "additionalProperties": False,
     },
     {
         "type": "object",
@@ -166,7 +178,7 @@ SCHEMAS = [
         "required": ["people"],
         "additionalProperties": False,
     },
-    {"type": "number", "minimum": -10, "maximum": 10},
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
     {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "maxLength": 5}]},
 ]
 
