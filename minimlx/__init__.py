@@ -5,12 +5,13 @@ from .archs import list_archs, register
 from .loading import load, load_model
 from .quantization import quantize
 from .convert import convert
-from .decode import batch_generate, generate, stream_generate
+from .decode import Constraint, batch_generate, generate, stream_generate
 from .anatomy import ledger, trace
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
 __all__ = [
+    "Constraint",
     "batch_generate",
     "convert",
     "generate",

@@ -4,6 +4,9 @@ The converter's Python sources come from the llama-cpp-python sdist, which vendo
 `vendor/llama.cpp/{convert_hf_to_gguf.py, conversion/, gguf-py/}` (2 MB) are extracted, once, into a cache
 folder; `$MINIMLX_LLAMACPP` may name a llama.cpp checkout (or such a folder) instead. The converter runs in a
 subprocess with its own `gguf-py`, which is usually newer than the installed `gguf` package.
+
+llama.cpp's server test suite (`tools/server/tests/`, with the `models/templates/` its tests name) is extracted
+the same way into a folder of its own, for tests/test_llamacpp_server.py.
 """
 
 import contextlib
@@ -23,6 +26,9 @@ VERSION = "0.3.36"  # llama-cpp-python's, pinning the llama.cpp it vendors
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minimlx-tests" / f"llama.cpp-{VERSION}"
 PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 CONVERTER = "convert_hf_to_gguf.py"
+SERVER_CACHE = CACHE.parent / f"llama.cpp-{VERSION}-server-tests"
+SERVER_TESTS = "tools/server/tests"
+SERVER_PARTS = (f"{SERVER_TESTS}/", "models/templates/")
 
 
 def llamacpp_sources() -> Path:
@@ -32,25 +38,49 @@ def llamacpp_sources() -> Path:
             raise FileNotFoundError(f"MINIMLX_LLAMACPP={folder} has no {CONVERTER}")
         return Path(folder)
     if not (CACHE / CONVERTER).is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-            subprocess.run([*pip, f"llama-cpp-python=={VERSION}", "-d", tmp], check=True)
-            extract(next(Path(tmp).glob("llama_cpp_python-*.tar.gz")), CACHE)
+        with downloaded_sdist() as sdist:
+            extract(sdist, CACHE)
     return CACHE
 
 
-def extract(sdist: Path, target: Path) -> None:
-    """The converter's files of the sdist's vendored llama.cpp -> `target`."""
+def llamacpp_server_tests() -> Path:
+    """A llama.cpp tree holding its server's test suite and the chat templates those tests name: a
+    `$MINIMLX_LLAMACPP` checkout that has them, the cache, or a fresh download into the cache (its own folder,
+    beside the converter's)."""
+    for folder in [Path(os.environ.get("MINIMLX_LLAMACPP", SERVER_CACHE)), SERVER_CACHE]:
+        if (folder / SERVER_TESTS / "utils.py").is_file():
+            return folder
+    with downloaded_sdist() as sdist:
+        extract(sdist, SERVER_CACHE, SERVER_PARTS, f"{SERVER_TESTS}/utils.py")
+    return SERVER_CACHE
+
+
+def llamacpp_template(name: str) -> str:
+    """The chat template llama.cpp keeps as `models/templates/{name}.jinja` (real models' templates)."""
+    return (llamacpp_server_tests() / "models" / "templates" / f"{name}.jinja").read_text()
+
+
+@contextlib.contextmanager
+def downloaded_sdist():
+    """The llama-cpp-python sdist, downloaded by pip into a temporary folder for as long as it is needed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
+        subprocess.run([*pip, f"llama-cpp-python=={VERSION}", "-d", tmp], check=True, timeout=600)
+        yield next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+
+
+def extract(sdist: Path, target: Path, parts: tuple[str, ...] = PARTS, required: str = CONVERTER) -> None:
+    """The files under `parts` of the sdist's vendored llama.cpp -> `target`, which must then hold `required`."""
     with staged(target) as staging, tarfile.open(sdist) as tar:
         members = []
         for member in tar.getmembers():
             _, _, inside = member.name.partition("/vendor/llama.cpp/")
-            if inside.startswith(PARTS) and (member.isfile() or member.isdir()):
+            if inside.startswith(parts) and (member.isfile() or member.isdir()):
                 member.name = inside
                 members.append(member)
         tar.extractall(staging, members=members, filter="data")
-        if not (staging / CONVERTER).is_file():
-            raise FileNotFoundError(f"{sdist.name} holds no vendor/llama.cpp/{CONVERTER}")
+        if not (staging / required).is_file():
+            raise FileNotFoundError(f"{sdist.name} holds no vendor/llama.cpp/{required}")
 
 
 @contextlib.contextmanager

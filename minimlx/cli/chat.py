@@ -6,15 +6,25 @@ from contextlib import closing
 import click
 
 from ..errors import InvalidSettingError, MinimlxError
+from ..text.replies import ReplyParser
 from . import clean, main
 from .run import generation_options, open_model, print_stats, settings_from_options, speculation
 
 HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
 
 
+def show(delta, hide_thinking: bool) -> None:
+    """A reply's piece on stdout: thinking dimmed (or not at all), the answer as it is."""
+    if delta.kind == "reasoning" and not hide_thinking:
+        click.echo(click.style(delta.text, dim=True), nl=False)
+    elif delta.kind == "content":
+        click.echo(delta.text, nl=False)
+
+
 @main.command()
 @generation_options
-def chat(**options):
+@click.option("--hide-thinking", is_flag=True, help="Leave out a reasoning model's thinking (shown dimmed by default).")
+def chat(hide_thinking, **options):
     """Talk with a model. Only each new turn is prefilled: the cache holds the conversation."""
     settings = settings_from_options(options)
     if sys.stdin is None:
@@ -43,12 +53,16 @@ def chat(**options):
             continue
         if not line:
             continue
-        response = None
+        response = parser = None
         try:
             with closing(conversation.say(line, settings, **drafting)) as responses:
                 for response in responses:
-                    sys.stdout.write(response.text)
+                    parser = parser or ReplyParser(tokenizer.chat_template, False, True, conversation.prompt)
+                    for delta in parser.feed(response.text):
+                        show(delta, hide_thinking)
                     sys.stdout.flush()
+            for delta in parser.close() if parser else []:
+                show(delta, hide_thinking)
         except KeyboardInterrupt:
             pass
         except MinimlxError as e:

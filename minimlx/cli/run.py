@@ -5,10 +5,12 @@ the first token comes soon after the process starts.
 """
 
 import sys
+from dataclasses import replace
 
 import click
 
 from ..cpu import blas
+from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
@@ -142,13 +144,40 @@ def print_stats(response) -> None:
         )
 
 
+def read_grammar_file(option: str, path: str) -> str:
+    """The text of the file an option names, or a one-line error."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InvalidSettingError(f"{option} {path}: cannot read it ({reason}); give a readable text file") from None
+
+
+def constraint_from_options(json_schema: str | None, regex: str | None, grammar: str | None) -> Constraint | None:
+    """The constraint of --json-schema FILE, --regex PATTERN or --grammar FILE (Lark): one of them at most."""
+    options = (("--json-schema", json_schema), ("--regex", regex), ("--grammar", grammar))
+    given = [name for name, value in options if value]
+    if len(given) > 1:
+        raise InvalidSettingError(f"{' and '.join(given)} both constrain the answer; give one of them")
+    if json_schema:
+        return Constraint.json_schema(read_grammar_file("--json-schema", json_schema))
+    if grammar:
+        return Constraint.lark(read_grammar_file("--grammar", grammar))
+    return Constraint.regex(regex) if regex else None
+
+
 @main.command()
 @click.argument("prompt", required=False, type=TEXT)
 @generation_options
 @click.option("--no-chat-template", is_flag=True, help="Send the prompt as raw text (completion).")
-def run(prompt, no_chat_template, **options):
+@click.option("--json-schema", metavar="FILE", help="Make the answer JSON matching the JSON schema in FILE.")
+@click.option("--regex", metavar="PATTERN", help="Make the answer match the regular expression PATTERN.")
+@click.option("--grammar", metavar="FILE", help="Make the answer match the Lark grammar in FILE (llguidance's).")
+def run(prompt, no_chat_template, json_schema, regex, grammar, **options):
     """Generate an answer to PROMPT ("-" or nothing: read it from stdin)."""
     settings = settings_from_options(options)
+    constraint = constraint_from_options(json_schema, regex, grammar)
     if prompt in (None, "-"):
         if prompt is None and sys.stdin is not None and sys.stdin.isatty():
             raise InvalidSettingError('no prompt; pass one, e.g. minimlx run "Hello", or pipe it in with "-"')
@@ -163,7 +192,7 @@ def run(prompt, no_chat_template, **options):
         model,
         tokenizer,
         prompt,
-        settings=settings,
+        settings=replace(settings, constraint=constraint),
         chat_template=not no_chat_template,
         system=options["system"],
         **speculation(options),

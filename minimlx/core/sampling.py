@@ -84,3 +84,17 @@ def make_sampler(temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, m
         return mx.random.categorical(filtered_logits(logits, temperature, top_p, top_k, min_p), axis=-1, key=key)
 
     return sample
+
+
+def token_logprobs(logits: mx.array, tokens: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array]:
+    """(log-probability of each chosen token (rows,), the ids (rows, k) of the k most likely tokens, most likely
+    first, and their log-probabilities (rows, k)) under the distribution of `logits` (rows, vocab)."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, tokens[:, None].astype(mx.uint32), axis=-1)[:, 0]
+    if k == 0:
+        return chosen, mx.zeros((logits.shape[0], 0), mx.uint32), mx.zeros((logits.shape[0], 0))
+    ids = mx.argpartition(-logprobs, k - 1, axis=-1)[:, :k]
+    values = mx.take_along_axis(logprobs, ids, axis=-1)
+    order = mx.argsort(-values, axis=-1)
+    return chosen, mx.take_along_axis(ids, order, axis=-1), mx.take_along_axis(values, order, axis=-1)

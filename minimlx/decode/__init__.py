@@ -5,10 +5,12 @@ conversation)."""
 from .conversation import Conversation
 from .engine import Engine, Generation, Output, PromptCache, Request, split_at_stop
 from .generate import GenerationResponse, batch_generate, generate, generate_tokens, make_cache, stream_generate
+from .grammar import Constraint
 from .prompt import check_ids, check_prompt, encode_prompt, vocab_size
 from .settings import SamplingSettings, check_whole
 
 __all__ = [
+    "Constraint",
     "Conversation",
     "Engine",
     "Generation",

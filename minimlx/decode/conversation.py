@@ -28,10 +28,13 @@ class Conversation:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
         self.cache = make_cache(self.model)
         self.cached_ids: list[int] = []
+        self.prompt = ""
         self.warned = False
 
     def render(self, messages: list[dict]) -> list[int]:
-        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special_tokens=False)
+        """The prompt ids of `messages`; its text stays in `prompt` (it tells whether the answer opens thinking)."""
+        self.prompt = self.tokenizer.apply_chat_template(messages)
+        return self.tokenizer.encode(self.prompt, add_special_tokens=False)
 
     def keep(self, count: int) -> int:
         """Forget every cached token after the first `count` (all of them where a sliding-window layer no longer

@@ -16,6 +16,10 @@ prompt length, sampling settings, seed, stop strings and token budget:
   sampler and random keys (so a seeded draw does not depend on its neighbours), and queues the
   step (`mx.async_eval`) before reading the previous step's tokens: the host detokenizes while the
   device computes.
+- A row with a grammar (`SamplingSettings.constraint`) can only be sampled once its grammar has read the
+  token it is fed, so a step holding one queues its forward pass first, reads the previous step's tokens
+  while the device runs it, computes the grammar masks on the host, and then queues the sampling, each
+  constrained row's logits masked (the other rows' untouched).
 - A sequence that finished or was cancelled leaves at the start of the next step; its row of the
   cache is kept when someone wants it (a conversation, or the prompt cache).
 
@@ -35,10 +39,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from ..core.sampling import apply_repetition_penalty, greedy
+from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
 from .compiled import decoder
+from .grammar import Matcher
 from .prefill import prefill, shared_start
 from .prompt import vocab_size
 from .settings import SamplingSettings, check_whole
@@ -67,7 +73,9 @@ class Output:
     generation: "Generation"
     token: int
     text: str
-    finish_reason: str | None  # "stop" (an end id or a stop string), "length", None while it goes on
+    finish_reason: str | None  # "stop" (an end id, a stop string, a complete grammar), "length", None while it goes on
+    logprob: float | None = None  # asked for by `logprobs`: the token's log-probability under the model
+    top_logprobs: tuple[tuple[int, float], ...] | None = None  # (id, logprob) of the most likely tokens, best first
 
 
 def split_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str, bool]:
@@ -110,6 +118,10 @@ class Generation:
         self.seen: mx.array | None = None  # what the repetition penalty counts
         self.verifier: Verifier | None = None  # speculative rounds: the model's side of each
         self.drafted = self.accepted = 0  # speculative rounds: tokens proposed, and kept by the model
+        self.matcher: Matcher | None = None  # a constrained generation's place in its grammar (`Engine.submit`)
+        self.bias: mx.array | None = None  # (vocab,) the logit bias, made by the thread that steps the engine
+        self.asked = settings.logprobs  # alternatives asked for with each token's logprob (None: no logprobs)
+        self.pending: deque[tuple[mx.array, ...]] = deque()  # logprobs of tokens not read yet, lazy
 
     @property
     def prompt_tokens(self) -> int:
@@ -119,23 +131,43 @@ class Generation:
     def running(self) -> bool:
         return self.finish_reason is None and not self.cancelled
 
+    def biased(self, logits: mx.array) -> mx.array:
+        """`logits` (rows, vocab) with the settings' logit bias added."""
+        if not self.request.settings.logit_bias:
+            return logits
+        if self.bias is None:
+            ids, biases = zip(*self.request.settings.logit_bias)
+            self.bias = mx.zeros(logits.shape[-1]).at[mx.array(ids)].add(mx.array(biases))
+        return logits + self.bias
+
     def sample(self, logits: mx.array, fed: mx.array) -> mx.array:
         """The next token (1,) from this generation's logits (1, vocab), `fed` (1,) being the token just read."""
         penalty = self.request.settings.repetition_penalty
         if penalty != 1.0:
             self.seen = mx.concatenate([self.seen, fed]) if self.sampled else mx.array(self.request.prompt)
             logits = apply_repetition_penalty(logits, self.seen, penalty)
+        logits = self.biased(logits)
         if self.keys is None and self.seed is not None:
             self.keys = mx.random.split(mx.random.key(self.seed), self.max_tokens)
         key = self.keys[self.sampled] if self.keys is not None else None
         self.sampled += 1
         return self.sampler(logits, key)
 
+    def note_logprobs(self, logits: mx.array, tokens: mx.array) -> None:
+        """Queue the logprobs asked for of `tokens` (n,) under the model's own `logits` (n, vocab), lazily."""
+        chosen, ids, values = token_logprobs(logits, tokens, self.asked)
+        self.pending.extend((chosen[i], ids[i], values[i]) for i in range(tokens.size))
+
     def read(self, token: int) -> Output:
-        """The output for the next token read back: its text, held back where a stop string may start."""
+        """The output for the next token read back: its text, held back where a stop string may start. A grammar
+        reads the token too: once it is complete, the generation ends (its end-of-sequence id is not text)."""
         self.tokens.append(token)
-        end = token in self.stop_ids
-        finish = "stop" if end else "length" if len(self.tokens) == self.max_tokens else None
+        end = token in self.stop_ids or (self.matcher is not None and self.matcher.ends(token))
+        complete = False
+        if self.matcher is not None and not end:
+            self.matcher.consume(token)
+            complete = self.matcher.stopped
+        finish = "stop" if end or complete else "length" if len(self.tokens) == self.max_tokens else None
         text = ""
         if self.detokenizer is not None:
             text = self.held + ("" if end else self.detokenizer.add(token))
@@ -146,7 +178,11 @@ class Generation:
         if finish is not None and not stopped:
             text += self.held
         self.finish_reason = "stop" if stopped else finish
-        return Output(self, token, text, self.finish_reason)
+        if self.asked is None:
+            return Output(self, token, text, self.finish_reason)
+        chosen, ids, values = self.pending.popleft()
+        top = tuple(zip(ids.tolist(), values.tolist()))
+        return Output(self, token, text, self.finish_reason, chosen.item(), top)
 
 
 class PromptCache:
@@ -248,8 +284,20 @@ class Engine:
         return self.decoder.make_cache()
 
     def submit(self, request: Request) -> Generation:
-        check_speculation(self.drafter is not None, request.settings)
+        settings = request.settings
+        check_speculation(self.drafter is not None, settings)
+        vocab = vocab_size(self.model)
+        for token, _ in settings.logit_bias:
+            if vocab is not None and token >= vocab:
+                raise InvalidSettingError(
+                    f"logit_bias names token {token}, outside the model's vocabulary of {vocab} tokens "
+                    f"(0 to {vocab - 1}); drop it"
+                )
         generation = Generation(request, self.tokenizer, self.context)
+        if settings.constraint is not None:
+            if self.tokenizer is None:
+                raise InvalidSettingError("a constraint needs the tokenizer; give the engine one")
+            generation.matcher = Matcher(settings.constraint, self.tokenizer, vocab or self.tokenizer.vocab_size)
         with self.lock:
             if self.max_queue is not None and len(self.waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self.waiting)} requests are already waiting; try again later")
@@ -312,11 +360,15 @@ class Engine:
         if self.drafter is not None:  # one generation, past its first token
             self.rows, self.cache, self.tokens, self.unread = rows, cache, None, False
             return self.speculate(rows[0], cache) if rows else firsts
-        tokens = self.decode(rows, cache, mx.concatenate(inputs)) if rows else None
+
+        def read_previous() -> list[Output]:
+            if not read_rows or not unread:
+                return []
+            return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running]
+
+        tokens, outputs = self.decode(rows, cache, mx.concatenate(inputs), read_previous) if rows else (None, None)
         self.rows, self.cache, self.tokens, self.unread = rows, cache, tokens, True
-        if not read_rows or not unread:
-            return firsts
-        return [s.read(token) for s, token in zip(read_rows, previous.tolist()) if s.running] + firsts
+        return (outputs if rows else read_previous()) + firsts
 
     def admit(self, running: int) -> tuple[list[tuple[Generation, list]], Iterator]:
         """Take waiting sequences while there is room: (riders, prefilled groups).
@@ -379,7 +431,7 @@ class Engine:
     def prefill_alone(self, generation: Generation, cache: list) -> tuple[list[Generation], list, mx.array]:
         logits = prefill(self.decoder, generation.request.prompt[generation.cached_tokens :], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])
-        mx.eval(first, [c.state for c in cache])
+        mx.eval(first, list(generation.pending), [c.state for c in cache])
         return [generation], cache, first
 
     def prefill_together(self, group: list[tuple[Generation, list]]) -> tuple[list[Generation], list, mx.array]:
@@ -406,17 +458,43 @@ class Engine:
             layer.padding = [p + extra for p, extra in zip(before, padding)]
         logits = self.decoder(mx.array(rows, dtype=mx.int32), batch, last_only=True)
         first = mx.concatenate([self.first_token(s, logits[i : i + 1, -1, :]) for i, (s, _) in enumerate(group)])
-        mx.eval(first, [c.state for c in batch])
+        mx.eval(first, [list(s.pending) for s, _ in group], [c.state for c in batch])
         return [s for s, _ in group], batch, first
 
     def first_token(self, generation: Generation, logits: mx.array) -> mx.array:
         """The first answer token (1,), from the logits (1, vocab) of the prompt's last position."""
-        first = generation.sample(logits, mx.array(generation.request.prompt[-1:]))
-        return self.agree(first) if self.agree is not None else first
+        if generation.matcher is not None:
+            mx.async_eval(logits)  # the prompt's pass runs while the host computes the grammar's first mask
+        return self.pick([generation], logits, mx.array(generation.request.prompt[-1:]))
 
-    def decode(self, rows: list[Generation], cache: list, inputs: mx.array) -> mx.array:
-        """Queue one step: each row reads its token in `inputs` (rows,); returns the sampled tokens (rows,)."""
+    def decode(self, rows: list[Generation], cache: list, inputs: mx.array, read_previous) -> tuple[mx.array, list]:
+        """Queue one step, each row reading its token in `inputs` (rows,): (the sampled tokens (rows,), the outputs
+        of the previous step's tokens, which `read_previous()` reads back while this step runs).
+
+        A constrained row's mask depends on the token it is fed, read back from the previous step: then the forward
+        pass is queued first, the previous tokens are read (and their grammars advanced) while it runs, and the
+        sampling is queued after the masks are made. Otherwise the whole step is queued before the read.
+        """
         logits = self.decoder(inputs[:, None], cache)[:, -1, :]
+        constrained = any(s.matcher is not None for s in rows)
+        if constrained:
+            mx.async_eval(logits)
+            outputs = read_previous()
+        tokens = self.pick(rows, logits, inputs)
+        mx.async_eval(tokens, [s.pending[-1] for s in rows if s.asked is not None])
+        return tokens, outputs if constrained else read_previous()
+
+    def pick(self, rows: list[Generation], logits: mx.array, inputs: mx.array) -> mx.array:
+        """The next token of every row (rows,) from the logits (rows, vocab), `inputs` (rows,) being the tokens
+        just fed: constrained rows masked by their grammars, each row sampled by its own settings, and the logprobs
+        asked for queued from the model's own logits."""
+        raw = logits
+        if any(s.matcher is not None for s in rows):
+            allowed = np.ones(logits.shape, dtype=bool)
+            for i, s in enumerate(rows):
+                if s.matcher is not None and s.running:
+                    allowed[i] = s.matcher.allowed()
+            logits = mx.where(mx.array(allowed), logits, -mx.inf)
         if all(s.greedy for s in rows):  # one argmax for the batch, not a slice and one per row
             for s in rows:
                 s.sampled += 1
@@ -425,7 +503,9 @@ class Engine:
             tokens = mx.concatenate([s.sample(logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
         if self.agree is not None:
             tokens = self.agree(tokens)
-        mx.async_eval(tokens)
+        for i, s in enumerate(rows):
+            if s.asked is not None:
+                s.note_logprobs(raw[i : i + 1], tokens[i : i + 1])
         return tokens
 
     def speculate(self, generation: Generation, cache: list) -> list[Output]:
@@ -433,7 +513,8 @@ class Engine:
         drafts, the verifier keeps the drafts the model agrees with and adds a token of the model's, and the cache
         is trimmed back to what was kept. The cache holds every token of the text but the last.
 
-        A generation's first round resets the drafter and starts the verifier's keys at its own next key.
+        A generation's first round resets the drafter and starts the verifier's keys at its own next key. A grammar
+        checks the drafts up to the first it rejects, and masks the model's logits at every position.
         """
         if generation.verifier is None:
             self.drafter.reset()
@@ -442,14 +523,25 @@ class Engine:
         context = generation.request.prompt + generation.tokens
         count = min(self.drafter.tokens, generation.max_tokens - generation.sampled - 1)  # the round's own on top
         drafts, q = self.drafter.draft(context, count, generation.verifier) if count else ([], None)
-        logits = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
-        accepted, token = generation.verifier.verify(logits, drafts, q)
+        matcher = generation.matcher
+        if matcher is not None and drafts:
+            drafts = drafts[: matcher.checked(drafts)]
+            q = q[: len(drafts)] if q is not None else None
+        raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
+        logits = raw
+        if matcher is not None:
+            mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position
+            logits = mx.where(mx.array(matcher.masks(drafts)), raw, -mx.inf)
+        accepted, token = generation.verifier.verify(generation.biased(logits), drafts, q)
         for c in cache:
             c.trim(len(drafts) - accepted)
         generation.drafted += len(drafts)
         generation.accepted += accepted
         new = drafts[:accepted] + [token]
         generation.sampled += len(new)
+        if generation.asked is not None:
+            generation.note_logprobs(raw[: len(new)], mx.array(new))
+            mx.eval(list(generation.pending))
         outputs = []
         for token in new:
             outputs.append(generation.read(token))

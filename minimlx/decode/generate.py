@@ -33,6 +33,8 @@ class GenerationResponse:
     finish_reason: str | None = None  # "stop" (end of sequence or a stop string), "length", None before the end
     drafted_tokens: int = 0  # speculative decoding: tokens proposed so far, and how many the model kept
     accepted_tokens: int = 0
+    logprob: float | None = None  # with `logprobs=k`: the token's log-probability under the model
+    top_logprobs: tuple[tuple[int, float], ...] | None = None  # the k most likely (id, logprob), best first
 
 
 def generate_tokens(
@@ -71,6 +73,10 @@ def stream_generate(
     Pass a `cache` (from `make_cache(model)`) to continue a conversation: `prompt` then holds only
     the new tokens. The repetition penalty counts the tokens of this prompt and of the answer.
 
+    `constraint=Constraint.json_schema(schema)` (or `.regex`, `.lark`, `.gbnf`, `.json_object`) makes the answer
+    match a grammar; `logprobs=k` puts each token's log-probability and its k most likely alternatives on the
+    responses; `logit_bias={id: bias}` shifts some tokens' logits.
+
     Speculative decoding (same tokens when greedy, same distribution when sampling): `draft_model`
     (a smaller model sharing the tokenizer) proposes `draft_tokens` tokens per step, or
     `prompt_lookup=N` proposes N tokens copied from where the text's last words occurred before.
@@ -106,6 +112,8 @@ def stream_generate(
                     finish_reason=output.finish_reason,
                     drafted_tokens=generation.drafted,
                     accepted_tokens=generation.accepted,
+                    logprob=output.logprob,
+                    top_logprobs=output.top_logprobs,
                 )
     finally:
         engine.cancel(generation)

@@ -7,13 +7,16 @@ before any work is done.
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from ..core.sampling import Sampler, make_sampler
 from ..errors import InvalidSettingError
+from .grammar import Constraint
 
 SEEDS = 2**64  # mx.random.key takes seeds in [0, 2**64)
+MAX_BIAS = 100  # OpenAI's bound: -100 all but bans a token, +100 all but forces it
+MAX_LOGPROBS = 20  # alternatives a token's logprobs may list
 
 
 def whole(value) -> bool:
@@ -28,6 +31,30 @@ def check_whole(name: str, value, low: int, high: int | None = None) -> None:
         raise InvalidSettingError(f"{name} must be a whole number {span}, got {value!r}")
 
 
+def checked_bias(logit_bias) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` (a mapping or pairs of token id -> bias) as sorted (id, bias) pairs, each id a whole number
+    >= 0 given once and each bias a finite number in [-MAX_BIAS, MAX_BIAS]."""
+    pairs = logit_bias.items() if isinstance(logit_bias, Mapping) else logit_bias
+    try:
+        pairs = [(token, bias) for token, bias in pairs]
+    except (TypeError, ValueError):
+        raise InvalidSettingError(
+            f"logit_bias must map token ids to biases (a dict or (id, bias) pairs), got {logit_bias!r}"
+        ) from None
+    for token, bias in pairs:
+        check_whole("a logit_bias token id", token, 0)
+        real = isinstance(bias, numbers.Real) and not isinstance(bias, bool) and math.isfinite(bias)
+        if not real or abs(bias) > MAX_BIAS:
+            raise InvalidSettingError(
+                f"the logit_bias of token {token} must be a number from -{MAX_BIAS} to {MAX_BIAS}, got {bias!r}"
+            )
+    ids = [int(token) for token, _ in pairs]
+    if len(set(ids)) < len(ids):
+        twice = next(token for token in ids if ids.count(token) > 1)
+        raise InvalidSettingError(f"logit_bias gives token {twice} more than one bias; give each id once")
+    return tuple(sorted((int(token), float(bias)) for token, bias in pairs))
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """How one sequence is generated.
@@ -36,6 +63,11 @@ class SamplingSettings:
     `top_k`, `top_p` and `min_p` filter the distribution a token is drawn from (0, 1 and 0 keep every token), and
     `seed` makes the draws reproducible. `repetition_penalty` above 1 makes tokens of the prompt and the answer
     less likely. `stop` strings end the answer before them: one string, or several (kept as a tuple).
+
+    `constraint` is a grammar the answer must match (`Constraint.json_schema(...)`, `.regex(...)`, ...).
+    `logit_bias` adds a bias to the logits of some token ids before anything else (a dict id -> bias, kept as
+    sorted pairs). `logprobs` k asks for each token's log-probability under the model (before bias, grammar
+    and temperature) and its k most likely alternatives (0 to 20; None: none).
     """
 
     max_tokens: int = 256
@@ -46,9 +78,20 @@ class SamplingSettings:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: Sequence[str] = ()
+    constraint: Constraint | None = None
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = ()
+    logprobs: int | None = None
 
     def __post_init__(self):
         check_whole("max_tokens", self.max_tokens, 1)
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidSettingError(
+                f"constraint must be a Constraint (Constraint.json_schema(...), ...), "
+                f"got {type(self.constraint).__name__}"
+            )
+        object.__setattr__(self, "logit_bias", checked_bias(self.logit_bias if self.logit_bias is not None else ()))
+        if self.logprobs is not None:
+            check_whole("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.seed is not None:
             check_whole("seed", self.seed, 0, SEEDS - 1)
         stops = [self.stop] if isinstance(self.stop, str) else [] if self.stop is None else self.stop
@@ -82,8 +125,8 @@ class SamplingSettings:
 
     @property
     def greedy(self) -> bool:
-        """Whether each token is the logits' argmax alone (no penalty, no draw)."""
-        return self.temperature == 0 and self.repetition_penalty == 1.0
+        """Whether each token is the logits' argmax alone (no penalty, no bias, no draw)."""
+        return self.temperature == 0 and self.repetition_penalty == 1.0 and not self.logit_bias
 
     def sampler(self) -> Sampler:
         return make_sampler(self.temperature, self.top_p, self.top_k, self.min_p)

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
 from ..decode.grammar import Constraint
+from ..decode.settings import NAMES as SETTING_NAMES
 from ..errors import MinimlxError, PromptTooLongError, QueueFullError
 from ..text.replies import Delta, ReplyParser, tool_format
 from . import chat, messages, responses
@@ -70,14 +71,13 @@ class Server:
         self.listeners: dict[Generation, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.listening = threading.Lock()  # a generation is listened to before the engine thread can deliver to it
         self.stopping = False
+        api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
+        # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
+        bare = [
+            Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
+        ]
         self.app = Starlette(
-            routes=[
-                Route("/health", self.health),
-                Route("/v1/models", self.models),
-                *chat.routes(self),
-                *responses.routes(self),
-                *messages.routes(self),
-            ],
+            routes=[Route("/health", self.health), *api, *bare],
             exception_handlers={
                 APIError: self.api_error,
                 Exception: self.internal_error,
@@ -141,9 +141,10 @@ class Server:
         except PromptTooLongError as e:
             self.cancel(generations)
             raise APIError(400, str(e), param, "context_length_exceeded") from e
-        except MinimlxError as e:
+        except MinimlxError as e:  # a setting only the engine can check (a logit_bias id past the vocabulary)
             self.cancel(generations)
-            raise APIError(400, str(e), code="invalid_value") from e
+            name = str(e).split(" ", 1)[0]
+            raise bad(name if name in SETTING_NAMES else None, str(e)) from e
         return generations, queue
 
     def cancel(self, generations: list[Generation]) -> None:
@@ -182,7 +183,7 @@ class Server:
             messages, prefill = messages[:-1], messages[-1]["content"]
         tools = turn.tools if turn.tool_choice != "none" else None
         try:
-            text = self.tool_format.render(self.tokenizer, messages, tools, turn.template_kwargs)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, **turn.template_kwargs)
         except MinimlxError as e:
             raise bad("messages", str(e)) from None
         return text + prefill
@@ -195,9 +196,7 @@ class Server:
         tools = check_tools(turn.tools, turn.tool_choice) if turn.tool_choice != "none" else None
         constraint = turn.constraint
         if tools and turn.tool_choice != "auto":
-            names = [t["function"]["name"] for t in tools]
-            chosen = tools if turn.tool_choice == "required" else [tools[names.index(turn.tool_choice)]]
-            grammar = self.tool_format.grammar(chosen, turn.parallel_tool_calls and turn.tool_choice == "required")
+            grammar = self.tool_format.grammar(tools, turn.tool_choice, turn.parallel_tool_calls)
             constraint = Constraint.lark(grammar)
         text = self.render(turn)
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
@@ -276,7 +275,7 @@ class Server:
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
         """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
-        if request.url.path.startswith("/v1/messages"):
+        if request.url.path.removeprefix("/v1").startswith("/messages"):
             return JSONResponse(messages.error_body(error), status_code=error.status)
         return error.response()
 

@@ -53,9 +53,23 @@ def routes(server) -> list[Route]:
         reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
         return await respond(reply, answer, body)
 
+    async def apply_template(request: HTTPRequest):
+        """llama.cpp's /apply-template: the prompt text a chat body renders to, nothing generated."""
+        return JSONResponse({"prompt": server.render(chat_turn(await server.read(request)))})
+
+    async def tokenize(request: HTTPRequest):
+        """llama.cpp's /tokenize: the token ids of `content` (no special tokens added unless `add_special`)."""
+        body = await server.read(request)
+        content = optional(body, "content", str, "a string")
+        if content is None:
+            raise bad("content", "'content' must be the text to tokenize")
+        return JSONResponse({"tokens": server.tokenizer.encode(content, add_special_tokens=flag(body, "add_special"))})
+
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
     ]
 
 
@@ -294,7 +308,8 @@ class Reply:
         logprob alone when the token added no text, then the finish."""
         logprob = [piece.logprob] if piece.logprob is not None else []
         choices = []
-        for delta in piece.deltas or ([None] if logprob else []):
+        deltas = [d for d in piece.deltas if d.text or d.kind == "tool_call"]
+        for delta in deltas or ([None] if logprob else []):
             if not self.chat:
                 choice = {"index": piece.index, "text": delta.text if delta else "", "finish_reason": None}
             else:

@@ -51,15 +51,17 @@ def compile_template(source: str) -> jinja2.Template:
     return environment.from_string(source)
 
 
-def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, **special_tokens) -> str:
-    """The prompt text for `messages`; `special_tokens` (bos_token, eos_token) are template variables."""
+def render_chat(
+    source: str, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None, **variables
+) -> str:
+    """The prompt text for `messages`, with `tools` and other template variables (bos_token, eos_token, the
+    request's chat_template_kwargs such as enable_thinking) passed as transformers passes them."""
     try:
         return compile_template(source).render(
+            **{"documents": None, **variables},
             messages=messages,
-            tools=None,
-            documents=None,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
-            **special_tokens,
         )
     except Exception as error:  # a template is a program: any error in it is the template's, not minimlx's
         reason = " ".join(str(error).split())
@@ -68,3 +70,44 @@ def render_chat(source: str, messages: list[dict], add_generation_prompt: bool, 
             f"The model's chat template failed: {reason}; check the messages' roles and order, "
             "or pass --no-chat-template to send the prompt as raw text"
         ) from None
+
+
+def chat_messages_for_template(messages: list[dict]) -> list[dict]:
+    """OpenAI-shaped messages as templates read them (transformers' chat format): a call's `function.arguments`
+    JSON text parsed into an object, a tool-calling message's missing content as "", `reasoning_content` also as
+    `thinking` (gpt-oss's name for it), and a tool result's `name` taken from the call it answers."""
+    converted, names = [], {}
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [template_call(call) for call in message["tool_calls"]]
+            names.update((call.get("id"), call["function"]["name"]) for call in message["tool_calls"])
+            message["content"] = message.get("content") or ""
+        if message.get("reasoning_content") is not None:
+            message.setdefault("thinking", message["reasoning_content"])
+        if message.get("role") == "tool" and "name" not in message and message.get("tool_call_id") in names:
+            message["name"] = names[message["tool_call_id"]]
+        converted.append(message)
+    return converted
+
+
+def template_call(call: dict) -> dict:
+    """One OpenAI tool call with its arguments as an object rather than JSON text."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InvalidSettingError(
+            'A tool call has no function name; write each call as {"type": "function", "function": '
+            '{"name": ..., "arguments": "{...}"}}'
+        )
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = None
+    if not isinstance(arguments, dict):
+        raise InvalidSettingError(
+            f"The arguments of the call to {function['name']} are not a JSON object; send them as JSON text "
+            'of an object, such as "{\\"city\\": \\"Paris\\"}"'
+        )
+    return {**call, "function": {**function, "arguments": arguments}}

@@ -7,9 +7,10 @@ from tokenizers import processors
 
 from ..errors import CheckpointError, InvalidSettingError
 from ..io.config import read_json
-from .chat import render_chat
+from .chat import chat_messages_for_template, render_chat
 from .detokenizer import ByteDetokenizer, RedecodingDetokenizer, byte_table
 from .gguf_vocab import read_vocab
+from .tool_formats import tool_format
 
 
 class Tokenizer:
@@ -88,18 +89,31 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, **variables
+    ) -> str:
+        """The prompt for OpenAI-shaped `messages` and `tools`; `variables` (chat_template_kwargs such as
+        enable_thinking) reach the template. With `add_generation_prompt` False a final assistant message is
+        continued: the prompt ends where its content does (as transformers' continue_final_message)."""
         if self.chat_template is None:
             raise InvalidSettingError(
                 "This model has no chat template; pass --no-chat-template to send the prompt as raw text"
             )
         special = {"bos_token": self.bos_token, "eos_token": self.eos_token}
-        return render_chat(
+        messages, tools = tool_format(self.chat_template).template_input(chat_messages_for_template(messages), tools)
+        prompt = render_chat(
             self.chat_template,
             messages,
             add_generation_prompt,
+            tools,
             **{name: token for name, token in special.items() if token},
+            **variables,
         )
+        final = messages[-1] if messages else {}
+        if add_generation_prompt or final.get("role") != "assistant" or not isinstance(final.get("content"), str):
+            return prompt
+        content = final["content"].strip()
+        return prompt[: prompt.rindex(content) + len(content)] if content in prompt else prompt
 
     def detokenizer(self, skip_special_tokens: bool = False):
         """A streaming decoder: `add(token_id)` returns the text that token completes, `finalize()` the rest."""
