@@ -284,7 +284,8 @@ def client(served):
 
 def test_a_streamed_message_equals_the_whole_one_and_count_tokens_agrees(served):
     messages = client(served).messages
-    request = dict(model="smollm2-135m", system="Answer briefly.", messages=QUESTION, max_tokens=24, temperature=0)
+    greedy = {"temperature": 0}  # a field the client no longer takes, so sent as it is
+    request = dict(model="smollm2-135m", system="Answer briefly.", messages=QUESTION, max_tokens=24, extra_body=greedy)
     whole = messages.create(**request)
     assert whole.id.startswith("msg_") and whole.type == "message" and whole.role == "assistant"
     assert [block.type for block in whole.content] == ["text"] and whole.content[0].text
@@ -309,7 +310,7 @@ def test_a_forced_tool_use_matches_its_schema_and_its_result_is_answered(served,
         tools=[WEATHER],
         tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
         max_tokens=60,
-        temperature=0,
+        extra_body={"temperature": 0},
     )
     if stream:
         with messages.stream(**request) as streaming:
@@ -322,17 +323,18 @@ def test_a_forced_tool_use_matches_its_schema_and_its_result_is_answered(served,
     assert message.stop_reason == "tool_use"
     result = {"type": "tool_result", "tool_use_id": uses[0].id, "content": "Sunny, 25 C"}
     history = ask + [{"role": "assistant", "content": message.content}, {"role": "user", "content": [result]}]
-    answer = messages.create(model="smollm2-135m", messages=history, tools=[WEATHER], max_tokens=30, temperature=0)
+    answer = messages.create(model="smollm2-135m", messages=history, tools=[WEATHER], max_tokens=30)
     assert answer.content[0].type == "text" and answer.content[0].text
 
 
 def test_bad_requests_are_anthropic_errors(served):
     anthropic = pytest.importorskip("anthropic")
     messages = client(served).messages
+    unknown_tool = {"type": "tool", "name": "x"}
     bad_requests = [
         (dict(messages=[{"role": "user", "content": [IMAGE, {"type": "text", "text": "What?"}]}]), "image input"),
-        (dict(messages=QUESTION, temperature=1.5), "'temperature' must be from 0 to 1"),
-        (dict(messages=QUESTION, tool_choice={"type": "tool", "name": "nowhere"}), "'tool_choice' names 'nowhere'"),
+        (dict(messages=QUESTION, extra_body={"temperature": 1.5}), "'temperature' must be from 0 to 1"),
+        (dict(messages=QUESTION, tools=[WEATHER], tool_choice=unknown_tool), "'tool_choice' names 'x'"),
     ]
     for request, message in bad_requests:
         with pytest.raises(anthropic.BadRequestError) as refused:

@@ -95,7 +95,7 @@ def test_function_tools_tool_choice_and_text_format():
         }
     )
     parameters = WEATHER["parameters"]
-    function = {"name": "get_weather", "description": "The weather in a city", "parameters": parameters}
+    function = {"name": "get_weather", "description": "The weather in a city", "parameters": parameters, "strict": True}
     assert turn.tools == [{"type": "function", "function": function}]
     assert (turn.tool_choice, turn.parallel_tool_calls) == ("get_weather", False)
     assert turn.constraint == Constraint.json_object()
@@ -278,19 +278,19 @@ def served():
 
 def test_a_streamed_response_equals_the_whole_one(served):
     client = served.client()
-    request = dict(input=QUESTION, instructions="Answer briefly.", max_output_tokens=24, temperature=0)
-    whole = client.responses.create(**request)
+    request = dict(model="smollm2-135m", input=QUESTION, instructions="Answer briefly.", max_output_tokens=24)
+    whole = client.responses.create(**request, temperature=0)
     assert whole.id.startswith("resp_") and whole.output[0].id.startswith("msg_") and whole.output_text
     assert whole.status in ("completed", "incomplete") and whole.model == "smollm2-135m"
     assert 0 < whole.usage.output_tokens <= 24
     assert whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
-    events = list(client.responses.create(**request, stream=True))
+    events = list(client.responses.create(**request, temperature=0, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed == whole.output_text == events[-1].response.output_text
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
-    with client.responses.stream(**request) as accumulated:  # the client's own event accumulator
+    with client.responses.stream(**request, temperature=0) as accumulated:  # the client's own event accumulator
         assert accumulated.get_final_response().output_text == whole.output_text
 
 
@@ -300,14 +300,14 @@ def test_a_forced_function_call_matches_its_schema_and_its_output_is_answered(se
     client = served.client()
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     choice = "required" if stream else {"type": "function", "name": "get_weather"}
-    request = dict(input=ask, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False, max_output_tokens=60)
+    request = dict(input=ask, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False, temperature=0)
     if stream:
-        events = list(client.responses.create(**request, stream=True))
+        events = list(client.responses.create(**request, max_output_tokens=60, stream=True))
         response = events[-1].response
         deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
         assert deltas == response.output[-1].arguments
     else:
-        response = client.responses.create(**request)
+        response = client.responses.create(**request, max_output_tokens=60)
     calls = [item for item in response.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].id.startswith("fc_")
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])

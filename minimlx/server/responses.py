@@ -162,7 +162,8 @@ def text_field(item: dict, name: str, param: str) -> str:
 
 
 def chat_tool(tool, param: str) -> dict:
-    """A Responses function tool {"type": "function", "name", "description", "parameters"} in the chat shape."""
+    """A Responses function tool {"type": "function", "name", "description", "parameters", "strict"} in the chat
+    shape, {"type": "function", "function": {...}}."""
     if not isinstance(tool, dict) or tool.get("type") != "function":
         kind = tool.get("type") if isinstance(tool, dict) else None
         raise bad(param, f"{param} is a '{kind}' tool; this server runs function tools only")
@@ -174,6 +175,8 @@ def chat_tool(tool, param: str) -> dict:
         if not isinstance(parameters, dict):
             raise bad(f"{param}.parameters", f"{param}.parameters must be a JSON Schema object")
         function["parameters"] = parameters
+    if tool.get("strict") is not None:
+        function["strict"] = flag(tool, "strict")
     return {"type": "function", "function": function}
 
 
