@@ -19,7 +19,6 @@ RENAMED = {
     "--host": "--host",
     "--api-key": "--api-key",
     "--parallel": "--max-batch",
-    "--alias": "--served-model-name",
     "--chat-template-file": "--chat-template",
     "--reasoning-format": "--reasoning-format",
 }
@@ -28,6 +27,9 @@ RENAMED = {
 # templates (chatml, llama3, command-r) or holds a template inline: minimlx uses the model's Jinja template.
 IGNORED = {"--temp", "--seed", "--n-predict", "--ctx-size", "--batch-size", "--ubatch-size", "--threads"}
 IGNORED |= {"--n-gpu-layers", "--chat-template"}
+# --alias only names the model in llama-server's answers: a one-model llama-server answers any `model` a request
+# names (their tests send "test", "gpt-4.1", ...), as minimlx serve does without --served-model-name.
+IGNORED |= {"--alias"}
 # Switches of llama.cpp alone: minimlx always renders Jinja templates, has no slots endpoint or web UI, and
 # never downloads here.
 SWITCHES = {"--jinja", "--no-jinja", "--slots", "--no-slots", "--offline", "--cont-batching", "--no-ui", "--verbose"}

@@ -93,12 +93,15 @@ def run(folder: Path, pytest_args: list[str] = ()) -> tuple[dict[str, str | None
         LLAMACPP_TEST_TIMEOUT=str(TEST_TIMEOUT),
         PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     )
-    ids = [name if test is None else f"{name}::{test}" for name, tests in SELECTED.items() for test in tests or [None]]
+    # from their tests folder, as llama.cpp runs them: `../../../models/templates/X.jinja` is then the templates
+    ids = [
+        f"unit/{name}" + (f"::{test}" if test else "") for name, tests in SELECTED.items() for test in tests or [None]
+    ]
     deselected = [f"--deselect=unit/{test}" for test in DESELECTED]  # node ids start at their tests folder
     junit = folder / "results.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", "-m", "not slow"]
     command += [f"--junitxml={junit}", "-o", "junit_logging=all", *deselected, *pytest_args, *ids]
-    done = subprocess.run(command, cwd=unit, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    done = subprocess.run(command, cwd=unit.parent, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     return (outcomes(junit) if junit.is_file() else {}), done.stdout + done.stderr
 
 
@@ -148,7 +151,7 @@ def test_llamacpp_server_standin():
     flags += " --batch-size 2048 --no-slots --alias tiny --ctx-size 8192 --parallel 1 --n-predict 128 --jinja"
     flags += " --chat-template-file ../../../models/templates/X.jinja --chat-template chatml --reasoning-format none"
     assert serve_args(flags.split()) == [
-        *("-m", "smollm2-135m", "--port", "8080", "--host", "127.0.0.1", "--served-model-name", "tiny"),
+        *("-m", "smollm2-135m", "--port", "8080", "--host", "127.0.0.1"),
         *("--max-batch", "1", "--chat-template", "../../../models/templates/X.jinja", "--reasoning-format", "none"),
     ]
     with pytest.raises(SystemExit, match="--embedding has no minimlx serve equivalent"):

@@ -269,9 +269,14 @@ class Server:
         return APIError(413, message, code="request_too_large")
 
     def authorize(self, request: HTTPRequest) -> None:
-        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            message = "missing or wrong API key; send it as 'Authorization: Bearer KEY'"
-            raise APIError(401, message, code="invalid_api_key")
+        """The API key as OpenAI clients send it (Authorization: Bearer KEY) or Anthropic's (x-api-key: KEY)."""
+        headers = request.headers
+        if self.api_key is not None and self.api_key not in (
+            headers.get("x-api-key"),
+            headers.get("authorization", "").removeprefix("Bearer "),
+        ):
+            message = "missing or wrong API key; send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
+            raise APIError(401, message, code="invalid_api_key", kind="authentication_error")
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
         """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
