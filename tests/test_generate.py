@@ -71,9 +71,9 @@ def test_length_limit_and_stop_strings(smollm2):
 
 
 def test_split_at_stop_holds_back_a_possible_start():
-    assert split_at_stop("hello wor", ["world"]) == ("hello ", "wor", False)
-    assert split_at_stop("hello world!", ["world", "lo"]) == ("hel", "", True)
-    assert split_at_stop("abc", ["xyz"]) == ("abc", "", False)
+    assert split_at_stop("hello wor", ["world"]) == ("hello ", "wor", None)
+    assert split_at_stop("hello world!", ["world", "lo"]) == ("hel", "", "lo")
+    assert split_at_stop("abc", ["xyz"]) == ("abc", "", None)
 
 
 def test_chunked_prefill_and_token_prompts_agree(smollm2):

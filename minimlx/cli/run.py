@@ -14,7 +14,7 @@ from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import TEXT, dtype_option, main, parallel_options, read_stdin
+from . import TEXT, chat_template_option, dtype_option, main, parallel_options, read_stdin
 
 
 def whole_option(name: str, default: int, help: str, low: int = 1):
@@ -75,6 +75,7 @@ def generation_options(command):
             click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
             sampling_options,
             click.option("--system", type=TEXT, help="System prompt (through the chat template)."),
+            chat_template_option,
             click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
             dtype_option,
             click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
@@ -125,7 +126,10 @@ def open_model(options: dict):
         if short_name_path(DEFAULT_MODEL) is None:
             raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
         name = DEFAULT_MODEL
-    return load(name, options["dtype"], options.get("parallel"))
+    model, tokenizer = load(name, options["dtype"], options.get("parallel"))
+    if options.get("chat_template") is not None:
+        tokenizer.chat_template = options["chat_template"]
+    return model, tokenizer
 
 
 def print_stats(response) -> None:

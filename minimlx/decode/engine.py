@@ -78,13 +78,14 @@ class Output:
     top_logprobs: tuple[tuple[int, float], ...] | None = None  # (id, logprob) of the most likely tokens, best first
 
 
-def split_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str, bool]:
-    """(text safe to emit, text held back because a stop string may start there, whether a stop string ended it)."""
-    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+def split_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str, str | None]:
+    """(text safe to emit, text held back because a stop string may start there, the stop string that ended it)."""
+    found = [(i, s) for i, s in ((text.find(s), s) for s in stop) if i >= 0]
     if found:
-        return text[: min(found)], "", True
+        at, string = min(found)
+        return text[:at], "", string
     held = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-    return text[: len(text) - held], text[len(text) - held :], False
+    return text[: len(text) - held], text[len(text) - held :], None
 
 
 class Generation:
@@ -112,6 +113,7 @@ class Generation:
         self.sampled = 0  # generated, some maybe still on the device
         self.cached_tokens = 0  # prompt tokens the prompt cache supplied
         self.finish_reason: str | None = None
+        self.stop_string: str | None = None  # the stop string that ended it, if one did
         self.cancelled = False
         self.cache: list | None = None  # once it has left the batch: the cache of its prompt and answer
         self.keys: mx.array | None = None  # made by the thread that steps the engine: MLX streams belong to a thread
@@ -174,10 +176,10 @@ class Generation:
             if finish is not None:
                 text += self.detokenizer.finalize()
         stop = self.request.settings.stop
-        text, self.held, stopped = split_at_stop(text, stop) if stop else (text, "", False)
-        if finish is not None and not stopped:
+        text, self.held, self.stop_string = split_at_stop(text, stop) if stop else (text, "", None)
+        if finish is not None and self.stop_string is None:
             text += self.held
-        self.finish_reason = "stop" if stopped else finish
+        self.finish_reason = "stop" if self.stop_string is not None else finish
         if self.asked is None:
             return Output(self, token, text, self.finish_reason)
         chosen, ids, values = self.pending.popleft()

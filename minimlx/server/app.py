@@ -330,7 +330,7 @@ class Answer:
         logprob = None
         if output.logprob is not None and output.token not in generation.stop_ids:
             logprob = self.server.token_logprob(output.token, output.logprob, output.top_logprobs)
-        return Piece(i, deltas, logprob, finish)
+        return Piece(i, deltas, logprob, finish, generation.stop_string if finish else None)
 
     def usage(self) -> Usage:
         def answered(g: Generation) -> int:  # the stop token ending an answer is not part of it
