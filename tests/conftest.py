@@ -31,3 +31,15 @@ def hf_folder(tmp_path_factory):
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A `minimlx serve` process on SmolLM2 with the default options, one per test module that asks for it."""
+    from test_generate import smollm2_path
+    from test_serve import Served
+
+    smollm2_path()
+    server = Served()
+    yield server
+    server.stop()

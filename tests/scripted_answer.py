@@ -39,6 +39,15 @@ def end(reason: str, stop_string: str | None = None) -> list[Piece]:
     return [Piece(0, [], finish_reason=reason, stop_string=stop_string)]
 
 
+# A reply that thinks, says something, then calls a tool.
+THOUGHT_ANSWER_AND_CALL = (
+    text("reasoning", "Think", "ing.")
+    + text("content", "Let me ", "check.")
+    + call(0, "call_9", "get_weather", '{"city": ', '"Paris"}')
+    + end("tool_calls")
+)
+
+
 def collect(events) -> list[dict]:
     """The data of each server-sent event of an async stream, after checking that the event is named by its type."""
 

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 from pydantic import TypeAdapter
-from scripted_answer import ScriptedAnswer, call, collect, end, text
+from scripted_answer import THOUGHT_ANSWER_AND_CALL, ScriptedAnswer, call, collect, end, text
 
 from minimlx.server.fields import APIError
 from minimlx.server.messages import Reply, error_body, read_turn, sampling
@@ -172,14 +172,6 @@ def reply(pieces, failure=None) -> Reply:
     return Reply("smollm2-135m", ScriptedAnswer(pieces, USAGE, failure))
 
 
-THOUGHT_ANSWER_AND_CALL = (
-    text("reasoning", "Think", "ing.")
-    + text("content", "Let me ", "check.")
-    + call(0, "call_9", "get_weather", '{"city": ', '"Paris"}')
-    + end("tool_calls")
-)
-
-
 def test_a_whole_message_lists_thinking_text_and_tool_use_blocks():
     message = asyncio.run(reply(THOUGHT_ANSWER_AND_CALL).whole())
     anthropic_types.Message.model_validate(message)
@@ -264,17 +256,6 @@ def test_a_generation_failing_midway_ends_the_stream_with_an_error_event():
 # ---- end to end: the official anthropic client against `minimlx serve` ----
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def served():
-    from test_generate import smollm2_path
-    from test_serve import Served
-
-    smollm2_path()
-    server = Served()
-    yield server
-    server.stop()
 
 
 def client(served):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from pydantic import TypeAdapter
-from scripted_answer import ScriptedAnswer, call, collect, end, text
+from scripted_answer import THOUGHT_ANSWER_AND_CALL, ScriptedAnswer, collect, end, text
 
 from minimlx.decode.grammar import Constraint
 from minimlx.server.fields import APIError
@@ -150,14 +150,6 @@ def reply(pieces, failure=None, echo=None) -> Reply:
     return Reply("smollm2-135m", echo, ScriptedAnswer(pieces, USAGE, failure))
 
 
-THOUGHT_ANSWER_AND_CALL = (
-    text("reasoning", "Think", "ing.")
-    + text("content", "Let me ", "check.")
-    + call(0, "call_9", "get_weather", '{"city": ', '"Paris"}')
-    + end("tool_calls")
-)
-
-
 def test_a_whole_response_lists_reasoning_message_and_function_call_items():
     response = asyncio.run(reply(THOUGHT_ANSWER_AND_CALL).whole())
     parsed = openai_types.Response.model_validate(response)  # every field the official client requires
@@ -263,17 +255,6 @@ def test_a_generation_failing_midway_ends_the_stream_with_an_error_and_a_failed_
 # ---- end to end: the official openai client against `minimlx serve` ----
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def served():
-    from test_generate import smollm2_path
-    from test_serve import Served
-
-    smollm2_path()
-    server = Served()
-    yield server
-    server.stop()
 
 
 def test_a_streamed_response_equals_the_whole_one(served):

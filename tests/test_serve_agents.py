@@ -14,6 +14,7 @@ import pytest
 from llamacpp import llamacpp_template
 from reference import require
 from test_generate import smollm2_path
+from test_grammar import SCHEMAS  # the engine's tests of the same 11 schemas, here through the server
 from test_serve import QUESTION, Served
 
 WEATHER = {
@@ -103,84 +104,6 @@ def test_a_forced_tool_call_validates_streamed_or_not(templated_server, choice):
     ]
     answer = client.chat.completions.create(model="x", messages=result, tools=tools, tool_choice="none", max_tokens=30)
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
-
-
-SCHEMAS = [
-    {
-        "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 20}},
-        "required": ["name"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "city": {
-                "type": "object",
-                "properties": {"name": {"type": "string", "maxLength": 20}},
-                "required": ["name"],
-            },
-            "country": {"type": "string", "maxLength": 20},
-        },
-        "required": ["city", "country"],
-        "additionalProperties": False,
-    },
-    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 2, "maxItems": 4},
-    {"type": "string", "enum": ["red", "green", "blue"]},
-    {
-        "type": "object",
-        "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 65}},
-        "required": ["age"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "note": {"type": "string", "maxLength": 15}},
-        "required": ["ok"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "tags": {
-                "type": "array",
-                "items": {"type": "string", "maxLength": 10},
-                "minItems": 1,
-                "maxItems": 3,
-            }
-        },
-        "required": ["tags"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {"level": {"enum": [1, 2, 3]}, "label": {"const": "x"}},
-        "required": ["level", "label"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "people": {
-                "type": "array",
-                "maxItems": 2,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string", "maxLength": 12},
-                        "born": {"type": "integer", "minimum": 1900, "maximum": 2020},
-                    },
-                    "required": ["name", "born"],
-                    "additionalProperties": False,
-                },
-            }
-        },
-        "required": ["people"],
-        "additionalProperties": False,
-    },
-    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
-    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "maxLength": 5}]},
-]
 
 
 @pytest.fixture(scope="module")

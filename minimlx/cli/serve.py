@@ -79,7 +79,10 @@ def serve(
     reasoning_format,
     **options,
 ):
-    """Answer OpenAI (chat completions, completions, Responses) and Anthropic (Messages) requests until Ctrl-C."""
+    """Answer OpenAI and Anthropic API requests over HTTP until Ctrl-C.
+
+    Chat completions, completions and Responses (OpenAI), Messages (Anthropic).
+    """
     from ..decode import Engine
     from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server

@@ -134,3 +134,11 @@ def constraint_fields(body: dict):
         return make(value)
     except InvalidSettingError as e:
         raise bad(name, str(e)) from None
+
+
+def text_field(part: dict, name: str, param: str) -> str:
+    """The string field `name` of a part of a request (a content block, an input item) at `param`."""
+    value = part.get(name)
+    if not isinstance(value, str):
+        raise bad(f"{param}.{name}", f"{param}.{name} must be a string")
+    return value

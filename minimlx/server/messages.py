@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, flag, integer, number, text_content
+from .fields import APIError, bad, flag, integer, number, text_content, text_field
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -156,13 +156,6 @@ def tool_result_text(content, param: str) -> str:
     if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "image" for b in content):
         raise bad(param, NO_IMAGES)
     return text_content(content, param)
-
-
-def text_field(block: dict, name: str, param: str) -> str:
-    value = block.get(name)
-    if not isinstance(value, str):
-        raise bad(f"{param}.{name}", f"{param}.{name} must be a string")
-    return value
 
 
 def function_tool(tool, param: str) -> dict:

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from ..decode.grammar import Constraint
 from ..errors import InvalidSettingError
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, flag, integer, number
+from .fields import APIError, bad, flag, integer, number, text_field
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -152,13 +152,6 @@ def message_text(content, param: str) -> str:
             raise bad(f"{param}[{i}]", message)
         texts.append(part["text"])
     return "".join(texts)
-
-
-def text_field(item: dict, name: str, param: str) -> str:
-    value = item.get(name)
-    if not isinstance(value, str):
-        raise bad(f"{param}.{name}", f"{param}.{name} must be a string")
-    return value
 
 
 def chat_tool(tool, param: str) -> dict:
