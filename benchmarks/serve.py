@@ -11,8 +11,9 @@ Each server goes through the client counts --rounds times in turn, and the table
 the rounds (a busy machine slows one burst, not all of them), failed requests summed over the rounds.
 
 --json-schema also sends every minimlx burst with `response_format` set to a JSON schema (a story object:
-title, a string of any length, tags), burst for burst beside the unconstrained one, and reports the ratio of
-the two: what computing a grammar's token mask at every step costs a batch.
+a title, a story of at least 400 characters so that the answer runs to --tokens as the unconstrained one does,
+tags), burst for burst beside the unconstrained one, and reports the ratio of the two: what computing a
+grammar's token mask at every step costs a batch.
 
 Servers, each left out with a note when not installed: minimlx serve --dtype float32 (the GGUF dequantized),
 minimlx serve as it starts by default with the native kernel of native/ installed (the GGUF's Q4_1 weights kept
@@ -84,7 +85,7 @@ STORY = {
     "type": "object",
     "properties": {
         "title": {"type": "string", "maxLength": 40},
-        "story": {"type": "string"},
+        "story": {"type": "string", "minLength": 400},  # so that both kinds of answer run to --tokens
         "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
     },
     "required": ["title", "story", "tags"],
