@@ -103,3 +103,19 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on():
     out, err = chat.communicate("What is the capital of France?\n", timeout=120)
     assert chat.returncode == 0, err
     assert first and "Paris" in out and "Traceback" not in err
+
+
+def test_chat_shows_thinking_unless_asked_to_hide_it(tmp_path):
+    """A template whose answer opens with thinking (as DeepSeek-R1's does: its prompt ends in `<think>`): SmolLM2
+    never closes it, so its whole reply is thinking, shown by default and left out with --hide-thinking."""
+    smollm2_path()
+    template = tmp_path / "thinking.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n<think>\n"
+    )
+    question = "What is the capital of France?\n"
+    shown = minimlx("chat", "--chat-template", str(template), "--max-tokens", "12", stdin=question)
+    hidden = minimlx("chat", "--chat-template", str(template), "--max-tokens", "12", "--hide-thinking", stdin=question)
+    assert shown.returncode == hidden.returncode == 0, shown.stderr + hidden.stderr
+    assert shown.stdout.strip() and hidden.stdout.strip() == ""
