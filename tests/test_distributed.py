@@ -215,6 +215,36 @@ def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
     assert [choice["text"] for choice in answer["choices"]] == [alone.stdout.strip()] * 2
 
 
+def test_a_grammar_ends_an_answer_on_every_rank(smollm2, tmp_path):
+    """A regex completes SmolLM2's answer early on rank 0; the other rank must end it there too, or the next step
+    (its collectives) would hang."""
+    import urllib.request
+
+    from test_serve import wait_until_serving
+
+    port = free_ports(1)
+    ranks = start_ranks([minimlx("serve", "-m", str(smollm2), "--port", str(port), "--pipeline")] * 2, tmp_path)
+
+    def complete(**fields):
+        body = json.dumps({"messages": [{"role": "user", "content": "What is the capital of France?"}], **fields})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(), {"Content-Type": "application/json"}
+        )
+        return json.load(urllib.request.urlopen(request, timeout=120))["choices"][0]
+
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}", ranks[0])
+        constrained = complete(regex=r"The capital of France is (Paris|Lyon)\.", temperature=0, max_tokens=16)
+        free = complete(temperature=0, max_tokens=8)
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    assert constrained["message"]["content"] == "The capital of France is Paris."  # as one process answers
+    assert constrained["finish_reason"] == "stop"
+    assert "Paris" in free["message"]["content"]
+
+
 def test_a_killed_rank_ends_the_other_within_30_seconds(deep_folder, tmp_path):
     args = ["run", "-m", str(deep_folder), "w3 w4", "--max-tokens", "3000", "--no-chat-template", "--pipeline"]
     first, second = start_ranks([minimlx(*args), minimlx(*args)], tmp_path)

@@ -338,3 +338,10 @@ def test_a_body_over_the_limit_is_refused_from_its_length_before_it_is_read(smol
     connection.close()
     assert response.status == 413 and time.monotonic() - started < 2
     assert set(reply["error"]) == {"message", "type", "param", "code"} and "8 MB" in reply["error"]["message"]
+
+
+def test_a_grammar_over_a_tokenizer_llguidance_cannot_read_is_a_400(tiny_server):
+    """The tiny model's word-level vocabulary has no byte-level or SentencePiece decoder to map ids to bytes."""
+    headers = {"Authorization": "Bearer secret"}
+    code, reply = tiny_server.post("/v1/completions", {"prompt": "w3 w4", "regex": "w[0-9]"}, headers)
+    assert code == 400 and "cannot be constrained by a grammar" in reply["error"]["message"]

@@ -119,9 +119,14 @@ TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # minimlx
 def guidance_tokenizer(tokenizer) -> LLTokenizer:
     """llguidance's view of `tokenizer` (a minimlx Tokenizer), built on its first use and kept with it."""
     if tokenizer not in TOKENIZERS:
-        TOKENIZERS[tokenizer] = LLTokenizer(
-            tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=sorted(tokenizer.eos_token_ids)
-        )
+        try:
+            TOKENIZERS[tokenizer] = LLTokenizer(
+                tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=sorted(tokenizer.eos_token_ids)
+            )
+        except ValueError as e:  # llguidance reads byte-level BPE and SentencePiece vocabularies, not every kind
+            raise InvalidSettingError(
+                f"this model's tokenizer cannot be constrained by a grammar ({e}); send the request without one"
+            ) from None
     return TOKENIZERS[tokenizer]
 
 

@@ -39,6 +39,7 @@ from ..core.ffn import MLP, SwiGLU
 from ..core.latent_attention import LatentAttention
 from ..core.moe import MoE
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
+from ..decode.grammar import Constraint
 from ..errors import CheckpointError, InvalidSettingError
 from .placement import BEFORE, balance, section_bytes
 
@@ -386,6 +387,10 @@ class Split:
             weights.pop(f"{path}.bias", None)
 
 
+def constraint_fields(constraint: Constraint | None) -> list[str] | None:
+    return [constraint.kind, constraint.source] if constraint is not None else None
+
+
 class Mirrored(Engine):
     """`serve`'s engine on every rank: all ranks take the same steps with the same sequences in them.
 
@@ -426,6 +431,7 @@ class Mirrored(Engine):
                     s.seed,
                     list(s.request.settings.stop),
                     sorted(s.stop_ids),
+                    constraint_fields(s.request.settings.constraint),
                 ]
                 for s in joined
             ]
@@ -449,8 +455,10 @@ class Mirrored(Engine):
             message = self.announce("")
             if message:
                 news, cancelled = json.loads(message)
-                for prompt, max_tokens, seed, stop, stop_ids in news:
-                    settings = SamplingSettings(max_tokens, seed=seed, stop=stop)
+                for prompt, max_tokens, seed, stop, stop_ids, constraint in news:
+                    # a grammar ends a sequence where its answer is complete: every rank must know it
+                    constraint = Constraint(*constraint) if constraint else None
+                    settings = SamplingSettings(max_tokens, seed=seed, stop=stop, constraint=constraint)
                     request = Request(prompt, settings, stop_ids=frozenset(stop_ids))
                     self.sequences.append(Engine.submit(self, request))
                 for number in cancelled:
