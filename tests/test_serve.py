@@ -75,6 +75,10 @@ class Served:
         except urllib.error.HTTPError as e:
             return e.code, json.load(e)
 
+    def health(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
+            return json.load(response)
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -247,7 +251,9 @@ def test_a_disconnected_stream_frees_its_slot_and_a_full_queue_answers_429(smoll
         waiting = pool.submit(
             client.chat.completions.create, model="smollm2-135m", messages=QUESTION, temperature=0, max_tokens=8
         )
-        time.sleep(2.5)  # for the waiting request to reach the queue, on a busy machine too
+        deadline = time.monotonic() + 30
+        while smollm2_server.health() != {"status": "ok", "running": 1, "waiting": 1} and time.monotonic() < deadline:
+            time.sleep(0.1)
         code, reply = smollm2_server.post(CHAT, {"messages": QUESTION, "max_tokens": 8})
         assert code == 429 and reply["error"]["code"] == "rate_limit_exceeded"
         long.close()

@@ -226,7 +226,8 @@ class Server:
     # ---- endpoints ----
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        """Up, and how many answers are being decoded and how many wait for a slot."""
+        return JSONResponse({"status": "ok", "running": len(self.engine.rows), "waiting": len(self.engine.waiting)})
 
     async def models(self, request: HTTPRequest) -> JSONResponse:
         self.authorize(request)
