@@ -63,7 +63,7 @@ function minimlxExplain(root, options) {
     try {
       const walk = await post("/api/explain", body());
       if (!state.base || !anyAblation()) state.base = walk;
-      state.ids = walk.ids; state.walk = walk; draw();
+      state.ids = walk.ids; state.walk = walk; await draw();
       say(walk.note || `${walk.tokens.length} tokens` + (anyAblation() ? ` · ablated: ${describe()}` : ""));
       root.dataset.ready = String(Number(root.dataset.ready || 0) + 1);
     } catch (e) { say(e.message, true); }
@@ -80,10 +80,11 @@ function minimlxExplain(root, options) {
   const toggle = (list, item) => { const i = list.findIndex((x) => JSON.stringify(x) === JSON.stringify(item)); if (i >= 0) list.splice(i, 1); else list.push(item); rewalk(); };
 
   // ---- drawing ----
-  function draw() {
+  async function draw() {  // resolves once every panel is drawn, its requests (attention, sampling) answered
     const w = state.walk;
     if (state.position < 0 || state.position >= w.tokens.length) state.position = w.tokens.length - 1;
-    drawTokens(w); drawLens(w); drawAttention(w); drawBlocks(w); drawExperts(w); drawNext(w);
+    drawTokens(w); drawLens(w); drawBlocks(w); drawExperts(w);
+    await Promise.all([drawAttention(w), drawNext(w)]);
   }
 
   function drawTokens(w) {
@@ -195,7 +196,7 @@ function minimlxExplain(root, options) {
     }
   }
 
-  function drawNext(w) {
+  async function drawNext(w) {
     clear(panels.next);
     const list = el("div", { class: "mx-next" });
     const base = state.base && anyAblation() ? Object.fromEntries(state.base.next.map((n) => [n.id, n.prob])) : null;
@@ -218,7 +219,7 @@ function minimlxExplain(root, options) {
     };
     [temperature, topP, topK].forEach((c) => c.addEventListener("change", sample));
     panels.next.append(el("div", { class: "mx-form" }, el("label", {}, "temperature ", temperature), el("label", {}, "top-p ", topP), el("label", {}, "top-k ", topK)), kept);
-    sample();
+    await sample();
   }
 
   // ---- side by side ----
@@ -297,8 +298,7 @@ function minimlxExplain(root, options) {
   } else {
     if (data.ledger) drawLedger(data.ledger);
     if (data.compare) drawCompare(data.compare); else panels.compare.hidden = true;
-    draw();
     say(state.walk.note || `${state.walk.tokens.length} tokens (a standalone page: run minimlx explain to type prompts, step and ablate)`);
-    root.dataset.ready = "1";
+    draw().then(() => { root.dataset.ready = "1"; });
   }
 }
