@@ -46,6 +46,8 @@ function minimlxExplain(root, options) {
   };
   if (live) root.append(form);
   root.append(status, ...Object.values(panels));
+  const compareControls = el("div"), compareOut = el("div"), precisionOut = el("div");
+  panels.compare.append(compareControls, compareOut, precisionOut);
 
   const say = (text, error = false) => { status.textContent = text; status.classList.toggle("mx-error", error); };
   const clear = (panel) => { while (panel.children.length > 1) panel.lastChild.remove(); };
@@ -224,9 +226,8 @@ function minimlxExplain(root, options) {
 
   // ---- side by side ----
   function drawCompare(result) {
-    clear(panels.compare);
-    panels.compare.append(el("p", {}, `${shown(result.word)}: token ${shown(result.tokens[0])} at position ${result.positions[0]} of the first sentence, ${shown(result.tokens[1])} at ${result.positions[1]} of the second.`));
-    panels.compare.append(lineChart(result.layers, [result.similarity], "cosine of the two hidden states", { "data-similarity": JSON.stringify(result.similarity) }));
+    compareOut.replaceChildren(el("p", {}, `${shown(result.word)}: token ${shown(result.tokens[0])} at position ${result.positions[0]} of the first sentence, ${shown(result.tokens[1])} at ${result.positions[1]} of the second.`),
+      lineChart(result.layers, [result.similarity], "cosine of the two hidden states", { "data-similarity": JSON.stringify(result.similarity) }));
   }
 
   function lineChart(labels, series, caption, attrs = {}) {
@@ -251,12 +252,12 @@ function minimlxExplain(root, options) {
     const word = el("input", { name: "word", value: "bank", size: "8" });
     const f = el("form", { class: "mx-form", onsubmit: async (e) => { e.preventDefault(); try { drawCompare(await post("/api/compare", { first: first.value, second: second.value, word: word.value })); } catch (x) { say(x.message, true); } } },
       first, second, "word ", word, el("button", { type: "submit", name: "compare" }, "compare"));
-    panels.compare.append(el("p", { class: "mx-note" }, "The same word in two contexts: its hidden state starts identical and drifts apart layer by layer."), f);
+    compareControls.replaceChildren(el("p", { class: "mx-note" }, "The same word in two contexts: its hidden state starts identical and drifts apart layer by layer."), f);
     if (state.info && state.info.second) {
-      panels.compare.append(el("button", { name: "precision", onclick: async () => { try {
+      compareControls.append(el("button", { name: "precision", onclick: async () => { try {
         const d = await post("/api/precision", body());
         const last = d.cosine.map((row) => row.at(-1)), rel = d.relative_difference.map((row) => row.at(-1));
-        panels.compare.append(lineChart(d.layers, [last, rel], `${d.first} vs ${d.second}: cosine (blue) and relative difference (red) at the last token`, { "data-precision": JSON.stringify(last) }));
+        precisionOut.replaceChildren(lineChart(d.layers, [last, rel], `${d.first} vs ${d.second}: cosine (blue) and relative difference (red) at the last token`, { "data-precision": JSON.stringify(last) }));
       } catch (x) { say(x.message, true); } } }, `compare with ${state.info.second}`));
     }
   }
@@ -291,7 +292,7 @@ function minimlxExplain(root, options) {
   // ---- start ----
   if (live) {
     compareForm();
-    fetch("/api/info").then((r) => r.json()).then((info) => { state.info = info; chat.checked = false; chat.disabled = !info.chat_template; clear(panels.compare); compareForm(); });
+    fetch("/api/info").then((r) => r.json()).then((info) => { state.info = info; chat.checked = false; chat.disabled = !info.chat_template; compareForm(); });
     fetch("/api/ledger").then((r) => r.json()).then(drawLedger);
     say("Type a prompt and press Explain.");
     root.dataset.ready = "0";
