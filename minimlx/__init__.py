@@ -7,6 +7,7 @@ from .quantization import quantize
 from .convert import convert
 from .decode import Constraint, batch_generate, generate, stream_generate
 from .anatomy import ledger, trace
+from .explainer import explain
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
@@ -14,6 +15,7 @@ __all__ = [
     "Constraint",
     "batch_generate",
     "convert",
+    "explain",
     "generate",
     "ledger",
     "lens",

@@ -20,6 +20,7 @@ import mlx.nn as nn
 from ..core import Recorder
 from ..decode.prompt import check_ids, vocab_size
 from ..errors import InvalidSettingError
+from .ablation import Ablation, Patch, applied
 
 BLOCK_ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 ROUTING = ("expert_indices", "expert_weights")
@@ -48,12 +49,19 @@ def _as_batch(model: nn.Module, ids) -> mx.array:
     return mx.array(rows)
 
 
-def trace(model: nn.Module, ids, names: list[str] | None = None, attention: bool = False) -> dict[str, mx.array]:
+def trace(
+    model: nn.Module,
+    ids,
+    names: list[str] | None = None,
+    attention: bool = False,
+    ablate: Ablation | None = None,
+) -> dict[str, mx.array]:
     """Run `model` on `ids` ((batch,) tokens) and return the activations named in `names` (all when None).
 
     `attention=True` adds every layer's `queries`, `keys` and `attn_weights` (which `names` can also
     name one by one). The result is evaluated and ordered as `names` (then the attention added), or as
-    the forward pass produces them.
+    the forward pass produces them. `ablate` switches heads, experts or blocks off (or patches the
+    stream) for this pass: see `minimlx.anatomy.ablation`.
     """
     if names is not None:
         unknown = sorted(set(names) - set(activation_names(model, attention=True)))
@@ -74,22 +82,38 @@ def trace(model: nn.Module, ids, names: list[str] | None = None, attention: bool
         if hasattr(layer.ffn, "route") and any(f"layers.{i}.{w}" in names for w in ROUTING)
     ]
     recorder = Recorder(set(names) | {f"layers.{i}.resid_mid" for i in routed})
-    model(_as_batch(model, ids), recorder=recorder)
-    values = recorder.values
-    for i in routed:
-        layer = model.layers[i]
-        indices, weights = layer.ffn.route(layer.ffn_input(values[f"layers.{i}.resid_mid"]))
-        values[f"layers.{i}.expert_indices"], values[f"layers.{i}.expert_weights"] = indices, weights
-    values = {name: values[name] for name in names}
-    mx.eval(values)
+    batch = _as_batch(model, ids)
+    if ablate:
+        ablate.check(model, batch.shape[1])
+    blocks = list(model.layers)  # the blocks themselves, whatever `applied` wraps around them
+    with applied(model, ablate):
+        model(batch, recorder=recorder)
+        values = recorder.values
+        for i in routed:
+            indices, weights = blocks[i].ffn.route(blocks[i].ffn_input(values[f"layers.{i}.resid_mid"]))
+            values[f"layers.{i}.expert_indices"], values[f"layers.{i}.expert_weights"] = indices, weights
+        values = {name: values[name] for name in names}
+        mx.eval(values)
     return values
 
 
-def residual_stream(model: nn.Module, ids) -> mx.array:
+def residual_stream(model: nn.Module, ids, ablate: Ablation | None = None) -> mx.array:
     """The residual stream of one sequence (`ids`: its tokens) after the embedding and after each block.
 
     Shape (layers + 1, tokens, dims): row 0 is what enters the first block, row i + 1 what leaves block i.
     """
     names = ["embed"] + [f"layers.{i}.resid_post" for i in range(len(model.layers))]
-    values = trace(model, ids, names)
+    values = trace(model, ids, names, ablate=ablate)
     return mx.stack([values[name][0] for name in names])
+
+
+def patch_from(model: nn.Module, ids, layer: int, position: int = -1, target_position: int = -1) -> Patch:
+    """A patch that puts the stream of prompt `ids` leaving block `layer` at `position` into another prompt's
+    pass at `target_position` (activation patching)."""
+    if not 0 <= layer < len(model.layers):
+        raise InvalidSettingError(f"patch layer must be between 0 and {len(model.layers) - 1}, got {layer}")
+    name = f"layers.{layer}.resid_post"
+    state = trace(model, ids, [name])[name][0]
+    if not -state.shape[0] <= position < state.shape[0]:
+        raise InvalidSettingError(f"position must be within the source prompt's {state.shape[0]} tokens")
+    return Patch(layer, target_position, state[position])

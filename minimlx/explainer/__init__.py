@@ -1,0 +1,60 @@
+"""The explainer: the walk from tokens to the next token on a page (served, one file, or a notebook cell).
+
+`explain(model, tokenizer, prompt)` computes the walk and returns an `Explanation`, which a notebook shows
+(`_repr_html_`) and which writes the standalone page (`save`). `minimlx explain` serves the live page.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.nn as nn
+
+from ..anatomy.ablation import Ablation
+from ..anatomy.similarity import compare_word
+from .figures import ledger_figures, model_info
+from .page import fragment, page
+from .walk import bounded, prompt_ids, walk
+
+
+@dataclass
+class Explanation:
+    """The walk (`walk`, as `POST /api/explain` answers it) with what the page shows beside it."""
+
+    title: str
+    walk: dict
+    info: dict
+    ledger: dict
+    compare: dict | None = None
+
+    def data(self) -> dict:
+        return {"walk": self.walk, "info": self.info, "ledger": self.ledger, "compare": self.compare}
+
+    def _repr_html_(self) -> str:
+        return fragment(self.title, self.data())
+
+    def html(self) -> str:
+        """The standalone page: one file with its script, style and walk inside, nothing fetched."""
+        return page(self.title, self.data())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.html(), encoding="utf-8")
+
+
+def explain(
+    model: nn.Module,
+    tokenizer,
+    prompt: str,
+    chat_template: bool = False,
+    ablate: Ablation | None = None,
+    compare: tuple[str, str, str] | None = None,
+    title: str = "model",
+) -> Explanation:
+    """The walk of `prompt` (as a user message in the chat template when `chat_template`) under `ablate`; with
+    `compare` = (first, second, word), the word's drift between two contexts beside it."""
+    ids, note = bounded(prompt_ids(tokenizer, prompt, chat_template))
+    result = {**walk(model, tokenizer, ids, ablate), "note": note}
+    drift = compare_word(model, tokenizer, *compare).to_dict() if compare else None
+    return Explanation(title, result, model_info(model, tokenizer, title), ledger_figures(model), drift)
+
+
+__all__ = ["Explanation", "explain"]
