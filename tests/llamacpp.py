@@ -153,3 +153,45 @@ class Reader(GGUFReader):
     cost on each of the reader's slices (one per token and merge: 3x faster on a 49k-token vocabulary)."""
 
     data = property(lambda self: self._data, lambda self, memmap: setattr(self, "_data", memmap.view(np.ndarray)))
+
+
+# Text a tiny SentencePiece model is trained on: the corpora's scripts, code, digits, emoji, repeated.
+TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog. It's 5 o'clock; we'll see what they think of it.",
+    "Machine learning is a branch of artificial intelligence; models learn from the data they are shown.",
+    "机器学习是人工智能的一个分支。你好，世界！漢字 日本語のテキスト",
+    "def add(a, b):\n    return a + b  # sum\n\nprint(add(1, 2))  for i in range(10): pass",
+    "1234567 89 3.14159 2024-06-01 1,000,000 emoji 😀👍 café naïve «Très bien» ¿Qué tal?",
+]
+
+
+def sentencepiece_model(folder: Path, vocab_size: int, add_dummy_prefix: bool, specials=()) -> Path:
+    """Train a tiny SentencePiece BPE model (byte fallback, digits split, as Llama's and Gemma's) into
+    `folder/tokenizer.model`: what llama.cpp's converter reads for Gemma, Phi-3 and Mistral. `specials` are
+    user-defined symbols (kept whole, like Gemma's `<start_of_turn>`). Trained at test time, seeded: nothing to
+    commit."""
+    import sentencepiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text = folder / "training.txt"
+    text.write_text("\n".join(TRAINING_TEXT * 20))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(folder / "tokenizer"),
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        split_digits=True,
+        character_coverage=1.0,
+        add_dummy_prefix=add_dummy_prefix,
+        user_defined_symbols=list(specials),
+        hard_vocab_limit=True,
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        num_threads=1,
+        minloglevel=2,
+    )
+    text.unlink()
+    (folder / "tokenizer.vocab").unlink()
+    return folder / "tokenizer.model"

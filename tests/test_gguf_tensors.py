@@ -39,7 +39,7 @@ SCALES_AT = {
     "IQ1_M": (),
     "NVFP4": (),
 }
-DEQUANTIZED = [t for t in [*QUANTIZABLE, *SCALES_AT] if t not in PACKED_BITS and t != "BF16"]
+DEQUANTIZED = [t for t in [*QUANTIZABLE, *SCALES_AT] if t not in PACKED_BITS and t not in ("BF16", "MXFP4")]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -141,6 +141,15 @@ def test_dequantized_dtype_float32_is_the_reference(written):
     for kind in DEQUANTIZED:
         assert tensors[f"{kind}.weight"].dtype == mx.float32
         np.testing.assert_array_equal(np.array(tensors[f"{kind}.weight"]), dequantize(raw[kind], T[kind]), err_msg=kind)
+
+
+def test_mxfp4_is_mlx_mxfp4(written):
+    """MXFP4 stays packed as MLX's mxfp4: uint32 words, one uint8 exponent per 32 values, the reference's values."""
+    _, raw, tensors = written
+    w, scales = tensors["MXFP4.weight"], tensors["MXFP4.scales"]
+    assert (w.dtype, w.shape, scales.dtype, scales.shape) == (mx.uint32, (4, 64), mx.uint8, (4, 16))
+    unpacked = mx.dequantize(w, scales, None, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)
+    np.testing.assert_array_equal(np.array(unpacked), dequantize(raw["MXFP4"], T.MXFP4))
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,10 @@ types. Here the file is memory-mapped, its header parsed, and every tensor conve
   q unsigned), so they stay packed as `name` (uint32), `name.scales` and `name.biases` (".weight" dropped).
   Q4_0/Q4_1/Q8_0 keep float16 scales and biases, bit for bit what `mx.load` gives; Q4_K/Q5_K need float32 ones,
   since a K-quant group's scale is a float16 super-block scale times a 6-bit integer.
+- MXFP4 (gpt-oss's experts) is MLX's mxfp4: the same E2M1 values and E8M0 exponents, repacked as `name` (uint32)
+  and `name.scales` (uint8), no biases.
 - A file holding only types `mx.load` reads exactly (F32, F16, Q4_0, Q4_1, Q8_0) is read by `mx.load`.
-- Every other type `gguf.quants` can dequantize (Q5_0, Q5_1, Q2_K, Q3_K, Q6_K, IQ*, TQ*, MXFP4, ...) is
+- Every other type `gguf.quants` can dequantize (Q5_0, Q5_1, Q2_K, Q3_K, Q6_K, IQ*, TQ*, ...) is
   dequantized in float32 with that reference code, one tensor at a time, and returned as `dequantized_dtype`:
   float16 by default (half the memory; within 2^-11 relative of the reference), float32 for exact values.
 """
@@ -119,13 +121,14 @@ def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype = mx.float16) -> tup
             tensors[name] = mx.array(data).view(mx.bfloat16)
         elif data.dtype != np.uint8:  # F32, F16 and the integer types
             tensors[name] = mx.array(data)
-        elif kind in AFFINE:
-            bits, unpack = AFFINE[kind]
+        elif kind in PACKED:
+            bits, unpack = PACKED[kind]
             q, scales, biases = unpack(data.reshape(-1, GGML_QUANT_SIZES[kind][1]))
             rows, stem = data.shape[:-1], name.removesuffix(".weight")
             tensors[name] = mx.array(pack(q.reshape(*rows, -1), bits))
             tensors[f"{stem}.scales"] = mx.array(scales.reshape(*rows, -1))
-            tensors[f"{stem}.biases"] = mx.array(biases.reshape(*rows, -1))
+            if biases is not None:
+                tensors[f"{stem}.biases"] = mx.array(biases.reshape(*rows, -1))
         else:
             try:
                 tensors[name] = mx.array(dequantize(data, kind)).astype(dequantized_dtype)
@@ -182,4 +185,9 @@ def q5_k(blocks):  # Q4_K plus a fifth bit per value: bit g of byte i of qh belo
     return q | (high.swapaxes(1, 2).reshape(len(blocks), -1) << 4), scales, biases
 
 
+def mxfp4(blocks):  # w = e2m1(q) * 2^(e - 127): MLX's mxfp4 bit for bit, the E8M0 exponent e its scale, no bias
+    return nibbles(blocks[:, 1:]), blocks[:, :1], None
+
+
 AFFINE = {T.Q8_0: (8, q8_0), T.Q4_0: (4, q4_0), T.Q4_1: (4, q4_1), T.Q4_K: (4, q4_k), T.Q5_K: (5, q5_k)}
+PACKED = {**AFFINE, T.MXFP4: (4, mxfp4)}  # kept packed: MLX affine groups of 32, or MLX mxfp4
