@@ -7,6 +7,9 @@ subprocess with its own `gguf-py`, which is usually newer than the installed `gg
 
 llama.cpp's server test suite (`tools/server/tests/`, with the `models/templates/` its tests name) is extracted
 the same way into a folder of its own, for tests/test_llamacpp_server.py.
+
+llama.cpp's own tools (`llama-tokenize`, `llama-quantize`) are built once from the same vendored sources into the
+cache (`llamacpp_tool`): the whole vendored tree, cmake, two jobs, about 25 minutes on 2 cores the first time.
 """
 
 import contextlib
@@ -29,6 +32,10 @@ CONVERTER = "convert_hf_to_gguf.py"
 SERVER_CACHE = CACHE.parent / f"llama.cpp-{VERSION}-server-tests"
 SERVER_TESTS = "tools/server/tests"
 SERVER_PARTS = (f"{SERVER_TESTS}/", "models/templates/")
+TOOLS = CACHE.parent / f"llama.cpp-{VERSION}-tools"  # src/: the vendored tree; build/bin/: the tools
+# -DGGML_NATIVE=ON builds crashed with illegal instructions on one machine
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+CMAKE_FLAGS += ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
 
 
 def llamacpp_sources() -> Path:
@@ -60,6 +67,32 @@ def llamacpp_template(name: str) -> str:
     return (llamacpp_server_tests() / "models" / "templates" / f"{name}.jinja").read_text()
 
 
+def llamacpp_tool(name: str) -> Path:
+    """llama.cpp's tool `name` (`llama-tokenize`, `llama-quantize`): from the cache, or built there now (with every
+    tool of the list, so that one build serves them all)."""
+    binary = TOOLS / "build" / "bin" / name
+    if binary.is_file():
+        return binary
+    if not (TOOLS / "src" / "CMakeLists.txt").is_file():
+        with downloaded_sdist() as sdist:
+            extract(sdist, TOOLS / "src", ("",), "CMakeLists.txt")
+    build = ["cmake", "--build", str(TOOLS / "build"), "-j2", "--target", "llama-tokenize", "llama-quantize"]
+    subprocess.run(["cmake", "-S", str(TOOLS / "src"), "-B", str(TOOLS / "build"), *CMAKE_FLAGS], check=True)
+    subprocess.run(build, check=True)
+    return binary
+
+
+def llama_tokenize(gguf: Path, texts: list[str], add_bos: bool) -> list[list[int]]:
+    """The ids llama.cpp gives each text with `gguf`'s vocabulary: special tokens parsed, BOS where the file asks for
+    it (and `add_bos`), the text as given (no escapes)."""
+    command = [str(llamacpp_tool("llama-tokenize")), "-m", str(gguf), "--stdin", "--ids", "--no-escape"]
+    command += ["--log-disable"] + ([] if add_bos else ["--no-bos"])
+    return [
+        json.loads(subprocess.run(command, input=text.encode(), capture_output=True, check=True).stdout)
+        for text in texts
+    ]
+
+
 @contextlib.contextmanager
 def downloaded_sdist():
     """The llama-cpp-python sdist, downloaded by pip into a temporary folder for as long as it is needed."""
@@ -74,8 +107,8 @@ def extract(sdist: Path, target: Path, parts: tuple[str, ...] = PARTS, required:
     with staged(target) as staging, tarfile.open(sdist) as tar:
         members = []
         for member in tar.getmembers():
-            _, _, inside = member.name.partition("/vendor/llama.cpp/")
-            if inside.startswith(parts) and (member.isfile() or member.isdir()):
+            _, vendored, inside = member.name.partition("/vendor/llama.cpp/")
+            if vendored and inside.startswith(parts) and (member.isfile() or member.isdir()):
                 member.name = inside
                 members.append(member)
         tar.extractall(staging, members=members, filter="data")

@@ -255,7 +255,12 @@ MODELS.update(
         ),
     }
 )
-SENTENCEPIECE = {"gemma2": False, "gemma3": False, "phi3": True}  # name -> add_dummy_prefix, as the real models'
+# name -> (add_dummy_prefix, special tokens), as the real models' (llama.cpp looks Phi-3's <|endoftext|> up)
+SENTENCEPIECE = {
+    "gemma2": (False, ("<start_of_turn>", "<end_of_turn>")),
+    "gemma3": (False, ("<start_of_turn>", "<end_of_turn>")),
+    "phi3": (True, ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")),
+}
 TYPES = ("f32", "q8_0")
 IDS = np.random.default_rng(0).integers(0, VOCAB, size=(2, 12))
 
@@ -287,7 +292,7 @@ def converted(tmp_path_factory):
         folder = root / name
         save_source(folder, config_class, config)
         if name in SENTENCEPIECE:
-            sentencepiece_model(folder, SP_VOCAB, add_dummy_prefix=SENTENCEPIECE[name])
+            sentencepiece_model(folder, SP_VOCAB, *SENTENCEPIECE[name])
         else:
             shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
         if name == "glm4":  # its converter names <|user|> the end of a turn
