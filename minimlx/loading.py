@@ -51,8 +51,9 @@ class Checkpoint:
 
 def read_checkpoint(path: Path, dtype: str | None = None) -> Checkpoint:
     """The checkpoint at `path`: a folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not)
-    or a GGUF file, whose tensor types MLX cannot run packed are read as float16, or as `dtype` when it is a float
-    dtype. Only the returned weights refer to the tensors, so installing them one by one frees each as it goes."""
+    or a GGUF file, whose tensor types MLX cannot run packed are re-packed into MLX affine quantization (see
+    io/gguf_file.py), or dequantized into `dtype` when it is a float dtype. Only the returned weights refer to the
+    tensors, so installing them one by one frees each as it goes."""
     if path.is_dir():
         config = read_config(path)
         arch = plugin_config(config, str(path / "config.json"))
@@ -61,7 +62,7 @@ def read_checkpoint(path: Path, dtype: str | None = None) -> Checkpoint:
         return Checkpoint(arch, config, arch.convert_weights(raw), {id(w): name for name, w in raw.items()}, entry)
     if path.suffix.lower() != ".gguf":
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
-    tensors, metadata = read_gguf(path, DTYPES.get(dtype, mx.float16))
+    tensors, metadata = read_gguf(path, DTYPES.get(dtype))
     config = gguf_config(metadata, tensors, str(path))
     arch = plugin_config(config, str(path))
     return Checkpoint(arch, config, arch.convert_gguf_weights(tensors, metadata), metadata=metadata)
@@ -140,9 +141,9 @@ def load_model(path: str | Path, dtype: str | None = None, parallel: str | None 
 def load_gguf(path: str | Path, dtype: str | None = None, parallel: str | None = None) -> tuple[nn.Module, dict]:
     """A GGUF file as a model, and the file's metadata (which also holds the tokenizer).
 
-    `dtype` None or "quantized" keeps the tensor types MLX can run packed (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K)
-    packed and reads the others (llama.cpp's reference dequantizer) as float16; a float dtype reads and
-    dequantizes everything into it.
+    `dtype` None or "quantized" keeps the tensor types MLX can run packed (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+    Q5_K, MXFP4) packed and re-packs the others (llama.cpp's reference dequantizer, then MLX affine 8- or 6-bit);
+    a float dtype reads and dequantizes everything into it.
     """
     check_dtype(dtype)
     checkpoint = read_checkpoint(Path(path), dtype)

@@ -7,6 +7,9 @@ subprocess with its own `gguf-py`, which is usually newer than the installed `gg
 
 llama.cpp's server test suite (`tools/server/tests/`, with the `models/templates/` its tests name) is extracted
 the same way into a folder of its own, for tests/test_llamacpp_server.py.
+
+llama.cpp's own tools (`llama-tokenize`, `llama-quantize`) are built once from the same vendored sources into the
+cache (`llamacpp_tool`): the whole vendored tree, cmake, two jobs, about 25 minutes on 2 cores the first time.
 """
 
 import contextlib
@@ -29,6 +32,10 @@ CONVERTER = "convert_hf_to_gguf.py"
 SERVER_CACHE = CACHE.parent / f"llama.cpp-{VERSION}-server-tests"
 SERVER_TESTS = "tools/server/tests"
 SERVER_PARTS = (f"{SERVER_TESTS}/", "models/templates/")
+TOOLS = CACHE.parent / f"llama.cpp-{VERSION}-tools"  # src/: the vendored tree; build/bin/: the tools
+# -DGGML_NATIVE=ON builds crashed with illegal instructions on one machine
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+CMAKE_FLAGS += ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
 
 
 def llamacpp_sources() -> Path:
@@ -60,6 +67,32 @@ def llamacpp_template(name: str) -> str:
     return (llamacpp_server_tests() / "models" / "templates" / f"{name}.jinja").read_text()
 
 
+def llamacpp_tool(name: str) -> Path:
+    """llama.cpp's tool `name` (`llama-tokenize`, `llama-quantize`): from the cache, or built there now (with every
+    tool of the list, so that one build serves them all)."""
+    binary = TOOLS / "build" / "bin" / name
+    if binary.is_file():
+        return binary
+    if not (TOOLS / "src" / "CMakeLists.txt").is_file():
+        with downloaded_sdist() as sdist:
+            extract(sdist, TOOLS / "src", ("",), "CMakeLists.txt")
+    build = ["cmake", "--build", str(TOOLS / "build"), "-j2", "--target", "llama-tokenize", "llama-quantize"]
+    subprocess.run(["cmake", "-S", str(TOOLS / "src"), "-B", str(TOOLS / "build"), *CMAKE_FLAGS], check=True)
+    subprocess.run(build, check=True)
+    return binary
+
+
+def llama_tokenize(gguf: Path, texts: list[str], add_bos: bool) -> list[list[int]]:
+    """The ids llama.cpp gives each text with `gguf`'s vocabulary: special tokens parsed, BOS where the file asks for
+    it (and `add_bos`), the text as given (no escapes)."""
+    command = [str(llamacpp_tool("llama-tokenize")), "-m", str(gguf), "--stdin", "--ids", "--no-escape"]
+    command += ["--log-disable"] + ([] if add_bos else ["--no-bos"])
+    return [
+        json.loads(subprocess.run(command, input=text.encode(), capture_output=True, check=True).stdout)
+        for text in texts
+    ]
+
+
 @contextlib.contextmanager
 def downloaded_sdist():
     """The llama-cpp-python sdist, downloaded by pip into a temporary folder for as long as it is needed."""
@@ -74,8 +107,8 @@ def extract(sdist: Path, target: Path, parts: tuple[str, ...] = PARTS, required:
     with staged(target) as staging, tarfile.open(sdist) as tar:
         members = []
         for member in tar.getmembers():
-            _, _, inside = member.name.partition("/vendor/llama.cpp/")
-            if inside.startswith(parts) and (member.isfile() or member.isdir()):
+            _, vendored, inside = member.name.partition("/vendor/llama.cpp/")
+            if vendored and inside.startswith(parts) and (member.isfile() or member.isdir()):
                 member.name = inside
                 members.append(member)
         tar.extractall(staging, members=members, filter="data")
@@ -153,3 +186,45 @@ class Reader(GGUFReader):
     cost on each of the reader's slices (one per token and merge: 3x faster on a 49k-token vocabulary)."""
 
     data = property(lambda self: self._data, lambda self, memmap: setattr(self, "_data", memmap.view(np.ndarray)))
+
+
+# Text a tiny SentencePiece model is trained on: the corpora's scripts, code, digits, emoji, repeated.
+TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog. It's 5 o'clock; we'll see what they think of it.",
+    "Machine learning is a branch of artificial intelligence; models learn from the data they are shown.",
+    "机器学习是人工智能的一个分支。你好，世界！漢字 日本語のテキスト",
+    "def add(a, b):\n    return a + b  # sum\n\nprint(add(1, 2))  for i in range(10): pass",
+    "1234567 89 3.14159 2024-06-01 1,000,000 emoji 😀👍 café naïve «Très bien» ¿Qué tal?",
+]
+
+
+def sentencepiece_model(folder: Path, vocab_size: int, add_dummy_prefix: bool, specials=()) -> Path:
+    """Train a tiny SentencePiece BPE model (byte fallback, digits split, as Llama's and Gemma's) into
+    `folder/tokenizer.model`: what llama.cpp's converter reads for Gemma, Phi-3 and Mistral. `specials` are
+    user-defined symbols (kept whole, like Gemma's `<start_of_turn>`). Trained at test time, seeded: nothing to
+    commit."""
+    import sentencepiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text = folder / "training.txt"
+    text.write_text("\n".join(TRAINING_TEXT * 20))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(folder / "tokenizer"),
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        split_digits=True,
+        character_coverage=1.0,
+        add_dummy_prefix=add_dummy_prefix,
+        user_defined_symbols=list(specials),
+        hard_vocab_limit=True,
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        num_threads=1,
+        minloglevel=2,
+    )
+    text.unlink()
+    (folder / "tokenizer.vocab").unlink()
+    return folder / "tokenizer.model"

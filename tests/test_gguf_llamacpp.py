@@ -18,8 +18,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from llamacpp import Reader, convert, llamacpp_sources, smollm2_tokenizer
-from reference import reference_logits, relative_error, require, save_reference, to_v4_layout
+from llamacpp import Reader, convert, llamacpp_sources, sentencepiece_model, smollm2_tokenizer
+from reference import (
+    reference_logits,
+    relative_error,
+    require,
+    save_deepseek_moe_reference,
+    save_mxfp4_experts,
+    save_reference,
+    to_v4_layout,
+)
 
 import minimlx
 from minimlx import loading
@@ -156,8 +164,109 @@ MODELS = {
         None,
     ),
 }
+# gpt-oss's yarn; llama.cpp rounds its correction range outwards (`truncate`), and the file cannot say otherwise
+GPT_OSS_YARN = dict(
+    rope_type="yarn",
+    rope_theta=150000.0,
+    factor=32.0,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    original_max_position_embeddings=4096,
+)
+SP_VOCAB = 512  # the tiny SentencePiece models trained for the families whose converter reads tokenizer.model
+GEMMA = dict(DENSE, vocab_size=SP_VOCAB, head_dim=16, query_pre_attn_scalar=16, sliding_window=4)
+MODELS.update(
+    {
+        # llama.cpp scales Gemma's queries by 1/sqrt(head_dim) (query_pre_attn_scalar is not in the file); windows
+        # of 4 over 12 tokens; soft-caps (Gemma 2); five local layers to one global (Gemma 3)
+        "gemma2": ("Gemma2Config", GEMMA, "gemma2", ("blk.1.post_ffw_norm.weight",), {"query_pre_attn_scalar": 16}),
+        "gemma3": (
+            "Gemma3TextConfig",
+            dict(GEMMA, num_hidden_layers=6, rope_local_base_freq=100.0),
+            "gemma3",
+            ("blk.5.attn_q_norm.weight",),
+            {
+                "query_pre_attn_scalar": 16,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                },
+            },
+        ),
+        "phi3": (  # fused qkv and gate_up, half the head rotated
+            "Phi3Config",
+            dict(DENSE, vocab_size=SP_VOCAB, partial_rotary_factor=0.5, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+            "phi3",
+            ("blk.1.attn_qkv.weight",),
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+        ),
+        "glm4": (  # interleaved partial RoPE, four norms a block
+            "Glm4Config",
+            dict(DENSE, vocab_size=VOCAB + 1, head_dim=16, partial_rotary_factor=0.5, pad_token_id=0),
+            "glm4",
+            ("blk.1.post_ffw_norm.weight",),
+            None,
+        ),
+        "smollm3": (  # every 4th layer without RoPE
+            "SmolLM3Config",
+            dict(DENSE, num_hidden_layers=4, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+            "smollm3",
+            ("blk.3.attn_q.weight",),
+            None,
+        ),
+        "deepseek": (  # DeepSeek-MoE 16B's layout: per-expert tensors, shared experts, a dense first layer
+            "deepseek",
+            dict(
+                DENSE,
+                model_type="deepseek",
+                architectures=["DeepseekForCausalLM"],
+                num_hidden_layers=3,
+                num_key_value_heads=4,
+                moe_intermediate_size=32,
+                n_routed_experts=8,
+                n_shared_experts=2,
+                num_experts_per_tok=3,
+                first_k_dense_replace=1,
+                moe_layer_freq=1,
+                norm_topk_prob=False,
+                scoring_func="softmax",
+                topk_method="greedy",
+                rms_norm_eps=1e-6,
+                rope_theta=10000.0,
+            ),
+            "deepseek",
+            ("blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_shexp.weight"),
+            None,
+        ),
+        "gpt_oss": (  # MXFP4 experts, sinks, alternating windows; yarn truncated, as llama.cpp always does it
+            "mxfp4:GptOssConfig",
+            dict(
+                DENSE,
+                rope_parameters=dict(GPT_OSS_YARN, truncate=True),
+                head_dim=16,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=4,
+                tie_word_embeddings=False,
+            ),
+            "gpt-oss",
+            ("blk.1.attn_sinks.weight", "blk.1.ffn_gate_exps.weight"),
+            None,  # transformers' GGUF reader fails on its rope.scaling keys (float() of an array)
+        ),
+    }
+)
+# name -> (add_dummy_prefix, special tokens), as the real models' (llama.cpp looks Phi-3's <|endoftext|> up)
+SENTENCEPIECE = {
+    "gemma2": (False, ("<start_of_turn>", "<end_of_turn>")),
+    "gemma3": (False, ("<start_of_turn>", "<end_of_turn>")),
+    "phi3": (True, ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")),
+}
 TYPES = ("f32", "q8_0")
 IDS = np.random.default_rng(0).integers(0, VOCAB, size=(2, 12))
+
+
+def ids_of(name: str) -> np.ndarray:
+    return IDS % MODELS[name][1]["vocab_size"]
 
 
 def needed(what: str, why: str):
@@ -181,21 +290,49 @@ def converted(tmp_path_factory):
     jobs = []
     for name, (config_class, config, *_) in MODELS.items():
         folder = root / name
-        save_reference(folder, config_class, random_buffers=("e_score_correction_bias",), **config)
-        to_v4_layout(folder)  # the layout published checkpoints have (GPT-2's n_ctx is what the converter reads)
-        shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+        save_source(folder, config_class, config)
+        if name in SENTENCEPIECE:
+            sentencepiece_model(folder, SP_VOCAB, *SENTENCEPIECE[name])
+        else:
+            shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+        if name == "glm4":  # its converter names <|user|> the end of a turn
+            add_token(folder, "<|user|>")
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in TYPES]
     convert(jobs, sources)
     return root
 
 
-def logits_of(path, tensors: dict, metadata: dict) -> tuple[np.ndarray, nn.Module]:
+def save_source(folder, config_class: str, config: dict) -> None:
+    """The seeded random Hugging Face folder of one model, in the layout published checkpoints have."""
+    if config_class == "deepseek":  # transformers has no class for it
+        folder.mkdir()
+        save_deepseek_moe_reference(folder, config)
+        return
+    mxfp4 = config_class.startswith("mxfp4:")
+    dense = folder.with_name(f"{folder.name}-dense") if mxfp4 else folder
+    save_reference(dense, config_class.removeprefix("mxfp4:"), random_buffers=("e_score_correction_bias",), **config)
+    if mxfp4:  # experts in MXFP4, as gpt-oss is published
+        folder.mkdir()
+        save_mxfp4_experts(dense, folder)
+    to_v4_layout(folder)  # the layout published checkpoints have (GPT-2's n_ctx is what the converter reads)
+
+
+def add_token(folder, token: str) -> None:
+    """`token` added to the folder's tokenizer as a special token (the next id)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_special_tokens({"additional_special_tokens": [token]})
+    tokenizer.save_pretrained(folder)
+
+
+def logits_of(path, tensors: dict, metadata: dict, ids=IDS) -> tuple[np.ndarray, nn.Module]:
     """load_gguf(path, "float32")'s logits and model, with `tensors` and `metadata` as what read_gguf reads (the
     test's own reading of the file, or something made of it)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loading, "read_gguf", lambda *_: (dict(tensors), metadata))
         model, _ = loading.load_gguf(path, "float32")
-    return np.array(model(mx.array(IDS))), model
+    return np.array(model(mx.array(ids))), model
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -204,10 +341,11 @@ def test_f32_file_matches_the_source_model(converted, name):
     path = converted / f"{name}-f32.gguf"
     tensors, metadata = read_gguf(path, mx.float32)  # what load_gguf(path, "float32") reads
     assert metadata["general.architecture"] == architecture and all(marker in tensors for marker in markers)
-    logits, model = logits_of(path, tensors, metadata)
+    ids = ids_of(name)
+    logits, model = logits_of(path, tensors, metadata, ids)
     assert type(model.config) is get_arch(json.loads((converted / name / "config.json").read_text())["model_type"])
     source = minimlx.load_model(converted / name, "float32")
-    assert relative_error(logits, np.array(source(mx.array(IDS)))) <= 1e-4
+    assert relative_error(logits, np.array(source(mx.array(ids)))) <= 1e-4
 
 
 @pytest.mark.parametrize("name", [name for name, spec in MODELS.items() if spec[-1] is not None])
@@ -221,7 +359,8 @@ def test_q8_0_file_matches_transformers_reading_it(converted, name):
             path.parent, gguf_file=path.name, dtype=torch.float32, **MODELS[name][-1]
         )
     model, _ = loading.load_gguf(path, "float32")
-    assert relative_error(np.array(model(mx.array(IDS))), reference_logits(reference, IDS)) <= 1e-4
+    ids = ids_of(name)
+    assert relative_error(np.array(model(mx.array(ids))), reference_logits(reference, ids)) <= 1e-4
 
 
 @pytest.mark.parametrize("name", [name for name, spec in MODELS.items() if spec[-1] is None])
@@ -233,8 +372,9 @@ def test_q8_0_file_matches_its_reference_dequantization(converted, name):
     tensors, metadata = read_gguf(path, mx.float32)
     assert any(key.endswith(".scales") for key in tensors)  # packed, as minimlx reads Q8_0
     reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}
-    logits, _ = logits_of(path, tensors, metadata)
-    assert relative_error(logits, logits_of(path, reference, metadata)[0]) <= 1e-4
+    ids = ids_of(name)
+    logits, _ = logits_of(path, tensors, metadata, ids)
+    assert relative_error(logits, logits_of(path, reference, metadata, ids)[0]) <= 1e-4
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["float", "q8_0"])
@@ -271,3 +411,20 @@ def test_gguf_architecture_without_a_plugin_lists_the_supported_ones():
         get_gguf_arch("mamba")
     listed = re.search(r"GGUF architectures supported: ([^)]*)\)", str(error.value))[1].split(", ")
     assert {"deepseek2", "gpt2", "llama", "qwen3", "qwen3moe"} <= set(listed)
+
+
+def test_mxfp4_experts_are_mlx_mxfp4_bit_for_bit(converted):
+    """gpt-oss's MXFP4 experts stay packed, as MLX's mxfp4 (uint8 exponents, no biases), and unpack to exactly the
+    values llama.cpp's reference code gives."""
+    from gguf.quants import dequantize
+
+    path = converted / "gpt_oss-f32.gguf"
+    tensors, _ = read_gguf(path)
+    packed = [t for t in Reader(path).tensors if t.tensor_type.name == "MXFP4"]
+    assert len(packed) == 3 * MODELS["gpt_oss"][1]["num_hidden_layers"]
+    for t in packed:
+        stem = t.name.removesuffix(".weight")
+        scales = tensors[f"{stem}.scales"]
+        assert scales.dtype == mx.uint8 and f"{stem}.biases" not in tensors
+        w = mx.dequantize(tensors[t.name], scales, None, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)
+        assert np.array_equal(np.array(w), dequantize(t.data, t.tensor_type))

@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 SHAPE = (4, 512)  # a multiple of every block size
-PACKED_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_K": 5}  # MLX affine triples, groups of 32
+# MLX affine triples, groups of 32: exactly the file's values
+PACKED_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5}
 QUANTIZABLE = ["BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"]  # by gguf.quants
 # The others get random blocks with sane float16 scales written at these byte offsets of each block
 # (IQ1_M spreads its scale over the top nibbles of its last 8 bytes; NVFP4's 8-bit scales are always finite).
@@ -39,7 +40,11 @@ SCALES_AT = {
     "IQ1_M": (),
     "NVFP4": (),
 }
-DEQUANTIZED = [t for t in [*QUANTIZABLE, *SCALES_AT] if t not in PACKED_BITS and t != "BF16"]
+DEQUANTIZED = [t for t in [*QUANTIZABLE, *SCALES_AT] if t not in PACKED_BITS and t not in ("BF16", "MXFP4")]
+REPACKED_BITS = {kind: 8 if kind == "Q6_K" else 6 for kind in DEQUANTIZED}  # re-packed at load, groups of 32
+# the most a re-packed value may differ from the reference: one affine step of its group (mx.quantize puts the group's
+# minimum on the grid, so the rest may be off by more than half a step), and float32's rounding
+REPACKING_STEPS = 1 + 1e-4
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -94,18 +99,27 @@ def mlx_dequantized(tensors: dict, name: str) -> np.ndarray:
     return np.array(mx.dequantize(tensors[name], scales, biases, group_size=32, bits=bits))
 
 
+def repacking_error(tensors: dict, name: str, kind: str, reference: np.ndarray) -> float:
+    """A re-packed tensor's largest difference from the reference, in affine steps of its group (at most one);
+    its relative error (Frobenius norm) is returned."""
+    stem, bits = name.removesuffix(".weight"), REPACKED_BITS[kind]
+    assert tensors[name].dtype == mx.uint32 and tensors[name].shape[-1] == reference.shape[-1] * bits // 32, name
+    ours, steps = mlx_dequantized(tensors, name), np.array(tensors[f"{stem}.scales"])
+    error = np.abs(ours - reference).reshape(*steps.shape, 32) / np.maximum(np.abs(steps), 1e-30)[..., None]
+    assert error.max() <= REPACKING_STEPS, name
+    return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
+
+
 def assert_reads_as(tensors: dict, name: str, kind: str, reference: np.ndarray) -> None:
-    """Packed and float types exactly as the reference; the others as it rounds to float16 (half an ulp:
-    2^-11 relative, 2^-25 among float16 subnormals)."""
+    """Packed and float types exactly as the reference; the re-packed ones within an affine step."""
     if kind in PACKED_BITS:
         np.testing.assert_array_equal(mlx_dequantized(tensors, name), reference, err_msg=name)
+    elif kind in REPACKED_BITS:
+        repacking_error(tensors, name, kind, reference)
     elif kind in ("F32", "F16", "BF16"):
         np.testing.assert_array_equal(np.array(tensors[name].astype(mx.float32)), reference, err_msg=name)
     else:
-        assert tensors[name].dtype == mx.float16, name
-        np.testing.assert_allclose(
-            np.array(tensors[name]).astype(np.float32), reference, rtol=2**-11, atol=2**-25, err_msg=name
-        )
+        raise AssertionError(f"{kind} is not read here")
 
 
 @pytest.mark.parametrize("kind", ["F32", "F16", "BF16"])
@@ -128,11 +142,22 @@ def test_packed_types_are_exact_mlx_quantization(written, kind):
 
 
 @pytest.mark.parametrize("kind", DEQUANTIZED)
-def test_other_types_are_dequantized_to_float16(written, kind):
+def test_other_types_are_repacked_into_mlx_affine(written, kind):
     _, raw, tensors = written
     reference = dequantize(raw[kind], T[kind])
-    assert tensors[f"{kind}.weight"].shape == SHAPE and np.isfinite(reference).all()
+    assert np.isfinite(reference).all()
     assert_reads_as(tensors, f"{kind}.weight", kind, reference)
+
+
+@pytest.mark.parametrize("kind", DEQUANTIZED)
+def test_other_types_read_as_float16_when_asked(written, kind):
+    """dequantized_dtype float16: the reference rounded to float16 (half an ulp: 2^-11 relative, 2^-25 among float16
+    subnormals)."""
+    path, raw, _ = written
+    w = read_gguf(path, dequantized_dtype=mx.float16)[0][f"{kind}.weight"]
+    assert w.dtype == mx.float16 and w.shape == SHAPE
+    reference = dequantize(raw[kind], T[kind])
+    np.testing.assert_allclose(np.array(w).astype(np.float32), reference, rtol=2**-11, atol=2**-25, err_msg=kind)
 
 
 def test_dequantized_dtype_float32_is_the_reference(written):
@@ -141,6 +166,15 @@ def test_dequantized_dtype_float32_is_the_reference(written):
     for kind in DEQUANTIZED:
         assert tensors[f"{kind}.weight"].dtype == mx.float32
         np.testing.assert_array_equal(np.array(tensors[f"{kind}.weight"]), dequantize(raw[kind], T[kind]), err_msg=kind)
+
+
+def test_mxfp4_is_mlx_mxfp4(written):
+    """MXFP4 stays packed as MLX's mxfp4: uint32 words, one uint8 exponent per 32 values, the reference's values."""
+    _, raw, tensors = written
+    w, scales = tensors["MXFP4.weight"], tensors["MXFP4.scales"]
+    assert (w.dtype, w.shape, scales.dtype, scales.shape) == (mx.uint32, (4, 64), mx.uint8, (4, 16))
+    unpacked = mx.dequantize(w, scales, None, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)
+    np.testing.assert_array_equal(np.array(unpacked), dequantize(raw["MXFP4"], T.MXFP4))
 
 
 @pytest.mark.parametrize(

@@ -215,8 +215,12 @@ class DecoderConfig:
         return llama_config(metadata, tensors, metadata["general.architecture"])
 
     def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
-        """llama.cpp's names -> the model's; q/k rows back in rotate-half order where its converter permuted them."""
+        """llama.cpp's names -> the model's; fused projections split (`gguf_names` maps llama.cpp's `attn_qkv` and
+        fused `ffn_up` onto the checkpoint's fused modules); q/k rows back in rotate-half order where its converter
+        permuted them."""
         weights = self.gguf_names.to_ours(tensors)
+        for fused, parts in self.fused_parts().items():
+            weights = split_fused(weights, fused, parts)
         if self.gguf_rows_permuted:
             for name, w in weights.items():
                 if ".attn.q_proj." in name or ".attn.k_proj." in name:

@@ -42,9 +42,6 @@ GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
         ("blk.{i}.attn_k_b.", "layers.{i}.attn.key_up_proj."),
         ("blk.{i}.attn_v_b.", "layers.{i}.attn.value_up_proj."),
         ("blk.{i}.exp_probs_b.bias", "layers.{i}.ffn.router.score_bias"),
-        ("blk.{i}.ffn_gate_shexp.", "layers.{i}.ffn.shared_experts.gate_proj."),
-        ("blk.{i}.ffn_up_shexp.", "layers.{i}.ffn.shared_experts.up_proj."),
-        ("blk.{i}.ffn_down_shexp.", "layers.{i}.ffn.shared_experts.down_proj."),
     ]
 )
 GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")

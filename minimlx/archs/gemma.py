@@ -6,6 +6,12 @@ sliding window (Gemma 2 alternates local and global layers, Gemma 3 has five loc
 and Gemma 3 gives them their own RoPE base. Queries are scaled by 1/sqrt(query_pre_attn_scalar); tokens are
 embedded times sqrt(hidden_size); the head is the embedding's transpose. Gemma 2 soft-caps the attention
 scores and the logits; Gemma 3 instead norms each query and key head.
+
+llama.cpp's `gemma2` and `gemma3` files store every norm weight with its 1 already added, keep no
+query_pre_attn_scalar (llama.cpp scales queries by 1/sqrt(head_dim), by 1/sqrt(hidden/heads) in the 27B models) and
+no layer pattern unless `sliding_window_pattern` says so (Gemma 2 alternates, Gemma 3 has five local to one global).
+A Gemma 3 file holds the text model only; llama.cpp writes the vision tower to a separate mmproj file, and tensors
+of one bundled in (`v.*`, `mm.*`) are left out.
 """
 
 from dataclasses import dataclass, replace
@@ -15,8 +21,9 @@ from ..core.ffn import ACTIVATIONS
 from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
+from .gguf import Metadata, llama_config, windows
 from .llama3 import Llama3Config
-from .names import LLAMA_NAMES, NameMap
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
 
 GEMMA_NAMES = LLAMA_NAMES.extended(
@@ -27,12 +34,33 @@ GEMMA_NAMES = LLAMA_NAMES.extended(
     ]
 )
 
+GEMMA_GGUF_NAMES = LLAMA_GGUF_NAMES.extended(POST_NORM_GGUF_NAMES, drop=[r"^(v|mm)\."])
+
+
+def gemma_gguf_config(metadata: dict, tensors: dict, model_type: str, pattern: int, window, local_base, big_layers):
+    """A Gemma file's config: llama.cpp's keys, its query scale (the 27B models are `big_layers` deep), soft-caps,
+    windows (`window` where the file names none) and the local layers' RoPE base (`local_base` where the file names
+    none; None: the global one)."""
+    m = Metadata(metadata)
+    config = llama_config(metadata, tensors, model_type)
+    big = config["num_hidden_layers"] == big_layers
+    return {
+        **config,
+        **windows(m, pattern, window),
+        "query_pre_attn_scalar": config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"],
+        "attn_logit_softcapping": m.get("attn_logit_softcapping"),
+        "final_logit_softcapping": m.get("final_logit_softcapping"),
+        "rope_local_base_freq": m.get("rope.freq_base_swa", local_base or config["rope_theta"]),
+    }
+
 
 @register("gemma2")
 @dataclass
 class Gemma2Config(DecoderConfig):
     example_config = {**Llama3Config.example_config, "model_type": "gemma2", "head_dim": 8, "sliding_window": 4}
     names = GEMMA_NAMES
+    gguf_architectures = ("gemma2",)
+    gguf_names = GEMMA_GGUF_NAMES
     # transformers' defaults for keys that published configs may leave out (a null cap: no capping)
     defaults = {
         "tie_word_embeddings": True,
@@ -66,6 +94,15 @@ class Gemma2Config(DecoderConfig):
             embed_scale=arch.dims**0.5,
         )
 
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        return gemma_gguf_config(metadata, tensors, "gemma2", 2, window=4096, local_base=None, big_layers=46)
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """The norms' weights less the 1 llama.cpp's converter added."""
+        weights = super().convert_gguf_weights(tensors, metadata)
+        return {name: w - 1 if name.endswith("norm.weight") else w for name, w in weights.items()}
+
 
 @register("gemma3_text")
 @dataclass
@@ -79,6 +116,7 @@ class Gemma3TextConfig(Gemma2Config):
         "num_hidden_layers": 3,
         "sliding_window_pattern": 3,
     }
+    gguf_architectures = ("gemma3",)
     defaults = {
         **Gemma2Config.defaults,
         "vocab_size": 262208,
@@ -94,6 +132,10 @@ class Gemma3TextConfig(Gemma2Config):
     }
 
     qk_norm: bool = True
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        return gemma_gguf_config(metadata, tensors, "gemma3_text", 6, window=None, local_base=1e4, big_layers=62)
 
 
 # Gemma 3's image-text checkpoints: the text model's tensors under `language_model` (transformers 4 and mlx-lm)

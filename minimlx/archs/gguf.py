@@ -53,6 +53,22 @@ def llama_config(metadata: dict, tensors: dict, model_type: str) -> dict:
     }
 
 
+def windows(m: Metadata, pattern: int, window: int | None = None) -> dict:
+    """The sliding window and the layers it covers, as config keys: `attention.sliding_window` (`window` without
+    it; 0 means none) and `attention.sliding_window_pattern`, every n-th layer global or a flag per layer (`pattern`
+    without it, as llama.cpp assumes for each family)."""
+    layout = m.get("attention.sliding_window_pattern", pattern)
+    config = {"sliding_window": m.get("attention.sliding_window", window) or None}
+    if isinstance(layout, list):
+        return {**config, "layer_types": ["sliding_attention" if s else "full_attention" for s in layout]}
+    return {**config, "sliding_window_pattern": layout}
+
+
+def partial_rotary(m: Metadata, config: dict) -> dict:
+    """`partial_rotary_factor`: the share of each head that `rope.dimension_count` rotates."""
+    return {**config, "partial_rotary_factor": m.get("rope.dimension_count", config["head_dim"]) / config["head_dim"]}
+
+
 def rope_scaling(m: Metadata, rope_freqs: mx.array | None, rope_dims: int) -> dict | None:
     """`rope.scaling.*` (or the older `rope.scale_linear`) as a Hugging Face `rope_scaling` dict.
 

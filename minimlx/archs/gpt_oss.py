@@ -9,7 +9,8 @@ down(clamped_swiglu(gate(x), up(x))) with a bias on every projection (`swiglu_al
 Checkpoints store each layer's experts fused, gate and up rows interleaved: `experts.gate_up_proj` as
 (experts, dims, 2 * hidden) in float, or in MXFP4 as `gate_up_proj_blocks` / `_scales` (experts, 2 * hidden, ...),
 the layout of MLX's mxfp4 quantization, which loading keeps packed or dequantizes (`quantization_config`
-names the mode). mlx-lm's folders hold the experts split (`gate_proj`, `up_proj`, `down_proj`), as the model does.
+names the mode). mlx-lm's folders hold the experts split (`gate_proj`, `up_proj`, `down_proj`), as the model does,
+and so do llama.cpp's `gpt-oss` files, their MXFP4 experts read as MLX mxfp4 bit for bit (io/gguf_file.py).
 """
 
 import re
@@ -21,8 +22,9 @@ from ..quantization import mxfp4_from_blocks
 from .config import global_layers, number, require
 from .decoder import DecoderConfig
 from .experts import MoEConfig
+from .gguf import Metadata, llama_config, windows
 from .llama3 import Llama3Config
-from .names import LLAMA_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 from .registry import register
 
 # `...experts.gate_up_proj` / `down_proj`, and their `_bias`, `_blocks`, `_scales`
@@ -68,6 +70,13 @@ class GptOssConfig(DecoderConfig):
             ("model.layers.{i}.mlp.experts.", "layers.{i}.ffn.experts."),
         ]
     )
+    gguf_architectures = ("gpt-oss",)
+    gguf_names = LLAMA_GGUF_NAMES.extended(
+        [
+            ("blk.{i}.attn_sinks.weight", "layers.{i}.attn.sinks"),
+            ("blk.{i}.post_attention_norm.", "layers.{i}.ffn_norm."),
+        ]
+    )
     defaults = {"rope_theta": 150000.0, "head_dim": 64, "attention_bias": True}
 
     sinks: bool = True
@@ -95,3 +104,16 @@ class GptOssConfig(DecoderConfig):
     def convert_weights(self, weights: dict) -> dict:
         """The checkpoint's fused experts split apart, then renamed as every family's tensors are."""
         return super().convert_weights(split_experts(weights))
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's keys; the experts' width is `expert_feed_forward_length`; windows alternate unless the file
+        says otherwise."""
+        m = Metadata(metadata)
+        return {
+            **llama_config(metadata, tensors, "gpt_oss"),
+            **windows(m, 2),
+            "num_local_experts": m["expert_count"],
+            "num_experts_per_tok": m["expert_used_count"],
+            "intermediate_size": m["expert_feed_forward_length"],
+        }

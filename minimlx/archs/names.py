@@ -72,7 +72,7 @@ LLAMA_NAMES = NameMap(
     drop=[r"rotary_emb\.inv_freq$"],
 )
 
-# llama.cpp's names (`llama`, and the families that share its tensors).
+# llama.cpp's names (`llama`, and the families that share its tensors; shared experts: Qwen2-MoE's, DeepSeek's).
 LLAMA_GGUF_NAMES = NameMap(
     [
         ("token_embd.", "embed."),
@@ -90,9 +90,21 @@ LLAMA_GGUF_NAMES = NameMap(
         ("blk.{i}.ffn_gate_exps.", "layers.{i}.ffn.experts.gate_proj."),
         ("blk.{i}.ffn_up_exps.", "layers.{i}.ffn.experts.up_proj."),
         ("blk.{i}.ffn_down_exps.", "layers.{i}.ffn.experts.down_proj."),
+        ("blk.{i}.ffn_gate_shexp.", "layers.{i}.ffn.shared_experts.gate_proj."),
+        ("blk.{i}.ffn_up_shexp.", "layers.{i}.ffn.shared_experts.up_proj."),
+        ("blk.{i}.ffn_down_shexp.", "layers.{i}.ffn.shared_experts.down_proj."),
         ("blk.{i}.ffn_gate.", "layers.{i}.ffn.gate_proj."),
         ("blk.{i}.ffn_up.", "layers.{i}.ffn.up_proj."),
         ("blk.{i}.ffn_down.", "layers.{i}.ffn.down_proj."),
     ],
     drop=[r"^rope_freqs\."],
 )
+
+# llama.cpp's names for the norms after each sub-layer (Gemma's and GLM-4's four-norm blocks), and for the fused
+# projections it keeps as the checkpoint does (Phi-3's qkv; Phi-3's and GLM-4's gate_up, which it calls ffn_up).
+POST_NORM_GGUF_NAMES = [
+    ("blk.{i}.post_attention_norm.", "layers.{i}.post_attn_norm."),
+    ("blk.{i}.post_ffw_norm.", "layers.{i}.post_ffn_norm."),
+]
+FUSED_QKV_GGUF_NAMES = [("blk.{i}.attn_qkv.", "layers.{i}.attn.qkv_proj.")]
+FUSED_GATE_UP_GGUF_NAMES = [("blk.{i}.ffn_up.", "layers.{i}.ffn.gate_up_proj.")]

@@ -59,9 +59,6 @@ class Qwen2MoeConfig(Qwen2Config):
     gguf_names = LLAMA_GGUF_NAMES.extended(
         [
             ("blk.{i}.ffn_gate_inp_shexp.", "layers.{i}.ffn.shared_gate."),
-            ("blk.{i}.ffn_gate_shexp.", "layers.{i}.ffn.shared_experts.gate_proj."),
-            ("blk.{i}.ffn_up_shexp.", "layers.{i}.ffn.shared_experts.up_proj."),
-            ("blk.{i}.ffn_down_shexp.", "layers.{i}.ffn.shared_experts.down_proj."),
         ]
     )
     defaults = {**Qwen2Config.defaults, "rope_theta": 1000000.0}

@@ -4,14 +4,18 @@
 types. Here the file is memory-mapped, its header parsed, and every tensor converted from its raw blocks:
 
 - F32, F16, BF16 (and the integer types) stay in their dtype.
-- Q4_0, Q4_1, Q8_0, Q4_K and Q5_K are exactly MLX affine quantization with groups of 32 (`w = scale * q + bias`,
-  q unsigned), so they stay packed as `name` (uint32), `name.scales` and `name.biases` (".weight" dropped).
-  Q4_0/Q4_1/Q8_0 keep float16 scales and biases, bit for bit what `mx.load` gives; Q4_K/Q5_K need float32 ones,
-  since a K-quant group's scale is a float16 super-block scale times a 6-bit integer.
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K are exactly MLX affine quantization with groups of 32
+  (`w = scale * q + bias`, q unsigned), so they stay packed as `name` (uint32), `name.scales` and `name.biases`
+  (".weight" dropped). Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 keep float16 scales and biases, bit for bit what `mx.load` gives;
+  Q4_K/Q5_K need float32 ones, since a K-quant group's scale is a float16 super-block scale times a 6-bit integer.
+- MXFP4 (gpt-oss's experts) is MLX's mxfp4: the same E2M1 values and E8M0 exponents, repacked as `name` (uint32)
+  and `name.scales` (uint8), no biases.
 - A file holding only types `mx.load` reads exactly (F32, F16, Q4_0, Q4_1, Q8_0) is read by `mx.load`.
-- Every other type `gguf.quants` can dequantize (Q5_0, Q5_1, Q2_K, Q3_K, Q6_K, IQ*, TQ*, MXFP4, ...) is
-  dequantized in float32 with that reference code, one tensor at a time, and returned as `dequantized_dtype`:
-  float16 by default (half the memory; within 2^-11 relative of the reference), float32 for exact values.
+- Every other type `gguf.quants` can dequantize (Q2_K, Q3_K, Q6_K, IQ*, TQ*, ...) is dequantized in float32 with
+  that reference code, one tensor at a time, and then either re-packed at once into MLX affine groups of 32
+  (`dequantized_dtype` None, the default: 8-bit for Q6_K, whose groups of 16 each have their own scale, 6-bit for
+  the types of fewer bits), so that memory stays near the file's size, or returned as `dequantized_dtype` (float16:
+  within 2^-11 relative of the reference; float32: its exact values). docs/formats.md gives the re-packing's error.
 """
 
 import math
@@ -103,7 +107,7 @@ class Header:
         )
 
 
-def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype = mx.float16) -> tuple[dict[str, mx.array], dict]:
+def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype | None = None) -> tuple[dict[str, mx.array], dict]:
     """Tensors (named as in the file, shapes row-major) and metadata (Python values; arrays as lists)."""
     try:
         header = Header(path)
@@ -119,21 +123,29 @@ def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype = mx.float16) -> tup
             tensors[name] = mx.array(data).view(mx.bfloat16)
         elif data.dtype != np.uint8:  # F32, F16 and the integer types
             tensors[name] = mx.array(data)
-        elif kind in AFFINE:
-            bits, unpack = AFFINE[kind]
+        elif kind in PACKED:
+            bits, unpack = PACKED[kind]
             q, scales, biases = unpack(data.reshape(-1, GGML_QUANT_SIZES[kind][1]))
             rows, stem = data.shape[:-1], name.removesuffix(".weight")
             tensors[name] = mx.array(pack(q.reshape(*rows, -1), bits))
             tensors[f"{stem}.scales"] = mx.array(scales.reshape(*rows, -1))
-            tensors[f"{stem}.biases"] = mx.array(biases.reshape(*rows, -1))
+            if biases is not None:
+                tensors[f"{stem}.biases"] = mx.array(biases.reshape(*rows, -1))
         else:
             try:
-                tensors[name] = mx.array(dequantize(data, kind)).astype(dequantized_dtype)
+                w = mx.array(dequantize(data, kind))
             except NotImplementedError:
                 raise CheckpointError(
                     f"cannot read tensor {name} of GGUF file {path}: type {kind.name} is not supported; "
                     f"re-quantize the model to one of {READABLE} (llama-quantize)"
                 ) from None
+            if dequantized_dtype is not None or w.ndim < 2 or w.shape[-1] % 32:
+                tensors[name] = w.astype(dequantized_dtype or mx.float16)
+                continue
+            packed = mx.quantize(w, group_size=32, bits=REPACKED_BITS.get(kind, 6))
+            mx.eval(packed)  # now, so that this tensor's float32 copy is freed before the next one is made
+            stem = name.removesuffix(".weight")
+            tensors[name], tensors[f"{stem}.scales"], tensors[f"{stem}.biases"] = packed
     return tensors, header.metadata
 
 
@@ -170,6 +182,20 @@ def q4_1(blocks):  # w = d * q + m
     return nibbles(blocks[:, 4:]), f16(blocks, 0), f16(blocks, 2)
 
 
+def fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """The 32 high bits of a block's values, stored as one little-endian word: bit j belongs to value j."""
+    return np.unpackbits(qh, axis=1, bitorder="little")
+
+
+def q5_0(blocks):  # w = d * (q - 16), q 5-bit
+    d = f16(blocks, 0)
+    return nibbles(blocks[:, 6:]) | fifth_bits(blocks[:, 2:6]) << 4, d, -16 * d
+
+
+def q5_1(blocks):  # w = d * q + m, q 5-bit
+    return nibbles(blocks[:, 8:]) | fifth_bits(blocks[:, 4:8]) << 4, f16(blocks, 0), f16(blocks, 2)
+
+
 def q4_k(blocks):  # 8 groups of 32 per block: w = d * sc * q - dmin * m (sc, m 6-bit); products exact in float32
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
     d, dmin = f16(blocks, 0).astype(np.float32), f16(blocks, 2).astype(np.float32)
@@ -182,4 +208,18 @@ def q5_k(blocks):  # Q4_K plus a fifth bit per value: bit g of byte i of qh belo
     return q | (high.swapaxes(1, 2).reshape(len(blocks), -1) << 4), scales, biases
 
 
-AFFINE = {T.Q8_0: (8, q8_0), T.Q4_0: (4, q4_0), T.Q4_1: (4, q4_1), T.Q4_K: (4, q4_k), T.Q5_K: (5, q5_k)}
+def mxfp4(blocks):  # w = e2m1(q) * 2^(e - 127): MLX's mxfp4 bit for bit, the E8M0 exponent e its scale, no bias
+    return nibbles(blocks[:, 1:]), blocks[:, :1], None
+
+
+AFFINE = {
+    T.Q8_0: (8, q8_0),
+    T.Q4_0: (4, q4_0),
+    T.Q4_1: (4, q4_1),
+    T.Q5_0: (5, q5_0),
+    T.Q5_1: (5, q5_1),
+    T.Q4_K: (4, q4_k),
+    T.Q5_K: (5, q5_k),
+}
+PACKED = {**AFFINE, T.MXFP4: (4, mxfp4)}  # kept packed: MLX affine groups of 32, or MLX mxfp4
+REPACKED_BITS = {T.Q6_K: 8}  # the others re-packed, at 6 bits: at least the precision each type stores

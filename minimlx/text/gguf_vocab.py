@@ -8,7 +8,7 @@ those of the model's own tokenizer.json except where llama.cpp's regex engine re
 
 from dataclasses import dataclass
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from ..errors import UnsupportedArchitectureError
 from .byte_level import CHAR_BYTES, spell
@@ -195,8 +195,13 @@ def read_vocab(metadata: dict) -> GGUFVocab:
         for token, kind in zip(tokens, kinds)
         if kind in (CONTROL, USER_DEFINED) and backend.token_to_id(token) is not None
     ]
+    rstrip = rstripped(metadata)
     backend.add_special_tokens(
-        [AddedToken(token, normalized=False, special=True) for token, kind in known if kind == CONTROL]
+        [
+            AddedToken(token, normalized=False, special=True, rstrip=token in rstrip)
+            for token, kind in known
+            if kind == CONTROL
+        ]
     )
     backend.add_tokens(
         [AddedToken(token, normalized=False, special=False) for token, kind in known if kind == USER_DEFINED]
@@ -223,6 +228,16 @@ def read_vocab(metadata: dict) -> GGUFVocab:
         add_eos_token=bool(_scalar(metadata.get("tokenizer.ggml.add_eos_token", False))),
         chat_template=metadata.get("tokenizer.chat_template"),
     )
+
+
+def rstripped(metadata: dict) -> set[str]:
+    """The control tokens that swallow the whitespace after them: llama.cpp gives Phi-3's (files whose general.name
+    says phi3 or phi-3) that attribute, all but <unk>, <s> and <|endoftext|>."""
+    name = str(metadata.get("general.name", "")).lower()
+    if "phi3" not in name and "phi-3" not in name:
+        return set()
+    tokens, kinds = metadata["tokenizer.ggml.tokens"], _list(metadata.get("tokenizer.ggml.token_type", []))
+    return {token for token, kind in zip(tokens, kinds) if kind == CONTROL} - {"<unk>", "<s>", "<|endoftext|>"}
 
 
 def byte_level_bpe(metadata: dict) -> Tokenizer:
@@ -255,7 +270,13 @@ def byte_level_bpe(metadata: dict) -> Tokenizer:
 
 
 def sentencepiece_bpe(metadata: dict) -> Tokenizer:
-    """SentencePiece BPE (model "llama"): "▁" for spaces, `<0xNN>` byte fallback, merges ranked by token score."""
+    """SentencePiece BPE (model "llama"): "▁" for spaces, `<0xNN>` byte fallback, merges ranked by token score.
+
+    `tokenizer.ggml.add_space_prefix` (true unless the file says otherwise; Gemma's say false) puts a "▁" before the
+    text and after each special or user-defined token, always, as llama.cpp does (even before a space); decoding takes
+    the first one off again. Spaces are kept as they are (llama.cpp ignores SentencePiece's
+    `remove_extra_whitespaces`), and the text is not split: merges may cross spaces."""
+    space_prefix = bool(_scalar(metadata.get("tokenizer.ggml.add_space_prefix", True)))
     tokens = metadata["tokenizer.ggml.tokens"]
     vocab = {token: i for i, token in enumerate(tokens)}
     if "tokenizer.ggml.merges" in metadata:
@@ -263,9 +284,12 @@ def sentencepiece_bpe(metadata: dict) -> Tokenizer:
     else:
         merges = merges_from_scores(vocab, dict(zip(tokens, _list(metadata["tokenizer.ggml.scores"]))))
     backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁")] * space_prefix + [normalizers.Replace(" ", "▁")]
+    )
     backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + [decoders.Strip(content=" ", left=1)] * space_prefix
     )
     return backend
 

@@ -1,0 +1,80 @@
+"""GGUF vocabularies tokenized as llama.cpp's own `llama-tokenize` does, id for id.
+
+Every vocabulary type the built-in families' GGUF files use: SmolLM2's byte-level BPE (a real 49,152-token
+vocabulary), the K-quant fixtures' small GPT-2 one, and SentencePiece ones that llama.cpp's converter wrote from
+tiny models trained at test time: Gemma's (no space prefix, `add_space_prefix` false) and Phi-3's, which is Llama 2's
+and Mistral's kind (a space prefix). Each text is tokenized with and without the BOS the file asks for, special
+tokens embedded in it parsed as llama.cpp parses them.
+"""
+
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from llamacpp import llama_tokenize, llamacpp_tool
+from test_gguf_llamacpp import converted  # noqa: F401  (the session's converted fixtures)
+from test_text import CORPUS, smollm2_gguf
+
+from minimlx.errors import UnsupportedArchitectureError
+from minimlx.text import Tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MORE = [
+    " leading space",
+    "  two leading spaces and trailing two  ",
+    "\n\nnewlines first\n",
+    "tabs\tand\t\ttabs",
+    "digits 0 00 000 0000 3.5e-10 ١٢٣",
+    "Привет, мир! Γειά σου κόσμε. 안녕하세요 세계 مرحبا بالعالم",
+    "    indented code():\n        return {'a': [1, 2]}",
+    "",
+    " ",
+]
+# name -> the file (under the converted fixtures' folder unless it is a path)
+VOCABS = {
+    "smollm2": None,
+    "kquant-gpt2": FIXTURES / "tiny-llama-Q6_K.gguf",
+    "gemma": "gemma2-f32.gguf",
+    "phi3": "phi3-f32.gguf",
+    "glm4": "glm4-f32.gguf",
+}
+
+
+@pytest.fixture(scope="module", params=VOCABS)
+def vocab(request, converted):  # noqa: F811
+    try:
+        llamacpp_tool("llama-tokenize")
+    except Exception as e:
+        pytest.skip(f"llama-tokenize cannot be built: {e}")
+    file = VOCABS[request.param]
+    path = smollm2_gguf() if file is None else file if isinstance(file, Path) else converted / file
+    metadata = mx.load(str(path), return_metadata=True)[1]
+    return path, metadata, Tokenizer.from_gguf(metadata)
+
+
+def texts_for(tokenizer: Tokenizer) -> list[str]:
+    """The corpus, plus its vocabulary's own special tokens embedded in text, at the start and after spaces."""
+    bos, eos = tokenizer.bos_token or "", tokenizer.eos_token or ""
+    embedded = [f"{bos}Hello{eos} world", f"a {eos} b", f"{eos}\n{bos} x {eos}", f"text{bos}{bos}  {eos}"]
+    return [*CORPUS, *MORE, *embedded]
+
+
+@pytest.mark.parametrize("add_bos", [True, False], ids=["with_bos", "without"])
+def test_ids_match_llama_tokenize(vocab, add_bos):
+    path, _, tokenizer = vocab
+    texts = texts_for(tokenizer)
+    expected = llama_tokenize(path, texts, add_bos)
+    for text, ids in zip(texts, expected):
+        assert tokenizer.encode(text, add_special_tokens=add_bos) == ids, text
+
+
+def test_decode_inverts_encode(vocab):
+    _, _, tokenizer = vocab
+    for text in [*CORPUS, *MORE]:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text, text
+
+
+def test_unigram_vocabularies_are_refused_in_one_line():
+    with pytest.raises(UnsupportedArchitectureError, match=r"GGUF tokenizer model 't5' is not supported") as error:
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
+    assert "\n" not in str(error.value)
