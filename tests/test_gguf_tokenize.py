@@ -5,8 +5,16 @@ vocabulary), the K-quant fixtures' small GPT-2 one, and SentencePiece ones that 
 tiny models trained at test time: Gemma's (no space prefix, `add_space_prefix` false) and Phi-3's, which is Llama 2's
 and Mistral's kind (a space prefix). Each text is tokenized with and without the BOS the file asks for, special
 tokens embedded in it parsed as llama.cpp parses them.
+
+llama.cpp's ids come from tests/fixtures/llama_tokenize_ids.json: building `llama-tokenize` takes minutes, too long
+for every CI run. `MINIMLX_LLAMA_TOKENIZE=1 python -m pytest tests/test_gguf_tokenize.py` builds it (once, into the
+test cache), asks it again and rewrites the file. Each vocabulary's entry keeps a fingerprint of its tokens, so a
+vocabulary that came out differently (a converter or trainer that changed) fails as such, not as wrong ids.
 """
 
+import hashlib
+import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,6 +27,8 @@ from minimlx.errors import UnsupportedArchitectureError
 from minimlx.text import Tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
+IDS = FIXTURES / "llama_tokenize_ids.json"
+ASK_LLAMA_CPP = os.environ.get("MINIMLX_LLAMA_TOKENIZE") == "1"
 MORE = [
     " leading space",
     "  two leading spaces and trailing two  ",
@@ -40,16 +50,32 @@ VOCABS = {
 }
 
 
+@pytest.fixture(scope="module")
+def recorded():
+    """llama-tokenize's ids by vocabulary; with MINIMLX_LLAMA_TOKENIZE=1, asked anew and written back at the end."""
+    known = json.loads(IDS.read_text()) if IDS.is_file() else {}
+    yield known
+    if ASK_LLAMA_CPP:
+        IDS.write_text(json.dumps(known, separators=(",", ":"), sort_keys=True) + "\n")
+
+
 @pytest.fixture(scope="module", params=VOCABS)
-def vocab(request, converted):  # noqa: F811
-    try:
-        llamacpp_tool("llama-tokenize")
-    except Exception as e:
-        pytest.skip(f"llama-tokenize cannot be built: {e}")
+def vocab(request, converted, recorded):  # noqa: F811
     file = VOCABS[request.param]
     path = smollm2_gguf() if file is None else file if isinstance(file, Path) else converted / file
     metadata = mx.load(str(path), return_metadata=True)[1]
-    return path, metadata, Tokenizer.from_gguf(metadata)
+    tokenizer = Tokenizer.from_gguf(metadata)
+    fingerprint = hashlib.sha256("\n".join(metadata["tokenizer.ggml.tokens"]).encode()).hexdigest()[:16]
+    if ASK_LLAMA_CPP:
+        llamacpp_tool("llama-tokenize")
+        texts = texts_for(tokenizer)
+        ids = {bos: llama_tokenize(path, texts, bos) for bos in (True, False)}
+        recorded[request.param] = {"tokens": fingerprint, "with_bos": ids[True], "without": ids[False]}
+    entry = recorded.get(request.param)
+    if entry is None:
+        pytest.fail(f"{IDS.name} has no ids for {request.param}: run with MINIMLX_LLAMA_TOKENIZE=1")
+    assert entry["tokens"] == fingerprint, f"{request.param}'s vocabulary changed: rerun with MINIMLX_LLAMA_TOKENIZE=1"
+    return entry, tokenizer
 
 
 def texts_for(tokenizer: Tokenizer) -> list[str]:
@@ -61,15 +87,16 @@ def texts_for(tokenizer: Tokenizer) -> list[str]:
 
 @pytest.mark.parametrize("add_bos", [True, False], ids=["with_bos", "without"])
 def test_ids_match_llama_tokenize(vocab, add_bos):
-    path, _, tokenizer = vocab
+    entry, tokenizer = vocab
     texts = texts_for(tokenizer)
-    expected = llama_tokenize(path, texts, add_bos)
+    expected = entry["with_bos" if add_bos else "without"]
+    assert len(expected) == len(texts), "the corpus changed: rerun with MINIMLX_LLAMA_TOKENIZE=1"
     for text, ids in zip(texts, expected):
         assert tokenizer.encode(text, add_special_tokens=add_bos) == ids, text
 
 
 def test_decode_inverts_encode(vocab):
-    _, _, tokenizer = vocab
+    _, tokenizer = vocab
     for text in [*CORPUS, *MORE]:
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text, text
 
