@@ -288,3 +288,15 @@ def test_a_full_queue_refuses(smollm2):
     engine.submit(Request([1, 2, 3]))
     with pytest.raises(QueueFullError):
         engine.submit(Request([1, 2, 3]))
+
+
+def test_a_cancelled_request_gives_its_place_in_the_queue_back(smollm2):
+    """One running, one waiting, the waiting one cancelled: the queue has room again at once, before any step."""
+    model, tokenizer = smollm2
+    engine = Engine(model, tokenizer, max_batch=1, max_queue=1)
+    engine.submit(Request([1, 2, 3]))
+    engine.step()  # the first one runs
+    waiting = engine.submit(Request([1, 2, 3]))
+    engine.cancel(waiting)
+    engine.submit(Request([1, 2, 3]))
+    assert len(engine.waiting) == 1

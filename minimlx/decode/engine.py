@@ -308,8 +308,12 @@ class Engine:
         return generation
 
     def cancel(self, generation: Generation) -> None:
-        """Stop `generation`; it leaves the batch at the next step (or the queue, if it has not started)."""
+        """Stop `generation`: it leaves the queue at once (a cancelled request holds no place in it), or the batch
+        at the next step."""
         generation.cancelled = generation.finish_reason is None
+        with self.lock:
+            if generation in self.waiting:
+                self.waiting.remove(generation)
         self.wake.set()
 
     @property
