@@ -71,7 +71,13 @@ class Conversation:
         answer, generated = [], []
         try:
             stream = stream_generate(
-                self.model, self.tokenizer, ids[shared:], settings=settings, cache=self.cache, kv_bits=self.kv_bits, **options
+                self.model,
+                self.tokenizer,
+                ids[shared:],
+                settings=settings,
+                cache=self.cache,
+                kv_bits=self.kv_bits,
+                **options,
             )
             with closing(stream) as responses:
                 for response in responses:
