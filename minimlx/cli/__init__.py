@@ -97,6 +97,15 @@ dtype_option = click.option(
 )
 """The `--dtype` option of every command that loads a model."""
 
+kv_bits_option = click.option(
+    "--kv-bits",
+    type=click.Choice(["8", "4"]),
+    callback=lambda _context, _option, value: int(value) if value else None,
+    help="Hold the KV cache quantized to 8 or 4 bits (a quarter or an eighth of float32's bytes; attention reads "
+    "the codes); default: the model's dtype.",
+)
+"""The `--kv-bits` option of the commands that generate (run, chat, serve, bench)."""
+
 
 def read_template(context, parameter, path: str | None) -> str | None:
     """The text of a --chat-template file, or a one-line error naming it."""

@@ -16,14 +16,15 @@ from ..decode import Engine, Generation, Request, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
-from . import dtype_option, main, parallel_options
+from . import dtype_option, kv_bits_option, main, parallel_options
 from .run import speculation_options, whole_option
 
 
 def timed_generation(engine: Engine, prompt: list[int], gen_tokens: int) -> tuple[float, float, Generation]:
     """(seconds to the first token, seconds from the first to the last, the generation) of a greedy run of exactly
-    `gen_tokens` tokens on a fresh cache; end-of-sequence ids do not stop it."""
-    generation = engine.submit(Request(prompt, SamplingSettings(max_tokens=gen_tokens), stop_ids=frozenset()))
+    `gen_tokens` tokens on a fresh cache (left on `generation.cache`); end-of-sequence ids do not stop it."""
+    settings = SamplingSettings(max_tokens=gen_tokens)
+    generation = engine.submit(Request(prompt, settings, stop_ids=frozenset(), cache=engine.make_cache()))
     start = time.perf_counter()
     while not generation.tokens:
         engine.step()
@@ -48,6 +49,7 @@ def peak_rss_gb() -> float:
 @whole_option("--gen-tokens", 64, "Tokens generated per run, end-of-sequence ignored.", low=2)
 @whole_option("--repeats", 3, "Measured runs after one warm-up; the figures are their medians.")
 @dtype_option
+@kv_bits_option
 @whole_option("--prefill-step", 512, "Prompt tokens per prefill chunk.")
 @click.option("--eager", is_flag=True, help="Decode without the compiled step (to compare).")
 @speculation_options
@@ -59,6 +61,7 @@ def bench(
     gen_tokens,
     repeats,
     dtype,
+    kv_bits,
     prefill_step,
     eager,
     draft_model,
@@ -99,6 +102,7 @@ def bench(
         draft_tokens=draft_tokens,
         prompt_lookup=prompt_lookup,
         compiled=not eager,
+        kv_bits=kv_bits,
     )
     timed_generation(engine, prompt, min(gen_tokens, 4))
     runs = [timed_generation(engine, prompt, gen_tokens) for _ in range(repeats)]
@@ -118,6 +122,8 @@ def bench(
         "device": str(mx.default_device()),
         "blas": blas.loaded,
         "compiled": engine.compiled,
+        "kv_bits": kv_bits,
+        "kv_cache_gb": sum(c.nbytes for c in runs[-1][2].cache) / 1e9,
         "acceptance": accepted / drafted if drafted else None,
     }
     if as_json:
@@ -130,7 +136,8 @@ def bench(
     click.echo(
         f"load {load_s:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
         f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
-        f"peak memory {result['peak_memory_gb']:.3f} GB (median of {repeats})"
+        f"peak memory {result['peak_memory_gb']:.3f} GB | KV cache {result['kv_cache_gb']:.4f} GB "
+        f"({f'{kv_bits}-bit' if kv_bits else 'float'}) (median of {repeats})"
     )
     if engine.drafter is not None:
         click.echo(f"speculation: {accepted} of {drafted} drafted tokens accepted ({result['acceptance'] or 0:.0%})")

@@ -33,7 +33,7 @@ def chat(hide_thinking, **options):
 
     model, tokenizer = open_model(options)
     drafting = speculation(options)
-    conversation = Conversation(model, tokenizer, options["system"])
+    conversation = Conversation(model, tokenizer, options["system"], options["kv_bits"])
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a line of invalid UTF-8 is cleaned, not fatal
     if interactive:

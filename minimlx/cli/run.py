@@ -14,7 +14,7 @@ from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import TEXT, chat_template_option, dtype_option, main, parallel_options, read_stdin
+from . import TEXT, chat_template_option, dtype_option, kv_bits_option, main, parallel_options, read_stdin
 
 
 def whole_option(name: str, default: int, help: str, low: int = 1):
@@ -78,6 +78,7 @@ def generation_options(command):
             chat_template_option,
             click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
             dtype_option,
+            kv_bits_option,
             click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
         ],
     )
@@ -199,6 +200,7 @@ def run(prompt, no_chat_template, json_schema, regex, grammar, **options):
         settings=replace(settings, constraint=constraint),
         chat_template=not no_chat_template,
         system=options["system"],
+        kv_bits=options["kv_bits"],
         **speculation(options),
     ):
         sys.stdout.write(response.text)

@@ -7,7 +7,7 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import chat_template_option, dtype_option, main, parallel_options
+from . import chat_template_option, dtype_option, kv_bits_option, main, parallel_options
 from .run import open_model, whole_option
 
 
@@ -65,6 +65,7 @@ def check_address(host: str, port: int) -> None:
 )
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
+@kv_bits_option
 @parallel_options
 def serve(
     host,
@@ -94,7 +95,14 @@ def serve(
         check_address(host, port)
     one_blas_thread()
     model, tokenizer = open_model(options)
-    engine = Engine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
+    engine = Engine(
+        model,
+        tokenizer,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        prompt_cache_size=prompt_cache,
+        kv_bits=options["kv_bits"],
+    )
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL

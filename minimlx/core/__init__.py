@@ -2,7 +2,7 @@
 
 from .attention import Attention, capped_attention, soft_cap
 from .block import Block, FourNormBlock, PostNormBlock
-from .cache import KVCache, LatentCache, RotatingKVCache
+from .cache import KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
@@ -19,6 +19,7 @@ __all__ = [
     "FourNormBlock",
     "GatedFFN",
     "KVCache",
+    "QuantizedKVCache",
     "LatentAttention",
     "LatentCache",
     "LayerNorm",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import KVCache, RotatingKVCache, visible
+from .cache import KVCache, QuantizedKVCache, RotatingKVCache, visible
 from .norms import RMSNorm
 from .positions import Positions
 from .recorder import Recorder
@@ -72,6 +72,27 @@ def capped_attention(q, k, v, scale: float, mask, cap: float, sinks: mx.array | 
     weights = attention_weights(q, k, scale, mask, cap, sinks).astype(v.dtype)
     weights = weights.reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # grouped as the kv heads they read
     return (weights @ v[:, :, None]).reshape(batch, heads, tokens, -1)
+
+
+def quantized_attention(q, k, v, scale: float, mask, group_size: int, bits: int) -> mx.array:
+    """softmax(q k^T * scale + mask) v with k and v quantized, (codes, scales, biases) triples as `mx.quantize` gives
+    them: both products read the codes through `mx.quantized_matmul`, nothing is dequantized.
+
+    q: (batch, heads, tokens, head_dim); k, v: triples of (batch, kv_heads, keys, ...); `mask` as
+    `mx.fast.scaled_dot_product_attention` takes it (None, "causal" or a boolean array).
+    """
+    batch, heads, tokens, _ = q.shape
+    kv_heads, keys = k[0].shape[1], k[0].shape[2]
+    q = (q * scale).reshape(batch, kv_heads, heads // kv_heads, tokens, -1)  # the query heads that share each kv head
+    k, v = [a[:, :, None] for a in k], [a[:, :, None] for a in v]
+    scores = mx.quantized_matmul(q, *k, transpose=True, group_size=group_size, bits=bits)
+    if isinstance(mask, str):
+        mask = visible(0, keys - tokens, tokens) if mask == "causal" else None
+    if mask is not None:
+        scores = mx.where(mask[:, :, None] if mask.ndim == 4 else mask, scores, -mx.inf)
+    weights = mx.softmax(scores.astype(mx.float32), axis=-1).astype(q.dtype)
+    out = mx.quantized_matmul(weights, *v, transpose=False, group_size=group_size, bits=bits)
+    return out.reshape(batch, heads, tokens, -1)
 
 
 def record_attention(recorder: Recorder, q, k, scale: float, mask, cap: float | None = None, sinks=None) -> None:
@@ -146,6 +167,10 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)
         sinks = self.get("sinks")
+        if isinstance(cache, QuantizedKVCache):
+            if recorder is None and self.logit_cap is None and sinks is None:
+                return self.o_proj(merge_heads(self.attend_quantized(q, k, v, mask, cache.group_size, cache.bits)))
+            k, v = cache.dequantize(k), cache.dequantize(v)  # what a recorder reads, and the capped or sunk forms
         if recorder is not None:
             record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
         if self.logit_cap is None:
@@ -158,6 +183,10 @@ class Attention(nn.Module):
         """softmax(q k^T * scale + mask) v for q (batch, heads, queries, head_dim) over k, v (batch, kv_heads,
         keys, head_dim), with `mask` and `sinks` as `mx.fast.scaled_dot_product_attention` takes them."""
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
+
+    def attend_quantized(self, q: mx.array, k: tuple, v: tuple, mask, group_size: int, bits: int) -> mx.array:
+        """`attend` over keys and values held quantized by a `QuantizedKVCache`."""
+        return quantized_attention(q, k, v, self.scale, mask, group_size, bits)
 
     def make_cache(self) -> KVCache:
         """A growing cache, or for a windowed layer one that keeps only the window."""

@@ -39,6 +39,9 @@ class CpuAttention(Attention):
     def attend(self, q, k, v, mask, sinks):
         return attention.attend(q, k, v, self.scale, mask, sinks)
 
+    def attend_quantized(self, q, k, v, mask, group_size, bits):
+        return attention.attend_quantized(q, k, v, self.scale, mask, group_size, bits)
+
 
 class CpuRoPE(RoPE):
     """RoPE spelled out from the pass's shared angles: MLX's CPU `fast.rope` is itself composed of ops and builds

@@ -14,6 +14,7 @@ OPS = (
     "matmul_swiglu",
     "causal_attention",
     "masked_attention",
+    "quantized_attention",
     "silu",
     "swiglu",
     "rms_norm",

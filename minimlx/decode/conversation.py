@@ -17,16 +17,16 @@ class Conversation:
     Every turn renders the whole conversation with the chat template, keeps the cached tokens
     that agree with it, trims the rest and feeds only what follows. A conversation that no longer
     leaves room for an answer in the model's context drops its oldest turns (the system prompt stays),
-    with one warning per conversation.
+    with one warning per conversation. `kv_bits` holds the cache quantized (as `stream_generate` takes it).
     """
 
-    def __init__(self, model: nn.Module, tokenizer, system: str | None = None):
-        self.model, self.tokenizer, self.system = model, tokenizer, system
+    def __init__(self, model: nn.Module, tokenizer, system: str | None = None, kv_bits: int | None = None):
+        self.model, self.tokenizer, self.system, self.kv_bits = model, tokenizer, system, kv_bits
         self.reset()
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
-        self.cache = make_cache(self.model)
+        self.cache = make_cache(self.model, self.kv_bits)
         self.cached_ids: list[int] = []
         self.prompt = ""
         self.warned = False
@@ -71,7 +71,13 @@ class Conversation:
         answer, generated = [], []
         try:
             stream = stream_generate(
-                self.model, self.tokenizer, ids[shared:], settings=settings, cache=self.cache, **options
+                self.model,
+                self.tokenizer,
+                ids[shared:],
+                settings=settings,
+                cache=self.cache,
+                kv_bits=self.kv_bits,
+                **options,
             )
             with closing(stream) as responses:
                 for response in responses:

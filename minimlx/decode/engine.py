@@ -41,6 +41,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..core.cache import quantized_cache
 from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
 from .compiled import decoder
@@ -222,6 +223,15 @@ class PromptCache:
 WASTED_TOKENS = 32
 
 
+KV_BITS = (4, 8)
+"""The widths a quantized KV cache holds its codes in (those the native attention reads)."""
+
+
+def check_kv_bits(kv_bits: int | None) -> None:
+    if kv_bits is not None and kv_bits not in KV_BITS:
+        raise InvalidSettingError(f"kv_bits is {kv_bits}; a quantized KV cache holds 8 or 4 bits (or None: float)")
+
+
 class Engine:
     """Decodes every running sequence in one forward pass per `step()`.
 
@@ -229,7 +239,8 @@ class Engine:
     most `max_batch` sequences decode together; up to `max_queue` more wait (QueueFullError beyond).
     `draft_model` (a smaller model sharing the tokenizer, proposing `draft_tokens` a round) or `prompt_lookup=N`
     (N tokens copied from earlier text) decode speculatively, one sequence at a time. `compiled=False` keeps
-    the compiled step out (`minimlx bench --eager` compares the two).
+    the compiled step out (`minimlx bench --eager` compares the two). `kv_bits` (8 or 4) holds every plain KV cache
+    quantized (`QuantizedKVCache`); such caches decode eagerly.
     """
 
     def __init__(
@@ -244,12 +255,15 @@ class Engine:
         draft_tokens: int = 3,
         prompt_lookup: int = 0,
         compiled: bool = True,
+        kv_bits: int | None = None,
     ):
         check_whole("prefill_step", prefill_step, 1)
+        check_kv_bits(kv_bits)
         check_speculation((draft_model is not None) + bool(prompt_lookup))
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
-        self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size)
+        self.kv_bits = kv_bits
+        self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size and kv_bits is None)
         self.drafter = None
         if draft_model is not None or prompt_lookup:
             if max_batch != 1:
@@ -283,7 +297,7 @@ class Engine:
 
     def make_cache(self) -> list:
         """A cache for one sequence, of the kind this engine's steps decode over."""
-        return self.decoder.make_cache()
+        return [quantized_cache(c, self.kv_bits) for c in self.decoder.make_cache()]
 
     def submit(self, request: Request) -> Generation:
         settings = request.settings

@@ -63,6 +63,7 @@ def stream_generate(
     draft_model: nn.Module | None = None,
     draft_tokens: int = 3,
     prompt_lookup: int = 0,
+    kv_bits: int | None = None,
     **sampling,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
@@ -80,6 +81,9 @@ def stream_generate(
     Speculative decoding (same tokens when greedy, same distribution when sampling): `draft_model`
     (a smaller model sharing the tokenizer) proposes `draft_tokens` tokens per step, or
     `prompt_lookup=N` proposes N tokens copied from where the text's last words occurred before.
+
+    `kv_bits=8` (or 4) holds the keys and values quantized, in about a quarter (an eighth) of the bytes; a `cache`
+    passed in keeps its own kind (make one with `make_cache(model, kv_bits)`).
     """
     settings = sampling_settings(settings, sampling)
     ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
@@ -91,6 +95,7 @@ def stream_generate(
         draft_model=draft_model,
         draft_tokens=draft_tokens,
         prompt_lookup=prompt_lookup,
+        kv_bits=kv_bits,
     )
     generation = engine.submit(Request(ids, settings, cache=cache))
     start = time.perf_counter()
@@ -120,10 +125,10 @@ def stream_generate(
         engine.step()  # the generation leaves the batch: a `cache` passed in now holds prompt and answer
 
 
-def make_cache(model: nn.Module) -> list:
+def make_cache(model: nn.Module, kv_bits: int | None = None) -> list:
     """A cache for one sequence of `model`, of the kind its one-sequence engine decodes over (fixed-capacity where
-    the compiled step can use it)."""
-    return Engine(model, max_batch=1).make_cache()
+    the compiled step can use it, quantized with `kv_bits`)."""
+    return Engine(model, max_batch=1, kv_bits=kv_bits).make_cache()
 
 
 def generate(model: nn.Module, tokenizer, prompt: str | Sequence[int], **options) -> str:
@@ -141,13 +146,14 @@ def batch_generate(
     system: str | None = None,
     prefill_step: int = 512,
     settings: SamplingSettings | None = None,
+    kv_bits: int | None = None,
     **sampling,
 ) -> list[str]:
     """The answer to each prompt, decoded together `max_batch` at a time, in the order of `prompts`.
 
     `settings` (or its fields by name, as stream_generate takes them) hold for every prompt; `per_prompt` holds one
     dict per prompt that overrides some of them for that prompt. At temperature 0 each answer has the token ids
-    that `generate` gives the prompt alone.
+    that `generate` gives the prompt alone (with the same `kv_bits`).
     """
     settings = sampling_settings(settings, sampling)
     per_prompt = per_prompt if per_prompt is not None else [{}] * len(prompts)
@@ -157,7 +163,7 @@ def batch_generate(
         Request(prompt_ids(model, tokenizer, prompt, chat_template, system), replace(settings, **own))
         for prompt, own in zip(prompts, per_prompt)
     ]
-    engine = Engine(model, tokenizer, max_batch=max_batch, prefill_step=prefill_step)
+    engine = Engine(model, tokenizer, max_batch=max_batch, prefill_step=prefill_step, kv_bits=kv_bits)
     generations = [engine.submit(request) for request in requests]
     texts = {id(g): [] for g in generations}
     while engine.busy:

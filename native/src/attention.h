@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "exp.h"
@@ -134,6 +135,164 @@ void attend_queries(const Attention& a, int row, int head, int heads, int query_
     case 3: return attend_heads<Simd, 3>(a, row, head, query_begin, query_end);
     default: return attend_heads<Simd, 4>(a, row, head, query_begin, query_end);
   }
+}
+
+// Where feature t of a chunk of 32 lies in the chunk's unpacked order: 8-bit codes in order, 4-bit ones as the
+// low nibbles (features 0, 2, ..., 30) then the high nibbles (1, 3, ..., 31), as kernel.h's weights unpack.
+template <int BITS>
+inline int unpacked_index(int t) {
+  return BITS == 8 ? t : t % 2 * 16 + t / 2;
+}
+
+template <class Simd, int BITS>
+inline void unpack(const uint8_t* codes, typename Simd::V* out) {
+  if constexpr (BITS == 4) Simd::unpack4(codes, out);
+  else Simd::unpack8(codes, out);
+}
+
+// Queries [query_begin, query_end) of H heads sharing one kv head, over quantized keys and values. With codes c,
+// scales s and biases b of a key's groups, and q's sum over each group,
+//
+//   q . k_j = sum_g s_jg (q_g . c_jg) + b_jg sum(q_g)      sum_j p_j v_j = sum_j (p_j s_jg) c_jg + sum_j p_j b_jg
+//
+// so the codes are only converted to floats, never dequantized: q is laid out in the codes' unpacked order, and
+// the output is put back in order at the end of each chunk.
+template <class Simd, int H, int BITS>
+void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int query_begin, int query_end) {
+  using V = typename Simd::V;
+  constexpr int VPC = 32 / Simd::W;  // vectors per chunk of 32 features
+  constexpr int KB = 4;  // keys scored side by side (Simd::sum4 adds up their four sums at once)
+  constexpr int CPP = H * 2 * VPC + 2 * VPC + 1 <= Simd::registers ? 2 : 1;  // chunks per pass over the values
+  constexpr int kChunkBytes = 32 * BITS / 8;
+  const int D = a.head_dim, G = a.group_size, groups = D / G, chunks = D / 32, past = a.keys - a.queries;
+  const int kv_head = head / (a.heads / a.kv_heads);
+  auto rows = [&](const QuantizedRows& r) {
+    return std::tuple{r.codes + row * r.code_strides[0] + kv_head * r.code_strides[1],
+                      r.scales + row * r.group_strides[0] + kv_head * r.group_strides[1],
+                      r.biases + row * r.group_strides[0] + kv_head * r.group_strides[1]};
+  };
+  const auto [k_codes, k_scales, k_biases] = rows(a.k);
+  const auto [v_codes, v_scales, v_biases] = rows(a.v);
+  const int64_t k_step = a.k.code_strides[2], kg_step = a.k.group_strides[2];
+  const int64_t v_step = a.v.code_strides[2], vg_step = a.v.group_strides[2];
+  thread_local std::vector<float> scores, queries, query_sums, value_biases;
+  thread_local std::vector<int> shown_keys;
+  scores.resize(static_cast<size_t>(H) * a.keys);
+  shown_keys.resize(a.keys);
+  queries.resize(static_cast<size_t>(H) * D);
+  query_sums.resize(static_cast<size_t>(H) * groups);
+  value_biases.resize(static_cast<size_t>(H) * groups);
+  for (int i = query_begin; i < query_end; ++i) {
+    for (int h = 0; h < H; ++h) {
+      const float* q = a.q + row * a.q_strides[0] + (head + h) * a.q_strides[1] + i * a.q_strides[2];
+      for (int d = 0; d < D; ++d) queries[h * D + d / 32 * 32 + unpacked_index<BITS>(d % 32)] = q[d] * a.scale;
+      for (int g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int d = g * G; d < (g + 1) * G; ++d) sum += q[d];
+        query_sums[h * groups + g] = sum * a.scale;
+      }
+    }
+    const int seen = past + i + 1;
+    const bool* shown = a.mask ? a.mask + row * a.mask_strides[0] + i * a.mask_strides[1] : nullptr;
+    int count = 0;
+    for (int j = 0; j < seen; ++j)
+      if (!shown || shown[j * a.mask_strides[2]]) shown_keys[count++] = j;
+    float* out[H];
+    for (int h = 0; h < H; ++h) out[h] = a.out + ((static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i) * D;
+    if (count == 0) {  // every key hidden
+      for (int h = 0; h < H; ++h) std::fill(out[h], out[h] + D, 0.0f);
+      continue;
+    }
+    for (int j = 0; j < count; j += KB) {
+      const int n = std::min(KB, count - j);
+      float total[H][KB] = {};
+      for (int g = 0; g < groups; ++g) {
+        V acc[H][KB];
+        for (int h = 0; h < H; ++h)
+          for (int r = 0; r < KB; ++r) acc[h][r] = Simd::zero();
+        for (int r = 0; r < n; ++r) {
+          const uint8_t* codes = k_codes + shown_keys[j + r] * k_step;
+          for (int c = g * G / 32; c < (g + 1) * G / 32; ++c) {
+            V code[VPC];
+            unpack<Simd, BITS>(codes + c * kChunkBytes, code);
+            for (int h = 0; h < H; ++h)
+              for (int w = 0; w < VPC; ++w)
+                acc[h][r] = Simd::fma(code[w], Simd::load(queries.data() + h * D + c * 32 + w * Simd::W), acc[h][r]);
+          }
+        }
+        for (int h = 0; h < H; ++h) {
+          float sums[KB];
+          Simd::sum4(acc[h], sums);
+          for (int r = 0; r < n; ++r) {
+            const int64_t at = shown_keys[j + r] * kg_step + g;
+            total[h][r] += k_scales[at] * sums[r] + k_biases[at] * query_sums[h * groups + g];
+          }
+        }
+      }
+      for (int h = 0; h < H; ++h)
+        for (int r = 0; r < n; ++r) scores[static_cast<int64_t>(h) * a.keys + j + r] = total[h][r];
+    }
+    float norm[H];
+    for (int h = 0; h < H; ++h) {
+      float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
+      const float top = *std::max_element(p, p + count);
+      float sum = 0.0f;
+      for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // a loop the compiler vectorizes
+      for (int j = 0; j < count; ++j) sum += p[j];
+      norm[h] = 1.0f / sum;
+      for (int g = 0; g < groups; ++g) {
+        float bias = 0.0f;
+        for (int j = 0; j < count; ++j) bias += p[j] * v_biases[shown_keys[j] * vg_step + g];
+        value_biases[h * groups + g] = bias;
+      }
+    }
+    for (int c0 = 0; c0 < chunks; c0 += CPP) {
+      const int passed = std::min(CPP, chunks - c0);
+      V acc[H][CPP * VPC];
+      for (int h = 0; h < H; ++h)
+        for (int w = 0; w < CPP * VPC; ++w) acc[h][w] = Simd::zero();
+      for (int j = 0; j < count; ++j) {
+        const int key = shown_keys[j];
+        const uint8_t* codes = v_codes + key * v_step;
+        for (int c = 0; c < passed; ++c) {
+          V code[VPC];
+          unpack<Simd, BITS>(codes + (c0 + c) * kChunkBytes, code);
+          const float scale = v_scales[key * vg_step + (c0 + c) * 32 / G];
+          for (int h = 0; h < H; ++h) {
+            const V weight = Simd::set1(scores[static_cast<int64_t>(h) * a.keys + j] * scale);
+            for (int w = 0; w < VPC; ++w) acc[h][c * VPC + w] = Simd::fma(weight, code[w], acc[h][c * VPC + w]);
+          }
+        }
+      }
+      for (int h = 0; h < H; ++h) {
+        alignas(64) float sums[CPP * 32];
+        for (int w = 0; w < passed * VPC; ++w) Simd::store(sums + w * Simd::W, acc[h][w]);
+        for (int c = 0; c < passed; ++c) {
+          const int first = (c0 + c) * 32;
+          const float bias = value_biases[h * groups + first / G];
+          for (int t = 0; t < 32; ++t) out[h][first + t] = (sums[c * 32 + unpacked_index<BITS>(t)] + bias) * norm[h];
+        }
+      }
+    }
+  }
+}
+
+template <class Simd, int BITS>
+void attend_quantized_bits(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end) {
+  switch (heads) {
+    case 1: return attend_quantized_heads<Simd, 1, BITS>(a, row, head, query_begin, query_end);
+    case 2: return attend_quantized_heads<Simd, 2, BITS>(a, row, head, query_begin, query_end);
+    case 3: return attend_quantized_heads<Simd, 3, BITS>(a, row, head, query_begin, query_end);
+    default: return attend_quantized_heads<Simd, 4, BITS>(a, row, head, query_begin, query_end);
+  }
+}
+
+// `heads` (at most kHeadsTogether) heads of one kv head from `head`, over quantized keys and values.
+template <class Simd>
+void attend_quantized_queries(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
+                              int query_end) {
+  if (a.bits == 4) return attend_quantized_bits<Simd, 4>(a, row, head, heads, query_begin, query_end);
+  attend_quantized_bits<Simd, 8>(a, row, head, heads, query_begin, query_end);
 }
 
 }  // namespace minimlx_native

@@ -41,6 +41,29 @@ struct Attention {
   int64_t mask_strides[3];  // batch, query, key
 };
 
+// Keys or values held quantized as `mx.quantize` holds a weight (minimlx's QuantizedKVCache): each row of head_dim
+// features is `bits`-bit codes (4 or 8, packed as kernel.h's weights) and a float32 scale and bias per group of
+// `group_size` features, value = scale * code + bias. Strides (batch, head, position) in bytes for the codes and
+// in floats for the scales and biases (whose groups are contiguous).
+struct QuantizedRows {
+  const uint8_t* codes;
+  const float* scales;
+  const float* biases;
+  int64_t code_strides[3], group_strides[3];
+};
+
+// softmax(q k^T * scale) v as `Attention`, over quantized k and v.
+struct QuantizedAttention {
+  const float* q;
+  int64_t q_strides[3];
+  QuantizedRows k, v;
+  float* out;
+  int batch, heads, kv_heads, queries, keys, head_dim, group_size, bits;
+  float scale;
+  const bool* mask;
+  int64_t mask_strides[3];
+};
+
 // out (M x N) = x @ w.T for float32 x (M x K) and w (N x K), x packed into panels of `panel_rows` inputs
 // (gemm.h).
 struct Gemm {
@@ -79,6 +102,17 @@ void attend_avx512(const Attention& a, int row, int head, int heads, int query_b
 #endif
 #if defined(__aarch64__)
 void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
+#endif
+
+// The same over quantized keys and values. One function per instruction set.
+void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end);
+#if defined(__x86_64__) || defined(_M_X64)
+void attend_quantized_avx2(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_quantized_avx512(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
+                             int query_end);
+#endif
+#if defined(__aarch64__)
+void attend_quantized_neon(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end);
 #endif
 
 // out[i] = silu(x[i]) for i in [begin, end). One function per instruction set.

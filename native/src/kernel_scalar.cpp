@@ -71,6 +71,11 @@ void pack_scalar(const float* x, int M, int K, float* panels, int panel_begin, i
 
 void gemm_scalar(const Gemm& g, int row_begin, int row_end) { gemm_rows<Scalar>(g, row_begin, row_end); }
 
+void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
+                             int query_end) {
+  attend_quantized_queries<Scalar>(a, row, head, heads, query_begin, query_end);
+}
+
 void silu_scalar(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
 }  // namespace minimlx_native

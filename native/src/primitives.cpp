@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -37,6 +38,7 @@ namespace minimlx_native {
 struct Isa {
   void (*rows)(const Problem&, int, int);
   void (*attend)(const Attention&, int, int, int, int, int);
+  void (*attend_quantized)(const QuantizedAttention&, int, int, int, int, int);
   void (*silu)(const float*, float*, int64_t, int64_t);
   void (*dequantize)(const Problem&, int, int, float*);
   void (*pack)(const float*, int, int, float*, int, int);
@@ -50,21 +52,22 @@ Isa best_isa() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
-    return {rows_avx512, attend_avx512, silu_avx512, dequantize_avx512, pack_avx512, gemm_avx512, 32, "avx512"};
+    return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512, gemm_avx512, 32, "avx512"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {rows_avx2, attend_avx2, silu_avx2, dequantize_avx2, pack_avx2, gemm_avx2, 16, "avx2"};
+    return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, dequantize_avx2, pack_avx2, gemm_avx2, 16, "avx2"};
 #elif defined(__aarch64__)
-  return {rows_neon, attend_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8, "neon"};
+  return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8, "neon"};
 #endif
-  return {rows_scalar, attend_scalar, silu_scalar, dequantize_scalar, pack_scalar, gemm_scalar, 2, "scalar"};
+  return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, dequantize_scalar, pack_scalar, gemm_scalar, 2, "scalar"};
 }
 
 const Isa kIsa = best_isa();
 
 // The elements of `a` (any strides) in row-major order, contiguous from `dst`: a row at a time where the last
 // axis is contiguous (a transposed view of heads and tokens), else one element at a time.
-void gather(const mx::array& a, float* dst) {
-  const float* src = a.data<float>();
+template <class T>
+void gather(const mx::array& a, T* dst) {
+  const T* src = a.data<T>();
   if (a.flags().row_contiguous) {
     std::copy(src, src + a.size(), dst);
     return;
@@ -389,6 +392,20 @@ void float_product_work(const std::vector<mx::array>& in, mx::array& out) {
 // get 24 blocks to share from a 128-token chunk of SmolLM2's 9 heads (3 groups of heads sharing a kv head).
 constexpr int kQueryBlock = 16;
 
+// Blocks of `kQueryBlock` queries of a part of the heads that share a kv head (at most kHeadsTogether, as even as can
+// be), for every batch row and kv head: `attend(row, first head, heads, first query, end query)` runs one.
+template <class Attend>
+void share_query_blocks(int batch, int heads, int kv_heads, int queries, const Attend& attend) {
+  const int group = heads / kv_heads, parts = (group + kHeadsTogether - 1) / kHeadsTogether;
+  const int blocks_per_part = (queries + kQueryBlock - 1) / kQueryBlock;
+  share(batch * kv_heads * parts * blocks_per_part, [&](int b) {
+    const int first = b % blocks_per_part * kQueryBlock, part = b / blocks_per_part % parts;
+    const int kv_row = b / blocks_per_part / parts, kv_head = kv_row % kv_heads;
+    const int head = part * group / parts, end = (part + 1) * group / parts;
+    attend(kv_row / kv_heads, kv_head * group + head, end - head, first, std::min(queries, first + kQueryBlock));
+  });
+}
+
 // The data of a 4-D array and its first three strides, in floats; rows whose last step is not one float
 // are first copied into `copy`, contiguous.
 const float* rows_of(const mx::array& a, int64_t* strides, Floats& copy) {
@@ -420,18 +437,60 @@ Work attention_work(float scale) {
     a.q = rows_of(q, a.q_strides, copies[0]);
     a.k = rows_of(k, a.k_strides, copies[1]);
     a.v = rows_of(v, a.v_strides, copies[2]);
-    // Blocks of queries of a part of the heads that share a kv head (at most kHeadsTogether, as even as can be).
-    const int group = a.heads / a.kv_heads, parts = (group + kHeadsTogether - 1) / kHeadsTogether;
-    const int blocks_per_part = (a.queries + kQueryBlock - 1) / kQueryBlock;
-    const int blocks = a.batch * a.kv_heads * parts * blocks_per_part;
-    auto block = [&](int b) {
-      const int first = b % blocks_per_part * kQueryBlock, part = b / blocks_per_part % parts;
-      const int kv_row = b / blocks_per_part / parts, kv_head = kv_row % a.kv_heads;
-      const int head = part * group / parts, end = (part + 1) * group / parts;
-      kIsa.attend(a, kv_row / a.kv_heads, kv_head * group + head, end - head, first,
-                  std::min(a.queries, first + kQueryBlock));
-    };
-    share(blocks, block);
+    share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, [&](int row, int head, int heads, int begin, int end) {
+      kIsa.attend(a, row, head, heads, begin, end);
+    });
+  };
+}
+
+// The data of a 4-D array of T and its first three strides, in units of `unit` (bytes for codes, floats for
+// scales); an array whose last axis is not contiguous is first copied into `copy`.
+template <class T>
+const T* quantized_rows_of(const mx::array& a, int64_t* strides, std::vector<T>& copy, int64_t unit) {
+  const auto& step = a.strides();
+  if (step[3] == 1) {
+    for (int axis = 0; axis < 3; ++axis) strides[axis] = step[axis] * unit;
+    return a.data<T>();
+  }
+  copy.resize(a.size());
+  gather(a, copy.data());
+  strides[2] = a.shape(3) * unit;
+  strides[1] = strides[2] * a.shape(2);
+  strides[0] = strides[1] * a.shape(1);
+  return copy.data();
+}
+
+// Inputs q, then the codes, scales and biases of k and of v, and maybe a boolean mask (batch or 1, 1, queries or 1,
+// keys).
+Work quantized_attention_work(float scale, int group_size, int bits) {
+  return [scale, group_size, bits](const std::vector<mx::array>& in, mx::array& out) {
+    const auto& q = in[0];
+    thread_local Floats q_copy;
+    thread_local std::vector<uint32_t> code_copies[2];
+    thread_local std::vector<float> group_copies[4];
+    QuantizedAttention a{};
+    a.out = out.data<float>();
+    a.batch = q.shape(0), a.heads = q.shape(1), a.kv_heads = in[1].shape(1), a.queries = q.shape(2);
+    a.keys = in[1].shape(2), a.head_dim = q.shape(3), a.group_size = group_size, a.bits = bits, a.scale = scale;
+    a.q = rows_of(q, a.q_strides, q_copy);
+    QuantizedRows* rows[2] = {&a.k, &a.v};
+    for (int r = 0; r < 2; ++r) {
+      const int first = 1 + 3 * r;
+      rows[r]->codes = reinterpret_cast<const uint8_t*>(
+          quantized_rows_of<uint32_t>(in[first], rows[r]->code_strides, code_copies[r], 4));
+      rows[r]->scales = quantized_rows_of<float>(in[first + 1], rows[r]->group_strides, group_copies[2 * r], 1);
+      int64_t bias_strides[3];
+      rows[r]->biases = quantized_rows_of<float>(in[first + 2], bias_strides, group_copies[2 * r + 1], 1);
+      if (!std::equal(bias_strides, bias_strides + 3, rows[r]->group_strides))  // one set of strides serves both
+        throw std::runtime_error("minimlx_native.quantized_attention: scales and biases must be laid out alike");
+    }
+    if (in.size() == 8) {
+      a.mask = in[7].data<bool>();
+      for (int axis : {0, 2, 3}) a.mask_strides[axis == 0 ? 0 : axis - 1] = in[7].shape(axis) == 1 ? 0 : in[7].strides(axis);
+    }
+    share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, [&](int row, int head, int heads, int begin, int end) {
+      kIsa.attend_quantized(a, row, head, heads, begin, end);
+    });
   };
 }
 
@@ -550,6 +609,39 @@ mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::arr
   return cpu_op("MinimlxNativeCausalAttention", {scale}, attention_work(scale), std::move(inputs));
 }
 
+mx::array quantized_attention(const mx::array& q, const mx::array& k_codes, const mx::array& k_scales,
+                              const mx::array& k_biases, const mx::array& v_codes, const mx::array& v_scales,
+                              const mx::array& v_biases, float scale, int group_size, int bits,
+                              const std::optional<mx::array>& mask) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("minimlx_native.quantized_attention: " + what); };
+  if (q.dtype() != mx::float32 || q.ndim() != 4) fail("q must be float32 (batch, heads, queries, head_dim)");
+  if (bits != 4 && bits != 8) fail("bits must be 4 or 8, not " + std::to_string(bits));
+  const int head_dim = q.shape(3);
+  if (group_size <= 0 || group_size % 32 || head_dim % group_size)
+    fail("group_size must be a multiple of 32 that divides head_dim " + std::to_string(head_dim));
+  const mx::Shape codes{q.shape(0), k_codes.ndim() == 4 ? k_codes.shape(1) : 0,
+                        k_codes.ndim() == 4 ? k_codes.shape(2) : 0, head_dim * bits / 32};
+  const mx::Shape groups{codes[0], codes[1], codes[2], head_dim / group_size};
+  for (const auto* c : {&k_codes, &v_codes})
+    if (c->dtype() != mx::uint32 || c->shape() != codes)
+      fail("the codes must be uint32 (batch, kv_heads, keys, head_dim * bits / 32), of q's batch");
+  for (const auto* g : {&k_scales, &k_biases, &v_scales, &v_biases})
+    if (g->dtype() != mx::float32 || g->shape() != groups)
+      fail("the scales and biases must be float32 (batch, kv_heads, keys, head_dim / group_size)");
+  if (codes[1] == 0 || q.shape(1) % codes[1]) fail("k and v need a number of heads that divides q's");
+  if (codes[2] < q.shape(2)) fail("there must be at least as many keys as queries");
+  std::vector<mx::array> inputs{q, k_codes, k_scales, k_biases, v_codes, v_scales, v_biases};
+  if (mask.has_value()) {
+    const auto& m = *mask;
+    if (m.dtype() != mx::bool_ || m.ndim() != 4 || m.shape(1) != 1 || m.shape(3) != codes[2] ||
+        (m.shape(0) != 1 && m.shape(0) != q.shape(0)) || (m.shape(2) != 1 && m.shape(2) != q.shape(2)))
+      fail("mask must be boolean, of shape (batch or 1, 1, queries or 1, keys)");
+    inputs.push_back(m);
+  }
+  return cpu_op("MinimlxNativeQuantizedAttention", {scale, static_cast<float>(group_size), static_cast<float>(bits)},
+                quantized_attention_work(scale, group_size, bits), std::move(inputs));
+}
+
 // x @ w.T (and, with `gate`, silu(x @ gate.T) * (x @ w.T)) for float32 x (..., K) and weights (N, K).
 mx::array float_product(const std::string& name, const mx::array& x, const mx::array& w, const mx::array* gate) {
   const bool float32 = x.dtype() == mx::float32 && w.dtype() == mx::float32 && (!gate || gate->dtype() == mx::float32);
@@ -639,6 +731,11 @@ NB_MODULE(_ext, m) {
         "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a,
         "causal_attention that also hides the keys a boolean `mask` (batch or 1, 1, queries or 1, keys) marks "
         "False; a query that sees no key gets zeros.");
+  m.def("quantized_attention", &minimlx_native::quantized_attention, "q"_a, "k_codes"_a, "k_scales"_a, "k_biases"_a,
+        "v_codes"_a, "v_scales"_a, "v_biases"_a, "scale"_a, "group_size"_a, "bits"_a, "mask"_a = nb::none(),
+        "causal_attention (masked_attention with `mask`) over keys and values quantized as mx.quantize gives them: "
+        "uint32 codes (batch, kv_heads, keys, head_dim * bits / 32) and float32 scales and biases (batch, kv_heads, "
+        "keys, head_dim / group_size); bits 4 or 8, group_size a multiple of 32 dividing head_dim.");
   m.def("silu", &minimlx_native::silu, "x"_a, "x * sigmoid(x) for float32 x, elementwise.");
   m.def("swiglu", &minimlx_native::swiglu, "gate"_a, "up"_a,
         "silu(gate) * up for float32 arrays of one shape, elementwise: a SwiGLU's gate in one pass.");

@@ -4,7 +4,9 @@ a multiple of 32), streaming the packed bytes instead of a float32 copy, and `qu
 product silu(x @ gate.T) * (x @ up.T) of two such weights in one op. `matmul(x, w)` is `x @ w.T` for float32
 weights, tiled for many rows of x (a prompt's chunk), and `matmul_swiglu(x, gate_w, up_w)` its gated form. `causal_attention(q, k, v, scale)` is causal
 softmax attention in float32 that computes only the unmasked scores (grouped query heads included),
-`masked_attention(q, k, v, scale, mask)` the same with keys hidden by a boolean mask as well, and
+`masked_attention(q, k, v, scale, mask)` the same with keys hidden by a boolean mask as well,
+`quantized_attention(q, k_codes, k_scales, k_biases, v_codes, v_scales, v_biases, scale, group_size, bits, mask)`
+the same over keys and values quantized as `mx.quantize` holds them (8 or 4 bits), reading the codes directly, and
 `silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `threads` the threads that split the output rows.
@@ -26,6 +28,7 @@ matmul = _ext.matmul
 matmul_swiglu = _ext.matmul_swiglu
 causal_attention = _ext.causal_attention
 masked_attention = _ext.masked_attention
+quantized_attention = _ext.quantized_attention
 silu = _ext.silu
 swiglu = _ext.swiglu
 rms_norm = _ext.rms_norm
