@@ -75,9 +75,17 @@ class Served:
         except urllib.error.HTTPError as e:
             return e.code, json.load(e)
 
-    def health(self) -> dict:
-        with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
-            return json.load(response)
+    def wait_for(self, running: int, waiting: int, seconds: float = 30) -> None:
+        """Return once /health counts `running` answers and `waiting` requests; fail after `seconds`."""
+        deadline, wanted = time.monotonic() + seconds, {"status": "ok", "running": running, "waiting": waiting}
+        while True:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
+                health = json.load(response)
+            if health == wanted:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server's /health stayed at {health}, not {wanted}")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -247,13 +255,12 @@ def test_a_disconnected_stream_frees_its_slot_and_a_full_queue_answers_429(smoll
         stream=True,
     )
     next(iter(long))
+    smollm2_server.wait_for(running=1, waiting=0)  # the stream has left the queue for the slot
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(
             client.chat.completions.create, model="smollm2-135m", messages=QUESTION, temperature=0, max_tokens=8
         )
-        deadline = time.monotonic() + 30
-        while smollm2_server.health() != {"status": "ok", "running": 1, "waiting": 1} and time.monotonic() < deadline:
-            time.sleep(0.1)
+        smollm2_server.wait_for(running=1, waiting=1)
         code, reply = smollm2_server.post(CHAT, {"messages": QUESTION, "max_tokens": 8})
         assert code == 429 and reply["error"]["code"] == "rate_limit_exceeded"
         long.close()
@@ -351,3 +358,10 @@ def test_a_grammar_over_a_tokenizer_llguidance_cannot_read_is_a_400(tiny_server)
     headers = {"Authorization": "Bearer secret"}
     code, reply = tiny_server.post("/v1/completions", {"prompt": "w3 w4", "regex": "w[0-9]"}, headers)
     assert code == 400 and "cannot be constrained by a grammar" in reply["error"]["message"]
+
+
+def test_a_request_refused_after_its_prompt_was_read_leaves_nothing_running(smollm2_server):
+    """A bad field read last (`stream`) is refused before anything starts: no generation runs on for nobody."""
+    code, _ = smollm2_server.post(CHAT, {"messages": QUESTION, "stream": "yes"})
+    assert code == 400
+    smollm2_server.wait_for(running=0, waiting=0, seconds=5)

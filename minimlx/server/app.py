@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -150,7 +151,8 @@ class Server:
     def cancel(self, generations: list[Generation]) -> None:
         for generation in generations:
             self.engine.cancel(generation)
-            self.listeners.pop(generation, None)
+            with self.listening:
+                self.listeners.pop(generation, None)
 
     async def outputs(self, generations: list[Generation], queue: asyncio.Queue) -> AsyncIterator[Output]:
         """Every output of `generations` until all have finished; cancels them if the consumer stops early."""
@@ -227,7 +229,8 @@ class Server:
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
         """Up, and how many answers are being decoded and how many wait for a slot."""
-        return JSONResponse({"status": "ok", "running": len(self.engine.rows), "waiting": len(self.engine.waiting)})
+        waiting = len(self.engine.waiting)  # the rest of the generations listened to run (or prefill) in the batch
+        return JSONResponse({"status": "ok", "running": len(self.listeners) - waiting, "waiting": waiting})
 
     async def models(self, request: HTTPRequest) -> JSONResponse:
         self.authorize(request)
@@ -306,6 +309,8 @@ class Answer:
 
     def __init__(self, server: Server, generations: list[Generation], queue: asyncio.Queue):
         self.server, self.generations, self.queue = server, generations, queue
+        # an answer dropped unread (its response never sent: the client left first) stops its generations
+        weakref.finalize(self, server.cancel, generations)
         self.index = {generation: i for i, generation in enumerate(generations)}
         self.parsers: list[ReplyParser] | None = None  # a chat's; a raw prompt's text is content alone
         self.called = [False] * len(generations)

@@ -30,10 +30,10 @@ MAX_TOP_LOGPROBS = 20
 def routes(server) -> list[Route]:
     async def chat_completions(request: HTTPRequest):
         body = await server.read(request)
-        turn = chat_turn(body)
+        turn, streaming = chat_turn(body), stream_options(body)
         answer = await server.start(turn)
         reply = Reply(server.model_name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
-        return await respond(reply, answer, body)
+        return await respond(reply, answer, streaming)
 
     async def completions(request: HTTPRequest):
         body = await server.read(request)
@@ -48,10 +48,10 @@ def routes(server) -> list[Route]:
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise bad("logprobs", f"'logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {logprobs}")
         turn = Turn([], settings=settings(body, chat=False), logprobs=logprobs, n=choices(body))
-        turn.constraint = constraint_fields(body)
+        turn.constraint, streaming = constraint_fields(body), stream_options(body)
         answer = await server.start_raw(prompt, turn, "prompt")
         reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
-        return await respond(reply, answer, body)
+        return await respond(reply, answer, streaming)
 
     async def apply_template(request: HTTPRequest):
         """llama.cpp's /apply-template: the prompt text a chat body renders to, nothing generated."""
@@ -73,11 +73,16 @@ def routes(server) -> list[Route]:
     ]
 
 
-async def respond(reply: "Reply", answer, body: dict):
+def stream_options(body: dict) -> tuple[bool, bool]:
+    """(whether to stream, whether the stream ends with the usage), read before anything starts."""
     options = optional(body, "stream_options", dict, "an object") or {}
-    if flag(body, "stream"):
-        events = reply.stream(answer, flag(options, "include_usage"))
-        return StreamingResponse(events, media_type="text/event-stream")
+    return flag(body, "stream"), flag(options, "include_usage")
+
+
+async def respond(reply: "Reply", answer, streaming: tuple[bool, bool]):
+    stream, include_usage = streaming
+    if stream:
+        return StreamingResponse(reply.stream(answer, include_usage), media_type="text/event-stream")
     async for piece in answer.pieces():
         reply.add(piece)
     return JSONResponse(reply.whole(answer.usage()))
