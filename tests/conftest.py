@@ -43,3 +43,11 @@ def served():
     server = Served()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """The tiny models of test_gguf_llamacpp.py and the GGUF files llama.cpp's converter made of them, once."""
+    from test_gguf_llamacpp import convert_all
+
+    return convert_all(tmp_path_factory)

@@ -275,9 +275,9 @@ def needed(what: str, why: str):
     pytest.skip(f"{what} is missing: {why}")
 
 
-@pytest.fixture(scope="session")
-def converted(tmp_path_factory):
-    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf"."""
+def convert_all(tmp_path_factory):
+    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf" (conftest.py's
+    `converted` makes them once per session, for this module and test_gguf_tokenize.py)."""
     require("torch"), require("transformers")
     smollm2 = short_name_path("smollm2-135m")
     if smollm2 is None:

@@ -20,7 +20,6 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from llamacpp import llama_tokenize, llamacpp_tool
-from test_gguf_llamacpp import converted  # noqa: F401  (the session's converted fixtures)
 from test_text import CORPUS, smollm2_gguf
 
 from minimlx.errors import UnsupportedArchitectureError
@@ -60,7 +59,7 @@ def recorded():
 
 
 @pytest.fixture(scope="module", params=VOCABS)
-def vocab(request, converted, recorded):  # noqa: F811
+def vocab(request, converted, recorded):
     file = VOCABS[request.param]
     path = smollm2_gguf() if file is None else file if isinstance(file, Path) else converted / file
     metadata = mx.load(str(path), return_metadata=True)[1]
