@@ -134,6 +134,11 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": "x", "text": "json"}, "text"),
         ({"input": "x", "temperature": 3}, "temperature"),
         ({"input": "x", "max_output_tokens": "8"}, "max_output_tokens"),
+        ({"input": [{"role": "user", "content": "x"}] * 10_001}, "input"),
+        ({"input": "x", "metadata": 5}, "metadata"),
+        ({"input": "x", "store": "no"}, "store"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}] * 129}, "tools"),
     ],
 )
 def test_bad_bodies_are_400s_naming_the_field(body, param):

@@ -211,6 +211,34 @@ BAD_REQUESTS = {
     ),
     "two_grammars": (CHAT, {"messages": QUESTION, "regex": "a+", "grammar": 'root ::= "a"'}, 400, "grammar"),
     "invalid_gbnf": (CHAT, {"messages": QUESTION, "grammar": "root ::= this is (not valid GBNF"}, 400, "grammar"),
+    "messages_200000": (CHAT, {"messages": [{"role": "user", "content": ""}] * 200_000}, 400, "messages"),
+    "stop_10000_strings": (CHAT, {"messages": QUESTION, "stop": ["x"] * 10_000}, 400, "stop"),
+    "tools_200": (
+        CHAT,
+        {"messages": QUESTION, "tools": [{"type": "function", "function": {"name": "f"}}] * 200},
+        400,
+        "tools",
+    ),
+    "schema_of_300_kb": (
+        CHAT,
+        {
+            "messages": QUESTION,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "big", "schema": {"description": "x" * 300_000}},
+            },
+        },
+        400,
+        "response_format",
+    ),
+    "user_not_a_string": (CHAT, {"messages": QUESTION, "user": 5}, 400, "user"),
+    "metadata_not_an_object": (CHAT, {"messages": QUESTION, "metadata": "tag"}, 400, "metadata"),
+    "audio_output": (CHAT, {"messages": QUESTION, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
+    "modalities_audio": (CHAT, {"messages": QUESTION, "modalities": ["text", "audio"]}, 400, "modalities"),
+    "prediction": (CHAT, {"messages": QUESTION, "prediction": {"type": "content", "content": "x"}}, 400, "prediction"),
+    "web_search_options": (CHAT, {"messages": QUESTION, "web_search_options": {}}, 400, "web_search_options"),
+    "presence_penalty": (CHAT, {"messages": QUESTION, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    "completion_echo": ("/v1/completions", {"prompt": "w3", "echo": True}, 400, "echo"),
     "an_image": (
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
@@ -338,3 +366,97 @@ def test_a_body_over_the_limit_is_refused_from_its_length_before_it_is_read(smol
     connection.close()
     assert response.status == 413 and time.monotonic() - started < 2
     assert set(reply["error"]) == {"message", "type", "param", "code"} and "8 MB" in reply["error"]["message"]
+
+
+LONG_STORY = {
+    "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+    "max_tokens": 2000,
+    "logit_bias": {"2": -100},  # SmolLM2's <|im_end|>: the story goes on past any test's patience
+    "stream": True,
+}
+
+
+def stream_lines(server: Served, body: dict):
+    """The open response of a streaming POST, read line by line."""
+    request = urllib.request.Request(f"{server.url}{CHAT}", data=json.dumps(body).encode())
+    return urllib.request.urlopen(request, timeout=60)
+
+
+def test_health_answers_during_a_long_stream_which_the_request_timeout_ends():
+    smollm2_path()
+    server = Served("--request-timeout", "3")
+    try:
+        started = time.monotonic()
+        with stream_lines(server, LONG_STORY) as stream:
+            stream.readline()
+            for _ in range(5):
+                asked = time.monotonic()
+                with urllib.request.urlopen(f"{server.url}/health", timeout=5) as health:
+                    assert json.load(health) == {"status": "ok"}
+                assert time.monotonic() - asked < 0.5
+            events = [json.loads(line[6:]) for line in stream if line.startswith(b"data: {")]
+        finishes = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        assert finishes == ["length"] and 3 <= time.monotonic() - started < 8
+        assert len(events) < 1000  # ended by the clock, not by max_tokens
+    finally:
+        server.stop()
+
+
+def test_sigterm_lets_a_running_stream_finish_refuses_new_requests_and_exits_0():
+    import http.client
+    import signal
+
+    smollm2_path()
+    server = Served("--shutdown-timeout", "30")
+    idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    idle.connect()
+    with stream_lines(server, {**LONG_STORY, "max_tokens": 40}) as stream:
+        stream.readline()
+        server.process.send_signal(signal.SIGTERM)
+        idle.request("POST", CHAT, json.dumps({"messages": QUESTION}))
+        response = idle.getresponse()
+        assert (response.status, json.loads(response.read())["error"]["code"]) == (503, "shutting_down")
+        events = [line for line in stream if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]\n" and b'"finish_reason": "length"' in events[-2]
+    assert server.process.wait(timeout=30) == 0
+
+
+def test_sigint_ends_a_stream_at_the_shutdown_timeout_and_exits_0():
+    import signal
+
+    smollm2_path()
+    server = Served("--shutdown-timeout", "2")
+    with stream_lines(server, LONG_STORY) as stream:
+        stream.readline()
+        server.process.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        events = [line for line in stream if line.startswith(b"data: ")]
+        assert 2 <= time.monotonic() - stopped < 5
+    assert events[-1] == b"data: [DONE]\n" and b'"finish_reason": "length"' in events[-2]
+    assert server.process.wait(timeout=30) == 0
+    assert "Traceback" not in server.process.stderr.read()
+
+
+def test_a_public_host_without_an_api_key_warns(tmp_path):
+    folder = tmp_path / "tiny"
+    save_hf_model(folder, "llama")
+    server = Served("--model", str(folder), "--host", "0.0.0.0")
+    server.stop()
+    assert server.process.stderr.read().count("without --api-key") == 1
+
+
+def test_the_fields_not_implemented_are_the_ones_serve_md_lists():
+    import re
+    from pathlib import Path
+
+    from minimlx.server.fields import IGNORED, REFUSED
+    from minimlx.server.responses import UNSTORED
+
+    page = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
+    table = page.split("### Fields not implemented")[1]
+    rows = {"chat completions": "chat", "completions": "completions", "Responses": "responses", "Messages": "messages"}
+    for title, api in rows.items():
+        row = re.search(rf"^\| {title} \| (.*) \| (.*) \|$", table, re.M)
+        ignored, refused = ({n for n in re.findall(r"`([a-z_]+)`", cell)} for cell in row.groups())
+        assert ignored == set(IGNORED[api])
+        assert refused == set(REFUSED[api]) | (set(UNSTORED) if api == "responses" else set())

@@ -12,6 +12,7 @@ from starlette.routing import Route
 from .fields import (
     APIError,
     bad,
+    check_body,
     checked_schema,
     constraint_fields,
     flag,
@@ -37,6 +38,7 @@ def routes(server) -> list[Route]:
 
     async def completions(request: HTTPRequest):
         body = await server.read(request)
+        check_body(body, "completions")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -124,6 +126,7 @@ def choices(body: dict) -> int:
 
 
 def chat_turn(body: dict) -> Turn:
+    check_body(body, "chat")
     logprobs, top = flag(body, "logprobs"), integer(body, "top_logprobs", None)
     if top is not None and not (logprobs and 0 <= top <= MAX_TOP_LOGPROBS):
         raise bad("top_logprobs", f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, with 'logprobs': true")
