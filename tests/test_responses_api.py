@@ -116,6 +116,7 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": []}, "input"),
         ({"input": 5}, "input"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": {}, "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),

@@ -39,6 +39,7 @@ from ..errors import MinimlxError, PromptTooLongError, QueueFullError
 from ..text.replies import Delta, ReplyParser, tool_format
 from . import chat, messages, responses
 from .fields import APIError, bad, sampling_settings
+from .openapi import OPENAPI
 from .turns import Piece, TokenLogprob, Turn, Usage, check_tools
 
 log = logging.getLogger("minimlx.serve")
@@ -89,7 +90,7 @@ class Server:
             Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
         ]
         self.app = Starlette(
-            routes=[Route("/health", self.health), *api, *bare],
+            routes=[Route("/health", self.health), Route("/openapi.json", self.openapi), *api, *bare],
             exception_handlers={
                 APIError: self.api_error,
                 Exception: self.internal_error,
@@ -266,6 +267,9 @@ class Server:
 
     def shutting_down(self) -> APIError:
         return APIError(503, "the server is shutting down; try another", code="shutting_down", kind="server_error")
+
+    async def openapi(self, request: HTTPRequest) -> JSONResponse:
+        return JSONResponse(OPENAPI)
 
     async def models(self, request: HTTPRequest) -> JSONResponse:
         self.authorize(request)

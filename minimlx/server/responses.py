@@ -110,7 +110,7 @@ def input_messages(items) -> list[dict]:
         kind = item.get("type", "message")
         last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind == "message":
-            role = MESSAGE_ROLES.get(item.get("role"))
+            role = MESSAGE_ROLES.get(item.get("role")) if isinstance(item.get("role"), str) else None
             if role is None:
                 raise bad(f"{param}.role", f"{param} needs a role out of {', '.join(MESSAGE_ROLES)}")
             content = message_text(item.get("content"), f"{param}.content")
