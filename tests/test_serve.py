@@ -460,3 +460,34 @@ def test_the_fields_not_implemented_are_the_ones_serve_md_lists():
         ignored, refused = ({n for n in re.findall(r"`([a-z_]+)`", cell)} for cell in row.groups())
         assert ignored == set(IGNORED[api])
         assert refused == set(REFUSED[api]) | (set(UNSTORED) if api == "responses" else set())
+
+
+def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, caplog):
+    """A sampler that raises for one request (seed 13): that request is a 500 in OpenAI's shape, logged; the one
+    decoded beside it in the same batch answers."""
+    from starlette.testclient import TestClient
+
+    import minimlx
+    from minimlx.decode import Engine
+    from minimlx.decode.engine import Generation
+    from minimlx.server.app import Server
+
+    save_hf_model(tmp_path, "llama")
+    model, tokenizer = minimlx.load(tmp_path)
+    sample = Generation.sample
+
+    def failing(generation, logits, fed):
+        if generation.request.settings.seed == 13 and generation.sampled == 3:
+            raise RuntimeError("boom")
+        return sample(generation, logits, fed)
+
+    monkeypatch.setattr(Generation, "sample", failing)
+    body = {"prompt": "w3 w4 w5", "max_tokens": 40, "temperature": 1.0}
+    with TestClient(Server(Engine(model, tokenizer, max_batch=4), "tiny").app) as client:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda seed: client.post("/v1/completions", json={**body, "seed": seed}), [13, 1]))
+    failed, answered = answers
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_error"
+    assert "RuntimeError: boom" in failed.json()["error"]["message"]
+    assert answered.status_code == 200 and answered.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert any("a generation failed" in r.message for r in caplog.records)

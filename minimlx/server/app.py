@@ -195,6 +195,11 @@ class Server:
                     continue
                 if isinstance(item, APIError):
                     raise item
+                if item.finish_reason == "error":  # this request's own step failed; the others go on
+                    failure = item.generation.failure
+                    log.error("a generation failed", exc_info=failure)
+                    message = f"generation failed: {type(failure).__name__}: {failure}"
+                    raise APIError(500, message, code="engine_error", kind="server_error")
                 running -= item.finish_reason is not None
                 yield item
         finally:
