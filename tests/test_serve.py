@@ -161,6 +161,12 @@ BAD_REQUESTS = {
     "temperature_not_a_number": (CHAT, {"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
     "top_p_zero": (CHAT, {"messages": QUESTION, "top_p": 0}, 400, "top_p"),
     "stream_not_bool": (CHAT, {"messages": QUESTION, "stream": "yes"}, 400, "stream"),
+    "include_usage_null_unstreamed": (
+        CHAT,
+        {"messages": QUESTION, "stream_options": {"include_usage": None}},
+        400,
+        "include_usage",
+    ),
     "prompt_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),
     "completion_without_prompt": ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
     "json_nested_100000_deep": (CHAT, b"[" * 100_000 + b"]" * 100_000, 400, None),

@@ -31,6 +31,7 @@ The prompt cache keeps the caches of recent finished sequences by their token id
 that starts the same way (a conversation resent with one more turn) prefills only what follows.
 """
 
+import contextlib
 import random
 import threading
 from collections import deque
@@ -261,6 +262,7 @@ class Engine:
         check_whole("prefill_step", prefill_step, 1)
         check_speculation((draft_model is not None) + bool(prompt_lookup))
         self.model, self.tokenizer = model, tokenizer
+        self.step_guard = getattr(model, "step_guard", contextlib.nullcontext)
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size)
         self.drafter = None
@@ -330,6 +332,12 @@ class Engine:
         return bool(self.rows or self.waiting)
 
     def step(self) -> list[Output]:
+        """One step (`take_step`) under the model's `step_guard`, if it has one: a model split across processes
+        ends this one when a step waits on a stopped rank too long."""
+        with self.step_guard():
+            return self.take_step()
+
+    def take_step(self) -> list[Output]:
         """Admit waiting sequences, queue one decode step for all rows, and return the tokens of the previous one.
 
         When every row has just joined, the step returns their first tokens before it queues their first decode

@@ -76,9 +76,9 @@ def routes(server) -> list[Route]:
 
 
 async def respond(reply: "Reply", answer, body: dict):
-    options = optional(body, "stream_options", dict, "an object") or {}
+    include_usage = flag(optional(body, "stream_options", dict, "an object") or {}, "include_usage")
     if flag(body, "stream"):
-        events = reply.stream(answer, flag(options, "include_usage"))
+        events = reply.stream(answer, include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
     async for piece in answer.pieces():
         reply.add(piece)
