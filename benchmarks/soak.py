@@ -1,9 +1,10 @@
 """A soak test of `minimlx serve`: many clients for N minutes under a mix of requests, and what it did to the server.
 
-The mix (seeded): whole and streamed completions, streams cut off after their first event, long prompts, bad
-requests, and bursts of 24 at once past the queue (--max-queue 16: some are answered 429, as they should be).
+The mix (seeded, weighted by KINDS): whole and streamed completions, streams cut off after their first event,
+long-prompt streams closed before their prefill is done, long prompts, bad requests, and bursts of 24 at once
+past the queue (--max-queue 16: some are answered 429, as they should be, and so are other requests meanwhile).
 Printed: each kind's count and outcome, unexpected answers (a 5xx, a dropped connection, a 4xx but 429 to a good
-request), p50/p99 latency, aggregate tokens/s, and the server's RSS over time.
+request), p50/p99 latency, aggregate tokens/s, the server's RSS over time, and its exit status after SIGTERM.
 
     python benchmarks/soak.py --minutes 10                 # SmolLM2-135M
     python benchmarks/soak.py --minutes 1 --model FOLDER --long-words 150
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-KINDS = {"whole": 30, "stream": 25, "cut_off": 15, "long_prompt": 10, "bad": 10, "burst": 10}  # weights
+KINDS = {"whole": 30, "stream": 20, "cut_off": 10, "cancelled_prefill": 10, "long_prompt": 10, "bad": 10, "burst": 10}
 BAD_BODIES = [b'{"prompt": ', {"prompt": "x", "max_tokens": "9"}, {"prompt": "x", "temperature": 5}, {"max_tokens": 3}]
 BURST = 24
 
@@ -74,8 +75,8 @@ class Soak:
             self.process.kill()
             return self.process.wait(timeout=30)
 
-    def post(self, body, stream: bool = False, cut: bool = False) -> tuple[int, int]:
-        """(status, tokens) of one completion request; `cut` closes a stream after its first event."""
+    def post(self, body, stream: bool = False, cut: int | None = None) -> tuple[int, int]:
+        """(status, tokens) of one completion request; `cut` closes a stream after that many events."""
         data = body if isinstance(body, bytes) else json.dumps({**body, "stream": stream}).encode()
         request = urllib.request.Request(f"{self.url}/v1/completions", data=data)
         try:
@@ -84,9 +85,9 @@ class Soak:
                     return response.status, json.load(response)["usage"]["completion_tokens"]
                 tokens = 0
                 for line in response:
-                    tokens += line.startswith(b'data: {"id"')
-                    if cut and tokens:
+                    if tokens == cut:
                         break
+                    tokens += line.startswith(b'data: {"id"')
                 return response.status, tokens
         except urllib.error.HTTPError as e:
             e.read()
@@ -108,8 +109,10 @@ class Soak:
                 results = [self.post(rng.choice(BAD_BODIES))]
             elif kind == "long_prompt":
                 results = [self.post({**body, "prompt": self.prompt(rng, self.long_words), "max_tokens": 8})]
+            elif kind == "cancelled_prefill":  # the headers come at once; closed then, the prefill is still running
+                results = [self.post({**body, "prompt": self.prompt(rng, self.long_words)}, stream=True, cut=0)]
             else:
-                results = [self.post(body, stream=kind != "whole", cut=kind == "cut_off")]
+                results = [self.post(body, stream=kind != "whole", cut=1 if kind == "cut_off" else None)]
         except OSError as e:
             results = [(f"{type(e).__name__}", 0)]
         seconds = time.monotonic() - started
