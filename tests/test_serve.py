@@ -497,3 +497,31 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
     assert "RuntimeError: boom" in failed.json()["error"]["message"]
     assert answered.status_code == 200 and answered.json()["choices"][0]["finish_reason"] in ("stop", "length")
     assert any("a generation failed" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (CHAT, {"messages": QUESTION, "stream": "yes"}),
+        (CHAT, {"messages": QUESTION, "stream": True, "stream_options": {"include_usage": "yes"}}),
+        ("/v1/completions", {"prompt": "w3 w4", "stream": 1}),
+        ("/v1/responses", {"input": "w3 w4", "stream": "yes"}),
+        ("/v1/messages", {"messages": QUESTION, "max_tokens": 5, "stream": "yes"}),
+    ],
+)
+def test_a_request_refused_starts_nothing(tmp_path, path, body):
+    """Every field is read before a generation starts: a refused request leaves nothing behind (no generation
+    in the engine, no listener left for one)."""
+    from starlette.testclient import TestClient
+
+    import minimlx
+    from minimlx.decode import Engine
+    from minimlx.server.app import Server
+
+    save_hf_model(tmp_path, "llama")
+    engine = Engine(*minimlx.load(tmp_path), max_batch=4)
+    server = Server(engine, "tiny", chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    with TestClient(server.app) as client:
+        refusal = client.post(path, json={**body, "max_tokens": 200})
+        assert refusal.status_code == 400 and ("stream" in refusal.text or "include_usage" in refusal.text)
+        assert not engine.busy and server.listeners == {}

@@ -31,10 +31,10 @@ MAX_TOP_LOGPROBS = 20
 def routes(server) -> list[Route]:
     async def chat_completions(request: HTTPRequest):
         body = await server.read(request)
-        turn = chat_turn(body)
+        turn, stream = chat_turn(body), streaming(body)
         answer = await server.start(turn)
         reply = Reply(server.model_name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
-        return await respond(reply, answer, body)
+        return await respond(reply, answer, stream)
 
     async def completions(request: HTTPRequest):
         body = await server.read(request)
@@ -51,9 +51,10 @@ def routes(server) -> list[Route]:
             raise bad("logprobs", f"'logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {logprobs}")
         turn = Turn([], settings=settings(body, chat=False), logprobs=logprobs, n=choices(body))
         turn.constraint = constraint_fields(body)
+        stream = streaming(body)
         answer = await server.start_raw(prompt, turn, "prompt")
         reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
-        return await respond(reply, answer, body)
+        return await respond(reply, answer, stream)
 
     async def apply_template(request: HTTPRequest):
         """llama.cpp's /apply-template: the prompt text a chat body renders to, nothing generated."""
@@ -75,11 +76,15 @@ def routes(server) -> list[Route]:
     ]
 
 
-async def respond(reply: "Reply", answer, body: dict):
+def streaming(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage), read before anything is started: a refusal after it would leave it running."""
     include_usage = flag(optional(body, "stream_options", dict, "an object") or {}, "include_usage")
-    if flag(body, "stream"):
-        events = reply.stream(answer, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+    return flag(body, "stream"), include_usage
+
+
+async def respond(reply: "Reply", answer, stream: tuple[bool, bool]):
+    if stream[0]:
+        return StreamingResponse(reply.stream(answer, stream[1]), media_type="text/event-stream")
     async for piece in answer.pieces():
         reply.add(piece)
     return JSONResponse(reply.whole(answer.usage()))
