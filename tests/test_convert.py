@@ -297,7 +297,9 @@ def test_a_failed_write_leaves_the_target_as_it_was(hf_folder, tmp_path, monkeyp
 
 
 def test_a_conversion_killed_at_any_point_leaves_no_half_written_folder(sharded, tmp_path):
-    """Killed (SIGKILL, no cleanup) at six points from start to end: the folder is absent, or whole and loadable."""
+    """Killed (SIGKILL, no cleanup) at ten seeded random points from start to end: the folder is absent, or whole
+    and loadable."""
+    import random
     import time
 
     def start(out):
@@ -307,12 +309,69 @@ def test_a_conversion_killed_at_any_point_leaves_no_half_written_folder(sharded,
     began = time.perf_counter()
     assert start(tmp_path / "whole").wait(timeout=120) == 0
     duration = time.perf_counter() - began
-    for trial in range(6):
+    moments = random.Random(0)
+    for trial in range(10):
         out = tmp_path / f"killed-{trial}"
         process = start(out)
-        time.sleep(duration * (trial + 1) / 7)
+        time.sleep(duration * moments.random())
         process.kill()
         process.wait(timeout=30)
         if out.exists():
             assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
             minimlx.load_model(out)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 20 MB tmpfs (mounting needs root, as CI has; skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], capture_output=True, text=True, timeout=30
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or 'mount failed'}")
+    yield disk
+    subprocess.run(["umount", str(disk)], timeout=30, check=True)
+
+
+@pytest.fixture(scope="module")
+def model_of_40_mb(tmp_path_factory):
+    torch, transformers = require("torch"), require("transformers")
+    folder = tmp_path_factory.mktemp("forty-mb")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    assert sum(p.stat().st_size for p in folder.glob("*.safetensors")) > 40e6
+    return folder
+
+
+def test_a_conversion_onto_a_20_mb_disk_is_refused_in_one_line_before_it_writes(model_of_40_mb, small_disk):
+    out = small_disk / "out"
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "minimlx", "convert", str(model_of_40_mb), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert lines[-1].startswith("error: not enough disk space") and "GB are free" in lines[-1], result.stderr
+    assert list(small_disk.iterdir()) == []
+
+
+def test_a_conversion_that_fills_a_20_mb_disk_leaves_no_folder(model_of_40_mb, small_disk, monkeypatch):
+    """With the precheck out of the way the disk fills up mid-write: one line, and nothing left on the disk."""
+    monkeypatch.setattr(sys.modules["minimlx.convert"], "check_room", lambda out, nbytes: None)
+    result = CliRunner().invoke(main, ["convert", str(model_of_40_mb), str(small_disk / "out")])
+    refused_after_progress(result, "writing")
+    assert list(small_disk.iterdir()) == []

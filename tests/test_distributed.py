@@ -68,15 +68,16 @@ def launch(command: list[str], timeout: float) -> subprocess.CompletedProcess:
     )
 
 
-def start_ranks(commands: list[list[str]], tmp_path) -> list[subprocess.Popen]:
-    """One process per command, each a rank of one ring group on localhost (what mlx.launch does)."""
+def start_ranks(commands: list[list[str]], tmp_path, **environment: str) -> list[subprocess.Popen]:
+    """One process per command, each a rank of one ring group on localhost (what mlx.launch does), with
+    `environment` added to theirs."""
     port = free_ports(len(commands))
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port + r}"] for r in range(len(commands))]))
     return [
         subprocess.Popen(
             command,
-            env={**ENV, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
+            env={**ENV, **environment, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -261,6 +262,26 @@ def test_a_killed_rank_ends_the_other_within_30_seconds(deep_folder, tmp_path):
             process.wait()
     assert status == 1 and waited < 30
     assert stderr.count("\n") == 1 and stderr.startswith("error: another rank stopped"), stderr
+
+
+def test_a_stopped_rank_ends_the_other_within_60_seconds(deep_folder, tmp_path):
+    """SIGSTOP keeps the stopped rank's sockets open: the other's collectives would wait for ever, but its step
+    watchdog (MINIMLX_RANK_TIMEOUT, 45 s by default; 10 s here) ends it with one line."""
+    args = ["run", "-m", str(deep_folder), "w3 w4", "--max-tokens", "3000", "--no-chat-template", "--pipeline"]
+    first, second = start_ranks([minimlx(*args), minimlx(*args)], tmp_path, MINIMLX_RANK_TIMEOUT="10")
+    try:
+        assert first.stdout.read(1), first.stderr.read()  # rank 0 is streaming the answer
+        second.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        status = first.wait(timeout=60)
+        waited = time.monotonic() - stopped
+        stderr = first.stderr.read()
+    finally:
+        for process in (first, second):
+            process.kill()
+            process.wait()
+    assert status == 1 and 10 <= waited < 60
+    assert stderr.count("\n") == 1 and stderr.startswith("error: a step waited over 10 s"), stderr
 
 
 def test_ranks_with_different_models_are_refused_before_generating(models, tmp_path):

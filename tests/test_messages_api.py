@@ -134,6 +134,10 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ({"max_tokens": 5, "messages": [], "temperature": 1.5}, "temperature"),
         ({"max_tokens": 5, "messages": [], "top_k": 0.5}, "top_k"),
         ({"max_tokens": 5, "messages": [], "stop_sequences": "END"}, "stop_sequences"),
+        ({"max_tokens": 5, "messages": [], "stop_sequences": ["x"] * 17}, "stop_sequences"),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}] * 10_001}, "messages"),
+        ({"max_tokens": 5, "messages": [], "metadata": "tag"}, "metadata"),
+        ({"max_tokens": 5, "messages": [], "mcp_servers": [{"type": "url", "url": "http://x"}]}, "mcp_servers"),
     ],
 )  # fmt: skip
 def test_bad_bodies_are_400s_naming_the_field(body, param):

@@ -116,6 +116,7 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": []}, "input"),
         ({"input": 5}, "input"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": {}, "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
@@ -134,6 +135,11 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": "x", "text": "json"}, "text"),
         ({"input": "x", "temperature": 3}, "temperature"),
         ({"input": "x", "max_output_tokens": "8"}, "max_output_tokens"),
+        ({"input": [{"role": "user", "content": "x"}] * 10_001}, "input"),
+        ({"input": "x", "metadata": 5}, "metadata"),
+        ({"input": "x", "store": "no"}, "store"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}] * 129}, "tools"),
     ],
 )
 def test_bad_bodies_are_400s_naming_the_field(body, param):

@@ -173,6 +173,12 @@ BAD_REQUESTS = {
     "temperature_not_a_number": (CHAT, {"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
     "top_p_zero": (CHAT, {"messages": QUESTION, "top_p": 0}, 400, "top_p"),
     "stream_not_bool": (CHAT, {"messages": QUESTION, "stream": "yes"}, 400, "stream"),
+    "include_usage_null_unstreamed": (
+        CHAT,
+        {"messages": QUESTION, "stream_options": {"include_usage": None}},
+        400,
+        "include_usage",
+    ),
     "prompt_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),
     "completion_without_prompt": ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
     "json_nested_100000_deep": (CHAT, b"[" * 100_000 + b"]" * 100_000, 400, None),
@@ -223,6 +229,34 @@ BAD_REQUESTS = {
     ),
     "two_grammars": (CHAT, {"messages": QUESTION, "regex": "a+", "grammar": 'root ::= "a"'}, 400, "grammar"),
     "invalid_gbnf": (CHAT, {"messages": QUESTION, "grammar": "root ::= this is (not valid GBNF"}, 400, "grammar"),
+    "messages_200000": (CHAT, {"messages": [{"role": "user", "content": ""}] * 200_000}, 400, "messages"),
+    "stop_10000_strings": (CHAT, {"messages": QUESTION, "stop": ["x"] * 10_000}, 400, "stop"),
+    "tools_200": (
+        CHAT,
+        {"messages": QUESTION, "tools": [{"type": "function", "function": {"name": "f"}}] * 200},
+        400,
+        "tools",
+    ),
+    "schema_of_300_kb": (
+        CHAT,
+        {
+            "messages": QUESTION,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "big", "schema": {"description": "x" * 300_000}},
+            },
+        },
+        400,
+        "response_format",
+    ),
+    "user_not_a_string": (CHAT, {"messages": QUESTION, "user": 5}, 400, "user"),
+    "metadata_not_an_object": (CHAT, {"messages": QUESTION, "metadata": "tag"}, 400, "metadata"),
+    "audio_output": (CHAT, {"messages": QUESTION, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
+    "modalities_audio": (CHAT, {"messages": QUESTION, "modalities": ["text", "audio"]}, 400, "modalities"),
+    "prediction": (CHAT, {"messages": QUESTION, "prediction": {"type": "content", "content": "x"}}, 400, "prediction"),
+    "web_search_options": (CHAT, {"messages": QUESTION, "web_search_options": {}}, 400, "web_search_options"),
+    "presence_penalty": (CHAT, {"messages": QUESTION, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    "completion_echo": ("/v1/completions", {"prompt": "w3", "echo": True}, 400, "echo"),
     "an_image": (
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
@@ -365,3 +399,156 @@ def test_a_request_refused_after_its_prompt_was_read_leaves_nothing_running(smol
     code, _ = smollm2_server.post(CHAT, {"messages": QUESTION, "stream": "yes"})
     assert code == 400
     smollm2_server.wait_for(running=0, waiting=0, seconds=5)
+
+
+LONG_STORY = {
+    "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+    "max_tokens": 2000,
+    "logit_bias": {"2": -100},  # SmolLM2's <|im_end|>: the story goes on past any test's patience
+    "stream": True,
+}
+
+
+def stream_lines(server: Served, body: dict):
+    """The open response of a streaming POST, read line by line."""
+    request = urllib.request.Request(f"{server.url}{CHAT}", data=json.dumps(body).encode())
+    return urllib.request.urlopen(request, timeout=60)
+
+
+def test_health_answers_during_a_long_stream_which_the_request_timeout_ends():
+    smollm2_path()
+    server = Served("--request-timeout", "3")
+    try:
+        started = time.monotonic()
+        with stream_lines(server, LONG_STORY) as stream:
+            stream.readline()
+            for _ in range(5):
+                asked = time.monotonic()
+                with urllib.request.urlopen(f"{server.url}/health", timeout=5) as health:
+                    assert json.load(health) == {"status": "ok", "running": 1, "waiting": 0}
+                assert time.monotonic() - asked < 0.5
+            events = [json.loads(line[6:]) for line in stream if line.startswith(b"data: {")]
+        finishes = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        assert finishes == ["length"] and 3 <= time.monotonic() - started < 8
+        assert len(events) < 1000  # ended by the clock, not by max_tokens
+    finally:
+        server.stop()
+
+
+def test_sigterm_lets_a_running_stream_finish_refuses_new_requests_and_exits_0():
+    import http.client
+    import signal
+
+    smollm2_path()
+    server = Served("--shutdown-timeout", "30")
+    idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    idle.connect()
+    with stream_lines(server, {**LONG_STORY, "max_tokens": 40}) as stream:
+        stream.readline()
+        server.process.send_signal(signal.SIGTERM)
+        idle.request("POST", CHAT, json.dumps({"messages": QUESTION}))
+        response = idle.getresponse()
+        assert (response.status, json.loads(response.read())["error"]["code"]) == (503, "shutting_down")
+        events = [line for line in stream if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]\n" and b'"finish_reason": "length"' in events[-2]
+    assert server.process.wait(timeout=30) == 0
+
+
+def test_sigint_ends_a_stream_at_the_shutdown_timeout_and_exits_0():
+    import signal
+
+    smollm2_path()
+    server = Served("--shutdown-timeout", "2")
+    with stream_lines(server, LONG_STORY) as stream:
+        stream.readline()
+        server.process.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        events = [line for line in stream if line.startswith(b"data: ")]
+        assert 2 <= time.monotonic() - stopped < 5
+    assert events[-1] == b"data: [DONE]\n" and b'"finish_reason": "length"' in events[-2]
+    assert server.process.wait(timeout=30) == 0
+    assert "Traceback" not in server.process.stderr.read()
+
+
+def test_a_public_host_without_an_api_key_warns(tmp_path):
+    folder = tmp_path / "tiny"
+    save_hf_model(folder, "llama")
+    server = Served("--model", str(folder), "--host", "0.0.0.0")
+    server.stop()
+    assert server.process.stderr.read().count("without --api-key") == 1
+
+
+def test_the_fields_not_implemented_are_the_ones_serve_md_lists():
+    import re
+    from pathlib import Path
+
+    from minimlx.server.fields import IGNORED, REFUSED
+    from minimlx.server.responses import UNSTORED
+
+    page = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
+    table = page.split("### Fields not implemented")[1]
+    rows = {"chat completions": "chat", "completions": "completions", "Responses": "responses", "Messages": "messages"}
+    for title, api in rows.items():
+        row = re.search(rf"^\| {title} \| (.*) \| (.*) \|$", table, re.M)
+        ignored, refused = ({n for n in re.findall(r"`([a-z_]+)`", cell)} for cell in row.groups())
+        assert ignored == set(IGNORED[api])
+        assert refused == set(REFUSED[api]) | (set(UNSTORED) if api == "responses" else set())
+
+
+def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, caplog):
+    """A sampler that raises for one request (seed 13): that request is a 500 in OpenAI's shape, logged; the one
+    decoded beside it in the same batch answers."""
+    from starlette.testclient import TestClient
+
+    import minimlx
+    from minimlx.decode import Engine
+    from minimlx.decode.engine import Generation
+    from minimlx.server.app import Server
+
+    save_hf_model(tmp_path, "llama")
+    model, tokenizer = minimlx.load(tmp_path)
+    sample = Generation.sample
+
+    def failing(generation, logits, fed):
+        if generation.request.settings.seed == 13 and generation.sampled == 3:
+            raise RuntimeError("boom")
+        return sample(generation, logits, fed)
+
+    monkeypatch.setattr(Generation, "sample", failing)
+    body = {"prompt": "w3 w4 w5", "max_tokens": 40, "temperature": 1.0}
+    with TestClient(Server(Engine(model, tokenizer, max_batch=4), "tiny").app) as client:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda seed: client.post("/v1/completions", json={**body, "seed": seed}), [13, 1]))
+    failed, answered = answers
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_error"
+    assert "RuntimeError: boom" in failed.json()["error"]["message"]
+    assert answered.status_code == 200 and answered.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert any("a generation failed" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (CHAT, {"messages": QUESTION, "stream": "yes"}),
+        (CHAT, {"messages": QUESTION, "stream": True, "stream_options": {"include_usage": "yes"}}),
+        ("/v1/completions", {"prompt": "w3 w4", "stream": 1}),
+        ("/v1/responses", {"input": "w3 w4", "stream": "yes"}),
+        ("/v1/messages", {"messages": QUESTION, "max_tokens": 5, "stream": "yes"}),
+    ],
+)
+def test_a_request_refused_starts_nothing(tmp_path, path, body):
+    """Every field is read before a generation starts: a refused request leaves nothing behind (no generation
+    in the engine, no listener left for one)."""
+    from starlette.testclient import TestClient
+
+    import minimlx
+    from minimlx.decode import Engine
+    from minimlx.server.app import Server
+
+    save_hf_model(tmp_path, "llama")
+    engine = Engine(*minimlx.load(tmp_path), max_batch=4)
+    server = Server(engine, "tiny", chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    with TestClient(server.app) as client:
+        refusal = client.post(path, json={**body, "max_tokens": 200})
+        assert refusal.status_code == 400 and ("stream" in refusal.text or "include_usage" in refusal.text)
+        assert not engine.busy and server.listeners == {}

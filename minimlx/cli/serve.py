@@ -1,6 +1,7 @@
 """`minimlx serve`: OpenAI- and Anthropic-compatible HTTP APIs over the decode engine."""
 
 import ctypes
+import ipaddress
 import os
 import socket
 
@@ -34,6 +35,14 @@ def check_address(host: str, port: int) -> None:
         raise InvalidSettingError(f"cannot listen on {host}:{port} ({reason}); pick another --port or --host") from None
 
 
+def loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (an address, or the name localhost)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 @main.command()
 @click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -54,6 +63,18 @@ def check_address(host: str, port: int) -> None:
 @click.option(
     "--served-model-name",
     help="The only model name requests may ask for (others get 404); default: any name is answered.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request may generate; a longer one ends with finish_reason length. Default: no limit.",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=5,
+    show_default=True,
+    help="Seconds running requests get to finish after SIGTERM or Ctrl-C; new ones are answered 503.",
 )
 @chat_template_option
 @click.option(
@@ -76,6 +97,8 @@ def serve(
     api_key,
     max_request_mb,
     served_model_name,
+    request_timeout,
+    shutdown_timeout,
     chat_template,
     reasoning_format,
     **options,
@@ -106,6 +129,8 @@ def serve(
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL
+    if api_key is None and not loopback(host):
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
     click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(
         engine,
@@ -117,4 +142,6 @@ def serve(
         served_model_name=served_model_name,
         chat_template=chat_template,
         reasoning=reasoning_format != "none",
+        request_timeout=request_timeout,
+        shutdown_timeout=shutdown_timeout,
     )

@@ -31,6 +31,7 @@ The prompt cache keeps the caches of recent finished sequences by their token id
 that starts the same way (a conversation resent with one more turn) prefills only what follows.
 """
 
+import contextlib
 import random
 import threading
 from collections import deque
@@ -74,7 +75,9 @@ class Output:
     generation: "Generation"
     token: int
     text: str
-    finish_reason: str | None  # "stop" (an end id, a stop string, a complete grammar), "length", None while it goes on
+    # "stop" (an end id, a stop string, a complete grammar), "length", "error" (`Generation.failure` says what
+    # failed: this sequence's own sampling, grammar or text, while the rest of the batch goes on), None while it goes on
+    finish_reason: str | None
     logprob: float | None = None  # asked for by `logprobs`: the token's log-probability under the model
     top_logprobs: tuple[tuple[int, float], ...] | None = None  # (id, logprob) of the most likely tokens, best first
 
@@ -116,6 +119,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.stop_string: str | None = None  # the stop string that ended it, if one did
         self.cancelled = False
+        self.failure: Exception | None = None  # what failed in this sequence's own step (its next read ends it)
         self.cache: list | None = None  # once it has left the batch: the cache of its prompt and answer
         self.keys: mx.array | None = None  # made by the thread that steps the engine: MLX streams belong to a thread
         self.seen: mx.array | None = None  # what the repetition penalty counts
@@ -163,7 +167,17 @@ class Generation:
 
     def read(self, token: int) -> Output:
         """The output for the next token read back: its text, held back where a stop string may start. A grammar
-        reads the token too: once it is complete, the generation ends (its end-of-sequence id is not text)."""
+        reads the token too: once it is complete, the generation ends (its end-of-sequence id is not text). A
+        failure of this sequence alone (its sampler, grammar or detokenizer) ends it with finish_reason "error"."""
+        if self.failure is None:
+            try:
+                return self.read_token(token)
+            except Exception as e:  # a bug, or a grammar's: this sequence's, the batch goes on
+                self.failure = e
+        self.finish_reason = "error"
+        return Output(self, token, "", "error")
+
+    def read_token(self, token: int) -> Output:
         self.tokens.append(token)
         end = token in self.stop_ids or (self.matcher is not None and self.matcher.ends(token))
         complete = False
@@ -261,6 +275,7 @@ class Engine:
         check_kv_bits(kv_bits)
         check_speculation((draft_model is not None) + bool(prompt_lookup))
         self.model, self.tokenizer = model, tokenizer
+        self.step_guard = getattr(model, "step_guard", contextlib.nullcontext)
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.kv_bits = kv_bits
         self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size and kv_bits is None)
@@ -335,6 +350,12 @@ class Engine:
         return bool(self.rows or self.waiting)
 
     def step(self) -> list[Output]:
+        """One step (`take_step`) under the model's `step_guard`, if it has one: a model split across processes
+        ends this one when a step waits on a stopped rank too long."""
+        with self.step_guard():
+            return self.take_step()
+
+    def take_step(self) -> list[Output]:
         """Admit waiting sequences, queue one decode step for all rows, and return the tokens of the previous one.
 
         When every row has just joined, the step returns their first tokens before it queues their first decode
@@ -512,21 +533,33 @@ class Engine:
         if any(s.matcher is not None for s in rows):
             allowed = np.ones(logits.shape, dtype=bool)
             for i, s in enumerate(rows):
-                if s.matcher is not None and s.running:
-                    allowed[i] = s.matcher.allowed()
+                if s.matcher is not None and s.running and s.failure is None:
+                    try:
+                        allowed[i] = s.matcher.allowed()
+                    except Exception as e:  # this row's grammar alone: it ends at its next read
+                        s.failure = e
             logits = mx.where(mx.array(allowed), logits, -mx.inf)
         if all(s.greedy for s in rows):  # one argmax for the batch, not a slice and one per row
             for s in rows:
                 s.sampled += 1
             tokens = greedy(logits)
         else:
-            tokens = mx.concatenate([s.sample(logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
+            tokens = mx.concatenate([self.sample(s, logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
         if self.agree is not None:
             tokens = self.agree(tokens)
         for i, s in enumerate(rows):
             if s.asked is not None:
                 s.note_logprobs(raw[i : i + 1], tokens[i : i + 1])
         return tokens
+
+    @staticmethod
+    def sample(generation: Generation, logits: mx.array, fed: mx.array) -> mx.array:
+        """The row's next token; if its own sampling fails, a placeholder, and the row ends at its next read."""
+        try:
+            return generation.sample(logits, fed)
+        except Exception as e:
+            generation.failure = e
+            return greedy(logits)
 
     def speculate(self, generation: Generation, cache: list) -> list[Output]:
         """One round: the drafter proposes tokens after the text, one forward pass scores its last token and the

@@ -103,6 +103,8 @@ def stream_generate(
     try:
         while generation.running:
             for output in engine.step():
+                if output.finish_reason == "error":  # alone here, its failure is the caller's to see
+                    raise output.generation.failure
                 n += 1
                 if n == 1:
                     first = time.perf_counter()

@@ -27,7 +27,9 @@ import os
 import re
 import sys
 import threading
+import time
 import warnings
+from contextlib import contextmanager
 from functools import cache
 
 import mlx.core as mx
@@ -192,6 +194,11 @@ class Distributed(nn.Module):
         self.tensors = frozenset(split.tensors)
         self.source = self.size - 1 if self.mode == "pipeline" else 0
         self.hands_on = self.mode == "pipeline" and self.rank < self.size - 1
+        self.watchdog = Watchdog(float(os.environ.get("MINIMLX_RANK_TIMEOUT", RANK_TIMEOUT)))
+
+    def step_guard(self):
+        """What an engine step runs under: a step left waiting on another rank too long ends this process."""
+        return self.watchdog.guard()
 
     def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
         out = self.model(ids, cache, last_only=last_only)
@@ -211,6 +218,47 @@ class Distributed(nn.Module):
         """
         mine = tokens.astype(mx.int32) * int(self.rank == self.source)
         return mx.distributed.all_sum(mine, group=self.group).astype(tokens.dtype)
+
+
+RANK_TIMEOUT = 45  # seconds one engine step may wait on the other ranks (MINIMLX_RANK_TIMEOUT)
+
+
+class Watchdog:
+    """Ends this process (status 1, one line) when a guarded stretch runs past `seconds`: a rank stopped (SIGSTOP,
+    a hung machine) keeps its connections open, so the others' collectives would wait forever, not fail."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.depth, self.since = seconds, 0, 0.0
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    @contextmanager
+    def guard(self):
+        with self.lock:
+            self.depth += 1
+            if self.depth == 1:
+                self.since = time.monotonic()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.watch, name="minimlx-rank-watchdog", daemon=True)
+                self.thread.start()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.depth -= 1
+
+    def watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.seconds / 4))
+            with self.lock:
+                late = self.depth and time.monotonic() - self.since > self.seconds
+            if late:
+                sys.stderr.write(
+                    f"error: a step waited over {self.seconds:g} s for the other ranks: one of them is stopped or "
+                    "hung (MINIMLX_RANK_TIMEOUT sets the wait); see that rank, then start every rank again\n"
+                )
+                sys.stderr.flush()
+                os._exit(1)
 
 
 class Split:
@@ -421,7 +469,7 @@ class Mirrored(Engine):
             self.cancelled.append(sequence)
 
     def step(self) -> list[Output]:
-        with self.lock:
+        with self.lock, self.step_guard():  # the announcement waits on the other ranks too
             joined, self.joined = self.joined, []
             cancelled, self.cancelled = self.cancelled, []
             news = [

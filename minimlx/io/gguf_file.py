@@ -112,11 +112,11 @@ def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype | None = None) -> tu
     try:
         header = Header(path)
         raw = {name: (kind, header.raw(kind, shape, offset)) for name, kind, shape, offset in header.tensors}
-    except Exception as e:  # not a GGUF, truncated, corrupt: many kinds of errors
+        if all(kind in MX_LOAD_EXACT for kind, _ in raw.values()):
+            return mx.load(str(path)), header.metadata  # MLX's own reader: same values, several times faster
+    except Exception as e:  # not a GGUF, truncated, corrupt: many kinds of errors, from either reader
         reason = " ".join(str(e).split()).rstrip(".") or type(e).__name__
         raise CheckpointError(f"cannot read GGUF file {path}: {reason}; re-download or re-convert it") from None
-    if all(kind in MX_LOAD_EXACT for kind, _ in raw.values()):
-        return mx.load(str(path)), header.metadata  # MLX's own reader: same values, several times faster
     tensors = {}
     for name, (kind, data) in raw.items():
         if kind == T.BF16:

@@ -9,13 +9,19 @@ templates, tool-call formats and reasoning in `minimlx.text`.
 
 One thread steps the engine while any generation runs; requests join its batch as they arrive. Each
 request owns an asyncio queue, which the engine thread fills through the event loop. A streaming
-client that disconnects cancels its generations, which leave the batch at the next step.
+client that disconnects cancels its generations, which leave the batch at the next step. A generation running
+past `--request-timeout` ends there with finish_reason "length"; on SIGTERM or SIGINT the server answers new
+requests 503 and gives the running ones `--shutdown-timeout` seconds to finish.
 """
 
 import asyncio
+import contextlib
+import hmac
 import json
 import logging
+import signal
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,9 +40,11 @@ from ..errors import MinimlxError, PromptTooLongError, QueueFullError
 from ..text.replies import Delta, ReplyParser, tool_format
 from . import chat, messages, responses
 from .fields import APIError, bad, sampling_settings
+from .openapi import OPENAPI
 from .turns import Piece, TokenLogprob, Turn, Usage, check_tools
 
 log = logging.getLogger("minimlx.serve")
+DRAINING = object()  # put on every request's queue when the server starts draining
 DEFAULT_MAX_TOKENS = 512
 MAX_REQUEST_MB = 8  # a chat of several hundred thousand words: any longer one would not fit a model's context anyway
 
@@ -46,7 +54,8 @@ class Server:
 
     `model_name` is what responses report; with `served_model_name` given, it is also the only `model` a request
     may name (404 otherwise), else any name is answered by the one model loaded. `chat_template` replaces the
-    model's own; `reasoning` splits thinking text from the answer (False keeps it in the content).
+    model's own; `reasoning` splits thinking text from the answer (False keeps it in the content);
+    `request_timeout` (seconds) ends a generation running longer, as its token limit would.
     """
 
     def __init__(
@@ -58,6 +67,7 @@ class Server:
         served_model_name: str | None = None,
         chat_template: str | None = None,
         reasoning: bool = True,
+        request_timeout: float | None = None,
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
         self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
@@ -66,6 +76,9 @@ class Server:
         self.tool_format = tool_format(self.tokenizer.chat_template)
         self.reasoning = reasoning
         self.max_body = int(max_request_mb * 1e6)
+        self.request_timeout = request_timeout
+        self.draining = False  # set on SIGTERM/SIGINT: new requests are answered 503
+        self.cutoff: float | None = None  # then, when the running ones are ended
         # Every array the model holds, private ones too (RoPE's frequencies), evaluated here: an unevaluated
         # array belongs to the stream of the thread that made it, and the engine thread has its own.
         mx.eval([a for module in engine.model.modules() for a in module.values() if isinstance(a, mx.array)])
@@ -78,7 +91,7 @@ class Server:
             Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
         ]
         self.app = Starlette(
-            routes=[Route("/health", self.health), *api, *bare],
+            routes=[Route("/health", self.health), Route("/openapi.json", self.openapi), *api, *bare],
             exception_handlers={
                 APIError: self.api_error,
                 Exception: self.internal_error,
@@ -148,6 +161,14 @@ class Server:
             raise bad(name if name in SETTING_NAMES else None, str(e)) from e
         return generations, queue
 
+    def drain(self, grace: float) -> None:
+        """Answer new requests 503 and end the running ones (finish_reason "length") `grace` seconds from now."""
+        self.draining, self.cutoff = True, time.monotonic() + grace
+        with self.listening:
+            listeners = list(self.listeners.values())
+        for loop, queue in listeners:
+            loop.call_soon_threadsafe(queue.put_nowait, DRAINING)
+
     def cancel(self, generations: list[Generation]) -> None:
         for generation in generations:
             self.engine.cancel(generation)
@@ -155,13 +176,32 @@ class Server:
                 self.listeners.pop(generation, None)
 
     async def outputs(self, generations: list[Generation], queue: asyncio.Queue) -> AsyncIterator[Output]:
-        """Every output of `generations` until all have finished; cancels them if the consumer stops early."""
+        """Every output of `generations` until all have finished; cancels them if the consumer stops early. At
+        `request_timeout` the ones still running end with finish_reason "length", as at their token limit."""
         running = len(generations)
+        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         try:
             while running:
-                item = await queue.get()
+                ends = [t for t in (deadline, self.cutoff) if t is not None]
+                try:
+                    left = max(min(ends) - time.monotonic(), 0) if ends else None
+                    item = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    log.warning("a request ran past --request-timeout or --shutdown-timeout; ended")
+                    for generation in generations:
+                        if generation.finish_reason is None:
+                            self.engine.cancel(generation)
+                            yield Output(generation, -1, "", "length")
+                    return
+                if item is DRAINING:  # the cutoff was just set: wait again, until it
+                    continue
                 if isinstance(item, APIError):
                     raise item
+                if item.finish_reason == "error":  # this request's own step failed; the others go on
+                    failure = item.generation.failure
+                    log.error("a generation failed", exc_info=failure)
+                    message = f"generation failed: {type(failure).__name__}: {failure}"
+                    raise APIError(500, message, code="engine_error", kind="server_error")
                 running -= item.finish_reason is not None
                 yield item
         finally:
@@ -228,9 +268,17 @@ class Server:
     # ---- endpoints ----
 
     async def health(self, request: HTTPRequest) -> JSONResponse:
-        """Up, and how many answers are being decoded and how many wait for a slot."""
+        """Up, and how many answers are being decoded and how many wait for a slot (503 while shutting down)."""
+        if self.draining:
+            return await self.api_error(request, self.shutting_down())
         waiting = len(self.engine.waiting)  # the rest of the generations listened to run (or prefill) in the batch
         return JSONResponse({"status": "ok", "running": len(self.listeners) - waiting, "waiting": waiting})
+
+    def shutting_down(self) -> APIError:
+        return APIError(503, "the server is shutting down; try another", code="shutting_down", kind="server_error")
+
+    async def openapi(self, request: HTTPRequest) -> JSONResponse:
+        return JSONResponse(OPENAPI)
 
     async def models(self, request: HTTPRequest) -> JSONResponse:
         self.authorize(request)
@@ -239,6 +287,8 @@ class Server:
 
     async def read(self, request: HTTPRequest) -> dict:
         """The JSON body, after the API key check and the model name check."""
+        if self.draining:
+            raise self.shutting_down()
         self.authorize(request)
         try:
             body = json.loads(await self.bounded_body(request))
@@ -275,10 +325,9 @@ class Server:
     def authorize(self, request: HTTPRequest) -> None:
         """The API key as OpenAI clients send it (Authorization: Bearer KEY) or Anthropic's (x-api-key: KEY)."""
         headers = request.headers
-        if self.api_key is not None and self.api_key not in (
-            headers.get("x-api-key"),
-            headers.get("authorization", "").removeprefix("Bearer "),
-        ):
+        given = [headers.get("x-api-key", ""), headers.get("authorization", "").removeprefix("Bearer ")]
+        # compared in constant time, both of them, so the time taken tells nothing about the key
+        if self.api_key is not None and not sum(hmac.compare_digest(k.encode(), self.api_key.encode()) for k in given):
             message = "missing or wrong API key; send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
             raise APIError(401, message, code="invalid_api_key", kind="authentication_error")
 
@@ -350,17 +399,46 @@ class Answer:
 # at uvicorn's default of 5 s a client could send its next request on a socket the server was closing at
 # that moment, and get "Server disconnected without sending a response".
 KEEP_ALIVE_SECONDS = 30
+SHUTDOWN_SECONDS = 5  # what a stream still running at SIGTERM gets to finish, before it is cut
 
 
-def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8080, **options):
-    """Serve until interrupted; `options` are Server's (api_key, max_request_mb, served_model_name, ...)."""
+def serve(
+    engine: Engine,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    shutdown_timeout: float = SHUTDOWN_SECONDS,
+    **options,
+):
+    """Serve until SIGTERM or SIGINT, then exit cleanly; `options` are Server's (api_key, max_request_mb, ...)."""
     import uvicorn
 
-    uvicorn.run(
-        Server(engine, model_name, **options).app,
+    server = Server(engine, model_name, **options)
+
+    class Uvicorn(uvicorn.Server):
+        """uvicorn, but a signal also turns new requests away (503) and ends the running ones at the cutoff, and
+        a clean shutdown ends the process with status 0 rather than re-raising the signal."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if not server.draining:
+                server.drain(shutdown_timeout)
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            handlers = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+
+    config = uvicorn.Config(
+        server.app,
         host=host,
         port=port,
         log_level="warning",
-        timeout_graceful_shutdown=3,
+        timeout_graceful_shutdown=shutdown_timeout + 2,  # past the cutoff: for the ended streams to be written
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
+    Uvicorn(config).run()

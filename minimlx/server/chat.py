@@ -12,6 +12,7 @@ from starlette.routing import Route
 from .fields import (
     APIError,
     bad,
+    check_body,
     checked_schema,
     constraint_fields,
     flag,
@@ -30,13 +31,14 @@ MAX_TOP_LOGPROBS = 20
 def routes(server) -> list[Route]:
     async def chat_completions(request: HTTPRequest):
         body = await server.read(request)
-        turn, streaming = chat_turn(body), stream_options(body)
+        turn, stream = chat_turn(body), streaming(body)
         answer = await server.start(turn)
         reply = Reply(server.model_name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
-        return await respond(reply, answer, streaming)
+        return await respond(reply, answer, stream)
 
     async def completions(request: HTTPRequest):
         body = await server.read(request)
+        check_body(body, "completions")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -48,10 +50,11 @@ def routes(server) -> list[Route]:
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise bad("logprobs", f"'logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {logprobs}")
         turn = Turn([], settings=settings(body, chat=False), logprobs=logprobs, n=choices(body))
-        turn.constraint, streaming = constraint_fields(body), stream_options(body)
+        turn.constraint = constraint_fields(body)
+        stream = streaming(body)
         answer = await server.start_raw(prompt, turn, "prompt")
         reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
-        return await respond(reply, answer, streaming)
+        return await respond(reply, answer, stream)
 
     async def apply_template(request: HTTPRequest):
         """llama.cpp's /apply-template: the prompt text a chat body renders to, nothing generated."""
@@ -73,16 +76,15 @@ def routes(server) -> list[Route]:
     ]
 
 
-def stream_options(body: dict) -> tuple[bool, bool]:
-    """(whether to stream, whether the stream ends with the usage), read before anything starts."""
-    options = optional(body, "stream_options", dict, "an object") or {}
-    return flag(body, "stream"), flag(options, "include_usage")
+def streaming(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage), read before anything is started: a refusal after it would leave it running."""
+    include_usage = flag(optional(body, "stream_options", dict, "an object") or {}, "include_usage")
+    return flag(body, "stream"), include_usage
 
 
-async def respond(reply: "Reply", answer, streaming: tuple[bool, bool]):
-    stream, include_usage = streaming
-    if stream:
-        return StreamingResponse(reply.stream(answer, include_usage), media_type="text/event-stream")
+async def respond(reply: "Reply", answer, stream: tuple[bool, bool]):
+    if stream[0]:
+        return StreamingResponse(reply.stream(answer, stream[1]), media_type="text/event-stream")
     async for piece in answer.pieces():
         reply.add(piece)
     return JSONResponse(reply.whole(answer.usage()))
@@ -129,6 +131,7 @@ def choices(body: dict) -> int:
 
 
 def chat_turn(body: dict) -> Turn:
+    check_body(body, "chat")
     logprobs, top = flag(body, "logprobs"), integer(body, "top_logprobs", None)
     if top is not None and not (logprobs and 0 <= top <= MAX_TOP_LOGPROBS):
         raise bad("top_logprobs", f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, with 'logprobs': true")

@@ -105,6 +105,7 @@ def checked_schema(schema, strict: bool, param: str):
 
     if not isinstance(schema, (dict, bool)):
         raise bad(param, f"the JSON schema in '{param}' must be an object, got {json.dumps(schema)[:80]}")
+    check_schema_size(schema, param)
     try:
         return Constraint.json_schema(schema, strict)
     except InvalidSettingError as e:
@@ -142,3 +143,72 @@ def text_field(part: dict, name: str, param: str) -> str:
     if not isinstance(value, str):
         raise bad(f"{param}.{name}", f"{param}.{name} must be a string")
     return value
+
+
+# ---- what a body may carry: list lengths, and the fields this server does not implement ----
+
+# The most items of each list a body carries, checked before anything is rendered or tokenized: each stays well
+# above what a real request needs (OpenAI's own limits where it has one: 4 stop strings, 128 tools).
+LIST_LIMITS = {"messages": 10_000, "input": 10_000, "tools": 128, "stop": 4, "stop_sequences": 16}
+MAX_SCHEMA_BYTES = 200_000  # a JSON schema (response format, tool parameters) longer than this is refused
+
+# Fields of the APIs this server does not implement, per API. Ignored ones must still have their documented type
+# (a wrong type is a 400); refused ones are a 400 naming them unless they hold one of the values that change
+# nothing. docs/serve.md lists both ("Fields not implemented").
+IGNORED = {
+    "chat": {"user": str, "metadata": dict, "store": bool, "service_tier": str, "safety_identifier": str},
+    "completions": {"user": str},
+    "responses": {
+        "user": str,
+        "metadata": dict,
+        "store": bool,
+        "service_tier": str,
+        "safety_identifier": str,
+        "truncation": str,
+        "include": list,
+        "reasoning": dict,
+    },
+    "messages": {"metadata": dict, "service_tier": str},
+}
+KIND_NAMES = {str: "a string", dict: "an object", bool: "true or false", list: "a list"}
+HARMLESS = {  # the values of a refused field that ask for nothing this server lacks
+    "modalities": (["text"],),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "background": (False,),
+    "echo": (False,),
+    "suffix": ("",),
+    "best_of": (1,),
+}
+REFUSED = {
+    "chat": ("audio", "modalities", "prediction", "web_search_options", "frequency_penalty", "presence_penalty"),
+    "completions": ("best_of", "echo", "suffix", "frequency_penalty", "presence_penalty"),
+    "responses": ("background", "prompt"),  # and what a stateful server would look up (responses.UNSTORED)
+    "messages": ("mcp_servers", "container"),
+}
+
+
+def check_body(body: dict, api: str) -> None:
+    """Refuse a body whose lists are too long, an ignored field of the wrong type, or a field asking for what
+    this server does not do ("chat", "completions", "responses" or "messages"), before any other work."""
+    for name, most in LIST_LIMITS.items():
+        value = body.get(name)
+        if isinstance(value, list) and len(value) > most:
+            raise bad(name, f"'{name}' holds {len(value)} items; this server takes at most {most}")
+    for name, kind in IGNORED[api].items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise bad(name, f"'{name}' must be {KIND_NAMES[kind]}, got {json.dumps(body[name])[:80]}")
+    for name in REFUSED[api]:
+        if body.get(name) is not None and body[name] not in HARMLESS.get(name, ()):
+            message = f"'{name}' is not supported by this server; leave it out"
+            raise APIError(400, message, name, "unsupported_parameter")
+
+
+def check_schema_size(schema, param: str) -> None:
+    """Refuse a JSON schema too long to compile in reasonable time, or nested too deeply to serialize."""
+    try:
+        size = len(json.dumps(schema))
+    except (RecursionError, ValueError):
+        raise bad(param, f"the JSON schema in '{param}' is nested too deeply; flatten it") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise bad(param, f"the JSON schema in '{param}' is {size} bytes; this server takes at most {MAX_SCHEMA_BYTES}")

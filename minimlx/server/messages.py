@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, flag, integer, number, text_content, text_field
+from .fields import APIError, bad, check_body, flag, integer, number, text_content, text_field
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def error_body(error: APIError) -> dict:
 def read_turn(body: dict) -> Turn:
     """The conversation a Messages body asks about (what count_tokens counts): system, messages, tools, tool
     choice and thinking; not yet how to sample its answer."""
+    check_body(body, "messages")
     system = body.get("system")
     messages = [{"role": "system", "content": text_content(system, "system")}] if system else []
     history = body.get("messages")

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from ..decode.grammar import Constraint
 from ..errors import InvalidSettingError
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, flag, integer, number, text_field
+from .fields import APIError, bad, check_body, check_schema_size, flag, integer, number, text_field
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def routes(server: "Server") -> list[Route]:
 
 def read_request(body: dict) -> tuple[Turn, dict]:
     """The body's Turn, and the request fields the response repeats back."""
+    check_body(body, "responses")
     for name in UNSTORED:
         if body.get(name) is not None:
             raise bad(name, f"'{name}' is not supported: this server stores nothing; send the whole conversation")
@@ -109,7 +110,7 @@ def input_messages(items) -> list[dict]:
         kind = item.get("type", "message")
         last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind == "message":
-            role = MESSAGE_ROLES.get(item.get("role"))
+            role = MESSAGE_ROLES.get(item.get("role")) if isinstance(item.get("role"), str) else None
             if role is None:
                 raise bad(f"{param}.role", f"{param} needs a role out of {', '.join(MESSAGE_ROLES)}")
             content = message_text(item.get("content"), f"{param}.content")
@@ -193,6 +194,7 @@ def constraint(text_format) -> Constraint | None:
         schema = text_format.get("schema")
         if not isinstance(schema, dict):
             raise bad("text.format.schema", "text.format.schema must be a JSON Schema object")
+        check_schema_size(schema, "text.format.schema")
         try:
             return Constraint.json_schema(schema, flag(text_format, "strict"))
         except InvalidSettingError as e:

@@ -70,7 +70,7 @@ class Usage:
 def check_tools(tools: list | None, choice: str) -> list[dict] | None:
     """The turn's function tools, checked: each {"type": "function", "function": {"name", "parameters"}} with a
     name of letters, digits, _ and - (at most 64) and parameters a JSON schema object; `choice` must name one."""
-    from .fields import bad
+    from .fields import bad, check_schema_size
 
     if not tools:
         if choice not in ("auto", "none"):
@@ -85,6 +85,7 @@ def check_tools(tools: list | None, choice: str) -> list[dict] | None:
             raise bad(f"tools[{i}]", f"tools[{i}] must be a function tool with a name of letters, digits, _, . and -")
         if not isinstance(function.get("parameters", {}), dict):
             raise bad(f"tools[{i}].parameters", f"tools[{i}]'s parameters must be a JSON schema object")
+        check_schema_size(function.get("parameters", {}), f"tools[{i}].parameters")
     names = [tool["function"]["name"] for tool in tools]
     if choice not in ("auto", "none", "required") and choice not in names:
         raise bad("tool_choice", f"'tool_choice' names {choice!r}, which is none of the tools ({', '.join(names)})")

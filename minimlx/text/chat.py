@@ -76,17 +76,26 @@ def chat_messages_for_template(messages: list[dict]) -> list[dict]:
     """OpenAI-shaped messages as templates read them (transformers' chat format): a call's `function.arguments`
     JSON text parsed into an object, a tool-calling message's missing content as "", `reasoning_content` also as
     `thinking` (gpt-oss's name for it), and a tool result's `name` taken from the call it answers."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise InvalidSettingError('The messages must be a list of objects, such as {"role": "user", "content": ...}')
     converted, names = [], {}
     for message in messages:
         message = dict(message)
         if message.get("tool_calls"):
+            if not isinstance(message["tool_calls"], list):
+                raise InvalidSettingError("A message's tool_calls must be a list of calls")
             message["tool_calls"] = [template_call(call) for call in message["tool_calls"]]
-            names.update((call.get("id"), call["function"]["name"]) for call in message["tool_calls"])
+            names.update(
+                (call["id"], call["function"]["name"])
+                for call in message["tool_calls"]
+                if isinstance(call.get("id"), str)
+            )
             message["content"] = message.get("content") or ""
         if message.get("reasoning_content") is not None:
             message.setdefault("thinking", message["reasoning_content"])
-        if message.get("role") == "tool" and "name" not in message and message.get("tool_call_id") in names:
-            message["name"] = names[message["tool_call_id"]]
+        call_id = message.get("tool_call_id")
+        if message.get("role") == "tool" and "name" not in message and isinstance(call_id, str) and call_id in names:
+            message["name"] = names[call_id]
         converted.append(message)
     return converted
 
