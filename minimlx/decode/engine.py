@@ -120,7 +120,7 @@ class Generation:
         self.stop_string: str | None = None  # the stop string that ended it, if one did
         self.cancelled = False
         self.failure: Exception | None = None  # what failed in this sequence's own step (its next read ends it)
-        self.cache: list | None = None  # once it has left the batch: the cache of its prompt and answer
+        self.cache: list | None = None  # once it has left the batch: its conversation's cache (request.cache)
         self.keys: mx.array | None = None  # made by the thread that steps the engine: MLX streams belong to a thread
         self.seen: mx.array | None = None  # what the repetition penalty counts
         self.verifier: Verifier | None = None  # speculative rounds: the model's side of each
@@ -608,12 +608,10 @@ class Engine:
 
     def keep(self, generation: Generation, cache: list) -> None:
         """Hand a finished generation's own `cache` to its conversation, or to the prompt cache."""
-        if generation.request.cache is None and self.prompt_cache is None:
-            return
-        generation.cache = cache
         if generation.request.cache is not None:
+            generation.cache = cache
             generation.request.cache[:] = cache
-        elif not generation.cancelled:
+        elif self.prompt_cache is not None and not generation.cancelled:  # held there, not by the generation too
             self.prompt_cache.store(generation.request.prompt + generation.tokens, cache)
 
     def clear(self) -> None:
