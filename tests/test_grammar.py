@@ -256,3 +256,4 @@ def test_run_constrains_the_answer_and_refuses_two_constraints(tmp_path):
     one_line_error(runner.invoke(main, ["run", "x", "--regex", "a", "--json-schema", str(schema)]), "give one of them")
     one_line_error(runner.invoke(main, ["run", "x", "--grammar", str(tmp_path / "absent.lark")]), "absent.lark")
     one_line_error(runner.invoke(main, ["run", "x", "--regex", "[a-"]), "regex")
+    one_line_error(runner.invoke(main, ["run", "x", "--regex", ""]), "--regex is empty")

@@ -162,6 +162,8 @@ def read_grammar_file(option: str, path: str) -> str:
 def constraint_from_options(json_schema: str | None, regex: str | None, grammar: str | None) -> Constraint | None:
     """The constraint of --json-schema FILE, --regex PATTERN or --grammar FILE (Lark): one of them at most."""
     options = (("--json-schema", json_schema), ("--regex", regex), ("--grammar", grammar))
+    if regex == "":
+        raise InvalidSettingError("--regex is empty, which matches only an empty answer; give a pattern")
     given = [name for name, value in options if value]
     if len(given) > 1:
         raise InvalidSettingError(f"{' and '.join(given)} both constrain the answer; give one of them")
