@@ -64,6 +64,21 @@ inline void dots(const float* queries, const float* k, int64_t stride, const int
 // Queries [query_begin, query_end) of the H heads head, head + 1, ... (which share one kv head) in batch row `row`.
 // The heads of a query go together: its shown keys are found once, and each key and value row is read once for
 // all of them (SmolLM2's 9 heads read their 3 kv heads a third as often as one head at a time).
+// The keys that query `i` of `row` sees (their indices into `keys`; how many is returned), and its heads' output rows
+// (into `out`), zeroed when it sees none. The float and the quantized attention share it.
+template <int H, class Args>
+inline int visible_keys(const Args& a, int row, int head, int i, int seen, int D, int* keys, float* out[H]) {
+  const bool* shown = a.mask ? a.mask + row * a.mask_strides[0] + i * a.mask_strides[1] : nullptr;
+  int count = 0;
+  for (int j = 0; j < seen; ++j)
+    if (!shown || shown[j * a.mask_strides[2]]) keys[count++] = j;
+  for (int h = 0; h < H; ++h) {
+    out[h] = a.out + ((static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i) * D;
+    if (count == 0) std::fill(out[h], out[h] + D, 0.0f);
+  }
+  return count;
+}
+
 template <class Simd, int H>
 void attend_heads(const Attention& a, int row, int head, int query_begin, int query_end) {
   using V = typename Simd::V;
@@ -83,16 +98,9 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
       for (int d = 0; d < D; ++d) queries[h * D + d] = q[d] * a.scale;
     }
     const int seen = past + i + 1;
-    const bool* shown = a.mask ? a.mask + row * a.mask_strides[0] + i * a.mask_strides[1] : nullptr;
-    int count = 0;
-    for (int j = 0; j < seen; ++j)
-      if (!shown || shown[j * a.mask_strides[2]]) shown_keys[count++] = j;
     float* out[H];
-    for (int h = 0; h < H; ++h) out[h] = a.out + ((static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i) * D;
-    if (count == 0) {  // every key hidden
-      for (int h = 0; h < H; ++h) std::fill(out[h], out[h] + D, 0.0f);
-      continue;
-    }
+    const int count = visible_keys<H>(a, row, head, i, seen, D, shown_keys.data(), out);
+    if (count == 0) continue;  // every key hidden: its output is zero
     dots<Simd, H>(queries.data(), k, a.k_strides[2], shown_keys.data(), count, D, scores.data(), a.keys);
     V norm[H];
     for (int h = 0; h < H; ++h) {
@@ -193,16 +201,9 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
       }
     }
     const int seen = past + i + 1;
-    const bool* shown = a.mask ? a.mask + row * a.mask_strides[0] + i * a.mask_strides[1] : nullptr;
-    int count = 0;
-    for (int j = 0; j < seen; ++j)
-      if (!shown || shown[j * a.mask_strides[2]]) shown_keys[count++] = j;
     float* out[H];
-    for (int h = 0; h < H; ++h) out[h] = a.out + ((static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i) * D;
-    if (count == 0) {  // every key hidden
-      for (int h = 0; h < H; ++h) std::fill(out[h], out[h] + D, 0.0f);
-      continue;
-    }
+    const int count = visible_keys<H>(a, row, head, i, seen, D, shown_keys.data(), out);
+    if (count == 0) continue;  // every key hidden: its output is zero
     for (int j = 0; j < count; j += KB) {
       const int n = std::min(KB, count - j);
       float total[H][KB] = {};
