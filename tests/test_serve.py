@@ -441,13 +441,19 @@ def test_sigterm_lets_a_running_stream_finish_refuses_new_requests_and_exits_0()
 
     smollm2_path()
     server = Served("--shutdown-timeout", "30")
-    idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    idle.connect()
+    late = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    body = json.dumps({"messages": QUESTION}).encode()
     with stream_lines(server, {**LONG_STORY, "max_tokens": 40}) as stream:
         stream.readline()
+        # a request whose headers are in (so shutting down waits for it: an idle connection is closed at once)
+        late.putrequest("POST", CHAT)
+        late.putheader("Content-Length", str(len(body)))
+        late.endheaders()
+        time.sleep(0.5)
         server.process.send_signal(signal.SIGTERM)
-        idle.request("POST", CHAT, json.dumps({"messages": QUESTION}))
-        response = idle.getresponse()
+        time.sleep(0.5)
+        late.send(body)  # its body arrives once the server drains
+        response = late.getresponse()
         assert (response.status, json.loads(response.read())["error"]["code"]) == (503, "shutting_down")
         events = [line for line in stream if line.startswith(b"data: ")]
     assert events[-1] == b"data: [DONE]\n" and b'"finish_reason": "length"' in events[-2]

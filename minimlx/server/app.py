@@ -286,12 +286,14 @@ class Server:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def read(self, request: HTTPRequest) -> dict:
-        """The JSON body, after the API key check and the model name check."""
-        if self.draining:
-            raise self.shutting_down()
+        """The JSON body, after the API key check and the model name check; 503 once the server is draining, also
+        for a request whose body was still arriving when it began."""
         self.authorize(request)
         try:
-            body = json.loads(await self.bounded_body(request))
+            raw = await self.bounded_body(request)
+            if self.draining:
+                raise self.shutting_down()
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from e
         except RecursionError:
