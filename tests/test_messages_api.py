@@ -147,6 +147,16 @@ def test_bad_bodies_are_400s_naming_the_field(body, param):
     assert (refused.value.status, refused.value.param) == (400, param)
 
 
+def test_a_field_no_reader_knows_is_refused_naming_it():
+    from minimlx.server.fields import Body, flag, refuse_unread
+
+    body = Body({"max_tokens": 5, "messages": [], "stream": False, "max_token": 3, "metadata": {"user_id": "u"}})
+    read_turn(body), sampling(body), flag(body, "stream")
+    with pytest.raises(APIError) as refused:
+        refuse_unread(body)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, "max_token", "unknown_parameter")
+
+
 def test_images_are_refused_as_unsupported():
     with pytest.raises(APIError, match="image input is not supported by this model"):
         read_turn({"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "What is this?"}]}]})

@@ -257,6 +257,16 @@ BAD_REQUESTS = {
     "web_search_options": (CHAT, {"messages": QUESTION, "web_search_options": {}}, 400, "web_search_options"),
     "presence_penalty": (CHAT, {"messages": QUESTION, "presence_penalty": 0.5}, 400, "presence_penalty"),
     "completion_echo": ("/v1/completions", {"prompt": "w3", "echo": True}, 400, "echo"),
+    "unknown_field": (CHAT, {"messages": QUESTION, "temprature": 0}, 400, "temprature"),
+    "unknown_completion_field": ("/v1/completions", {"prompt": "w3", "n_predict": 4}, 400, "n_predict"),
+    "unknown_responses_field": ("/v1/responses", {"input": "hi", "top_k": 4}, 400, "top_k"),
+    "llamacpp_extension_wrong_type": (CHAT, {"messages": QUESTION, "cache_prompt": "yes"}, 400, "cache_prompt"),
+    "format_and_grammar": (
+        CHAT,
+        {"messages": QUESTION, "response_format": {"type": "json_object"}, "regex": "a+"},
+        400,
+        "response_format",
+    ),
     "an_image": (
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
@@ -482,6 +492,12 @@ def test_a_public_host_without_an_api_key_warns(tmp_path):
     server = Served("--model", str(folder), "--host", "0.0.0.0")
     server.stop()
     assert server.process.stderr.read().count("without --api-key") == 1
+
+
+def test_llamacpps_extension_fields_are_accepted_and_ignored(smollm2_server):
+    body = {"messages": QUESTION, "max_tokens": 2, "cache_prompt": True, "id_slot": 0, "timings_per_token": False}
+    code, reply = smollm2_server.post(CHAT, body)
+    assert code == 200 and reply["usage"]["completion_tokens"] == 2
 
 
 def test_the_fields_not_implemented_are_the_ones_serve_md_lists():

@@ -39,7 +39,7 @@ from ..decode.settings import NAMES as SETTING_NAMES
 from ..errors import MinimlxError, PromptTooLongError, QueueFullError
 from ..text.replies import Delta, ReplyParser, tool_format
 from . import chat, messages, responses
-from .fields import APIError, bad, sampling_settings
+from .fields import APIError, Body, bad, sampling_settings
 from .openapi import OPENAPI
 from .turns import Piece, TokenLogprob, Turn, Usage, check_tools
 
@@ -300,6 +300,7 @@ class Server:
             raise APIError(400, "the body's JSON is nested too deeply to read", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
+        body = Body(body)
         model = body.get("model")
         if self.served_model_name is not None and model is not None and model != self.served_model_name:
             message = f"the model '{model}' is not served here; this server answers to '{self.served_model_name}'"

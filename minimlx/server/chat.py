@@ -19,6 +19,7 @@ from .fields import (
     integer,
     number,
     optional,
+    refuse_unread,
     stop_strings,
     text_content,
 )
@@ -32,6 +33,7 @@ def routes(server) -> list[Route]:
     async def chat_completions(request: HTTPRequest):
         body = await server.read(request)
         turn, stream = chat_turn(body), streaming(body)
+        refuse_unread(body)
         answer = await server.start(turn)
         reply = Reply(server.model_name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
         return await respond(reply, answer, stream)
@@ -52,6 +54,7 @@ def routes(server) -> list[Route]:
         turn = Turn([], settings=settings(body, chat=False), logprobs=logprobs, n=choices(body))
         turn.constraint = constraint_fields(body)
         stream = streaming(body)
+        refuse_unread(body)
         answer = await server.start_raw(prompt, turn, "prompt")
         reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
         return await respond(reply, answer, stream)
@@ -66,7 +69,9 @@ def routes(server) -> list[Route]:
         content = optional(body, "content", str, "a string")
         if content is None:
             raise bad("content", "'content' must be the text to tokenize")
-        return JSONResponse({"tokens": server.tokenizer.encode(content, add_special_tokens=flag(body, "add_special"))})
+        add_special = flag(body, "add_special")
+        refuse_unread(body)
+        return JSONResponse({"tokens": server.tokenizer.encode(content, add_special_tokens=add_special)})
 
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -145,7 +150,7 @@ def chat_turn(body: dict) -> Turn:
         tools=tools or None,
         tool_choice=tool_choice(body.get("tool_choice")),
         parallel_tool_calls=parallel,
-        constraint=response_format(body) or constraint_fields(body),
+        constraint=one_constraint(response_format(body), constraint_fields(body)),
         settings=settings(body, chat=True),
         logprobs=(top or 0) if logprobs else None,
         template_kwargs=kwargs,
@@ -166,6 +171,13 @@ def tool_choice(choice) -> str:
             '\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
         )
     return name
+
+
+def one_constraint(format_constraint, field_constraint):
+    """The one constraint a chat body asks for: `response_format`'s or an extension field's, not both."""
+    if format_constraint is not None and field_constraint is not None:
+        raise bad("response_format", "give either 'response_format' or a grammar field (regex, grammar, ...), not both")
+    return format_constraint or field_constraint
 
 
 def response_format(body: dict):

@@ -38,6 +38,37 @@ def unsupported_image(param: str) -> APIError:
 # ---- reading a request body ----
 
 
+class Body(dict):
+    """A request's JSON object that remembers which fields were read, so that a field no reader asked for (one
+    this server does not know) is refused by `refuse_unread` instead of silently ignored."""
+
+    def __init__(self, fields: dict):
+        super().__init__(fields)
+        self.read = set()
+
+    def get(self, name, default=None):
+        self.read.add(name)
+        return super().get(name, default)
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def __contains__(self, name):
+        self.read.add(name)
+        return super().__contains__(name)
+
+
+def refuse_unread(body: Body) -> None:
+    """Refuse the fields of `body` that reading its request never looked at, as OpenAI's API does (call it once
+    every field the endpoint knows has been read)."""
+    unread = [name for name in body if name not in body.read]
+    if unread:
+        names = ", ".join(f"'{name}'" for name in unread[:5])
+        message = f"unrecognized request argument{'s' if len(unread) > 1 else ''} {names}; leave it out"
+        raise APIError(400, message, unread[0], "unknown_parameter")
+
+
 def integer(body: dict, name: str, default: int | None) -> int | None:
     value = body.get(name)
     if value is None:
@@ -155,9 +186,11 @@ MAX_SCHEMA_BYTES = 200_000  # a JSON schema (response format, tool parameters) l
 # Fields of the APIs this server does not implement, per API. Ignored ones must still have their documented type
 # (a wrong type is a 400); refused ones are a 400 naming them unless they hold one of the values that change
 # nothing. docs/serve.md lists both ("Fields not implemented").
+LLAMACPP_IGNORED = {"cache_prompt": bool, "id_slot": int, "timings_per_token": bool, "return_progress": bool}
 IGNORED = {
-    "chat": {"user": str, "metadata": dict, "store": bool, "service_tier": str, "safety_identifier": str},
-    "completions": {"user": str},
+    "chat": {"user": str, "metadata": dict, "store": bool, "service_tier": str, "safety_identifier": str}
+    | LLAMACPP_IGNORED,
+    "completions": {"user": str} | LLAMACPP_IGNORED,
     "responses": {
         "user": str,
         "metadata": dict,
@@ -170,7 +203,7 @@ IGNORED = {
     },
     "messages": {"metadata": dict, "service_tier": str},
 }
-KIND_NAMES = {str: "a string", dict: "an object", bool: "true or false", list: "a list"}
+KIND_NAMES = {str: "a string", dict: "an object", bool: "true or false", list: "a list", int: "an integer"}
 HARMLESS = {  # the values of a refused field that ask for nothing this server lacks
     "modalities": (["text"],),
     "frequency_penalty": (0,),
@@ -196,7 +229,8 @@ def check_body(body: dict, api: str) -> None:
         if isinstance(value, list) and len(value) > most:
             raise bad(name, f"'{name}' holds {len(value)} items; this server takes at most {most}")
     for name, kind in IGNORED[api].items():
-        if body.get(name) is not None and not isinstance(body[name], kind):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, kind) or kind is int and isinstance(value, bool)):
             raise bad(name, f"'{name}' must be {KIND_NAMES[kind]}, got {json.dumps(body[name])[:80]}")
     for name in REFUSED[api]:
         if body.get(name) is not None and body[name] not in HARMLESS.get(name, ()):

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, check_body, flag, integer, number, text_content, text_field
+from .fields import APIError, bad, check_body, flag, integer, number, refuse_unread, text_content, text_field
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -41,13 +41,17 @@ def routes(server: "Server") -> list[Route]:
         turn = read_turn(body)
         turn.settings = sampling(body)
         stream = flag(body, "stream")
+        refuse_unread(body)
         reply = Reply(server.model_name, await server.start(turn))
         if stream:
             return StreamingResponse(reply.events(), media_type="text/event-stream")
         return JSONResponse(await reply.whole())
 
     async def count_tokens(request: HTTPRequest):
-        return JSONResponse({"input_tokens": server.count_tokens(read_turn(await server.read(request)))})
+        body = await server.read(request)
+        turn = read_turn(body)
+        refuse_unread(body)
+        return JSONResponse({"input_tokens": server.count_tokens(turn)})
 
     return [
         Route("/v1/messages", create, methods=["POST"]),

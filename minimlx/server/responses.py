@@ -17,7 +17,7 @@ from starlette.routing import Route
 from ..decode.grammar import Constraint
 from ..errors import InvalidSettingError
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, check_body, check_schema_size, flag, integer, number, text_field
+from .fields import APIError, bad, check_body, check_schema_size, flag, integer, number, refuse_unread, text_field
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def routes(server: "Server") -> list[Route]:
         body = await server.read(request)
         turn, echo = read_request(body)
         stream = flag(body, "stream")
+        refuse_unread(body)
         reply = Reply(server.model_name, echo, await server.start(turn))
         if stream:
             return StreamingResponse(reply.events(), media_type="text/event-stream")
