@@ -15,6 +15,7 @@ requests 503 and gives the running ones `--shutdown-timeout` seconds to finish.
 """
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import json
@@ -84,6 +85,9 @@ class Server:
         mx.eval([a for module in engine.model.modules() for a in module.values() if isinstance(a, mx.array)])
         self.listeners: dict[Generation, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.listening = threading.Lock()  # a generation is listened to before the engine thread can deliver to it
+        # generations of answers dropped unread, cancelled by the engine thread: a finalizer runs wherever a garbage
+        # collection happens, maybe inside this lock or the engine's, so it only queues them (deque.append is atomic)
+        self.dropped = collections.deque()
         self.stopping = False
         api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
         # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
@@ -117,7 +121,9 @@ class Server:
             while not self.stopping:
                 self.engine.wake.wait()
                 self.engine.wake.clear()
+                self.cancel_dropped()
                 while self.engine.busy and not self.stopping:
+                    self.cancel_dropped()
                     try:
                         outputs = self.engine.step()
                     except Exception as e:  # a bug: fail the requests in flight, keep serving the next ones
@@ -168,6 +174,10 @@ class Server:
             listeners = list(self.listeners.values())
         for loop, queue in listeners:
             loop.call_soon_threadsafe(queue.put_nowait, DRAINING)
+
+    def cancel_dropped(self) -> None:
+        while self.dropped:
+            self.cancel(self.dropped.popleft())
 
     def cancel(self, generations: list[Generation]) -> None:
         for generation in generations:
@@ -362,7 +372,7 @@ class Answer:
     def __init__(self, server: Server, generations: list[Generation], queue: asyncio.Queue):
         self.server, self.generations, self.queue = server, generations, queue
         # an answer dropped unread (its response never sent: the client left first) stops its generations
-        weakref.finalize(self, server.cancel, generations)
+        weakref.finalize(self, server.dropped.append, generations)
         self.index = {generation: i for i, generation in enumerate(generations)}
         self.parsers: list[ReplyParser] | None = None  # a chat's; a raw prompt's text is content alone
         self.called = [False] * len(generations)
