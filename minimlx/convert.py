@@ -25,6 +25,7 @@ Without `dtype`, a dequantized weight takes the dtype of its scales, and other f
 """
 
 import json
+import math
 import os
 import shutil
 from collections import Counter
@@ -39,7 +40,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .archs import build
 from .archs.config import normalize_config
 from .core import Router
-from .errors import InvalidSettingError, UnsupportedArchitectureError
+from .core.rope import llama3_inv_freq
+from .errors import CheckpointError, InvalidSettingError, UnsupportedArchitectureError
 from .io.checkpoint import DTYPES, check_weights
 from .io.resolve import resolve
 from .loading import Checkpoint, read_checkpoint
@@ -200,14 +202,55 @@ def read_source(path: Path, dtype: str | None) -> tuple[Checkpoint, Callable[[Pa
     if checkpoint.metadata is None:
         return checkpoint, lambda out: copy_tokenizer(path, out)
     config = checkpoint.config
-    if (config.get("rope_scaling") or {}).get("rope_type") == "per_frequency":
-        raise UnsupportedArchitectureError(
-            f"{path.name} scales its RoPE frequencies by a rope_freqs tensor, which an MLX folder's config.json "
-            "cannot express; convert the model's Hugging Face folder instead"
-        )
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "per_frequency":
+        config = {**config, "rope_scaling": llama3_scaling(scaling["factors"], config["rope_theta"], path.name)}
     words = "".join(part.capitalize() for part in config["model_type"].split("_"))
     checkpoint.config = {"architectures": [f"{words}ForCausalLM"], **config}
     return checkpoint, lambda out: write_gguf_tokenizer(checkpoint.metadata, out)
+
+
+def llama3_scaling(factors: list[float], base: float, name: str) -> dict | None:
+    """The llama3 `rope_scaling` that gives the per-frequency factors of a GGUF's `rope_freqs` tensor (all that
+    llama.cpp's converter keeps of it); None when every factor is 1.
+
+    llama3's rule multiplies the wavelengths over original/low_freq_factor by `factor` (the largest factor), keeps
+    those under original/high_freq_factor, and blends the ones between: 1 / ((1 - s) / factor + s), with s linear in
+    1 / wavelength (s = (original / wavelength - low) / (high - low)). The line through the blended factors fixes
+    original, low and high up to a common scale, which low_freq_factor = 1 (Llama 3.1's, 3.2's and 3.3's) removes;
+    with fewer than two blended factors high_freq_factor is taken as 4 (theirs too) and original from the one blended
+    factor or the boundary of the scaled ones. The result is checked against the factors.
+    """
+    given = np.array(factors, dtype=np.float64)
+    factor = float(given.max())
+    if factor == 1:
+        return None
+    dims = 2 * len(given)
+    per_wavelength = base ** (-np.arange(0, dims, 2) / dims) / (2 * math.pi)
+    blend = (1 / given - 1 / factor) / (1 - 1 / factor)
+    blended = (given > 1) & (given < factor)
+    if blended.sum() >= 2:
+        slope, intercept = np.polyfit(per_wavelength[blended], blend[blended], 1)
+        high, original = float(1 - 1 / intercept), float(-slope / intercept)
+    elif blended.any():
+        high, original = 4.0, float((3 * blend[blended][0] + 1) / per_wavelength[blended][0])
+    else:
+        high, original = 4.0, float(1 / per_wavelength[given == factor].max())
+    inv_freq = mx.array(per_wavelength * 2 * math.pi, dtype=mx.float32)
+    for high_freq_factor, context in ((round(high, 3), int(round(original))), (high, original)):
+        scaling = {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": context,
+        }
+        if np.allclose(np.array(inv_freq / llama3_inv_freq(inv_freq, scaling, context)), given, rtol=1e-5):
+            return scaling
+    raise CheckpointError(
+        f"{name}'s rope_freqs tensor is not a llama3 RoPE scaling, which is all an MLX folder's config.json can say; "
+        "convert the model's Hugging Face folder instead"
+    )
 
 
 def float_weights(weights: dict, spec: dict, dtype: str | None) -> dict:

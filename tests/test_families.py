@@ -154,6 +154,42 @@ def test_phi3_slides_its_window_past_the_window(tmp_path):
     assert model.config.max_positions == 128 and {layer.attn.window for layer in model.layers} == {4}
 
 
+WINDOWED = {  # a window of 8 over the layers transformers derives from max_window_layers 1 of 3
+    "qwen2": (dict(CONFIGS["qwen2"][1], num_hidden_layers=3), [None, 8, 8]),
+    "qwen2_moe": (dict(CONFIGS["qwen2_moe"][1], num_hidden_layers=3), [8, None, None]),  # every other, below 1
+}
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_qwen2_slides_its_window_over_the_layers_past_max_window_layers(family, tmp_path):
+    """24 tokens through an 8-token window, token by token through the caches, give transformers' logits at each
+    length; the same layers without the window do not. The context stays the model's (not cut to the window)."""
+    import json
+    import shutil
+
+    config, windows = WINDOWED[family]
+    config = dict(config, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    torch_model = save_reference(tmp_path / "v5", CONFIGS[family][0], **config)
+    ids = random_ids(VOCAB, tokens=24)
+    reference = reference_logits(torch_model, ids)
+    shutil.copytree(tmp_path / "v5", tmp_path / "v4")
+    written = json.loads((tmp_path / "v4" / "config.json").read_text())
+    assert written.pop("layer_types") == ["sliding_attention" if w else "full_attention" for w in windows]
+    (tmp_path / "v4" / "config.json").write_text(json.dumps(written))  # only max_window_layers says which
+    for folder in ("v5", "v4"):
+        model = minimlx.load_model(tmp_path / folder, dtype="float32")
+        assert [layer.attn.window for layer in model.layers] == windows and model.config.max_positions == 128
+        cache = model.make_cache()
+        steps = np.array(mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(24)], axis=1))
+        assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4, folder
+        assert relative_error(steps, reference) <= 1e-4, folder
+    written["use_sliding_window"] = False
+    (tmp_path / "v4" / "config.json").write_text(json.dumps(written))
+    unwindowed = minimlx.load_model(tmp_path / "v4", dtype="float32")
+    assert relative_error(np.array(unwindowed(mx.array(ids)))[:, :8], reference[:, :8]) <= 1e-4
+    assert relative_error(np.array(unwindowed(mx.array(ids)))[:, 8:], reference[:, 8:]) > 1e-2
+
+
 @pytest.mark.parametrize("checkpoint", ["phi3"], indirect=True)
 def test_phi3_rotates_half_of_each_head_and_writes_fused_projections(checkpoint):
     _, folder, *_ = checkpoint

@@ -3,8 +3,10 @@
 Every vocabulary type the built-in families' GGUF files use: SmolLM2's byte-level BPE (a real 49,152-token
 vocabulary), the K-quant fixtures' small GPT-2 one, and SentencePiece ones that llama.cpp's converter wrote from
 tiny models trained at test time: Gemma's (no space prefix, `add_space_prefix` false) and Phi-3's, which is Llama 2's
-and Mistral's kind (a space prefix). Each text is tokenized with and without the BOS the file asks for, special
-tokens embedded in it parsed as llama.cpp parses them.
+and Mistral's kind (a space prefix), and Gemma's again with every score one placeholder (what llama.cpp's converter
+writes for a vocabulary it reads from tokenizer.json; llama.cpp then joins the leftmost of equal-scoring pairs). Each
+text is tokenized with and without the BOS the file asks for, special tokens embedded in it parsed as llama.cpp
+parses them.
 
 llama.cpp's ids come from tests/fixtures/llama_tokenize_ids.json: building `llama-tokenize` takes minutes, too long
 for every CI run. `MINIMLX_LLAMA_TOKENIZE=1 python -m pytest tests/test_gguf_tokenize.py` builds it (once, into the
@@ -44,6 +46,7 @@ VOCABS = {
     "smollm2": None,
     "kquant-gpt2": FIXTURES / "tiny-llama-Q6_K.gguf",
     "gemma": "gemma2-f32.gguf",
+    "gemma-placeholder-scores": "gemma2-f32.gguf",  # rewritten by placeholder_scores
     "phi3": "phi3-f32.gguf",
     "glm4": "glm4-f32.gguf",
 }
@@ -58,10 +61,28 @@ def recorded():
         IDS.write_text(json.dumps(known, separators=(",", ":"), sort_keys=True) + "\n")
 
 
+def placeholder_scores(path: Path, out: Path) -> Path:
+    """The vocabulary of the GGUF `path` (no tensors) with every score -1000, the placeholder llama.cpp's converter
+    writes for a vocabulary it reads from tokenizer.json."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(out), "llama")
+    for name, value in gguf.GGUFReader(str(path)).fields.items():
+        if name.startswith("tokenizer."):
+            contents = [-1000.0] * len(value.contents()) if name == "tokenizer.ggml.scores" else value.contents()
+            writer.add_key_value(name, contents, value.types[0], sub_type=value.types[-1])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return out
+
+
 @pytest.fixture(scope="module", params=VOCABS)
-def vocab(request, converted, recorded):
+def vocab(request, converted, recorded, tmp_path_factory):
     file = VOCABS[request.param]
     path = smollm2_gguf() if file is None else file if isinstance(file, Path) else converted / file
+    if request.param == "gemma-placeholder-scores":
+        path = placeholder_scores(path, tmp_path_factory.mktemp("placeholder") / "vocab.gguf")
     metadata = mx.load(str(path), return_metadata=True)[1]
     tokenizer = Tokenizer.from_gguf(metadata)
     fingerprint = hashlib.sha256("\n".join(metadata["tokenizer.ggml.tokens"]).encode()).hexdigest()[:16]

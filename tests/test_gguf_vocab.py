@@ -159,3 +159,27 @@ def test_whole_tokens_first_where_llama_cpp_looks_them_up(smollm2):
 def test_unknown_name_says_which_are_known():
     with pytest.raises(UnsupportedArchitectureError, match=r"pre-tokenizer 'gpt2' is not supported \(known: .*gpt-2"):
         Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"})
+
+
+def spm_vocab(scores: list[float]) -> dict:
+    """A SentencePiece vocabulary of "a", "b", "ab" and "ba" with these scores, no space prefix."""
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": ["<unk>", "a", "b", "ab", "ba"],
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": [2, 1, 1, 1, 1],
+        "tokenizer.ggml.add_space_prefix": False,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+
+
+def test_equal_scores_join_the_leftmost_pair_as_llama_cpp_does():
+    """llama-vocab.cpp's `llm_bigram_spm` order: the higher score first, the leftmost pair among equal ones. With "ab"
+    and "ba" scored alike no order of BPE merges gives both "aba" = ab|a and "bab" = ba|b; a lower "ab" gives way.
+    (These are llama-tokenize's ids for the two vocabularies.)"""
+    tied = Tokenizer.from_gguf(spm_vocab([0.0, 0.0, 0.0, -1000.0, -1000.0]))
+    assert [tied.encode(text) for text in ("aba", "bab", "abab")] == [[3, 1], [4, 2], [3, 3]]
+    assert [tied.backend.encode(text).ids for text in ("aba", "bab")] != [[3, 1], [4, 2]]  # merges ranked by score
+    ranked = Tokenizer.from_gguf(spm_vocab([0.0, -1.0, -2.0, -4.0, -3.0]))
+    assert ranked.encoder is ranked.backend  # distinct scores: BPE merges give llama.cpp's ids
+    assert [ranked.encode(text) for text in ("aba", "bab", "abab")] == [[1, 4], [4, 2], [1, 4, 2]]

@@ -4,13 +4,14 @@ Qwen2-MoE routes like Qwen3-MoE (softmax router, top `num_experts_per_tok` of `n
 when `norm_topk_prob`) and adds one shared SwiGLU expert whose output each token scales by
 sigmoid(shared_expert_gate(x)).
 
-Qwen2's sliding window covers only some layers; minimlx reads such a model up to the window, where windowed attention
-is ordinary causal attention, and refuses longer texts.
+With `use_sliding_window`, a window of `sliding_window` tokens covers only some layers: those `layer_types` marks
+`sliding_attention` (transformers 5), else as transformers derives them from `max_window_layers` (`windowed`); the
+other layers attend over the whole text.
 """
 
 from dataclasses import dataclass, replace
 
-from .config import number, sliding_window
+from .config import global_layers, number, sliding_window
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config
 from .llama3 import Llama3Config
@@ -19,26 +20,31 @@ from .qwen3 import Qwen3MoeConfig, gguf_experts, qwen_experts
 from .registry import register
 
 
-def context_within_window(config: dict) -> dict:
-    """The config with its context cut to its sliding attention window, when the window is shorter."""
-    window = sliding_window(config)
-    if window and window < number(config, "max_position_embeddings", 2048):
-        return {**config, "max_position_embeddings": window}
-    return config
-
-
 @register("qwen2")
 @dataclass
 class Qwen2Config(DecoderConfig):
     example_config = {**Llama3Config.example_config, "model_type": "qwen2"}
     gguf_architectures = ("qwen2",)
-    defaults = {"rms_norm_eps": 1e-6}
+    defaults = {"rms_norm_eps": 1e-6, "use_sliding_window": False}
 
     @classmethod
     def from_config(cls, config: dict):
         """q, k and v always have biases, the output projection never (there is no `attention_bias`)."""
-        arch = super().from_config(context_within_window(config))
-        return replace(arch, qkv_bias=True, out_bias=False)
+        arch = replace(super().from_config(config), qkv_bias=True, out_bias=False)
+        window = sliding_window({**cls.defaults, **config})
+        if window is None:
+            return arch
+        if config.get("layer_types") is not None:
+            full = global_layers(config, arch.layers, pattern=1)
+        else:
+            first = number(config, "max_window_layers", 28, low=0)
+            full = tuple(i for i in range(arch.layers) if not cls.windowed(i, first))
+        return replace(arch, window=window, global_layers=full)
+
+    @staticmethod
+    def windowed(layer: int, max_window_layers: int) -> bool:
+        """transformers' rule: the layers from `max_window_layers` on slide the window."""
+        return layer >= max_window_layers
 
 
 @register("qwen2_moe")
@@ -62,6 +68,11 @@ class Qwen2MoeConfig(Qwen2Config):
         ]
     )
     defaults = {**Qwen2Config.defaults, "rope_theta": 1000000.0}
+
+    @staticmethod
+    def windowed(layer: int, max_window_layers: int) -> bool:
+        """transformers' Qwen2-MoE rule: every other layer below `max_window_layers`, from the first."""
+        return layer % 2 == 0 and layer < max_window_layers
 
     @classmethod
     def from_config(cls, config: dict):

@@ -21,7 +21,7 @@ import mlx.nn as nn
 from .positions import Positions
 
 
-def _llama3_inv_freq(inv_freq: mx.array, scaling: dict, max_positions: int) -> mx.array:
+def llama3_inv_freq(inv_freq: mx.array, scaling: dict, max_positions: int) -> mx.array:
     factor = scaling["factor"]
     low_freq_factor = scaling.get("low_freq_factor", 1.0)
     high_freq_factor = scaling.get("high_freq_factor", 4.0)
@@ -89,7 +89,7 @@ class RoPE(nn.Module):
         if kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
         elif kind == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, scaling, max_positions)
+            inv_freq = llama3_inv_freq(inv_freq, scaling, max_positions)
         elif kind == "per_frequency":
             inv_freq = inv_freq / mx.array(scaling["factors"], dtype=mx.float32)
         elif kind == "yarn":

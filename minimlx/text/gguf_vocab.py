@@ -6,7 +6,8 @@ ids llama.cpp gives: the pre-tokenizer splits are the regexes `llama-vocab.cpp` 
 those of the model's own tokenizer.json except where llama.cpp's regex engine reads them differently.
 """
 
-from dataclasses import dataclass
+import heapq
+from dataclasses import dataclass, field
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -168,13 +169,17 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
 @dataclass
 class GGUFVocab:
-    backend: Tokenizer
+    backend: Tokenizer  # what a tokenizer.json can hold
     bos_token: str | None
     eos_token: str | None
     end_token_ids: set[int]
     add_bos_token: bool
     add_eos_token: bool
     chat_template: str | None
+    encoder: Tokenizer = field(default=None)  # `backend`, or one that encodes as llama.cpp where `backend` cannot
+
+    def __post_init__(self):
+        self.encoder = self.encoder or self.backend
 
 
 def read_vocab(metadata: dict) -> GGUFVocab:
@@ -217,6 +222,7 @@ def read_vocab(metadata: dict) -> GGUFVocab:
     )
     return GGUFVocab(
         backend=backend,
+        encoder=sentencepiece_encoder(backend, metadata) if model == "llama" else None,
         bos_token=named.get("bos"),
         eos_token=named.get("eos"),
         end_token_ids={
@@ -292,6 +298,69 @@ def sentencepiece_bpe(metadata: dict) -> Tokenizer:
         + [decoders.Strip(content=" ", left=1)] * space_prefix
     )
     return backend
+
+
+def sentencepiece_encoder(backend: Tokenizer, metadata: dict) -> Tokenizer | None:
+    """`backend` with llama.cpp's own merging (`SentencePieceMerging`) when tokens that pairs join share scores
+    (Gemma's and tokenizer.json-converted files are mostly one placeholder): llama.cpp joins the leftmost of
+    equal-scoring pairs, which no order of BPE merges can say (with tokens "ab" and "ba" alike, "aba" is ab|a and
+    "bab" ba|b). None otherwise, where merges ranked by score give llama.cpp's ids."""
+    tokens, scores = metadata["tokenizer.ggml.tokens"], _list(metadata["tokenizer.ggml.scores"])
+    vocab = {token: i for i, token in enumerate(tokens)}
+
+    def part(text: str) -> bool:  # llama.cpp starts from characters, tokens or not
+        return len(text) == 1 or text in vocab
+
+    joined = [
+        score
+        for token, score in zip(tokens, scores)
+        if any(part(token[:cut]) and part(token[cut:]) for cut in range(1, len(token)))
+    ]
+    if len(set(joined)) == len(joined):
+        return None
+    encoder = Tokenizer.from_str(backend.to_str())
+    encoder.model = models.BPE(vocab, [], ignore_merges=True, byte_fallback=True)
+    encoder.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(SentencePieceMerging(dict(zip(tokens, scores))))
+    return encoder
+
+
+class SentencePieceMerging:
+    """llama.cpp's SentencePiece tokenizer (`llm_tokenizer_spm`) as a pre-tokenizer: starting from the characters,
+    join the adjacent pair whose text is the best-scoring token, the leftmost among equal scores, until no pair's text
+    is a token. Each piece is then a token, or a character that byte fallback spells."""
+
+    def __init__(self, scores: dict[str, float]):
+        self.scores = scores
+
+    def pre_tokenize(self, pretok) -> None:
+        pretok.split(lambda _, text: [text[start:end] for start, end in self.spans(str(text))])
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """The (start, end) of each piece of `text`."""
+        ends = list(range(1, len(text) + 1))  # piece i is text[i:ends[i]]; a joined-away piece has ends[i] == i
+        before = list(range(-1, len(text) - 1))
+        queue = []
+
+        def offer(left: int, right: int) -> None:
+            if left >= 0 and right < len(text) and (score := self.scores.get(text[left : ends[right]])) is not None:
+                heapq.heappush(queue, (-score, left, right, ends[right]))
+
+        for i in range(1, len(text)):
+            offer(i - 1, i)
+        while queue:
+            _, left, right, end = heapq.heappop(queue)
+            if ends[left] != right or ends[right] != end:  # either side changed since the pair was offered
+                continue
+            ends[left], ends[right] = end, right
+            if end < len(text):
+                before[end] = left
+            offer(before[left], left)
+            offer(left, end)
+        spans, start = [], 0
+        while start < len(text):
+            spans.append((start, ends[start]))
+            start = ends[start]
+        return spans
 
 
 def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:

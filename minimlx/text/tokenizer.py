@@ -21,8 +21,10 @@ class Tokenizer:
         eos_token: str | None,
         eos_token_ids: set[int],
         chat_template: str | None,
+        encoder: Backend | None = None,
     ):
         self.backend = backend
+        self.encoder = encoder or backend  # a GGUF vocabulary's own encoding, where tokenizer.json cannot say it
         self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
         named_eos = {backend.token_to_id(eos_token)} if eos_token else set()
@@ -71,12 +73,15 @@ class Tokenizer:
     def from_gguf(cls, metadata: dict) -> "Tokenizer":
         """From a GGUF file's metadata, as `mx.load(path, return_metadata=True)[1]` returns it."""
         vocab = read_vocab(metadata)
-        add_special_tokens(
-            vocab.backend,
-            vocab.bos_token if vocab.add_bos_token else None,
-            vocab.eos_token if vocab.add_eos_token else None,
+        for backend in (vocab.backend, vocab.encoder):
+            add_special_tokens(
+                backend,
+                vocab.bos_token if vocab.add_bos_token else None,
+                vocab.eos_token if vocab.add_eos_token else None,
+            )
+        return cls(
+            vocab.backend, vocab.bos_token, vocab.eos_token, vocab.end_token_ids, vocab.chat_template, vocab.encoder
         )
-        return cls(vocab.backend, vocab.bos_token, vocab.eos_token, vocab.end_token_ids, vocab.chat_template)
 
     @property
     def vocab_size(self) -> int:
@@ -84,7 +89,7 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.encoder.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
