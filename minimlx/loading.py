@@ -6,6 +6,7 @@ packed weights run. Neither io nor archs imports the other.
 """
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from .archs import build, gguf_config, plugin_config
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
-from .io.gguf_file import read_gguf
+from .io.gguf_file import GGUFFile, read_gguf
 from .io.resolve import resolve
 from .quantization import dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
@@ -49,11 +50,12 @@ class Checkpoint:
     metadata: dict | None = None  # a GGUF file's metadata, its tokenizer included
 
 
-def read_checkpoint(path: Path, dtype: str | None = None) -> Checkpoint:
+def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None = None) -> Checkpoint:
     """The checkpoint at `path`: a folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not)
     or a GGUF file, whose tensor types MLX cannot run packed are re-packed into MLX affine quantization (see
     io/gguf_file.py), or dequantized into `dtype` when it is a float dtype. Only the returned weights refer to the
-    tensors, so installing them one by one frees each as it goes."""
+    tensors, so installing them one by one frees each as it goes. A folder's tensors are read when evaluated; a GGUF
+    file's as they are converted, here: with `parallel`, only those of this rank's share (`rank_share`)."""
     if path.is_dir():
         config = read_config(path)
         arch = plugin_config(config, str(path / "config.json"))
@@ -62,10 +64,57 @@ def read_checkpoint(path: Path, dtype: str | None = None) -> Checkpoint:
         return Checkpoint(arch, config, arch.convert_weights(raw), {id(w): name for name, w in raw.items()}, entry)
     if path.suffix.lower() != ".gguf":
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
+    if parallel is not None:
+        return rank_share(path, dtype, parallel)
     tensors, metadata = read_gguf(path, DTYPES.get(dtype))
+    return gguf_checkpoint(path, metadata, tensors, tensors)
+
+
+def gguf_checkpoint(path: Path, metadata: dict, tensors, weights: dict[str, mx.array]) -> Checkpoint:
+    """A GGUF file's checkpoint: the config from its metadata and `tensors` (which `gguf_config` looks up: file
+    names), the plugin's weights from `weights` (file names)."""
     config = gguf_config(metadata, tensors, str(path))
     arch = plugin_config(config, str(path))
-    return Checkpoint(arch, config, arch.convert_gguf_weights(tensors, metadata), metadata=metadata)
+    return Checkpoint(arch, config, arch.convert_gguf_weights(weights, metadata), metadata=metadata)
+
+
+class OnLookup(Mapping):
+    """A GGUF file's tensors (file names, as `read_gguf` gives them), each read when it is looked up."""
+
+    def __init__(self, path: Path, file: GGUFFile, dtype: mx.Dtype | None):
+        self.path, self.dtype = path, dtype
+        self.tensor_of = {part: name for name in file.tensors for part in file.layout(name, dtype)}
+
+    def __getitem__(self, part: str) -> mx.array:
+        return read_gguf(self.path, self.dtype, [self.tensor_of[part]])[0][part]
+
+    def __iter__(self):
+        return iter(self.tensor_of)
+
+    def __len__(self) -> int:
+        return len(self.tensor_of)
+
+
+def rank_share(path: Path, dtype: str | None, parallel: str) -> Checkpoint:
+    """A GGUF file's checkpoint with only the tensors of this rank's share of `parallel` read.
+
+    The model is first cut on stand-ins (lazy zeros of each tensor's shape and dtype, never computed): a file
+    tensor is read when its own conversion gives a tensor this rank keeps (or one the cut does not know). The
+    checkpoint holds the stand-ins of the others, which the same cut drops again before anything is computed."""
+    file, dequantized = GGUFFile(path), DTYPES.get(dtype)
+    layouts = {name: file.layout(name, dequantized) for name in file.tensors}
+    standins = {part: mx.zeros(shape, kind) for layout in layouts.values() for part, (shape, kind) in layout.items()}
+    lookup = OnLookup(path, file, dequantized)
+    plan = gguf_checkpoint(path, file.metadata, lookup, dict(standins))
+    planned, split = set(plan.weights), splitter(parallel)
+    prepare(plan, dtype, split)
+    kept, arch = set(split.tensors), plan.arch
+    needed = []
+    for name, layout in layouts.items():
+        gives = set(arch.convert_gguf_weights({part: standins[part] for part in layout}, file.metadata))
+        if not gives or gives & kept or not gives <= planned:
+            needed.append(name)
+    return gguf_checkpoint(path, file.metadata, lookup, {**standins, **read_gguf(path, dequantized, needed)[0]})
 
 
 def check_dtype(dtype: str | None) -> None:
@@ -87,8 +136,9 @@ def assemble(checkpoint: Checkpoint, dtype: str | None, parallel: str | None = N
     """The model of `checkpoint`'s plugin config, holding its weights (model names; packed triples where quantized).
 
     `dtype` None or "quantized" keeps packed weights packed and floats as stored, except on the CPU, where
-    floats (scales included) run in float32: MLX's CPU kernels are far slower in half precision, and its
-    gathered expert matmuls take float32 only; there, the packed modules the native kernel runs (when it is
+    floats run in float32 (MLX's CPU kernels are far slower in half precision, and its gathered expert matmuls
+    take float32 inputs only) but packed modules' float16 scales and biases stay so (`float16_scales`); there, the
+    packed modules the native kernel runs (when it is
     installed) run through it, and with None (the CPU default when the kernel is installed) the other packed
     modules are dequantized to float32 instead of running on MLX's packed CPU kernels. A float dtype
     dequantizes every packed weight into it. The config's quantization entry is checked against the packed shapes.
@@ -98,6 +148,19 @@ def assemble(checkpoint: Checkpoint, dtype: str | None, parallel: str | None = N
     """
     check_dtype(dtype)
     split = splitter(parallel)
+    model, weights, execution = prepare(checkpoint, dtype, split)
+    on_cpu = mx.default_device() == mx.cpu
+    install_weights(model, weights, execution, float16_scales(model, weights) if on_cpu else set())
+    if on_cpu:
+        from .cpu.forms import use_cpu_forms
+
+        use_cpu_forms(model)
+    return model if split is None else split.join(model)
+
+
+def prepare(checkpoint: Checkpoint, dtype: str | None, split) -> tuple[nn.Module, dict[str, mx.array], mx.Dtype | None]:
+    """`assemble` up to installing: the model with its quantized forms in, the checked (unread) weights it takes,
+    cut by `split` when given, and the dtype floats run in."""
     weights = checkpoint.weights
     model = build(checkpoint.arch)
     spec = packed_modules(model, weights, checkpoint.entry)
@@ -121,12 +184,21 @@ def assemble(checkpoint: Checkpoint, dtype: str | None, parallel: str | None = N
     check_weights(model, weights, checkpoint.origin)
     if split is not None:
         model, weights = split.shard(model, weights, execution)
-    install_weights(model, weights, execution)
-    if on_cpu:
-        from .cpu.forms import use_cpu_forms
+    return model, weights, execution
 
-        use_cpu_forms(model)
-    return model if split is None else split.join(model)
+
+def float16_scales(model: nn.Module, weights: dict[str, mx.array]) -> set[str]:
+    """The float16 scales and biases of `weights` that stay float16 on the CPU, where other floats run in float32:
+    every packed module's products widen them as they read them (the native kernel's and MLX's quantized matmuls,
+    float32 in and out), so float32 copies would only cost memory (6 bits a weight instead of 5 for 4-bit groups
+    of 32). Not those of MLX's own quantized embedding, whose rows come out in their scales' dtype."""
+    return {
+        name
+        for path, module in model.named_modules()
+        if "scales" in module and type(module) is not nn.QuantizedEmbedding
+        for name in (f"{path}.scales", f"{path}.biases")
+        if name in weights and weights[name].dtype == mx.float16
+    }
 
 
 def load_model(path: str | Path, dtype: str | None = None, parallel: str | None = None) -> nn.Module:
@@ -146,7 +218,7 @@ def load_gguf(path: str | Path, dtype: str | None = None, parallel: str | None =
     a float dtype reads and dequantizes everything into it.
     """
     check_dtype(dtype)
-    checkpoint = read_checkpoint(Path(path), dtype)
+    checkpoint = read_checkpoint(Path(path), dtype, parallel)
     return assemble(checkpoint, dtype, parallel), checkpoint.metadata
 
 
@@ -165,7 +237,7 @@ def load(
     path = resolve(path_or_name)
     dtype = dtype or default_dtype()
     check_dtype(dtype)
-    checkpoint = read_checkpoint(path, dtype)
+    checkpoint = read_checkpoint(path, dtype, parallel)
     model = assemble(checkpoint, dtype, parallel)
     tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     vocabulary = getattr(model.config, "vocab_size", None)

@@ -25,18 +25,23 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7]
 TOKENS = 16
 
 # Each rank runs the jobs in argv[2] (a JSON list of [path, mode]) and writes one JSON list to argv[1].RANK.json:
-# per job the greedy token ids, the peak memory since the job started, and the checkpoint tensors it installed.
+# per job the greedy token ids, the peak memory since the job started, the checkpoint tensors it installed, and the
+# GGUF file tensors the reader read (`GGUFFile.read`, the one place a GGUF tensor's bytes are read).
 RANK_JOBS = f"""
 import gc, json, sys
 from minimlx.decode import SamplingSettings, generate_tokens
+from minimlx.io.gguf_file import GGUFFile
 from minimlx.loading import load
 import mlx.core as mx  # after minimlx, which puts its BLAS under MLX only if mlx.core is not yet imported
+read, reader = [], GGUFFile.read
+GGUFFile.read = lambda self, name, *rest: read.append(name) or reader(self, name, *rest)
 results = []
 for path, mode in json.loads(sys.argv[2]):
-    gc.collect(); mx.clear_cache(); mx.reset_peak_memory()
+    gc.collect(); mx.clear_cache(); mx.reset_peak_memory(); read.clear()
     model, _ = load(path, None, mode)
     ids = list(generate_tokens(model, {PROMPT}, model.make_cache(), SamplingSettings({TOKENS})))
-    results.append(dict(ids=ids, peak=mx.get_peak_memory(), tensors=sorted(getattr(model, "tensors", []))))
+    installed = sorted(getattr(model, "tensors", []))
+    results.append(dict(ids=ids, peak=mx.get_peak_memory(), tensors=installed, read=sorted(read)))
     del model
 rank = mx.distributed.init().rank() if any(mode for _, mode in json.loads(sys.argv[2])) else 0
 json.dump(results, open(f"{{sys.argv[1]}}.{{rank}}.json", "w"))
@@ -175,6 +180,27 @@ def test_pipeline_ranks_read_only_their_blocks_and_hold_their_share(ranks_ran):
     assert {t for t in last if not t.startswith("layers.")} == {"norm.weight", "head.weight"}
     for rank in pipeline:
         assert rank["peak"] <= 0.65 * alone["peak"], (rank["peak"], alone["peak"])
+
+
+def test_pipeline_ranks_on_a_gguf_read_only_their_tensors(ranks_ran, models):
+    """Each rank reads the file tensors of its blocks, the first the embedding, the last the final norm and (the
+    head being tied) the embedding too: every block is read by exactly one rank."""
+    from minimlx.io.gguf_file import GGUFFile
+
+    every = set(GGUFFile(models["smollm2"]).tensors)
+
+    def blocks(names, prefix, at):
+        return {int(name.split(".")[at]) for name in names if name.startswith(prefix)}
+
+    first, last = ranks_ran["smollm2", "pipeline"]
+    for rank in (first, last):
+        assert blocks(rank["read"], "blk.", 1) == blocks(rank["tensors"], "layers.", 1)
+        assert len(rank["read"]) == len(set(rank["read"]))  # each read once
+    assert {name for name in first["read"] if not name.startswith("blk.")} == {"token_embd.weight"}
+    assert {name for name in last["read"] if not name.startswith("blk.")} == {"output_norm.weight", "token_embd.weight"}
+    assert set(first["read"]) | set(last["read"]) == every
+    assert not blocks(first["read"], "blk.", 1) & blocks(last["read"], "blk.", 1)
+    assert all(set(rank["read"]) == every for rank in ranks_ran["smollm2", "tensor"])
 
 
 def test_cli_run_under_mlx_launch_prints_once_what_one_process_prints(models):

@@ -38,11 +38,11 @@ def packed(rows: int, cols: int, group_size: int, bits: int, seed: int):
     return mx.quantize(mx.random.normal((rows, cols)), group_size, bits)
 
 
-def assert_float32_close(got, want, x, weight):
-    """Equal up to float32 rounding: within 1e-5 of the sum of |x| |w| each entry adds up."""
+def assert_float32_close(got, want, x, weight, tolerance=1e-5):
+    """Equal up to float32 rounding: within `tolerance` of the sum of |x| |w| each entry adds up."""
     bound = mx.abs(x) @ mx.abs(weight).T
     assert got.shape == want.shape and got.dtype == mx.float32
-    assert mx.all(mx.abs(got - want) <= 1e-5 * bound + 1e-30).item()
+    assert mx.all(mx.abs(got - want) <= tolerance * bound + 1e-30).item()
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -70,6 +70,61 @@ def test_product_with_groups_of_128_equals_mlx(bits, rows):
     x = mx.random.normal((rows, 384))
     weight = mx.dequantize(w, scales, biases, 128, bits)
     assert_float32_close(minimlx_native.quantized_matmul(x, w, scales, biases, 128, bits), x @ weight.T, x, weight)
+
+
+def half_scales(w, scales, biases):
+    """The layout with its scales and biases held in float16, and those upcast to float32."""
+    scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+    return (w, scales, biases), (w, scales.astype(mx.float32), biases.astype(mx.float32))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])
+@pytest.mark.parametrize("shape", [(7, 128), (96, 1536)])
+def test_product_with_float16_scales_equals_them_upcast(bits, group_size, rows, shape):
+    """Float16 scales and biases are widened as they are read: the product is the float32 kernel's on the same
+    values upcast (but for the order of a few float32 additions), and MLX's own product with the float16 scales
+    within float32 rounding."""
+    half, upcast = half_scales(*packed(*shape, group_size, bits, seed=rows))
+    x = mx.random.normal((rows, shape[1]))
+    got = minimlx_native.quantized_matmul(x, *half, group_size, bits)
+    weight = mx.dequantize(*upcast, group_size, bits)
+    assert_float32_close(got, minimlx_native.quantized_matmul(x, *upcast, group_size, bits), x, weight, 1e-6)
+    want = mx.quantized_matmul(x, *half, transpose=True, group_size=group_size, bits=bits)
+    assert_float32_close(got, want, x, weight)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_swiglu_product_and_forms_with_float16_scales(rows):
+    """The gated product, a linear form and the embedding's lookup and tied head read float16 scales as their
+    float32 upcast, and give float32."""
+    gate_half, gate = half_scales(*packed(96, 256, 64, 4, seed=rows))
+    up_half, up = half_scales(*packed(96, 256, 64, 4, seed=rows + 1))
+    x = mx.random.normal((rows, 256))
+    got = minimlx_native.quantized_swiglu(x, *gate_half, *up_half, 64, 4)
+    want = minimlx_native.quantized_swiglu(x, *gate, *up, 64, 4)
+    assert got.dtype == mx.float32 and mx.abs(got - want).max().item() <= 1e-6 * mx.abs(want).max().item()
+    up_weight, want = mx.dequantize(*up, 64, 4), minimlx_native.quantized_matmul(x, *up, 64, 4)
+    linear = NativeQuantizedLinear(256, 96, bias=False, group_size=64, bits=4)
+    linear.weight, linear.scales, linear.biases = up_half
+    assert_float32_close(linear(x), want, x, up_weight, 1e-6)
+    embedding = NativeQuantizedEmbedding(96, 256, group_size=64, bits=4)
+    embedding.weight, embedding.scales, embedding.biases = up_half
+    assert_float32_close(embedding.as_linear(x), want, x, up_weight, 1e-6)
+    ids = mx.array([3, 0, 95])
+    assert embedding(ids).dtype == mx.float32
+    assert mx.array_equal(embedding(ids), up_weight[ids]).item()
+
+
+def test_refuses_scales_and_biases_of_two_types():
+    w, scales, biases = packed(8, 64, 32, 4, seed=0)
+    with pytest.raises(ValueError, match="scales and biases must be both float32 or both float16"):
+        minimlx_native.quantized_matmul(mx.zeros((1, 64)), w, scales.astype(mx.float16), biases, 32, 4)
+    with pytest.raises(ValueError, match="scales and biases must be both float32 or both float16"):
+        minimlx_native.quantized_matmul(
+            mx.zeros((1, 64)), w, scales.astype(mx.bfloat16), biases.astype(mx.bfloat16), 32, 4
+        )
 
 
 def test_batched_and_strided_inputs():

@@ -5,9 +5,10 @@ sequences) go to the kernel's register-tiled GEMM (native/src/gemm.h), which nee
 wake inside MLX; a single row (a decode step) stays on BLAS's matrix-vector product, which streams the
 weights once while the GEMM would pad the row to a whole panel.
 
-Packed weights in the kernel's layouts (affine 4- and 8-bit, groups of a multiple of 32): the
-`NativeQuantizedLinear` / `NativeQuantizedEmbedding` forms read the packed words directly, in float32.
-Their gate and up projections fuse with the SwiGLU between them (`gated_product`).
+Packed weights in the kernel's layouts (affine 4- and 8-bit, groups of a multiple of 32, scales and biases in
+float32 or float16): the `NativeQuantizedLinear` / `NativeQuantizedEmbedding` forms read the packed words
+directly, in float32 (float16 scales are widened as they are read). Their gate and up projections fuse with the
+SwiGLU between them (`gated_product`).
 """
 
 import mlx.core as mx
@@ -45,6 +46,11 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
     """A quantized embedding whose tied-head product (`as_linear`) runs in the native kernel."""
 
+    def __call__(self, x: mx.array) -> mx.array:
+        """The rows of `x` in float32, as the kernel's products are, whatever the scales' type."""
+        scales, biases = self.scales[x].astype(mx.float32), self.biases[x].astype(mx.float32)
+        return mx.dequantize(self.weight[x], scales, biases, self.group_size, self.bits)
+
     def as_linear(self, x: mx.array) -> mx.array:
         return native.kernel.quantized_matmul(x, self.weight, self.scales, self.biases, self.group_size, self.bits)
 
@@ -58,7 +64,8 @@ QUANTIZED_FORMS = {
 
 def runs_packed(module: nn.Module, group_size: int, bits: int, mode: str) -> bool:
     """Whether the native kernel computes `module`'s products from its packed weight: linear maps and embeddings
-    (whose `as_linear` is a tied head) in affine 4- or 8-bit with groups of a multiple of 32."""
+    (whose `as_linear` is a tied head) in affine 4- or 8-bit with groups of a multiple of 32, whether their scales
+    and biases are held in float32 or float16."""
     return type(module) in QUANTIZED_FORMS and mode == "affine" and bits in (4, 8) and group_size % 32 == 0
 
 

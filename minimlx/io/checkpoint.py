@@ -71,8 +71,11 @@ def check_weights(model: nn.Module, weights: dict[str, mx.array], origin: dict[i
             )
 
 
-def install_weights(model: nn.Module, weights: dict[str, mx.array], dtype: mx.Dtype | None) -> None:
-    """Cast floating tensors to `dtype` (when given) and put them in the model, one tensor at a time.
+def install_weights(
+    model: nn.Module, weights: dict[str, mx.array], dtype: mx.Dtype | None, as_stored: set[str] = frozenset()
+) -> None:
+    """Cast floating tensors to `dtype` (when given; not those `as_stored` names) and put them in the model, one
+    tensor at a time.
 
     Each tensor is computed (read, dequantized, cast) on its own and the dict's reference to its source is
     dropped, so loading holds the finished model plus one tensor's worth of inputs, never two copies.
@@ -80,7 +83,7 @@ def install_weights(model: nn.Module, weights: dict[str, mx.array], dtype: mx.Dt
     done = []
     for name in list(weights):
         w = weights.pop(name)
-        if dtype is not None and mx.issubdtype(w.dtype, mx.floating):
+        if dtype is not None and mx.issubdtype(w.dtype, mx.floating) and name not in as_stored:
             w = w.astype(dtype)
         mx.eval(w)
         done.append((name, w))

@@ -1,21 +1,23 @@
 """Reading GGUF files with llama.cpp's own `gguf` package, because `mx.load` gets K-quants wrong.
 
 `mx.load` decodes Q4_K tensors to wrong numbers and fails on Q5_0, Q5_1, Q2_K, Q3_K, Q5_K and the IQ
-types. Here the file is memory-mapped, its header parsed, and every tensor converted from its raw blocks:
+types (and copies the whole file into memory while its memory map is resident). Here the header is parsed in one
+pass and each tensor is read on its own, straight from the file into the arrays that hold it (rows of blocks a
+chunk at a time), so reading holds the converted tensors plus one chunk, and no page of the file stays mapped:
 
 - F32, F16, BF16 (and the integer types) stay in their dtype.
 - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K are exactly MLX affine quantization with groups of 32
   (`w = scale * q + bias`, q unsigned), so they stay packed as `name` (uint32), `name.scales` and `name.biases`
-  (".weight" dropped). Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 keep float16 scales and biases, bit for bit what `mx.load` gives;
-  Q4_K/Q5_K need float32 ones, since a K-quant group's scale is a float16 super-block scale times a 6-bit integer.
+  (".weight" dropped), with float16 scales and biases. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0's are bit for bit what `mx.load`
+  gives; a K-quant group's scale is a float16 super-block scale times a 6-bit integer, rounded to float16 here
+  (2^-11 relative at most: docs/formats.md gives the measured error).
 - MXFP4 (gpt-oss's experts) is MLX's mxfp4: the same E2M1 values and E8M0 exponents, repacked as `name` (uint32)
   and `name.scales` (uint8), no biases.
-- A file holding only types `mx.load` reads exactly (F32, F16, Q4_0, Q4_1, Q8_0) is read by `mx.load`.
 - Every other type `gguf.quants` can dequantize (Q2_K, Q3_K, Q6_K, IQ*, TQ*, ...) is dequantized in float32 with
-  that reference code, one tensor at a time, and then either re-packed at once into MLX affine groups of 32
-  (`dequantized_dtype` None, the default: 8-bit for Q6_K, whose groups of 16 each have their own scale, 6-bit for
-  the types of fewer bits), so that memory stays near the file's size, or returned as `dequantized_dtype` (float16:
-  within 2^-11 relative of the reference; float32: its exact values). docs/formats.md gives the re-packing's error.
+  that reference code, a chunk of rows at a time, and then either re-packed into MLX affine groups of 32 with
+  float16 scales and biases (`dequantized_dtype` None, the default: 8-bit for Q6_K, whose groups of 16 each have
+  their own scale, 6-bit for the types of fewer bits), so that memory stays near the file's size, or returned as
+  `dequantized_dtype` (float16: within 2^-11 relative of the reference; float32: its exact values).
 """
 
 import math
@@ -31,55 +33,62 @@ from gguf.quants import Q4_K, dequantize
 from ..errors import CheckpointError
 
 READABLE = "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0"  # suggested in the error for other types
+CHUNK_VALUES = 1 << 20  # values converted at a time: a few MB of temporaries, however large the tensor
 
 
 # GGUF's metadata value types -> struct formats (8: string, 9: array are read by hand)
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 FLOAT_TYPES = {
-    T.F32: np.float32,
-    T.F16: np.float16,
-    T.BF16: np.uint16,
-    T.F64: np.float64,
-    T.I8: np.int8,
-    T.I16: np.int16,
-    T.I32: np.int32,
-    T.I64: np.int64,
+    T.F32: mx.float32,
+    T.F16: mx.float16,
+    T.BF16: mx.bfloat16,
+    T.F64: mx.float64,
+    T.I8: mx.int8,
+    T.I16: mx.int16,
+    T.I32: mx.int32,
+    T.I64: mx.int64,
 }
-MX_LOAD_EXACT = {T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q8_0}  # what mx.load reads bit for bit (BF16 it rounds to float16)
 
 
-class Header:
-    """GGUF's header, metadata and tensor directory, parsed from a memory map in one pass.
+class GGUFFile:
+    """GGUF's header, metadata and tensor directory, parsed in one pass; `read` reads one tensor.
 
-    (`gguf.GGUFReader` reads the same, but builds a numpy view per token and merge of the vocabulary:
+    (`gguf.GGUFReader` parses the same, but builds a numpy view per token and merge of the vocabulary:
     seconds for a 49k-token vocabulary, against milliseconds here.)
     """
 
     def __init__(self, path: str | Path):
-        self.data = np.memmap(path, mode="r")
-        self.buffer, self.at = memoryview(self.data), 0
-        magic, version = self.read("4s"), self.read("I")
-        if magic != b"GGUF" or version < 2:
-            raise ValueError(
-                f"GGUF magic invalid or version {version} unsupported" if magic == b"GGUF" else "GGUF magic invalid"
-            )
-        tensor_count, field_count = self.read("Q"), self.read("Q")
-        self.metadata = {self.string(): self.value(self.read("I")) for _ in range(field_count)}
-        self.tensors = []  # (name, type, row-major shape, offset from the data section)
-        for _ in range(tensor_count):
-            name, dims = self.string(), self.read("I")
-            shape = tuple(reversed([self.read("Q") for _ in range(dims)]))
-            self.tensors.append((name, T(self.read("I")), shape, self.read("Q")))
+        self.path = Path(path)
+        data = np.memmap(path, mode="r")
+        self.buffer, self.at = memoryview(data), 0
+        try:
+            magic, version = self.read_value("4s"), self.read_value("I")
+            if magic != b"GGUF" or version < 2:
+                raise ValueError(
+                    f"GGUF magic invalid or version {version} unsupported" if magic == b"GGUF" else "GGUF magic invalid"
+                )
+            tensor_count, field_count = self.read_value("Q"), self.read_value("Q")
+            self.metadata = {self.string(): self.value(self.read_value("I")) for _ in range(field_count)}
+            self.tensors = {}  # name -> (type, row-major shape, offset from the data section)
+            for _ in range(tensor_count):
+                name, dims = self.string(), self.read_value("I")
+                shape = tuple(reversed([self.read_value("Q") for _ in range(dims)]))
+                self.tensors[name] = (T(self.read_value("I")), shape, self.read_value("Q"))
+        finally:
+            self.buffer.release()  # the metadata is copied out: no page of the file stays mapped
         alignment = self.metadata.get("general.alignment", 32)
         self.start = (self.at + alignment - 1) // alignment * alignment
+        for name, (kind, shape, offset) in self.tensors.items():
+            if self.start + offset + nbytes(kind, shape) > len(data):
+                raise ValueError(f"tensor {name} runs past the end of the file")
 
-    def read(self, fmt: str):
+    def read_value(self, fmt: str):
         value = struct.unpack_from("<" + fmt, self.buffer, self.at)
         self.at += struct.calcsize("<" + fmt)
         return value[0]
 
     def string(self) -> str:
-        size = self.read("Q")
+        size = self.read_value("Q")
         self.at += size
         return bytes(self.buffer[self.at - size : self.at]).decode("utf-8", errors="replace")
 
@@ -87,66 +96,133 @@ class Header:
         if kind == 8:
             return self.string()
         if kind != 9:
-            return self.read(SCALARS[kind])
-        item, count = self.read("I"), self.read("Q")
+            return self.read_value(SCALARS[kind])
+        item, count = self.read_value("I"), self.read_value("Q")
         if item in SCALARS and item != 7:  # numbers: one numpy view
             numbers = np.frombuffer(self.buffer, "<" + SCALARS[item], count, self.at)
             self.at += numbers.nbytes
             return numbers.tolist()
         return [self.value(item) for _ in range(count)]
 
-    def raw(self, kind: T, shape: tuple, offset: int) -> np.ndarray:
-        """A tensor's bytes: typed for float and integer types, (rows, bytes per row) blocks otherwise."""
-        block, size = GGML_QUANT_SIZES[kind]
-        begin = self.start + offset
+    def layout(self, name: str, dequantized_dtype: mx.Dtype | None = None) -> dict[str, tuple[tuple, mx.Dtype]]:
+        """The arrays `read` gives for tensor `name`: names -> (shape, dtype)."""
+        kind, shape, _ = self.tensors[name]
         if kind in FLOAT_TYPES:
-            return np.frombuffer(self.data, FLOAT_TYPES[kind], math.prod(shape), begin).reshape(shape)
-        row_bytes = shape[-1] // block * size
-        return np.frombuffer(self.data, np.uint8, math.prod(shape[:-1]) * row_bytes, begin).reshape(
-            *shape[:-1], row_bytes
-        )
+            return {name: (shape, FLOAT_TYPES[kind])}
+        stem, rows, columns = name.removesuffix(".weight"), shape[:-1], shape[-1]
+        if kind == T.MXFP4:
+            return {name: ((*rows, columns // 8), mx.uint32), f"{stem}.scales": ((*rows, columns // 32), mx.uint8)}
+        if kind in AFFINE:
+            bits = AFFINE[kind][0]
+        elif not dequantizable(kind):
+            raise CheckpointError(
+                f"cannot read tensor {name} of GGUF file {self.path}: type {kind.name} is not supported; "
+                f"re-quantize the model to one of {READABLE} (llama-quantize)"
+            )
+        elif dequantized_dtype is not None or not rows or columns % 32:
+            return {name: (shape, dequantized_dtype or mx.float16)}
+        else:
+            bits = REPACKED_BITS.get(kind, 6)
+        groups = ((*rows, columns // 32), mx.float16)
+        return {name: ((*rows, columns * bits // 32), mx.uint32), f"{stem}.scales": groups, f"{stem}.biases": groups}
+
+    def read(self, name: str, dequantized_dtype: mx.Dtype | None = None) -> dict[str, mx.array]:
+        """Tensor `name` as the arrays `layout` names, read from the file a chunk of rows at a time into them."""
+        kind, shape, offset = self.tensors[name]
+        layout = self.layout(name, dequantized_dtype)
+        held = {
+            part: mx.zeros(size, mx.uint16 if dtype == mx.bfloat16 else dtype) for part, (size, dtype) in layout.items()
+        }
+        mx.eval(held)
+        views = [np.array(a, copy=False) for a in held.values()]  # writing into these fills the arrays
+        with open(self.path, "rb", buffering=0) as file:
+            if kind in FLOAT_TYPES:
+                read_at(file, self.start + offset, views[0])
+            else:
+                block, size = GGML_QUANT_SIZES[kind]
+                row_bytes, rows = shape[-1] // block * size, math.prod(shape[:-1])
+                views = [view.reshape(rows, -1) for view in views]
+                step = max(1, CHUNK_VALUES // shape[-1])
+                for first in range(0, rows, step):
+                    blocks = np.empty((min(step, rows - first), row_bytes), np.uint8)
+                    read_at(file, self.start + offset + first * row_bytes, blocks)
+                    for view, part in zip(views, convert(blocks, kind, layout[name][1], repack=len(views) > 1)):
+                        view[first : first + len(blocks)] = part
+        return {part: a.view(mx.bfloat16) if layout[part][1] == mx.bfloat16 else a for part, a in held.items()}
 
 
-def read_gguf(path: str | Path, dequantized_dtype: mx.Dtype | None = None) -> tuple[dict[str, mx.array], dict]:
-    """Tensors (named as in the file, shapes row-major) and metadata (Python values; arrays as lists)."""
+def dtype_np(dtype: mx.Dtype):
+    return {mx.float16: np.float16, mx.float32: np.float32}[dtype]
+
+
+def nbytes(kind: T, shape: tuple) -> int:
+    block, size = GGML_QUANT_SIZES[kind]
+    return math.prod(shape) // block * size
+
+
+def read_at(file, offset: int, out: np.ndarray) -> None:
+    """Fill `out` with the file's bytes from `offset` on."""
+    file.seek(offset)
+    view, done = memoryview(out).cast("B"), 0
+    while done < len(view):
+        count = file.readinto(view[done:])
+        if not count:
+            raise CheckpointError(f"{file.name} ends inside a tensor; re-download or re-convert it")
+        done += count
+
+
+def dequantizable(kind: T) -> bool:
+    """Whether `gguf.quants` has a reference dequantizer for `kind`."""
     try:
-        header = Header(path)
-        raw = {name: (kind, header.raw(kind, shape, offset)) for name, kind, shape, offset in header.tensors}
-        if all(kind in MX_LOAD_EXACT for kind, _ in raw.values()):
-            return mx.load(str(path)), header.metadata  # MLX's own reader: same values, several times faster
-    except Exception as e:  # not a GGUF, truncated, corrupt: many kinds of errors, from either reader
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def convert(blocks: np.ndarray, kind: T, dtype: mx.Dtype, repack: bool) -> list[np.ndarray]:
+    """Rows of raw blocks as the parts of their layout: packed words, scales (and biases), or one array of floats in
+    `dtype` (bfloat16 as its bits)."""
+    if kind in PACKED:
+        bits, unpack = PACKED[kind]
+        q, *groups = unpack(blocks.reshape(-1, GGML_QUANT_SIZES[kind][1]))
+        return [pack(q.reshape(len(blocks), -1), bits), *(g.reshape(len(blocks), -1) for g in groups if g is not None)]
+    w = dequantize(blocks, kind)
+    if not repack:
+        return [
+            np.array(mx.array(w).astype(dtype).view(mx.uint16)) if dtype == mx.bfloat16 else w.astype(dtype_np(dtype))
+        ]
+    q, scales, biases = affine(w, REPACKED_BITS.get(kind, 6))
+    return [pack(q, REPACKED_BITS.get(kind, 6)), scales, biases]
+
+
+def read_gguf(
+    path: str | Path, dequantized_dtype: mx.Dtype | None = None, names=None
+) -> tuple[dict[str, mx.array], dict]:
+    """Tensors (named as in the file, shapes row-major) and metadata (Python values; arrays as lists); only the
+    tensors `names` lists when given (the file's names)."""
+    try:
+        file = GGUFFile(path)
+    except CheckpointError:
+        raise
+    except Exception as e:  # not a GGUF, truncated, corrupt: many kinds of errors
         reason = " ".join(str(e).split()).rstrip(".") or type(e).__name__
         raise CheckpointError(f"cannot read GGUF file {path}: {reason}; re-download or re-convert it") from None
     tensors = {}
-    for name, (kind, data) in raw.items():
-        if kind == T.BF16:
-            tensors[name] = mx.array(data).view(mx.bfloat16)
-        elif data.dtype != np.uint8:  # F32, F16 and the integer types
-            tensors[name] = mx.array(data)
-        elif kind in PACKED:
-            bits, unpack = PACKED[kind]
-            q, scales, biases = unpack(data.reshape(-1, GGML_QUANT_SIZES[kind][1]))
-            rows, stem = data.shape[:-1], name.removesuffix(".weight")
-            tensors[name] = mx.array(pack(q.reshape(*rows, -1), bits))
-            tensors[f"{stem}.scales"] = mx.array(scales.reshape(*rows, -1))
-            if biases is not None:
-                tensors[f"{stem}.biases"] = mx.array(biases.reshape(*rows, -1))
-        else:
-            try:
-                w = mx.array(dequantize(data, kind))
-            except NotImplementedError:
-                raise CheckpointError(
-                    f"cannot read tensor {name} of GGUF file {path}: type {kind.name} is not supported; "
-                    f"re-quantize the model to one of {READABLE} (llama-quantize)"
-                ) from None
-            if dequantized_dtype is not None or w.ndim < 2 or w.shape[-1] % 32:
-                tensors[name] = w.astype(dequantized_dtype or mx.float16)
-                continue
-            packed = mx.quantize(w, group_size=32, bits=REPACKED_BITS.get(kind, 6))
-            mx.eval(packed)  # now, so that this tensor's float32 copy is freed before the next one is made
-            stem = name.removesuffix(".weight")
-            tensors[name], tensors[f"{stem}.scales"], tensors[f"{stem}.biases"] = packed
-    return tensors, header.metadata
+    for name in file.tensors if names is None else names:
+        tensors.update(file.read(name, dequantized_dtype))
+    return tensors, file.metadata
+
+
+def affine(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of floats as MLX affine groups of 32: unsigned `bits`-bit values q, float16 scales and biases (the
+    group's range over the levels, and its minimum), q rounded against the float16 ones."""
+    groups = w.reshape(len(w), -1, 32)
+    low, high = groups.min(-1), groups.max(-1)
+    scales, biases = ((high - low) / (2**bits - 1)).astype(np.float16), low.astype(np.float16)
+    step = scales.astype(np.float32)[..., None]
+    q = np.rint((groups - biases.astype(np.float32)[..., None]) / np.where(step > 0, step, 1))
+    return np.clip(q, 0, 2**bits - 1).astype(np.uint8).reshape(w.shape), scales, biases
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -196,10 +272,11 @@ def q5_1(blocks):  # w = d * q + m, q 5-bit
     return nibbles(blocks[:, 8:]) | fifth_bits(blocks[:, 4:8]) << 4, f16(blocks, 0), f16(blocks, 2)
 
 
-def q4_k(blocks):  # 8 groups of 32 per block: w = d * sc * q - dmin * m (sc, m 6-bit); products exact in float32
+def q4_k(blocks):  # 8 groups of 32 per block: w = d * sc * q - dmin * m (sc, m 6-bit)
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
     d, dmin = f16(blocks, 0).astype(np.float32), f16(blocks, 2).astype(np.float32)
-    return nibbles(blocks[:, 16:].reshape(-1, 32)).reshape(len(blocks), -1), d * sc, -(dmin * m)
+    scales, biases = (d * sc).astype(np.float16), (-(dmin * m)).astype(np.float16)  # rounded: 2^-11 relative
+    return nibbles(blocks[:, 16:].reshape(-1, 32)).reshape(len(blocks), -1), scales, biases
 
 
 def q5_k(blocks):  # Q4_K plus a fifth bit per value: bit g of byte i of qh belongs to value i of group g

@@ -1,7 +1,8 @@
 // Matrix-vector products with MLX affine-quantized weights, read packed.
 //
 // The weight is N rows of K values, each row packed into uint32 words (bits 4 or 8, first value in
-// the lowest bits), with one float32 scale and bias per group of `group_size` consecutive values:
+// the lowest bits), with one scale and bias (float32, or float16 read as float32) per group of `group_size`
+// consecutive values:
 // w[n, k] = scales[n, g] * q[n, k] + biases[n, g], g = k / group_size. For M input rows x,
 //
 //   out[m, n] = sum_g scales[n, g] * sum_{k in g} q[n, k] x[m, k] + sum_g biases[n, g] * xsum[m, g]
@@ -14,14 +15,17 @@
 
 namespace minimlx_native {
 
+using Half = _Float16;  // IEEE float16, as MLX's float16 arrays hold it
+
 struct Problem {
   const float* x;        // M x K, laid out as `prepare_inputs` writes it
   const float* xsum;     // M x (K / group_size), rows integer_rows_from(M) on
   const uint8_t* w;      // N rows of K * bits / 8 bytes
-  const float* scales;   // N x (K / group_size)
-  const float* biases;   // N x (K / group_size)
+  const void* scales;    // N x (K / group_size), float32, or Half where `half_scales`
+  const void* biases;    // N x (K / group_size), of the scales' type
   float* out;            // M x N
   int M, N, K, group_size, bits;
+  bool half_scales;
 };
 
 // softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and k, v

@@ -1,4 +1,4 @@
-// AVX2 + FMA: 8 floats per vector. Compiled with -mavx2 -mfma; called only when the CPU has both.
+// AVX2 + FMA + F16C: 8 floats per vector. Compiled with -mavx2 -mfma -mf16c; called only when the CPU has them.
 #include <immintrin.h>
 
 #include "attention.h"
@@ -14,6 +14,7 @@ struct Avx2 {
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }

@@ -15,6 +15,7 @@ struct Neon {
   static V zero() { return vdupq_n_f32(0.0f); }
   static V set1(float v) { return vdupq_n_f32(v); }
   static V load(const float* p) { return vld1q_f32(p); }
+  static V load(const Half* p) { return vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(p))); }
   static void store(float* p, V v) { vst1q_f32(p, v); }
   static V mul(V a, V b) { return vmulq_f32(a, b); }
   static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }

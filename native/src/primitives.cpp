@@ -53,7 +53,7 @@ Isa best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
     return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512, gemm_avx512, 32, "avx512"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, dequantize_avx2, pack_avx2, gemm_avx2, 16, "avx2"};
 #elif defined(__aarch64__)
   return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8, "neon"};
@@ -348,8 +348,9 @@ Work product_work(int group_size, int bits) {
     auto problem = [&](int first, int first_row, int count, float* dst) {
       return Problem{prepared.data() + static_cast<int64_t>(first_row) * K,
                      sums.data() + static_cast<int64_t>(first_row) * groups,
-                     reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()), in[first + 1].data<float>(),
-                     in[first + 2].data<float>(), dst, count, N, K, group_size, bits};
+                     reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()), in[first + 1].data<uint8_t>(),
+                     in[first + 2].data<uint8_t>(), dst, count, N, K, group_size, bits,
+                     in[first + 1].dtype() == mx::float16};
     };
     if (gemm_rows > 0) {
       auto dequantized = [](const Problem& p) {
@@ -665,8 +666,9 @@ void check_weights(const std::string& name, const mx::array& x, const mx::array&
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8, not " + std::to_string(bits));
   if (group_size <= 0 || group_size % 32) fail("group_size must be a multiple of 32, not " + std::to_string(group_size));
-  if (x.dtype() != mx::float32 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
-    fail("x, scales and biases must be float32");
+  if (x.dtype() != mx::float32) fail("x must be float32");
+  if ((scales.dtype() != mx::float32 && scales.dtype() != mx::float16) || biases.dtype() != scales.dtype())
+    fail("scales and biases must be both float32 or both float16");
   if (w.dtype() != mx::uint32 || w.ndim() != 2 || x.ndim() < 1) fail("w must be a 2-D uint32 array and x at least 1-D");
   const int K = x.shape(-1), N = w.shape(0);
   if (K % group_size || static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(K) * bits)
@@ -705,7 +707,8 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &minimlx_native::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a,
         "x @ dequantize(w, scales, biases, group_size, bits).T for float32 x (..., K), w (N, K * bits / 32) "
-        "uint32, float32 scales and biases (N, K / group_size); bits 4 or 8, group_size a multiple of 32.");
+        "uint32, scales and biases (N, K / group_size) both float32 or both float16 (read as float32); bits 4 or 8, "
+        "group_size a multiple of 32.");
   m.def("quantized_swiglu", &minimlx_native::quantized_swiglu, "x"_a, "gate_w"_a, "gate_scales"_a, "gate_biases"_a,
         "up_w"_a, "up_scales"_a, "up_biases"_a, "group_size"_a, "bits"_a,
         "silu(x @ dequantize(gate).T) * (x @ dequantize(up).T): the gated product of a SwiGLU feed-forward in one "

@@ -1,5 +1,6 @@
 // The row loop shared by every instruction set; `Simd` supplies vectors of `Simd::W` floats and
-// the unpacking of one chunk of 32 packed values into 32 / W float vectors.
+// the unpacking of one chunk of 32 packed values into 32 / W float vectors. Each loop is written once for
+// scales and biases of type `S` (float, or Half converted as it is read: `Simd::load` of Half widens W of them).
 #pragma once
 
 #include "kernel.h"
@@ -7,13 +8,13 @@
 namespace minimlx_native {
 
 // sum_g biases[g] * xsum[g], vectorized over groups.
-template <class Simd>
-inline float bias_term(const float* biases, const float* xsum, int groups) {
+template <class Simd, class S>
+inline float bias_term(const S* biases, const float* xsum, int groups) {
   typename Simd::V total = Simd::zero();
   int g = 0;
   for (; g + Simd::W <= groups; g += Simd::W) total = Simd::fma(Simd::load(biases + g), Simd::load(xsum + g), total);
   float rest = 0.0f;
-  for (; g < groups; ++g) rest += biases[g] * xsum[g];
+  for (; g < groups; ++g) rest += static_cast<float>(biases[g]) * xsum[g];
   return Simd::sum(total) + rest;
 }
 
@@ -21,14 +22,14 @@ inline float bias_term(const float* biases, const float* xsum, int groups) {
 // biases' share comes from x's group sums). Both forms here take one weight row at a time, so that its values
 // are read as one stream, which the CPU's prefetcher follows; four rows side by side are four streams a row
 // apart, which it follows poorly, and gain nothing in cache.
-template <class Simd, int BITS, int GS, int MB>
+template <class Simd, class S, int BITS, int GS, int MB>
 inline void block(const Problem& p, int n, int m0) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;  // vectors per chunk of 32 values
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size, chunks = group_size / 32;
   const uint8_t* w = p.w + static_cast<int64_t>(n) * p.K * BITS / 8;
-  const float* scales = p.scales + static_cast<int64_t>(n) * groups;
-  const float* biases = p.biases + static_cast<int64_t>(n) * groups;
+  const S* scales = static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups;
+  const S* biases = static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups;
   V acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = Simd::zero();
   for (int g = 0; g < groups; ++g) {
@@ -44,12 +45,12 @@ inline void block(const Problem& p, int n, int m0) {
         for (int v = 0; v < VPC; ++v) part[m] = Simd::fma(q[v], Simd::load(x + v * Simd::W), part[m]);
       }
     }
-    const V scale = Simd::set1(scales[g]);
+    const V scale = Simd::set1(static_cast<float>(scales[g]));
     for (int m = 0; m < MB; ++m) acc[m] = Simd::fma(part[m], scale, acc[m]);
   }
   for (int m = 0; m < MB; ++m) {
     const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
-    p.out[static_cast<int64_t>(m0 + m) * p.N + n] = Simd::sum(acc[m]) + bias_term<Simd>(biases, xsum, groups);
+    p.out[static_cast<int64_t>(m0 + m) * p.N + n] = Simd::sum(acc[m]) + bias_term<Simd, S>(biases, xsum, groups);
   }
 }
 
@@ -58,7 +59,7 @@ inline void block(const Problem& p, int n, int m0) {
 // Past a few input rows the products bound the time: MB independent sums keep both FMA pipes busy where the
 // integer sums of `block` (each waiting on its last FMA) fill half of them. One weight row at a time, as in
 // `block`: two at a time (each input load feeding two FMAs) measured slower, in cache as well as from memory.
-template <class Simd, int BITS, int GS, int MB>
+template <class Simd, class S, int BITS, int GS, int MB>
 inline void dequantized_block(const Problem& p, int row_begin, int row_end, int m0, int g_begin, int g_end, bool first) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;
@@ -67,12 +68,12 @@ inline void dequantized_block(const Problem& p, int row_begin, int row_end, int 
   const float* x = p.x + m0 * K;
   for (int n = row_begin; n < row_end; ++n) {
     const uint8_t* w = p.w + n * row_bytes;
-    const float* scales = p.scales + static_cast<int64_t>(n) * groups;
-    const float* biases = p.biases + static_cast<int64_t>(n) * groups;
+    const S* scales = static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups;
+    const S* biases = static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups;
     V acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = Simd::zero();
     for (int g = g_begin; g < g_end; ++g) {
-      const V scale = Simd::set1(scales[g]), bias = Simd::set1(biases[g]);
+      const V scale = Simd::set1(static_cast<float>(scales[g])), bias = Simd::set1(static_cast<float>(biases[g]));
       for (int c = 0; c < chunks; ++c) {
         const int k = g * group_size + c * 32;
         V wv[VPC];
@@ -96,31 +97,31 @@ constexpr int kInputTileBytes = 24 * 1024;
 
 // Input rows [m0, m0 + MB) for output rows [row_begin, row_end), in slices of the groups.
 // Not inlined: inside the caller's one big function, GCC 12 stored the sums to the stack on every group.
-template <class Simd, int BITS, int GS, int MB>
+template <class Simd, class S, int BITS, int GS, int MB>
 __attribute__((noinline)) void dequantized_rows(const Problem& p, int row_begin, int row_end, int m0) {
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size;
   const int64_t input_bytes = static_cast<int64_t>(MB) * p.K * sizeof(float);
   const int slices = static_cast<int>((input_bytes + kInputTileBytes - 1) / kInputTileBytes);
   const int slice = (groups + slices - 1) / slices;
   for (int g = 0; g < groups; g += slice)
-    dequantized_block<Simd, BITS, GS, MB>(p, row_begin, row_end, m0, g, g + slice < groups ? g + slice : groups, g == 0);
+    dequantized_block<Simd, S, BITS, GS, MB>(p, row_begin, row_end, m0, g, g + slice < groups ? g + slice : groups, g == 0);
 }
 
 // Input rows in blocks of 8, then 4, each block swept over the caller's output rows (few enough that their
 // packed weights stay in L1 meanwhile), then the last 1-3 through `block`.
-template <class Simd, int BITS, int GS>
+template <class Simd, class S, int BITS, int GS>
 inline void rows_bits(const Problem& p, int row_begin, int row_end) {
   int m = 0;
-  for (; m + 8 <= p.M; m += 8) dequantized_rows<Simd, BITS, GS, 8>(p, row_begin, row_end, m);
+  for (; m + 8 <= p.M; m += 8) dequantized_rows<Simd, S, BITS, GS, 8>(p, row_begin, row_end, m);
   if (m + 4 <= p.M) {
-    dequantized_rows<Simd, BITS, GS, 4>(p, row_begin, row_end, m);
+    dequantized_rows<Simd, S, BITS, GS, 4>(p, row_begin, row_end, m);
     m += 4;
   }
   for (int n = row_begin; n < row_end; ++n) {
     switch (p.M - m) {
-      case 3: block<Simd, BITS, GS, 3>(p, n, m); break;
-      case 2: block<Simd, BITS, GS, 2>(p, n, m); break;
-      case 1: block<Simd, BITS, GS, 1>(p, n, m); break;
+      case 3: block<Simd, S, BITS, GS, 3>(p, n, m); break;
+      case 2: block<Simd, S, BITS, GS, 2>(p, n, m); break;
+      case 1: block<Simd, S, BITS, GS, 1>(p, n, m); break;
       default: return;
     }
   }
@@ -128,17 +129,18 @@ inline void rows_bits(const Problem& p, int row_begin, int row_end) {
 
 // Weight rows [row_begin, row_end) as float32 (scale * q + bias, the same FMA as the blocks above), row by row
 // into `dst`, each chunk of 32 values in the order the kernel unpacks them (the order `prepare_inputs` gives x).
-template <class Simd>
-void dequantize_rows(const Problem& p, int row_begin, int row_end, float* dst) {
+template <class Simd, class S>
+void dequantize_rows_of(const Problem& p, int row_begin, int row_end, float* dst) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;
   const int groups = p.K / p.group_size, chunks = p.group_size / 32;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * p.bits / 8;
   for (int n = row_begin; n < row_end; ++n, dst += p.K) {
     const uint8_t* w = p.w + n * row_bytes;
+    const S* scales = static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups;
+    const S* biases = static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups;
     for (int g = 0; g < groups; ++g) {
-      const V scale = Simd::set1(p.scales[static_cast<int64_t>(n) * groups + g]);
-      const V bias = Simd::set1(p.biases[static_cast<int64_t>(n) * groups + g]);
+      const V scale = Simd::set1(static_cast<float>(scales[g])), bias = Simd::set1(static_cast<float>(biases[g]));
       for (int c = 0; c < chunks; ++c) {
         const int k = (g * chunks + c) * 32;
         V q[VPC];
@@ -152,19 +154,31 @@ void dequantize_rows(const Problem& p, int row_begin, int row_end, float* dst) {
 
 // The group size as a constant where it is a common one (GS = 0: read from `p`): with the chunks per group
 // known, the compiler unrolls the group loop and keeps the sums in registers.
-template <class Simd, int BITS>
+template <class Simd, class S, int BITS>
 inline void rows_groups(const Problem& p, int row_begin, int row_end) {
   switch (p.group_size) {
-    case 32: return rows_bits<Simd, BITS, 32>(p, row_begin, row_end);
-    case 64: return rows_bits<Simd, BITS, 64>(p, row_begin, row_end);
-    default: return rows_bits<Simd, BITS, 0>(p, row_begin, row_end);
+    case 32: return rows_bits<Simd, S, BITS, 32>(p, row_begin, row_end);
+    case 64: return rows_bits<Simd, S, BITS, 64>(p, row_begin, row_end);
+    default: return rows_bits<Simd, S, BITS, 0>(p, row_begin, row_end);
   }
+}
+
+template <class Simd, class S>
+inline void rows_of(const Problem& p, int row_begin, int row_end) {
+  if (p.bits == 4) rows_groups<Simd, S, 4>(p, row_begin, row_end);
+  else rows_groups<Simd, S, 8>(p, row_begin, row_end);
 }
 
 template <class Simd>
 inline void rows(const Problem& p, int row_begin, int row_end) {
-  if (p.bits == 4) rows_groups<Simd, 4>(p, row_begin, row_end);
-  else rows_groups<Simd, 8>(p, row_begin, row_end);
+  if (p.half_scales) rows_of<Simd, Half>(p, row_begin, row_end);
+  else rows_of<Simd, float>(p, row_begin, row_end);
+}
+
+template <class Simd>
+void dequantize_rows(const Problem& p, int row_begin, int row_end, float* dst) {
+  if (p.half_scales) dequantize_rows_of<Simd, Half>(p, row_begin, row_end, dst);
+  else dequantize_rows_of<Simd, float>(p, row_begin, row_end, dst);
 }
 
 }  // namespace minimlx_native
