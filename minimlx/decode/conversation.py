@@ -8,6 +8,7 @@ import mlx.nn as nn
 
 from .generate import GenerationResponse, make_cache, stream_generate
 from .prefill import shared_start
+from .prompt_cache import SavedPrompt
 from .settings import NAMES, SamplingSettings, sampling_settings
 
 
@@ -17,17 +18,29 @@ class Conversation:
     Every turn renders the whole conversation with the chat template, keeps the cached tokens
     that agree with it, trims the rest and feeds only what follows. A conversation that no longer
     leaves room for an answer in the model's context drops its oldest turns (the system prompt stays),
-    with one warning per conversation. `kv_bits` holds the cache quantized (as `stream_generate` takes it).
+    with one warning per conversation. `kv_bits` holds the cache quantized (as `stream_generate` takes it). With a
+    `prompt_cache` (`load_prompt_cache`) the conversation starts (and restarts) from its saved tokens.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, system: str | None = None, kv_bits: int | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        system: str | None = None,
+        kv_bits: int | None = None,
+        prompt_cache: SavedPrompt | None = None,
+    ):
         self.model, self.tokenizer, self.system, self.kv_bits = model, tokenizer, system, kv_bits
+        self.prompt_cache = prompt_cache
         self.reset()
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
         self.cache = make_cache(self.model, self.kv_bits)
         self.cached_ids: list[int] = []
+        if self.prompt_cache is not None:
+            self.cached_ids = list(self.prompt_cache.ids)
+            self.cache = self.prompt_cache.holding(len(self.cached_ids), self.cache)
         self.prompt = ""
         self.warned = False
 
