@@ -34,7 +34,7 @@ def chat(hide_thinking, **options):
     model, tokenizer = open_model(options)
     drafting = speculation(options)
     saved = saved_prompt(options, model, tokenizer)
-    conversation = Conversation(model, tokenizer, options["system"], options["kv_bits"], saved)
+    conversation = Conversation(model, tokenizer, options["system"], options["kv_bits"], saved, options["max_kv_size"])
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a line of invalid UTF-8 is cleaned, not fatal
     if interactive:

@@ -14,7 +14,16 @@ from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import TEXT, chat_template_option, dtype_option, kv_bits_option, main, parallel_options, read_stdin
+from . import (
+    TEXT,
+    chat_template_option,
+    dtype_option,
+    kv_bits_option,
+    main,
+    max_kv_size_option,
+    parallel_options,
+    read_stdin,
+)
 
 
 def whole_option(name: str, default: int, help: str, low: int = 1):
@@ -79,6 +88,7 @@ def generation_options(command):
             click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
             dtype_option,
             kv_bits_option,
+            max_kv_size_option,
             click.option(
                 "--prompt-cache-file",
                 metavar="FILE",
@@ -218,6 +228,7 @@ def run(prompt, no_chat_template, json_schema, regex, grammar, **options):
         chat_template=not no_chat_template,
         system=options["system"],
         kv_bits=options["kv_bits"],
+        max_kv_size=options["max_kv_size"],
         prompt_cache=saved_prompt(options, model, tokenizer),
         **speculation(options),
     ):

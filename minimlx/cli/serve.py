@@ -8,7 +8,7 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import chat_template_option, dtype_option, kv_bits_option, main, parallel_options
+from . import chat_template_option, dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import open_model, whole_option
 
 
@@ -97,6 +97,7 @@ def loopback(host: str) -> bool:
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
 @kv_bits_option
+@max_kv_size_option
 @parallel_options
 def serve(
     host,
@@ -139,6 +140,7 @@ def serve(
         kv_bits=options["kv_bits"],
         prompt_cache_bytes=prompt_cache_bytes,
         prompt_cache_dir=prompt_cache_dir,
+        max_kv_size=options["max_kv_size"],
     )
     if options["parallel"] and engine.rank != 0:
         return engine.follow()

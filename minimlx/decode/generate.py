@@ -67,6 +67,7 @@ def stream_generate(
     prompt_lookup: int = 0,
     kv_bits: int | None = None,
     prompt_cache: SavedPrompt | None = None,
+    max_kv_size: int | None = None,
     **sampling,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
@@ -91,6 +92,9 @@ def stream_generate(
     `prompt_cache=load_prompt_cache(path, model, tokenizer)` starts from a saved prompt's cache: the prompt is
     given whole, and only the tokens after the saved ones are prefilled (after the start they share, where it
     does not continue them); `cached_tokens` on the responses says how many were reused.
+
+    `max_kv_size=N` keeps N tokens in the cache at most: the first 4 (attention sinks) and the latest others, so
+    that a long text stays in bounded memory; within N tokens, the answer is the plain cache's.
     """
     settings = sampling_settings(settings, sampling)
     ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
@@ -103,11 +107,14 @@ def stream_generate(
         draft_tokens=draft_tokens,
         prompt_lookup=prompt_lookup,
         kv_bits=kv_bits,
+        max_kv_size=max_kv_size,
     )
     cached = 0
     if prompt_cache is not None:
         if cache is not None:
             raise InvalidSettingError("give a cache to continue or a prompt_cache to start from, not both")
+        if max_kv_size is not None:
+            raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
         cached, cache = prompt_cache.start(ids, engine.make_cache())
     generation = engine.submit(Request(ids[cached:], settings, cache=cache))
     start = time.perf_counter()
@@ -140,10 +147,10 @@ def stream_generate(
         engine.step()  # the generation leaves the batch: a `cache` passed in now holds prompt and answer
 
 
-def make_cache(model: nn.Module, kv_bits: int | None = None) -> list:
+def make_cache(model: nn.Module, kv_bits: int | None = None, max_kv_size: int | None = None) -> list:
     """A cache for one sequence of `model`, of the kind its one-sequence engine decodes over (fixed-capacity where
-    the compiled step can use it, quantized with `kv_bits`)."""
-    return Engine(model, max_batch=1, kv_bits=kv_bits).make_cache()
+    the compiled step can use it, quantized with `kv_bits`, bounded to `max_kv_size` tokens)."""
+    return Engine(model, max_batch=1, kv_bits=kv_bits, max_kv_size=max_kv_size).make_cache()
 
 
 def generate(model: nn.Module, tokenizer, prompt: str | Sequence[int], **options) -> str:

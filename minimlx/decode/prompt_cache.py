@@ -28,7 +28,15 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..core.cache import KVCache, LatentCache, QuantizedKVCache, RotatingKVCache, quantized_cache
+from ..core.cache import (
+    KVCache,
+    LatentCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    SinkKVCache,
+    quantized_cache,
+    sink_cache,
+)
 from ..errors import InvalidSettingError, PromptCacheError
 from .compiled import FixedKVCache
 from .prefill import prefill, shared_start
@@ -36,8 +44,8 @@ from .prompt import check_ids, vocab_size
 from .settings import check_kv_bits
 
 FORMAT = "minimlx-prompt-cache-1"
-KINDS = {kind.__name__: kind for kind in (KVCache, QuantizedKVCache, RotatingKVCache, LatentCache)}
-ARRAYS = {"KVCache": 2, "QuantizedKVCache": 6, "RotatingKVCache": 2, "LatentCache": 1}  # per layer, by kind
+KINDS = {kind.__name__: kind for kind in (KVCache, QuantizedKVCache, RotatingKVCache, SinkKVCache, LatentCache)}
+ARRAYS = {"KVCache": 2, "QuantizedKVCache": 6, "RotatingKVCache": 2, "SinkKVCache": 2, "LatentCache": 1}  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
 log = logging.getLogger("minimlx.prompt_cache")
 
@@ -81,6 +89,8 @@ def columns(cache) -> tuple[dict, list[mx.array]]:
     described = {"kind": type(cache).__name__, "offset": cache.offset}
     if isinstance(cache, RotatingKVCache):
         described["window"] = cache.window
+    if isinstance(cache, SinkKVCache):
+        described["sinks"] = cache.sinks
     if isinstance(cache, QuantizedKVCache):
         described |= {"bits": cache.bits, "group_size": cache.group_size}
     return described, cache.prefix(cache.offset).state
@@ -92,6 +102,8 @@ def kind(cache) -> dict:
     described = {"kind": "KVCache" if isinstance(cache, FixedKVCache) else type(cache).__name__}
     if isinstance(cache, RotatingKVCache):
         described["window"] = cache.window
+    if isinstance(cache, SinkKVCache):
+        described["sinks"] = cache.sinks
     if isinstance(cache, QuantizedKVCache):
         described["bits"] = cache.bits
     return described
@@ -100,7 +112,7 @@ def kind(cache) -> dict:
 def held(described: dict) -> int:
     """The columns a layer's arrays hold: its tokens, or a sliding window's last ones."""
     offset = described["offset"]
-    return min(offset, described["window"] - 1) if described["kind"] == "RotatingKVCache" else offset
+    return min(offset, described["window"] - 1) if "window" in described else offset
 
 
 def restored(described: dict, arrays: list[mx.array]):
@@ -110,6 +122,8 @@ def restored(described: dict, arrays: list[mx.array]):
         cache = QuantizedKVCache(described["bits"], described["group_size"])
     elif name == "RotatingKVCache":
         cache = RotatingKVCache(described["window"])
+    elif name == "SinkKVCache":
+        cache = SinkKVCache(described["window"], described["sinks"])
     else:
         cache = KINDS[name]()
     cache.arrays, cache.offset = arrays, described["offset"]
@@ -214,14 +228,17 @@ def into(fresh, cache):
     return cache
 
 
-def expected_kinds(model: nn.Module, kv_bits: int | None) -> list[dict]:
-    """What a file of `kv_bits` must say of each layer for `model` to read it (`kind`)."""
-    return [kind(quantized_cache(c, kv_bits)) for c in model.make_cache()]
+def expected_kinds(model: nn.Module, kv_bits: int | None, max_kv_size: int | None = None) -> list[dict]:
+    """What a file of `kv_bits` (and `max_kv_size`) must say of each layer for `model` to read it (`kind`)."""
+    return [kind(sink_cache(quantized_cache(c, kv_bits), max_kv_size)) for c in model.make_cache()]
 
 
-def read_file(path: Path, model: nn.Module, identity: dict[str, str], kv_bits: int | None = None) -> SavedPrompt:
-    """The prompt cache file at `path` if the model of `identity` (`model`) made it, and, when `kv_bits` is not
-    None, of keys and values of those bits; else a PromptCacheError of one line."""
+def read_file(
+    path: Path, model: nn.Module, identity: dict[str, str], kv_bits: int | None = None, max_kv_size: int | None = None
+) -> SavedPrompt:
+    """The prompt cache file at `path` if the model of `identity` (`model`) made it (with caches bounded to
+    `max_kv_size`), and, when `kv_bits` is not None, of keys and values of those bits; else a PromptCacheError of
+    one line."""
     try:
         arrays, metadata = mx.load(str(path), return_metadata=True)
     except (OSError, RuntimeError, ValueError) as e:
@@ -238,7 +255,7 @@ def read_file(path: Path, model: nn.Module, identity: dict[str, str], kv_bits: i
                 f"{path} holds {made}, not {kv_bits}-bit ones; pass {f'--kv-bits {bits}' if bits else 'no --kv-bits'}"
                 f" or make it again with --kv-bits {kv_bits}"
             )
-        wanted = expected_kinds(model, bits)
+        wanted = expected_kinds(model, bits, max_kv_size)
         if len(layers) != len(wanted) or [{k: d[k] for k in w} for d, w in zip(layers, wanted)] != wanted:
             raise ValueError("its layers' caches are not of the kinds this model uses")
         cache = []
@@ -344,10 +361,18 @@ class PromptFolder:
 
     A thread of its own writes and removes the files, so the engine's steps never wait on the disk, and a file is
     written whole or not at all. File names start with a digest of the model and its kv bits: servers of other
-    models can share the folder, their files left alone; a damaged file of this model is removed.
+    models (or of other kv bits or max_kv_size) can share the folder, their files left alone; a damaged file of
+    this model is removed.
     """
 
-    def __init__(self, path: str | os.PathLike, model: nn.Module, tokenizer, kv_bits: int | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        model: nn.Module,
+        tokenizer,
+        kv_bits: int | None = None,
+        max_kv_size: int | None = None,
+    ):
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -355,8 +380,8 @@ class PromptFolder:
             raise InvalidSettingError(
                 f"cannot make the prompt cache folder {path} ({e.strerror or e}); pick another --prompt-cache-dir"
             ) from None
-        self.model, self.identity = model, model_identity(model, tokenizer)
-        self.prefix = digest(json.dumps(self.identity, sort_keys=True), json.dumps(kv_bits))[:16]
+        self.model, self.identity, self.max_kv_size = model, model_identity(model, tokenizer), max_kv_size
+        self.prefix = digest(json.dumps(self.identity, sort_keys=True), json.dumps([kv_bits, max_kv_size]))[:16]
         self.tasks: deque = deque()
         self.lock = threading.Lock()
         self.worker: threading.Thread | None = None
@@ -381,7 +406,7 @@ class PromptFolder:
         entries, held = [], 0
         for _, file in sorted(mine, reverse=True):
             try:
-                saved = read_file(file, self.model, self.identity)
+                saved = read_file(file, self.model, self.identity, max_kv_size=self.max_kv_size)
             except PromptCacheError as e:
                 log.warning(f"prompt cache: removed a file it cannot use: {e}")
                 file.unlink(missing_ok=True)
