@@ -79,26 +79,10 @@ def model_identity(model: nn.Module, tokenizer) -> dict[str, str]:
     }
 
 
-def columns(cache) -> tuple[dict, list[mx.array]]:
-    """(what a file says of one layer's cache, the arrays of the tokens it holds). The compiled step's fixed cache
-    is saved as the plain cache it stands for."""
-    if isinstance(cache, FixedKVCache):
-        return {"kind": "KVCache", "offset": cache.offset}, [a[..., : cache.offset, :] for a in cache.state[:2]]
-    if any(cache.padding) or cache.rows() != 1:
-        raise ValueError("a prompt cache file holds one sequence, unpadded")
-    described = {"kind": type(cache).__name__, "offset": cache.offset}
-    if isinstance(cache, RotatingKVCache):
-        described["window"] = cache.window
-    if isinstance(cache, SinkKVCache):
-        described["sinks"] = cache.sinks
-    if isinstance(cache, QuantizedKVCache):
-        described |= {"bits": cache.bits, "group_size": cache.group_size}
-    return described, cache.prefix(cache.offset).state
-
-
 def kind(cache) -> dict:
-    """What a file must say of a layer for it to fill `cache` (an empty cache of the reading model): its kind,
-    window and bits."""
+    """What a file says of a layer's cache kind (and must say for it to fill `cache`, an empty cache of the
+    reading model): its class, window, sinks and bits. The compiled step's fixed cache is the plain cache it
+    stands for."""
     described = {"kind": "KVCache" if isinstance(cache, FixedKVCache) else type(cache).__name__}
     if isinstance(cache, RotatingKVCache):
         described["window"] = cache.window
@@ -109,23 +93,28 @@ def kind(cache) -> dict:
     return described
 
 
+def columns(cache) -> tuple[dict, list[mx.array]]:
+    """(what a file says of one layer's cache, the arrays of the tokens it holds)."""
+    described = kind(cache) | {"offset": cache.offset}
+    if isinstance(cache, FixedKVCache):
+        return described, [a[..., : cache.offset, :] for a in cache.state[:2]]
+    if any(cache.padding) or cache.rows() != 1:
+        raise ValueError("a prompt cache file holds one sequence, unpadded")
+    if isinstance(cache, QuantizedKVCache):
+        described["group_size"] = cache.group_size
+    return described, cache.prefix(cache.offset).state
+
+
 def held(described: dict) -> int:
-    """The columns a layer's arrays hold: its tokens, or a sliding window's last ones."""
+    """The columns a layer's arrays hold: its tokens, or a window's last ones (and sinks)."""
     offset = described["offset"]
     return min(offset, described["window"] - 1) if "window" in described else offset
 
 
 def restored(described: dict, arrays: list[mx.array]):
     """The cache of one layer from what a file holds of it."""
-    name = described["kind"]
-    if name == "QuantizedKVCache":
-        cache = QuantizedKVCache(described["bits"], described["group_size"])
-    elif name == "RotatingKVCache":
-        cache = RotatingKVCache(described["window"])
-    elif name == "SinkKVCache":
-        cache = SinkKVCache(described["window"], described["sinks"])
-    else:
-        cache = KINDS[name]()
+    settings = {key: described[key] for key in ("bits", "group_size", "window", "sinks") if key in described}
+    cache = KINDS[described["kind"]](**settings)
     cache.arrays, cache.offset = arrays, described["offset"]
     return cache
 
