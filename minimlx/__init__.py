@@ -5,7 +5,7 @@ from .archs import list_archs, register
 from .loading import load, load_model
 from .quantization import quantize
 from .convert import convert
-from .decode import Constraint, batch_generate, generate, stream_generate
+from .decode import Constraint, batch_generate, generate, load_prompt_cache, save_prompt_cache, stream_generate
 from .anatomy import ledger, trace
 from .explainer import explain
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
@@ -22,8 +22,10 @@ __all__ = [
     "list_archs",
     "load",
     "load_model",
+    "load_prompt_cache",
     "quantize",
     "register",
+    "save_prompt_cache",
     "stream_generate",
     "trace",
 ]

@@ -31,3 +31,7 @@ class QueueFullError(MinimlxError):
 
 class PromptTooLongError(InvalidSettingError):
     """The prompt leaves no room in the model's context for an answer."""
+
+
+class PromptCacheError(MinimlxError):
+    """A prompt cache file cannot be used: unreadable, damaged, or made by another model."""

@@ -106,6 +106,14 @@ kv_bits_option = click.option(
 )
 """The `--kv-bits` option of the commands that generate (run, chat, serve, bench)."""
 
+max_kv_size_option = click.option(
+    "--max-kv-size",
+    type=click.IntRange(min=5),
+    help="Keep at most N tokens in the KV cache: the first 4 (attention sinks) and the latest, so that a long "
+    "text stays in bounded memory; default: all.",
+)
+"""The `--max-kv-size` option of the commands that generate (run, chat, serve, bench)."""
+
 
 def read_template(context, parameter, path: str | None) -> str | None:
     """The text of a --chat-template file, or a one-line error naming it."""
@@ -156,4 +164,4 @@ def main():
     """Run transformer language models with MLX and look inside them."""
 
 
-from . import anatomy, archs, attention, bench, chat, compare, convert, explain, lens, run, serve  # noqa: E402, F401  (each adds its command to `main`)
+from . import anatomy, archs, attention, bench, cache_prompt, chat, compare, convert, explain, lens, run, serve  # noqa: E402, F401  (each adds its command to `main`)

@@ -16,7 +16,7 @@ from ..decode import Engine, Generation, Request, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
-from . import dtype_option, kv_bits_option, main, parallel_options
+from . import dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import speculation_options, whole_option
 
 
@@ -50,6 +50,7 @@ def peak_rss_gb() -> float:
 @whole_option("--repeats", 3, "Measured runs after one warm-up; the figures are their medians.")
 @dtype_option
 @kv_bits_option
+@max_kv_size_option
 @whole_option("--prefill-step", 512, "Prompt tokens per prefill chunk.")
 @click.option("--eager", is_flag=True, help="Decode without the compiled step (to compare).")
 @speculation_options
@@ -62,6 +63,7 @@ def bench(
     repeats,
     dtype,
     kv_bits,
+    max_kv_size,
     prefill_step,
     eager,
     draft_model,
@@ -103,6 +105,7 @@ def bench(
         prompt_lookup=prompt_lookup,
         compiled=not eager,
         kv_bits=kv_bits,
+        max_kv_size=max_kv_size,
     )
     timed_generation(engine, prompt, min(gen_tokens, 4))
     runs = [timed_generation(engine, prompt, gen_tokens) for _ in range(repeats)]
@@ -123,6 +126,7 @@ def bench(
         "blas": blas.loaded,
         "compiled": engine.compiled,
         "kv_bits": kv_bits,
+        "max_kv_size": max_kv_size,
         "kv_cache_gb": sum(c.nbytes for c in runs[-1][2].cache) / 1e9,
         "acceptance": accepted / drafted if drafted else None,
     }

@@ -8,7 +8,7 @@ import click
 from ..errors import InvalidSettingError, MinimlxError
 from ..text.replies import ReplyParser
 from . import clean, main
-from .run import generation_options, open_model, print_stats, settings_from_options, speculation
+from .run import generation_options, open_model, print_stats, saved_prompt, settings_from_options, speculation
 
 HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."
 
@@ -33,7 +33,8 @@ def chat(hide_thinking, **options):
 
     model, tokenizer = open_model(options)
     drafting = speculation(options)
-    conversation = Conversation(model, tokenizer, options["system"], options["kv_bits"])
+    saved = saved_prompt(options, model, tokenizer)
+    conversation = Conversation(model, tokenizer, options["system"], options["kv_bits"], saved, options["max_kv_size"])
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a line of invalid UTF-8 is cleaned, not fatal
     if interactive:

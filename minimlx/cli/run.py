@@ -14,7 +14,16 @@ from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import TEXT, chat_template_option, dtype_option, kv_bits_option, main, parallel_options, read_stdin
+from . import (
+    TEXT,
+    chat_template_option,
+    dtype_option,
+    kv_bits_option,
+    main,
+    max_kv_size_option,
+    parallel_options,
+    read_stdin,
+)
 
 
 def whole_option(name: str, default: int, help: str, low: int = 1):
@@ -79,6 +88,12 @@ def generation_options(command):
             click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default."),
             dtype_option,
             kv_bits_option,
+            max_kv_size_option,
+            click.option(
+                "--prompt-cache-file",
+                metavar="FILE",
+                help="Start from the prompt cache minimlx cache-prompt saved in FILE (the prompt given whole).",
+            ),
             click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
         ],
     )
@@ -133,9 +148,19 @@ def open_model(options: dict):
     return model, tokenizer
 
 
+def saved_prompt(options: dict, model, tokenizer):
+    """The prompt cache of --prompt-cache-file, checked against the model (and --kv-bits), or None."""
+    if options["prompt_cache_file"] is None:
+        return None
+    from ..decode.prompt_cache import load_prompt_cache
+
+    return load_prompt_cache(options["prompt_cache_file"], model, tokenizer, options["kv_bits"])
+
+
 def print_stats(response) -> None:
+    cached = f" ({response.cached_tokens} from the prompt cache)" if response.cached_tokens else ""
     click.echo(
-        f"prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.1f} tokens/s\n"
+        f"prompt: {response.prompt_tokens} tokens{cached}, {response.prompt_tps:.1f} tokens/s\n"
         f"generation: {response.generation_tokens} tokens, {response.generation_tps:.1f} tokens/s "
         f"({response.finish_reason or 'interrupted'})\n"
         f"peak memory: {response.peak_memory_gb:.3f} GB",
@@ -149,7 +174,7 @@ def print_stats(response) -> None:
         )
 
 
-def read_grammar_file(option: str, path: str) -> str:
+def read_text_file(option: str, path: str) -> str:
     """The text of the file an option names, or a one-line error."""
     try:
         with open(path, encoding="utf-8") as file:
@@ -168,9 +193,9 @@ def constraint_from_options(json_schema: str | None, regex: str | None, grammar:
     if len(given) > 1:
         raise InvalidSettingError(f"{' and '.join(given)} both constrain the answer; give one of them")
     if json_schema:
-        return Constraint.json_schema(read_grammar_file("--json-schema", json_schema))
+        return Constraint.json_schema(read_text_file("--json-schema", json_schema))
     if grammar:
-        return Constraint.lark(read_grammar_file("--grammar", grammar))
+        return Constraint.lark(read_text_file("--grammar", grammar))
     return Constraint.regex(regex) if regex else None
 
 
@@ -203,6 +228,8 @@ def run(prompt, no_chat_template, json_schema, regex, grammar, **options):
         chat_template=not no_chat_template,
         system=options["system"],
         kv_bits=options["kv_bits"],
+        max_kv_size=options["max_kv_size"],
+        prompt_cache=saved_prompt(options, model, tokenizer),
         **speculation(options),
     ):
         sys.stdout.write(response.text)

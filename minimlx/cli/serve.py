@@ -8,7 +8,7 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import chat_template_option, dtype_option, kv_bits_option, main, parallel_options
+from . import chat_template_option, dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import open_model, whole_option
 
 
@@ -52,6 +52,16 @@ def loopback(host: str) -> bool:
 @whole_option(
     "--prompt-cache", 8, "Finished conversations kept so a follow-up prefills only its new tokens; 0 keeps none.", low=0
 )
+@click.option(
+    "--prompt-cache-bytes",
+    type=click.IntRange(min=1),
+    help="Most bytes the prompt cache holds (in memory, and in --prompt-cache-dir); least recently used go first.",
+)
+@click.option(
+    "--prompt-cache-dir",
+    metavar="DIR",
+    help="Keep the prompt cache in DIR too, so that a restarted server reads it back.",
+)
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
 @click.option(
     "--max-request-mb",
@@ -87,6 +97,7 @@ def loopback(host: str) -> bool:
 @click.option("--device", type=click.Choice(["gpu", "cpu"]), help="Where to run; default: MLX's default.")
 @dtype_option
 @kv_bits_option
+@max_kv_size_option
 @parallel_options
 def serve(
     host,
@@ -94,6 +105,8 @@ def serve(
     max_batch,
     max_queue,
     prompt_cache,
+    prompt_cache_bytes,
+    prompt_cache_dir,
     api_key,
     max_request_mb,
     served_model_name,
@@ -125,12 +138,19 @@ def serve(
         max_queue=max_queue,
         prompt_cache_size=prompt_cache,
         kv_bits=options["kv_bits"],
+        prompt_cache_bytes=prompt_cache_bytes,
+        prompt_cache_dir=prompt_cache_dir,
+        max_kv_size=options["max_kv_size"],
     )
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL
     if api_key is None and not loopback(host):
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    if prompt_cache_dir is not None:
+        entries = engine.prompt_cache.entries
+        held = sum(c.nbytes for _, cache in entries for c in cache)
+        click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
     click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(
         engine,

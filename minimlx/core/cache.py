@@ -204,17 +204,24 @@ class LatentCache(GrowingBuffer):
         return self.append(latent_keys)[0]
 
 
-def visible(start: int, offset: int, tokens: int, window: int | None = None, padding: list[int] = ()) -> mx.array:
+def visible(
+    start: int, offset: int, tokens: int, window: int | None = None, padding: list[int] = (), sinks: int = 0
+) -> mx.array:
     """Which keys each new query may see, as a boolean (tokens, keys) array, or (batch, 1, tokens, keys) with
     `padding`: keys at positions start..offset+tokens-1 (counted like the cache's columns, padding included),
     queries at offset..offset+tokens-1. A query sees keys not after itself, fewer than `window` positions back
     when windowed, and not its row's padding. A query that is itself padding (a shorter prompt in a batched
-    prefill) sees only itself, so that its output, which nothing reads, stays finite."""
+    prefill) sees only itself, so that its output, which nothing reads, stays finite.
+
+    With `sinks`, the keys are positions 0..sinks-1 followed by start..offset+tokens-1 (start >= sinks), and a
+    query sees the first `sinks` positions and, of the others, those fewer than `window - sinks` positions back."""
     keys = mx.arange(start, offset + tokens)
+    if sinks:
+        keys = mx.concatenate([mx.arange(sinks), keys])
     queries = mx.arange(offset, offset + tokens)[:, None]
     seen = keys <= queries
     if window is not None:
-        seen = seen & (keys > queries - window)
+        seen = seen & ((keys > queries - window + sinks) | (keys < sinks))
     if any(padding):
         seen = seen & (keys[None, None, None, :] >= mx.array(padding)[:, None, None, None]) | (keys == queries)
     return seen
@@ -298,3 +305,57 @@ class RotatingKVCache(KVCache):
                 parts.append([pad(a, keep - a.shape[-2], 0) for a in c.arrays])
         merged.arrays = [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
         return merged
+
+
+SINKS = 4
+"""The first tokens a bounded cache keeps (as mlx-lm's `RotatingKVCache(keep=4)` and StreamingLLM do)."""
+
+
+class SinkKVCache(RotatingKVCache):
+    """Keys and values of at most `window` tokens: the first `sinks` of the text and the most recent others, so
+    that an endless text stays in bounded memory (`max_kv_size`). A token sees the first `sinks` tokens (the
+    attention sinks of StreamingLLM, Xiao et al. 2023: attention that has nowhere better to go lands on them, and
+    without them the text falls apart once they leave) and the `window - sinks - 1` tokens before it.
+
+    The arrays hold the first `sinks` columns, then the last `held - sinks`; until the text outgrows the window,
+    that is all of it, and attention is the plain cache's. It holds one sequence: batches of different lengths
+    would not share their first columns.
+    """
+
+    def __init__(self, window: int, sinks: int = SINKS):
+        super().__init__(window)
+        self.sinks = sinks
+
+    def append(self, *new: mx.array) -> list[mx.array]:
+        seen = new if self.arrays is None else [mx.concatenate([old, a], axis=-2) for old, a in zip(self.arrays, new)]
+        self.offset += new[0].shape[-2]
+        keep = min(self.offset, self.window - 1)
+        self.arrays = [
+            a
+            if a.shape[-2] == keep
+            else mx.concatenate([a[..., : self.sinks, :], a[..., a.shape[-2] - keep + self.sinks :, :]], axis=-2)
+            for a in seen
+        ]
+        if new[0].shape[-2] > 1:  # after a prefill chunk, hold a copy of the window, not a view of the whole chunk
+            self.arrays = [mx.contiguous(a) for a in self.arrays]
+        return list(seen)
+
+    def mask(self, tokens: int) -> str | mx.array | None:
+        if self.held + tokens <= self.window:
+            return "causal" if tokens > 1 else None
+        return visible(self.offset - self.held + self.sinks, self.offset, tokens, self.window, sinks=self.sinks)
+
+    def empty(self) -> "SinkKVCache":
+        return SinkKVCache(self.window, self.sinks)
+
+    @classmethod
+    def merge(cls, caches: list["SinkKVCache"]) -> "SinkKVCache":
+        if len(caches) != 1:
+            raise ValueError(f"a cache with attention sinks holds one sequence; {len(caches)} were to be merged")
+        return caches[0]
+
+
+def sink_cache(cache, size: int | None):
+    """`cache` bounded to `size` tokens (a `SinkKVCache`) where it is a plain, empty KV cache and `size` is given;
+    else `cache` itself (sliding windows are bounded already)."""
+    return SinkKVCache(size) if size is not None and type(cache) is KVCache and cache.arrays is None else cache

@@ -6,8 +6,10 @@ from contextlib import closing
 
 import mlx.nn as nn
 
+from ..errors import InvalidSettingError
 from .generate import GenerationResponse, make_cache, stream_generate
 from .prefill import shared_start
+from .prompt_cache import SavedPrompt
 from .settings import NAMES, SamplingSettings, sampling_settings
 
 
@@ -17,17 +19,34 @@ class Conversation:
     Every turn renders the whole conversation with the chat template, keeps the cached tokens
     that agree with it, trims the rest and feeds only what follows. A conversation that no longer
     leaves room for an answer in the model's context drops its oldest turns (the system prompt stays),
-    with one warning per conversation. `kv_bits` holds the cache quantized (as `stream_generate` takes it).
+    with one warning per conversation. `kv_bits` holds the cache quantized (as `stream_generate` takes it). With a
+    `prompt_cache` (`load_prompt_cache`) the conversation starts (and restarts) from its saved tokens; with
+    `max_kv_size` its cache keeps that many tokens at most (the first and the latest), so that an endless chat
+    stays in bounded memory.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, system: str | None = None, kv_bits: int | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        system: str | None = None,
+        kv_bits: int | None = None,
+        prompt_cache: SavedPrompt | None = None,
+        max_kv_size: int | None = None,
+    ):
         self.model, self.tokenizer, self.system, self.kv_bits = model, tokenizer, system, kv_bits
+        self.prompt_cache, self.max_kv_size = prompt_cache, max_kv_size
+        if prompt_cache is not None and max_kv_size is not None:
+            raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
         self.reset()
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system is not None else []
-        self.cache = make_cache(self.model, self.kv_bits)
+        self.cache = make_cache(self.model, self.kv_bits, self.max_kv_size)
         self.cached_ids: list[int] = []
+        if self.prompt_cache is not None:
+            self.cached_ids = list(self.prompt_cache.ids)
+            self.cache = self.prompt_cache.holding(len(self.cached_ids), self.cache)
         self.prompt = ""
         self.warned = False
 

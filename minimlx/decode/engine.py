@@ -42,14 +42,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..core.cache import quantized_cache
+from ..core.cache import SINKS, LatentCache, quantized_cache, sink_cache
 from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
 from .compiled import decoder
 from .grammar import Matcher
-from .prefill import prefill, shared_start
+from .prefill import prefill
 from .prompt import vocab_size
-from .settings import SamplingSettings, check_whole
+from .prompt_cache import PromptCache, PromptFolder
+from .settings import SamplingSettings, check_kv_bits, check_whole
 from .speculative import DraftModel, PromptLookup, Verifier, check_speculation
 
 
@@ -202,48 +203,24 @@ class Generation:
         return Output(self, token, text, self.finish_reason, chosen.item(), top)
 
 
-class PromptCache:
-    """The caches of the last `size` finished sequences, by token ids, for prompts that start the same way."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.entries: list[tuple[list[int], list]] = []  # oldest first
-
-    def store(self, ids: list[int], cache: list) -> None:
-        count = min(len(ids), cache[0].offset)
-        if not all(c.keeps(count) for c in cache):
-            return  # a sliding-window layer has dropped tokens it would need
-        for c in cache:
-            c.trim(c.offset - count)
-        ids = ids[:count]
-        shorter = [(i, c) for i, c in self.entries if ids[: len(i)] == i]  # the new entry holds all they hold
-        self.entries = ([entry for entry in self.entries if entry not in shorter] + [(ids, cache)])[-self.size :]
-
-    def fetch(self, prompt: list[int]) -> tuple[int, list | None]:
-        """(tokens reused, a fresh cache holding them) for the entry sharing the longest start with `prompt`;
-        the last prompt token is always left to feed."""
-        best, found = 0, None
-        for ids, cache in self.entries:
-            shared = shared_start(ids, prompt)
-            if shared > best and all(c.keeps(shared) for c in cache):
-                best, found = shared, cache
-        if found is None:
-            return 0, None
-        return best, [c.prefix(best) for c in found]
+def check_max_kv_size(model: nn.Module, max_kv_size: int | None, kv_bits: int | None, max_batch: int) -> None:
+    if max_kv_size is None:
+        return
+    check_whole("max_kv_size", max_kv_size, SINKS + 1)
+    if kv_bits is not None:
+        raise InvalidSettingError("max_kv_size bounds a float cache; drop kv_bits (or max_kv_size)")
+    if max_batch != 1:
+        raise InvalidSettingError(
+            "max_kv_size keeps each sequence's first tokens, which batched sequences of other lengths cannot share; "
+            "decode one at a time (--max-batch 1)"
+        )
+    if any(isinstance(c, LatentCache) for c in model.make_cache()):
+        raise InvalidSettingError("max_kv_size bounds key and value caches, not latent attention's; drop it")
 
 
 # Prompt tokens a prefill group may spend beyond what its members need (re-fed cached tokens, padding):
 # about what one more forward pass costs in overhead on a small model.
 WASTED_TOKENS = 32
-
-
-KV_BITS = (4, 8)
-"""The widths a quantized KV cache holds its codes in (those the native attention reads)."""
-
-
-def check_kv_bits(kv_bits: int | None) -> None:
-    if kv_bits is not None and kv_bits not in KV_BITS:
-        raise InvalidSettingError(f"kv_bits is {kv_bits}; a quantized KV cache holds 8 or 4 bits (or None: float)")
 
 
 class Engine:
@@ -254,7 +231,10 @@ class Engine:
     `draft_model` (a smaller model sharing the tokenizer, proposing `draft_tokens` a round) or `prompt_lookup=N`
     (N tokens copied from earlier text) decode speculatively, one sequence at a time. `compiled=False` keeps
     the compiled step out (`minimlx bench --eager` compares the two). `kv_bits` (8 or 4) holds every plain KV cache
-    quantized (`QuantizedKVCache`); such caches decode eagerly.
+    quantized (`QuantizedKVCache`), and `max_kv_size` bounds it to the first tokens and a window of the latest
+    (`SinkKVCache`, one sequence at a time); such caches decode eagerly. The prompt cache keeps `prompt_cache_size`
+    finished sequences (and at most `prompt_cache_bytes` of them), mirrored to the folder `prompt_cache_dir` when
+    given.
     """
 
     def __init__(
@@ -270,15 +250,20 @@ class Engine:
         prompt_lookup: int = 0,
         compiled: bool = True,
         kv_bits: int | None = None,
+        prompt_cache_bytes: int | None = None,
+        prompt_cache_dir: str | None = None,
+        max_kv_size: int | None = None,
     ):
         check_whole("prefill_step", prefill_step, 1)
         check_kv_bits(kv_bits)
+        check_max_kv_size(model, max_kv_size, kv_bits, max_batch)
         check_speculation((draft_model is not None) + bool(prompt_lookup))
         self.model, self.tokenizer = model, tokenizer
         self.step_guard = getattr(model, "step_guard", contextlib.nullcontext)
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
-        self.kv_bits = kv_bits
-        self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size and kv_bits is None)
+        self.kv_bits, self.max_kv_size = kv_bits, max_kv_size
+        plain = kv_bits is None and max_kv_size is None
+        self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size and plain)
         self.drafter = None
         if draft_model is not None or prompt_lookup:
             if max_batch != 1:
@@ -294,7 +279,12 @@ class Engine:
                 else DraftModel(decoder(draft_model, compiled), draft_tokens, prefill_step)
             )
         self.context = getattr(getattr(model, "config", None), "max_positions", None)
-        self.prompt_cache = PromptCache(prompt_cache_size) if prompt_cache_size else None
+        if prompt_cache_dir is not None and not prompt_cache_size:
+            raise InvalidSettingError("a prompt cache folder needs a prompt cache to keep; give --prompt-cache above 0")
+        folder = None
+        if prompt_cache_dir is not None:
+            folder = PromptFolder(prompt_cache_dir, model, tokenizer, kv_bits, max_kv_size)
+        self.prompt_cache = PromptCache(prompt_cache_size, prompt_cache_bytes, folder) if prompt_cache_size else None
         # a model split across processes (minimlx.distributed) gives every one of them the same sampled tokens
         self.agree = getattr(model, "agree", None)
         self.waiting: deque[Generation] = deque()
@@ -312,7 +302,7 @@ class Engine:
 
     def make_cache(self) -> list:
         """A cache for one sequence, of the kind this engine's steps decode over."""
-        return [quantized_cache(c, self.kv_bits) for c in self.decoder.make_cache()]
+        return [sink_cache(quantized_cache(c, self.kv_bits), self.max_kv_size) for c in self.decoder.make_cache()]
 
     def submit(self, request: Request) -> Generation:
         settings = request.settings

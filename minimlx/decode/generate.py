@@ -16,6 +16,7 @@ import mlx.nn as nn
 from ..errors import InvalidSettingError
 from .engine import Engine, Request
 from .prompt import check_ids, prompt_ids, vocab_size
+from .prompt_cache import SavedPrompt
 from .settings import SamplingSettings, sampling_settings
 
 
@@ -35,6 +36,7 @@ class GenerationResponse:
     accepted_tokens: int = 0
     logprob: float | None = None  # with `logprobs=k`: the token's log-probability under the model
     top_logprobs: tuple[tuple[int, float], ...] | None = None  # the k most likely (id, logprob), best first
+    cached_tokens: int = 0  # prompt tokens a saved prompt cache supplied (`prompt_tps` counts the others)
 
 
 def generate_tokens(
@@ -64,6 +66,8 @@ def stream_generate(
     draft_tokens: int = 3,
     prompt_lookup: int = 0,
     kv_bits: int | None = None,
+    prompt_cache: SavedPrompt | None = None,
+    max_kv_size: int | None = None,
     **sampling,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
@@ -84,6 +88,13 @@ def stream_generate(
 
     `kv_bits=8` (or 4) holds the keys and values quantized, in about a quarter (an eighth) of the bytes; a `cache`
     passed in keeps its own kind (make one with `make_cache(model, kv_bits)`).
+
+    `prompt_cache=load_prompt_cache(path, model, tokenizer)` starts from a saved prompt's cache: the prompt is
+    given whole, and only the tokens after the saved ones are prefilled (after the start they share, where it
+    does not continue them); `cached_tokens` on the responses says how many were reused.
+
+    `max_kv_size=N` keeps N tokens in the cache at most: the first 4 (attention sinks) and the latest others, so
+    that a long text stays in bounded memory; within N tokens, the answer is the plain cache's.
     """
     settings = sampling_settings(settings, sampling)
     ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
@@ -96,8 +107,16 @@ def stream_generate(
         draft_tokens=draft_tokens,
         prompt_lookup=prompt_lookup,
         kv_bits=kv_bits,
+        max_kv_size=max_kv_size,
     )
-    generation = engine.submit(Request(ids, settings, cache=cache))
+    cached = 0
+    if prompt_cache is not None:
+        if cache is not None:
+            raise InvalidSettingError("give a cache to continue or a prompt_cache to start from, not both")
+        if max_kv_size is not None:
+            raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
+        cached, cache = prompt_cache.start(ids, engine.make_cache())
+    generation = engine.submit(Request(ids[cached:], settings, cache=cache))
     start = time.perf_counter()
     n = 0
     try:
@@ -112,7 +131,7 @@ def stream_generate(
                     text=output.text,
                     token=output.token,
                     prompt_tokens=len(ids),
-                    prompt_tps=len(ids) / (first - start),
+                    prompt_tps=(len(ids) - cached) / (first - start),
                     generation_tokens=n,
                     generation_tps=(n - 1) / (time.perf_counter() - first) if n > 1 else 0.0,
                     peak_memory_gb=mx.get_peak_memory() / 1e9,
@@ -121,16 +140,17 @@ def stream_generate(
                     accepted_tokens=generation.accepted,
                     logprob=output.logprob,
                     top_logprobs=output.top_logprobs,
+                    cached_tokens=cached,
                 )
     finally:
         engine.cancel(generation)
         engine.step()  # the generation leaves the batch: a `cache` passed in now holds prompt and answer
 
 
-def make_cache(model: nn.Module, kv_bits: int | None = None) -> list:
+def make_cache(model: nn.Module, kv_bits: int | None = None, max_kv_size: int | None = None) -> list:
     """A cache for one sequence of `model`, of the kind its one-sequence engine decodes over (fixed-capacity where
-    the compiled step can use it, quantized with `kv_bits`)."""
-    return Engine(model, max_batch=1, kv_bits=kv_bits).make_cache()
+    the compiled step can use it, quantized with `kv_bits`, bounded to `max_kv_size` tokens)."""
+    return Engine(model, max_batch=1, kv_bits=kv_bits, max_kv_size=max_kv_size).make_cache()
 
 
 def generate(model: nn.Module, tokenizer, prompt: str | Sequence[int], **options) -> str:

@@ -49,6 +49,22 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int], chat_template: bool = 
     return tokenizer.encode(prompt)
 
 
+def encode_prefix(tokenizer, text: str, chat_template: bool = True, system: str | None = None) -> list[int]:
+    """The token ids a prompt starting with `text` begins with (`minimlx cache-prompt`): through the chat template,
+    the system turn and a user turn of `text` (either may be missing), cut where the last of them ends; else
+    `text` as it is."""
+    if not text and system is None:
+        raise InvalidSettingError("nothing to cache; give a text or a system prompt")
+    if not chat_template or (tokenizer.chat_template is None and system is None):
+        return encode_prompt(tokenizer, text, False, system)
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages += [{"role": "user", "content": text}] if text else []
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    last = messages[-1]["content"].strip()
+    end = rendered.rfind(last) + len(last) if last in rendered else len(rendered)
+    return tokenizer.encode(rendered[:end], add_special_tokens=False)
+
+
 def prompt_ids(model, tokenizer, prompt, chat_template: bool = True, system: str | None = None) -> list[int]:
     """The checked token ids generation continues, from text or ids."""
     vocab = vocab_size(model)

@@ -143,3 +143,12 @@ def sampling_settings(settings: SamplingSettings | None, keywords: dict) -> Samp
     if keywords:
         raise InvalidSettingError(f"give settings= or the settings {', '.join(sorted(keywords))} by name, not both")
     return settings
+
+
+KV_BITS = (4, 8)
+"""The widths a quantized KV cache holds its codes in (those the native attention reads)."""
+
+
+def check_kv_bits(kv_bits: int | None) -> None:
+    if kv_bits is not None and kv_bits not in KV_BITS:
+        raise InvalidSettingError(f"kv_bits is {kv_bits}; a quantized KV cache holds 8 or 4 bits (or None: float)")

@@ -115,6 +115,8 @@ class Server:
         self.stopping = True
         self.engine.wake.set()
         thread.join(timeout=10)
+        if self.engine.prompt_cache is not None:
+            self.engine.prompt_cache.flush()  # its folder's files written before the server says it stopped
 
     def run_engine(self) -> None:
         with mx.stream(mx.new_stream(mx.default_device())):  # MLX streams belong to the thread that made them
