@@ -226,6 +226,28 @@ def test_every_architecture_batches_exactly(tiny):
     assert run_batch(tiny, None, requests, max_batch=4) == alone
 
 
+def test_a_long_prompt_joins_a_running_batch_a_chunk_per_step(tiny):
+    """A prompt three prefill chunks long that joins a running sequence is fed a chunk per step, so the running one
+    gets a token at every step meanwhile; both get the greedy tokens they get alone."""
+    rng = np.random.default_rng(2)
+    short, long = rng.integers(0, VOCAB, size=5).tolist(), rng.integers(0, VOCAB, size=23).tolist()
+    alone = [
+        list(generate_tokens(tiny, p, tiny.make_cache(), SamplingSettings(n))) for p, n in ((short, 16), (long, 4))
+    ]
+    engine = Engine(tiny, None, prefill_step=8)
+    running = engine.submit(Request(short, SamplingSettings(16), stop_ids=frozenset()))
+    engine.step(), engine.step()
+    joiner = engine.submit(Request(long, SamplingSettings(4), stop_ids=frozenset()))
+    tokens_while_prefilling = []
+    while not joiner.tokens:
+        before = len(running.tokens)
+        engine.step()
+        tokens_while_prefilling.append(len(running.tokens) - before)
+    engine.run()
+    assert [running.tokens, joiner.tokens] == alone
+    assert len(tokens_while_prefilling) >= 3 and all(tokens_while_prefilling), tokens_while_prefilling
+
+
 def test_every_architecture_gives_riders_their_own_tokens(tiny, monkeypatch):
     """Prompts the prompt cache holds but for their last token, and a one-token prompt, join a running batch by
     riding its decode steps (where the cache can give them back: a sliding window's cannot): each gets the greedy

@@ -32,6 +32,7 @@ that starts the same way (a conversation resent with one more turn) prefills onl
 """
 
 import contextlib
+import itertools
 import random
 import threading
 from collections import deque
@@ -288,6 +289,9 @@ class Engine:
         # a model split across processes (minimlx.distributed) gives every one of them the same sampled tokens
         self.agree = getattr(model, "agree", None)
         self.waiting: deque[Generation] = deque()
+        # long prompts that joined a running batch, each (generation, its cache, prompt tokens fed so far): one chunk
+        # of the first is fed per step, between the batch's decode steps, so that they do not stall it
+        self.prefilling: deque[tuple[Generation, list, int]] = deque()
         self.rows: list[Generation] = []  # one per batch row, in row order
         self.cache: list | None = None  # one batch cache per layer
         self.tokens: mx.array | None = None  # (rows,) the last sampled token of each row
@@ -337,7 +341,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.rows or self.waiting)
+        return bool(self.rows or self.waiting or self.prefilling)
 
     def step(self) -> list[Output]:
         """One step (`take_step`) under the model's `step_guard`, if it has one: a model split across processes
@@ -410,10 +414,11 @@ class Engine:
         (generation, cache). The others prefill in groups, each (generations, their cache (a row each), their first
         tokens (generations,)), lazily: joiners that need about as many new tokens together (`prefill_together`),
         the others alone. The first token is sampled from the prompt's last position, as in one pass over the
-        whole prompt.
+        whole prompt. While others decode, a prompt longer than a prefill chunk is fed a chunk per step instead
+        (`prefill_chunk`): a running stream waits one chunk's pass for its next token, not the whole prompt's.
         """
         joiners = []
-        while running + len(joiners) < self.max_batch:
+        while running + len(self.prefilling) + len(joiners) < self.max_batch:
             with self.lock:
                 if not self.waiting:
                     break
@@ -426,8 +431,31 @@ class Engine:
             joiners.append((generation, cache if cache is not None else self.make_cache()))
         rides = [running > 0 and len(s.request.prompt) - s.cached_tokens == 1 for s, _ in joiners]
         riders = [joiner for joiner, ride in zip(joiners, rides) if ride]
-        groups = self.prefill_groups([joiner for joiner, ride in zip(joiners, rides) if not ride])
-        return riders, (self.prefill_together(g) if len(g) > 1 else self.prefill_alone(*g[0]) for g in groups)
+        rest = [joiner for joiner, ride in zip(joiners, rides) if not ride]
+        if running:
+            long = [(s, cache) for s, cache in rest if len(s.request.prompt) - s.cached_tokens > self.prefill_step]
+            self.prefilling += [(s, cache, s.cached_tokens) for s, cache in long]
+            rest = [joiner for joiner in rest if joiner not in long]
+        groups = self.prefill_groups(rest)
+        alone = (self.prefill_together(g) if len(g) > 1 else self.prefill_alone(*g[0]) for g in groups)
+        return riders, itertools.chain(self.prefill_chunk(running), alone)
+
+    def prefill_chunk(self, running: int) -> list[tuple[list[Generation], list, mx.array]]:
+        """Feed the first long prompt of `prefilling` one chunk, or, once what is left fits in one (or nothing else
+        is running), the rest: then it joins the batch as a prefilled group of one."""
+        while self.prefilling and self.prefilling[0][0].cancelled:
+            self.prefilling.popleft()
+        if not self.prefilling:
+            return []
+        generation, cache, fed = self.prefilling[0]
+        prompt = generation.request.prompt
+        if running and len(prompt) - fed > self.prefill_step:
+            prefill(self.decoder, prompt[fed : fed + self.prefill_step], cache, self.prefill_step)
+            mx.eval([c.state for c in cache])
+            self.prefilling[0] = (generation, cache, fed + self.prefill_step)
+            return []
+        self.prefilling.popleft()
+        return [self.prefill_alone(generation, cache, fed)]
 
     def prefill_groups(self, joiners: list[tuple[Generation, list]]) -> list[list[tuple[Generation, list]]]:
         """Joiners in groups to prefill together, by how many prompt tokens each still needs.
@@ -459,8 +487,12 @@ class Engine:
                 groups.append([joiner])
         return groups
 
-    def prefill_alone(self, generation: Generation, cache: list) -> tuple[list[Generation], list, mx.array]:
-        logits = prefill(self.decoder, generation.request.prompt[generation.cached_tokens :], cache, self.prefill_step)
+    def prefill_alone(
+        self, generation: Generation, cache: list, fed: int | None = None
+    ) -> tuple[list[Generation], list, mx.array]:
+        """Feed the prompt from token `fed` (its cached tokens by default) and sample the first token."""
+        start = generation.cached_tokens if fed is None else fed
+        logits = prefill(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])
         mx.eval(first, list(generation.pending), [c.state for c in cache])
         return [generation], cache, first
@@ -608,6 +640,7 @@ class Engine:
         """Drop every sequence, running or waiting (after a step failed)."""
         with self.lock:
             self.waiting.clear()
+        self.prefilling.clear()
         self.rows, self.cache, self.tokens, self.unread = [], None, None, False
 
     def run(self) -> None:
