@@ -7,8 +7,9 @@ weights once while the GEMM would pad the row to a whole panel.
 
 Packed weights in the kernel's layouts (affine 4- and 8-bit, groups of a multiple of 32, scales and biases in
 float32 or float16): the `NativeQuantizedLinear` / `NativeQuantizedEmbedding` forms read the packed words
-directly, in float32 (float16 scales are widened as they are read). Their gate and up projections fuse with the
-SwiGLU between them (`gated_product`).
+directly (float16 scales are widened as they are read). Products of a few input rows (decode steps) multiply
+8-bit-quantized inputs by the codes with integer dot products unless `native.exact_products`; the rest run in
+float32. Their gate and up projections fuse with the SwiGLU between them (`gated_product`).
 """
 
 import mlx.core as mx
@@ -36,10 +37,12 @@ class NativeLinear(nn.Linear):
 
 
 class NativeQuantizedLinear(nn.QuantizedLinear):
-    """A quantized linear map whose products run in the native kernel, in float32 (scales included)."""
+    """A quantized linear map whose products run in the native kernel."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = native.kernel.quantized_matmul(x, self.weight, self.scales, self.biases, self.group_size, self.bits)
+        y = native.kernel.quantized_matmul(
+            x, self.weight, self.scales, self.biases, self.group_size, self.bits, exact=native.exact_products
+        )
         return y + self.bias if "bias" in self else y
 
 
@@ -52,7 +55,9 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
         return mx.dequantize(self.weight[x], scales, biases, self.group_size, self.bits)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return native.kernel.quantized_matmul(x, self.weight, self.scales, self.biases, self.group_size, self.bits)
+        return native.kernel.quantized_matmul(
+            x, self.weight, self.scales, self.biases, self.group_size, self.bits, exact=native.exact_products
+        )
 
 
 QUANTIZED_FORMS = {
@@ -78,7 +83,8 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
         if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
             return None
         return native.kernel.quantized_swiglu(
-            x, gate.weight, gate.scales, gate.biases, up.weight, up.scales, up.biases, gate.group_size, gate.bits
+            *(x, gate.weight, gate.scales, gate.biases, up.weight, up.scales, up.biases, gate.group_size, gate.bits),
+            exact=native.exact_products,
         )
     if type(gate) is NativeLinear and gate.runs_native(x) and gate.weight.shape == up.weight.shape:
         return native.kernel.matmul_swiglu(x, gate.weight, up.weight) if up.weight.dtype == mx.float32 else None
