@@ -15,7 +15,12 @@
 
 namespace minimlx_native {
 
-using Half = _Float16;  // IEEE float16, as MLX's float16 arrays hold it
+// IEEE float16, as MLX's float16 arrays hold it (GCC on aarch64 spells it __fp16 in C++).
+#if defined(__aarch64__) && !defined(__clang__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
 
 struct Problem {
   const float* x;        // M x K, laid out as `prepare_inputs` writes it
