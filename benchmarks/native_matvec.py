@@ -1,67 +1,116 @@
-"""One matrix-vector product, four ways: the native kernel on packed weights, float32 BLAS on the
-dequantized weight, and MLX's `quantized_matmul` on the same packed weights.
+"""The native kernel's packed products for decode: float32 inputs against 8-bit-quantized inputs with integer dot
+products, per product and over a whole decode.
 
-    python benchmarks/native_matvec.py [--repeats 200]
+    python benchmarks/native_matvec.py [--repeats 200] [--rounds 3] [--rows 1,4,8,16,27] [--no-decode]
 
-Shapes are SmolLM2-135M's FFN down projection (576 x 1536) and its tied head (49,152 x 576). GB/s
-counts the bytes of weights each path reads per product (packed words + float32 scales and biases,
-or the float32 matrix); the figures are medians over repeats, interleaved so that a busy machine
-slows all paths alike.
+Products: SmolLM2-135M's shapes (attention q/o 576 x 576 and k/v 192 x 576, the fused gate/up SwiGLU 2 x 1536 x 576,
+the down projection 576 x 1536: 4-bit, groups of 32; the tied head 49,152 x 576 at 8 bits), for 1 input row (a
+decode step) and for the few rows of a batched step (--rows: where the integer products stop paying is where the
+kernel hands over to the float GEMM), with `exact=True` (float32 inputs) and without (integer products); also
+float32 BLAS on the dequantized weight and MLX's `quantized_matmul` at one row. Medians over repeats, interleaved,
+so that a busy machine slows all paths alike.
+
+Decode: `minimlx bench smollm2-135m` (128-token prompt, 64 generated tokens, compiled step) with
+MINIMLX_NATIVE_PRODUCTS=float and =integer, one process each per round, rounds interleaved; medians of the rounds.
 """
 
-import argparse
+import argparse  # noqa: I001  (minimlx before mlx.core: it loads the best BLAS first)
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
+import minimlx  # noqa: F401
 import mlx.core as mx
-
-import minimlx  # noqa: F401  (loads the best BLAS before MLX)
 import minimlx_native
 
+SHAPES = {  # name: (output rows, input features, bits, products fused)
+    "attention q, o": (576, 576, 4, 1),
+    "attention k, v": (192, 576, 4, 1),
+    "FFN gate + up (SwiGLU)": (1536, 576, 4, 2),
+    "FFN down": (576, 1536, 4, 1),
+    "tied head": (49152, 576, 8, 1),
+}
 
-def timed(fn, x) -> float:
+
+def timed(fn) -> float:
     start = time.perf_counter()
-    mx.eval(fn(x))
+    mx.eval(fn())
     return time.perf_counter() - start
+
+
+def products(name: str, shape, rows: int, repeats: int, references: bool) -> None:
+    out_dims, in_dims, bits, fused = shape
+    mx.random.seed(0)
+    weights = [mx.quantize(mx.random.normal((out_dims, in_dims)), 32, bits) for _ in range(fused)]
+    x = mx.random.normal((rows, in_dims))
+    mx.eval(weights, x)
+
+    def kernel(exact: bool):
+        if fused == 2:
+            return lambda: minimlx_native.quantized_swiglu(x, *weights[0], *weights[1], 32, bits, exact=exact)
+        return lambda: minimlx_native.quantized_matmul(x, *weights[0], 32, bits, exact=exact)
+
+    paths = {"float32 inputs": kernel(True), "integer products": kernel(False)}
+    if references and fused == 1:
+        dense = mx.dequantize(*weights[0], 32, bits)
+        mx.eval(dense)
+        paths["float32 BLAS"] = lambda: x @ dense.T
+        paths["mx.quantized_matmul"] = lambda: mx.quantized_matmul(x, *weights[0], group_size=32, bits=bits)
+    times = {path: [] for path in paths}
+    repeats = max(5, repeats * 576 * 576 // (out_dims * in_dims * fused))
+    for fn in paths.values():
+        timed(fn)
+    for _ in range(repeats):
+        for path, fn in paths.items():
+            times[path].append(timed(fn))
+    medians = {path: statistics.median(t) for path, t in times.items()}
+    nbytes = sum(w.nbytes + s.nbytes + b.nbytes for w, s, b in weights)
+    for path, t in medians.items():
+        ratio = medians["float32 inputs"] / t
+        print(f"| {name} | {rows} | {path} | {t * 1e6:.0f} | {nbytes / t / 1e9:.1f} | {ratio:.2f}x |")
+
+
+def decode_rate(products: str) -> float:
+    env = dict(os.environ, MINIMLX_NATIVE_PRODUCTS=products)
+    command = [sys.executable, "-m", "minimlx", "bench", "smollm2-135m", "--repeats", "1", "--json"]
+    result = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])["decode_tps"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", default="1,4,8,16,27", help="input rows of the products, comma-separated")
+    parser.add_argument("--no-decode", action="store_true", help="only the products")
     args = parser.parse_args()
-    print(f"native kernel: {minimlx_native.isa}, {minimlx_native.threads} threads; BLAS {minimlx.cpu.blas.loaded}")
-    print("| shape (rows x cols) | bits | path | MB read | us per product | GB/s |")
+    print(
+        f"native kernel: {minimlx_native.isa} (integer products: {minimlx_native.integer_isa}), "
+        f"{minimlx_native.threads} threads; BLAS {minimlx.cpu.blas.loaded}"
+    )
+    print("| product | rows | path | us | GB/s of weights | speed over float32 inputs |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
-    for rows, cols in ((576, 1536), (49152, 576)):
-        for bits in (4, 8):
-            weight = mx.random.normal((rows, cols))
-            packed, scales, biases = mx.quantize(weight, 32, bits)
-            dense = mx.dequantize(packed, scales, biases, 32, bits)
-            mx.eval(packed, scales, biases, dense)
-            x = mx.random.normal((1, cols))
-            paths = {
-                "native kernel": (
-                    lambda v: minimlx_native.quantized_matmul(v, packed, scales, biases, 32, bits),
-                    packed.nbytes + scales.nbytes + biases.nbytes,
-                ),
-                "float32 BLAS": (lambda v: v @ dense.T, dense.nbytes),
-                "mx.quantized_matmul": (
-                    lambda v: mx.quantized_matmul(v, packed, scales, biases, group_size=32, bits=bits),
-                    packed.nbytes + scales.nbytes + biases.nbytes,
-                ),
-            }
-            times = {name: [] for name in paths}
-            for _ in range(3):
-                for fn, _ in paths.values():
-                    timed(fn, x)
-            for i in range(args.repeats):
-                for name, (fn, _) in paths.items():
-                    if name != "mx.quantized_matmul" or i < max(3, args.repeats // 20):
-                        times[name].append(timed(fn, x))
-            for name, (_, nbytes) in paths.items():
-                t = statistics.median(times[name])
-                size = f"{nbytes / 1e6:.1f} | {t * 1e6:.0f} | {nbytes / t / 1e9:.1f}"
-                print(f"| {rows} x {cols} | {bits} | {name} | {size} |")
+    for rows in (int(r) for r in args.rows.split(",")):
+        for name, shape in SHAPES.items():
+            products(name, shape, rows, args.repeats, references=rows == 1)
+    if args.no_decode:
+        return
+    rates = {"float": [], "integer": []}
+    for _ in range(args.rounds):
+        for products_ in rates:
+            rates[products_].append(decode_rate(products_))
+    print()
+    print("| SmolLM2-135M decode, 128-token context | tok/s (median) | rounds |")
+    print("| --- | ---: | --- |")
+    for products_, r in rates.items():
+        print(
+            f"| MINIMLX_NATIVE_PRODUCTS={products_} | {statistics.median(r):.1f} | {', '.join(f'{v:.1f}' for v in r)} |"
+        )
+    ratio = statistics.median(rates["integer"]) / statistics.median(rates["float"])
+    print(f"\ninteger over float products: {ratio:.2f}x decode tok/s")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 `kernel` is the `minimlx_native` module when it is installed, built for the installed MLX and not switched
 off with `MINIMLX_NATIVE=off`; else None, and every CPU form computes with MLX's ops instead.
+
+`exact_products`: whether the kernel's packed products of a few input rows (decode steps) keep their inputs in
+float32 (`MINIMLX_NATIVE_PRODUCTS=float`) rather than quantizing them to 8 bits per block of 32 for integer dot
+products (`integer`, the default: faster, within the error docs/performance.md states).
 """
 
 import os
@@ -19,6 +23,7 @@ OPS = (
     "swiglu",
     "rms_norm",
     "rotate",
+    "integer_isa",
 )
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""
 
@@ -41,4 +46,15 @@ def probe():
     return minimlx_native
 
 
+def products_are_exact() -> bool:
+    products = os.environ.get("MINIMLX_NATIVE_PRODUCTS", "integer").lower()
+    if products not in ("integer", "float"):
+        warnings.warn(
+            f"minimlx: MINIMLX_NATIVE_PRODUCTS={products} is neither integer nor float; integer products are used",
+            stacklevel=2,
+        )
+    return products == "float"
+
+
 kernel = probe()
+exact_products = products_are_exact()

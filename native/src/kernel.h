@@ -15,7 +15,12 @@
 
 namespace minimlx_native {
 
-using Half = _Float16;  // IEEE float16, as MLX's float16 arrays hold it
+// IEEE float16, as MLX's float16 arrays hold it (GCC on aarch64 spells it __fp16 in C++).
+#if defined(__aarch64__) && !defined(__clang__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
 
 struct Problem {
   const float* x;        // M x K, laid out as `prepare_inputs` writes it
@@ -26,6 +31,10 @@ struct Problem {
   float* out;            // M x N
   int M, N, K, group_size, bits;
   bool half_scales;
+  // The integer products' inputs (integer.h), as `quantize_inputs` writes them; xsum then holds their group sums.
+  const int8_t* xq;      // M rows of xq_stride
+  const float* xd;       // M rows of xq_stride / span * lanes
+  int xq_stride;
 };
 
 // softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and k, v
@@ -85,6 +94,26 @@ inline int integer_rows_from(int M) { return M % 8 >= 4 ? M - M % 8 + 4 : M - M 
 // followed by their high nibbles (values 1, 3, ..., 31), so each chunk of 32 inputs is stored in
 // that order; 8-bit values are in order. xsum_out gets the group sums of rows integer_rows_from(M) on.
 void prepare_inputs(const float* x, int M, int K, int group_size, int bits, float* x_out, float* xsum_out);
+
+// Input rows quantized per block of 32 values for the integer products (integer.h), as llama.cpp's
+// quantize_row_q8_1 does: d = max |x| / 127, xq = round(x / d). Each row is `stride` bytes of xq (K rounded up to
+// `span`, zeros past K); xd gets each block's d in the `lanes * 32 / span` lanes of its sums in a step of `span`
+// values, xsum the sum over each group's blocks of d * sum(xq).
+int quantized_stride(int K, int span);
+void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, int8_t* xq, float* xd,
+                     float* xsum);
+
+// Rows [row_begin, row_end) of out, for every input row, from the quantized inputs. One function per integer
+// instruction set, with its step of `span` values and the W lanes of its float vectors.
+void integer_rows_scalar(const Problem& p, int row_begin, int row_end);
+#if defined(__x86_64__) || defined(_M_X64)
+void integer_rows_avx2(const Problem& p, int row_begin, int row_end);
+void integer_rows_avxvnni(const Problem& p, int row_begin, int row_end);
+void integer_rows_avx512vnni(const Problem& p, int row_begin, int row_end);
+#endif
+#if defined(__aarch64__)
+void integer_rows_neon(const Problem& p, int row_begin, int row_end);
+#endif
 
 // Rows [row_begin, row_end) of out, for every input row. One function per instruction set.
 void rows_scalar(const Problem& p, int row_begin, int row_end);

@@ -1,53 +1,37 @@
 // AVX2 + FMA + F16C: 8 floats per vector. Compiled with -mavx2 -mfma -mf16c; called only when the CPU has them.
-#include <immintrin.h>
-
 #include "attention.h"
 #include "gemm.h"
+#include "integer.h"
 #include "rows.h"
+#include "simd_avx2.h"
 
 namespace minimlx_native {
 
-struct Avx2 {
-  using V = __m256;
-  static constexpr int W = 8;
-  static constexpr int registers = 16;  // vector registers (ymm0-15)
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float v) { return _mm256_set1_ps(v); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static float sum(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-  // out[r] = the sum of v[r]'s lanes, r < 4: sums within each 128-bit lane, then across the two.
-  static void sum4(const V* v, float* out) {
-    const V ab = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
-    const V cd = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
-    const V abcd = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
-  }
-  static void unpack4(const uint8_t* p, V* q) {
-    const __m256i mask = _mm256_set1_epi32(0xF);
-    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-    q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lo, mask));
-    q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(hi, mask));
-    q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4));
-    q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4));
-  }
-  static void unpack8(const uint8_t* p, V* q) {
-    for (int i = 0; i < 4; ++i)
-      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i))));
+// The integer step with maddubs (u8 x s8 products summed in pairs to 16 bits, then in fours to 32). Pairs of
+// 8-bit codes (up to 2 * 255 * 127) would overflow 16 bits, so those enter recentred, q - 128, as signed bytes:
+// |q - 128| times xq with q - 128's sign (at most 2 * 128 * 127).
+struct Maddubs : Avx2Codes {
+  template <int BITS>
+  static constexpr int offset = BITS == 8 ? 128 : 0;
+  template <int BITS>
+  static __m256 dot(__m256i codes, const int8_t* xq) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    __m256i pairs;
+    if constexpr (BITS == 8) {
+      const __m256i centred = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(x, centred));
+    } else {
+      pairs = _mm256_maddubs_epi16(codes, x);
+    }
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
 };
 
 void rows_avx2(const Problem& p, int row_begin, int row_end) { rows<Avx2>(p, row_begin, row_end); }
+
+void integer_rows_avx2(const Problem& p, int row_begin, int row_end) {
+  integer_rows<Avx2, Maddubs>(p, row_begin, row_end);
+}
 
 void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
   attend_queries<Avx2>(a, row, head, heads, query_begin, query_end);

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -17,6 +18,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__aarch64__) && !defined(__APPLE__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -34,6 +40,14 @@ using namespace nb::literals;
 
 namespace minimlx_native {
 
+// The integer products of one instruction set (integer.h): its row loop, the values of its step and the float
+// lanes of its sums, which `quantize_inputs` lays the inputs out for.
+struct IntegerIsa {
+  void (*rows)(const Problem&, int, int);
+  int span, lanes;
+  const char* name;
+};
+
 // The kernels of one instruction set.
 struct Isa {
   void (*rows)(const Problem&, int, int);
@@ -45,20 +59,64 @@ struct Isa {
   void (*gemm)(const Gemm&, int, int);
   int panel_rows;  // input rows per panel of `pack`: two vectors
   const char* name;
+  IntegerIsa integer;
 };
 
-// The widest instruction set this CPU runs, chosen once.
+// The instruction sets by rank, widest last; MINIMLX_NATIVE_ISA names the widest to use (to run a narrower one
+// than the CPU's best: the tests compare each with the portable code).
+#if defined(__x86_64__) || defined(_M_X64)
+const char* const kIsaNames[] = {"scalar", "avx2", "avxvnni", "avx512"};
+#elif defined(__aarch64__)
+const char* const kIsaNames[] = {"scalar", "neon"};
+#else
+const char* const kIsaNames[] = {"scalar"};
+#endif
+
+int widest_rank() {
+  const int widest = static_cast<int>(std::size(kIsaNames)) - 1;
+  const char* env = std::getenv("MINIMLX_NATIVE_ISA");
+  if (env == nullptr || *env == 0) return widest;
+  for (int rank = 0; rank <= widest; ++rank)
+    if (std::string(env) == kIsaNames[rank]) return rank;
+  std::string names;
+  for (const char* name : kIsaNames) names += std::string(names.empty() ? "" : ", ") + name;
+  throw std::invalid_argument("MINIMLX_NATIVE_ISA=" + std::string(env) + " is none of this build's: " + names);
+}
+
+// The widest instruction sets this CPU runs, up to MINIMLX_NATIVE_ISA's, chosen once: for the float kernels, and
+// for the integer products (VNNI where the CPU has it).
 Isa best_isa() {
+  const int rank = widest_rank();
+  const IntegerIsa scalar_integer{integer_rows_scalar, 32, 1, "scalar"};
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
-    return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512, gemm_avx512, 32, "avx512"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, dequantize_avx2, pack_avx2, gemm_avx2, 16, "avx2"};
+  const bool avx2 = rank >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avxvnni = rank >= 2 && avx2 && __builtin_cpu_supports("avxvnni");
+  const bool avx512 = rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+  const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, 64, 16, "avx512vnni"}
+                             : avxvnni  ? IntegerIsa{integer_rows_avxvnni, 32, 8, "avxvnni"}
+                             : avx2     ? IntegerIsa{integer_rows_avx2, 32, 8, "avx2"}
+                                        : scalar_integer;
+  if (avx512)
+    return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512,
+            gemm_avx512, 32, "avx512", integer};
+  if (avx2)
+    return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, dequantize_avx2, pack_avx2, gemm_avx2, 16,
+            "avx2", integer};
 #elif defined(__aarch64__)
-  return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8, "neon"};
+#if defined(__APPLE__)
+  const bool dotprod = true;  // every Apple arm64 CPU
+#else
+  const bool dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
-  return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, dequantize_scalar, pack_scalar, gemm_scalar, 2, "scalar"};
+  if (rank >= 1)
+    return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8,
+            "neon", dotprod ? IntegerIsa{integer_rows_neon, 32, 4, "neondot"} : scalar_integer};
+#endif
+  return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, dequantize_scalar, pack_scalar,
+          gemm_scalar, 2, "scalar", scalar_integer};
 }
 
 const Isa kIsa = best_isa();
@@ -213,17 +271,18 @@ void apply_gate(float* gate, float* out, int M, int N, int begin, int end) {
 // rows each at 8 input rows) made claiming and finishing a block (two contended atomics) a large share of the work.
 constexpr int64_t kBlockBytes = 32 * 1024;
 
-// x @ W.T, or with `gate`, silu(x @ G.T) * (x @ W.T): each block computes the same output rows of both
-// products and combines them, so that the gated product is one pass over the pool.
-void run(const Problem& p, const Problem* gate) {
+// x @ W.T, or with `gate`, silu(x @ G.T) * (x @ W.T), by the row loop `rows` (the float or the integer one): each
+// block computes the same output rows of both products and combines them, so that the gated product is one pass
+// over the pool.
+void run(const Problem& p, const Problem* gate, void (*rows_of)(const Problem&, int, int)) {
   const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * ((p.M + 7) / 8) * (gate ? 2 : 1);
   const int rows = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work)));
   const int blocks = (p.N + rows - 1) / rows;
   auto block = [&](int b) {
     const int begin = b * rows, end = std::min(p.N, (b + 1) * rows);
-    kIsa.rows(p, begin, end);
+    rows_of(p, begin, end);
     if (gate == nullptr) return;
-    kIsa.rows(*gate, begin, end);
+    rows_of(*gate, begin, end);
     apply_gate(gate->out, p.out, p.M, p.N, begin, end);
   };
   share(blocks, block);
@@ -325,12 +384,64 @@ void gemm_product(const float* x, int M, int N, int K, float* out, const WeightR
 // the last full panel take the blocks as well (36 rows: a 32-row panel and 4 rows in blocks, not two panels).
 constexpr int kDequantizedGemmRows = 28;
 
+// Fewest input rows whose packed products run in float32 where integer products are allowed (not `exact`): below it
+// (decode steps, batches of them, speculative verification) the integer products (integer.h) are faster, from it
+// the float GEMM (benchmarks/native_matvec.py). It is the GEMM's threshold, so that every row of a product of fewer
+// rows computes as it does alone: a batch's sequences get the tokens each gets alone.
+constexpr int kIntegerRowsBelow = kDequantizedGemmRows;
+
+// The product of weight `first` of `in` (its w, scales, biases) for M input rows into dst; the inputs' fields are
+// the caller's to fill.
+Problem packed_product(const std::vector<mx::array>& in, int first, int M, float* dst, int group_size, int bits) {
+  Problem p{};
+  p.w = reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>());
+  p.scales = in[first + 1].data<uint8_t>();
+  p.biases = in[first + 2].data<uint8_t>();
+  p.half_scales = in[first + 1].dtype() == mx::float16;
+  p.out = dst;
+  p.M = M;
+  p.N = in[first].shape(0);
+  p.K = in[0].shape(-1);
+  p.group_size = group_size;
+  p.bits = bits;
+  return p;
+}
+
+// Inputs as `product_work`'s, for fewer than kIntegerRowsBelow rows: the inputs quantized once (integer.h), then
+// the integer products.
+void integer_product(const std::vector<mx::array>& in, mx::array& out, int group_size, int bits) {
+  const IntegerIsa& isa = kIsa.integer;
+  const auto& x = in[0];
+  const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K), stride = quantized_stride(K, isa.span);
+  thread_local Floats copy, block_scales, sums, gated;
+  thread_local std::vector<int8_t, CacheAligned<int8_t>> codes;
+  codes.resize(static_cast<size_t>(M) * stride);
+  block_scales.resize(static_cast<size_t>(M) * stride / isa.span * isa.lanes);
+  sums.resize(static_cast<size_t>(M) * (K / group_size));
+  quantize_inputs(contiguous(x, copy), M, K, group_size, isa.span, isa.lanes, codes.data(), block_scales.data(),
+                  sums.data());
+  auto problem = [&](int first, float* dst) {
+    Problem p = packed_product(in, first, M, dst, group_size, bits);
+    p.xq = codes.data();
+    p.xd = block_scales.data();
+    p.xsum = sums.data();
+    p.xq_stride = stride;
+    return p;
+  };
+  if (in.size() != 7) return run(problem(1, out.data<float>()), nullptr, isa.rows);
+  gated.resize(static_cast<size_t>(M) * N);
+  const Problem gate = problem(4, gated.data());
+  run(problem(1, out.data<float>()), &gate, isa.rows);
+}
+
 // Inputs x, w, scales, biases: x @ dequantize(w).T. Three more (the gate's w, scales, biases): the SwiGLU
-// product silu(x @ dequantize(gate).T) * (x @ dequantize(w).T).
-Work product_work(int group_size, int bits) {
-  return [group_size, bits](const std::vector<mx::array>& in, mx::array& out) {
+// product silu(x @ dequantize(gate).T) * (x @ dequantize(w).T). Unless `exact`, fewer than kIntegerRowsBelow rows
+// take the integer products.
+Work product_work(int group_size, int bits, bool exact) {
+  return [group_size, bits, exact](const std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K), groups = K / group_size;
+    if (!exact && M < kIntegerRowsBelow) return integer_product(in, out, group_size, bits);
     thread_local Floats copy, prepared, sums, gated;
     const bool gated_product = in.size() == 7;
     const int rest = M % kIsa.panel_rows, gemm_rows = M < kDequantizedGemmRows ? 0
@@ -346,11 +457,10 @@ Work product_work(int group_size, int bits) {
                        sums.data() + static_cast<int64_t>(first_row) * groups);
     // Input rows [first_row, first_row + count) of the product of weight `first` (w, scales, biases), into dst.
     auto problem = [&](int first, int first_row, int count, float* dst) {
-      return Problem{prepared.data() + static_cast<int64_t>(first_row) * K,
-                     sums.data() + static_cast<int64_t>(first_row) * groups,
-                     reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>()), in[first + 1].data<uint8_t>(),
-                     in[first + 2].data<uint8_t>(), dst, count, N, K, group_size, bits,
-                     in[first + 1].dtype() == mx::float16};
+      Problem p = packed_product(in, first, count, dst, group_size, bits);
+      p.x = prepared.data() + static_cast<int64_t>(first_row) * K;
+      p.xsum = sums.data() + static_cast<int64_t>(first_row) * groups;
+      return p;
     };
     if (gemm_rows > 0) {
       auto dequantized = [](const Problem& p) {
@@ -368,10 +478,10 @@ Work product_work(int group_size, int bits) {
     }
     if (rows == 0) return;
     float* dst = out.data<float>() + static_cast<int64_t>(gemm_rows) * N;
-    if (!gated_product) return run(problem(1, gemm_rows, rows, dst), nullptr);
+    if (!gated_product) return run(problem(1, gemm_rows, rows, dst), nullptr, kIsa.rows);
     gated.resize(static_cast<size_t>(rows) * N);
     const Problem gate = problem(4, gemm_rows, rows, gated.data());
-    run(problem(1, gemm_rows, rows, dst), &gate);
+    run(problem(1, gemm_rows, rows, dst), &gate, kIsa.rows);
   };
 }
 
@@ -677,27 +787,28 @@ void check_weights(const std::string& name, const mx::array& x, const mx::array&
   if (scales.shape() != groups || biases.shape() != groups) fail("scales and biases must have shape (N, K / group_size)");
 }
 
-mx::array product(std::vector<mx::array> inputs, int group_size, int bits) {
+mx::array product(std::vector<mx::array> inputs, int group_size, int bits, bool exact) {
   auto shape = inputs[0].shape();
   shape.back() = inputs[1].shape(0);
-  return cpu_op("MinimlxNativeQuantizedMatmul", {static_cast<float>(group_size), static_cast<float>(bits)},
-                product_work(group_size, bits), std::move(inputs), shape);
+  const std::vector<float> params{static_cast<float>(group_size), static_cast<float>(bits), exact ? 1.0f : 0.0f};
+  return cpu_op("MinimlxNativeQuantizedMatmul", params, product_work(group_size, bits, exact), std::move(inputs),
+                shape);
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                           int group_size, int bits) {
+                           int group_size, int bits, bool exact) {
   check_weights("minimlx_native.quantized_matmul", x, w, scales, biases, group_size, bits);
-  return product({x, w, scales, biases}, group_size, bits);
+  return product({x, w, scales, biases}, group_size, bits, exact);
 }
 
 mx::array quantized_swiglu(const mx::array& x, const mx::array& gate_w, const mx::array& gate_scales,
                            const mx::array& gate_biases, const mx::array& up_w, const mx::array& up_scales,
-                           const mx::array& up_biases, int group_size, int bits) {
+                           const mx::array& up_biases, int group_size, int bits, bool exact) {
   const std::string name = "minimlx_native.quantized_swiglu";
   check_weights(name, x, gate_w, gate_scales, gate_biases, group_size, bits);
   check_weights(name, x, up_w, up_scales, up_biases, group_size, bits);
   if (gate_w.shape() != up_w.shape()) throw std::invalid_argument(name + ": the gate and up weights must have one shape");
-  return product({x, up_w, up_scales, up_biases, gate_w, gate_scales, gate_biases}, group_size, bits);
+  return product({x, up_w, up_scales, up_biases, gate_w, gate_scales, gate_biases}, group_size, bits, exact);
 }
 
 }  // namespace minimlx_native
@@ -705,14 +816,15 @@ mx::array quantized_swiglu(const mx::array& x, const mx::array& gate_w, const mx
 NB_MODULE(_ext, m) {
   m.doc() = "Quantized matrix products for MLX's CPU backend, reading affine-packed weights directly.";
   m.def("quantized_matmul", &minimlx_native::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
-        "group_size"_a, "bits"_a,
+        "group_size"_a, "bits"_a, "exact"_a = false,
         "x @ dequantize(w, scales, biases, group_size, bits).T for float32 x (..., K), w (N, K * bits / 32) "
         "uint32, scales and biases (N, K / group_size) both float32 or both float16 (read as float32); bits 4 or 8, "
-        "group_size a multiple of 32.");
+        "group_size a multiple of 32. Products of fewer than 28 rows of x quantize x to 8 bits per block of 32 and "
+        "use integer dot products, unless `exact` (x stays float32).");
   m.def("quantized_swiglu", &minimlx_native::quantized_swiglu, "x"_a, "gate_w"_a, "gate_scales"_a, "gate_biases"_a,
-        "up_w"_a, "up_scales"_a, "up_biases"_a, "group_size"_a, "bits"_a,
+        "up_w"_a, "up_scales"_a, "up_biases"_a, "group_size"_a, "bits"_a, "exact"_a = false,
         "silu(x @ dequantize(gate).T) * (x @ dequantize(up).T): the gated product of a SwiGLU feed-forward in one "
-        "op, for weights of one shape laid out as quantized_matmul's.");
+        "op, for weights of one shape laid out as quantized_matmul's (`exact` as there).");
   m.def("matmul", [](const mx::array& x, const mx::array& w) {
           return minimlx_native::float_product("minimlx_native.matmul", x, w, nullptr);
         }, "x"_a, "w"_a,
@@ -749,6 +861,7 @@ NB_MODULE(_ext, m) {
         "angles whose cos and sin are given, (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,) for "
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
   m.attr("isa") = minimlx_native::kIsa.name;
+  m.attr("integer_isa") = minimlx_native::kIsa.integer.name;
   m.attr("threads") = minimlx_native::pool().size();
   m.attr("mlx_version") = MINIMLX_NATIVE_MLX_VERSION;
 }

@@ -9,7 +9,8 @@ softmax attention in float32 that computes only the unmasked scores (grouped que
 the same over keys and values quantized as `mx.quantize` holds them (8 or 4 bits), reading the codes directly, and
 `silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several. `isa` names the instruction
-set in use (avx512, avx2, neon or scalar), `threads` the threads that split the output rows.
+set in use (avx512, avx2, neon or scalar), `integer_isa` the one of the integer products (avx512vnni, avxvnni, avx2,
+neondot or scalar; `MINIMLX_NATIVE_ISA` names the widest to use), `threads` the threads that split the output rows.
 """
 
 import mlx.core as mx
@@ -34,4 +35,5 @@ swiglu = _ext.swiglu
 rms_norm = _ext.rms_norm
 rotate = _ext.rotate
 isa: str = _ext.isa
+integer_isa: str = _ext.integer_isa
 threads: int = _ext.threads
