@@ -108,8 +108,8 @@ def dequantize(packed: mx.array, scales: mx.array, biases: mx.array | None, grou
     if mode != "affine":
         return mx.dequantize(packed, scales, biases, group_size, bits, mode=mode).astype(mx.float32)
     shifts = mx.arange(0, 32, bits, dtype=mx.uint32) if 32 % bits == 0 else None
-    if shifts is None:  # 3, 5, 6 bits: values straddle words
-        return mx.dequantize(packed, scales, biases, group_size, bits).astype(mx.float32)
+    if shifts is None:  # 3, 5, 6 bits: values straddle words (float32 scales: MLX unpacks in the scales' dtype)
+        return mx.dequantize(packed, scales.astype(mx.float32), biases.astype(mx.float32), group_size, bits)
     q = (packed[..., None] >> shifts) & (2**bits - 1)
     q = q.reshape(*scales.shape, -1).astype(mx.float32)
     w = q * scales[..., None].astype(mx.float32) + biases[..., None].astype(mx.float32)

@@ -10,9 +10,16 @@ the same way into a folder of its own, for tests/test_llamacpp_server.py.
 
 llama.cpp's own tools (`llama-tokenize`, `llama-quantize`) are built once from the same vendored sources into the
 cache (`llamacpp_tool`): the whole vendored tree, cmake, two jobs, about 25 minutes on 2 cores the first time.
+
+ggml's quantizers alone (`ggml/src/ggml-quants.c`, plain C, with the headers it includes) are compiled into a small
+shared library in the cache (`ggml_quantize`): seconds, for tests that quantize as llama-quantize does
+(tests/gguf_quantize.py).
 """
 
+import concurrent.futures
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import shutil
@@ -23,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 VERSION = "0.3.36"  # llama-cpp-python's, pinning the llama.cpp it vendors
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minimlx-tests" / f"llama.cpp-{VERSION}"
@@ -36,6 +43,14 @@ TOOLS = CACHE.parent / f"llama.cpp-{VERSION}-tools"  # src/: the vendored tree; 
 # -DGGML_NATIVE=ON builds crashed with illegal instructions on one machine
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
 CMAKE_FLAGS += ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+QUANTS = CACHE.parent / f"llama.cpp-{VERSION}-quants"  # src/: ggml-quants.c and its headers; the library beside it
+QUANTS_SOURCE = "ggml/src/ggml-quants.c"
+QUANTS_PARTS = ("ggml/include/", "ggml/src/ggml-quants.", "ggml/src/ggml-common.h", "ggml/src/ggml-impl.h")
+QUANTS_PARTS += ("ggml/src/ggml-cpu/ggml-cpu-impl.h",)
+QUANTS_LIBRARY = "libggml-quants.so"
+# the flags llama.cpp's build compiles ggml-quants.c with (into ggml-base, with no -m flags: no fused multiply-adds)
+THREADS = os.cpu_count() or 1
+QUANTS_FLAGS = ["-O3", "-DNDEBUG", "-std=gnu11", "-D_GNU_SOURCE", "-fPIC", "-shared"]
 
 
 def llamacpp_sources() -> Path:
@@ -91,6 +106,42 @@ def llama_tokenize(gguf: Path, texts: list[str], add_bos: bool) -> list[list[int
         json.loads(subprocess.run(command, input=text.encode(), capture_output=True, check=True).stdout)
         for text in texts
     ]
+
+
+@functools.cache
+def ggml_quants() -> ctypes.CDLL:
+    """ggml-quants.c compiled alone, from the cache (or built there now). Its reference row quantizers call nothing
+    outside it (ggml.c's ggml_abort only on a failed assertion, its row sizes only in the importance-matrix paths),
+    so the library is loaded with lazy binding rather than linked with ggml.c and the backend code that pulls in."""
+    if not (QUANTS / QUANTS_LIBRARY).is_file():
+        with staged(QUANTS) as staging, downloaded_sdist() as sdist:
+            extract(sdist, staging / "src", QUANTS_PARTS, QUANTS_SOURCE)
+            ggml, library = staging / "src" / "ggml", staging / QUANTS_LIBRARY
+            command = ["cc", *QUANTS_FLAGS, f"-I{ggml}/src", f"-I{ggml}/include", staging / "src" / QUANTS_SOURCE]
+            subprocess.run([*command, "-o", library, "-lm"], check=True)
+    return ctypes.CDLL(str(QUANTS / QUANTS_LIBRARY), mode=os.RTLD_LAZY)
+
+
+def ggml_quantize(kind: GGMLQuantizationType, floats: np.ndarray) -> np.ndarray:
+    """float32 rows (..., n) -> their blocks of `kind` (uint8, (..., n // block size * block bytes)), by ggml's
+    reference quantizer `quantize_row_<kind>_ref`: what llama-quantize runs for every type of block 32 or 256
+    when it is given no importance matrix. Each row is quantized on its own; the rows are shared among threads (the
+    C code runs without the GIL), as llama-quantize shares them."""
+    block, size = GGML_QUANT_SIZES[kind]
+    if floats.shape[-1] % block:
+        raise ValueError(f"rows of {floats.shape[-1]} values are not whole {kind.name} blocks of {block}")
+    rows = np.ascontiguousarray(floats, np.float32).reshape(-1, floats.shape[-1])
+    blocks = np.empty((len(rows), floats.shape[-1] // block * size), np.uint8)
+    quantize = getattr(ggml_quants(), f"quantize_row_q{kind.name[1:]}_ref")  # Q4_K: quantize_row_q4_K_ref
+    quantize.argtypes, quantize.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+    step = -(-len(rows) // THREADS)
+
+    def part(start: int) -> None:
+        quantize(rows[start:].ctypes.data, blocks[start:].ctypes.data, rows[start : start + step].size)
+
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(part, range(0, len(rows), step)))
+    return blocks.reshape(*floats.shape[:-1], -1)
 
 
 @contextlib.contextmanager

@@ -278,6 +278,14 @@ def needed(what: str, why: str):
 def convert_all(tmp_path_factory):
     """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf" (conftest.py's
     `converted` makes them once per session, for this module and test_gguf_tokenize.py)."""
+    root = tmp_path_factory.mktemp("llamacpp")
+    convert_models(root, MODELS, SENTENCEPIECE, TYPES)
+    return root
+
+
+def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...]) -> None:
+    """Each of `models` (as MODELS) saved as root / name, with a tiny SentencePiece tokenizer where `sentencepiece`
+    (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"."""
     require("torch"), require("transformers")
     smollm2 = short_name_path("smollm2-135m")
     if smollm2 is None:
@@ -286,20 +294,19 @@ def convert_all(tmp_path_factory):
         sources = llamacpp_sources()
     except Exception as e:
         needed("llama.cpp's converter", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
-    root, tokenizer = tmp_path_factory.mktemp("llamacpp"), smollm2_tokenizer(smollm2)
+    tokenizer = smollm2_tokenizer(smollm2)
     jobs = []
-    for name, (config_class, config, *_) in MODELS.items():
+    for name, (config_class, config, *_) in models.items():
         folder = root / name
         save_source(folder, config_class, config)
-        if name in SENTENCEPIECE:
-            sentencepiece_model(folder, SP_VOCAB, *SENTENCEPIECE[name])
+        if name in sentencepiece:
+            sentencepiece_model(folder, SP_VOCAB, *sentencepiece[name])
         else:
             shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
         if name == "glm4":  # its converter names <|user|> the end of a turn
             add_token(folder, "<|user|>")
-        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in TYPES]
+        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
     convert(jobs, sources)
-    return root
 
 
 def save_source(folder, config_class: str, config: dict) -> None:
