@@ -36,8 +36,8 @@ ERROR_TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS"]
 def vocabulary() -> tuple[list[str], list[str]]:
     """A byte-level BPE vocabulary of VOCAB tokens: GPT-2's 256 byte symbols, then merges of lowercase letters
     into 2-, 3- and 4-letter tokens, and an end-of-text token."""
-    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
-    from make_kquant_fixtures import byte_tokens
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kquant_llama import byte_tokens
 
     letters = "abcdefghijklmnopqrstuvwxyz"
     merges = [f"{a} {b}" for a in letters for b in letters]

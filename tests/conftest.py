@@ -51,3 +51,11 @@ def converted(tmp_path_factory):
     from test_gguf_llamacpp import convert_all
 
     return convert_all(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def kquant_llama(tmp_path_factory):
+    """kquant_llama.py's tiny llama: its F32, Q4_K_M, Q5_K_S and Q6_K files by type, written once."""
+    from kquant_llama import kquant_llama
+
+    return kquant_llama(tmp_path_factory.mktemp("kquant-llama"))

@@ -1,26 +1,26 @@
 """llama-quantize's Q4_K_M, Q5_K_S and Q6_K, in Python over ggml's own quantizers (`llamacpp.ggml_quantize`).
 
-`quantize(source, target, ftype)` writes what `llama-quantize --allow-requantize source target ftype` writes from a
-GGUF of llama.cpp's converter, without an importance matrix: the metadata copied with `general.file_type` set (it and
-`general.quantization_version` moved last, as llama.cpp's gguf_set_* do), the tensors in llama.cpp's order, each in
-the type src/llama-quant.cpp's `llama_tensor_get_type` gives it, quantized by the same C code (its reference row
-quantizers, which are what `ggml_quantize_chunk` runs without an importance matrix; llama-quantize's threads only
-share out the rows). Tensors already quantized (gpt-oss's MXFP4 experts) are dequantized and quantized again, as with
-`--allow-requantize` (without it llama-quantize refuses such a file).
+`quantize(Reader(source), target, ftype)` writes what `llama-quantize --allow-requantize source target ftype`
+writes from a GGUF of llama.cpp's converter without an importance matrix, byte for byte: the metadata copied, with
+`general.quantization_version` and `general.file_type` set (hence last, as llama.cpp's gguf_set_* append them); the
+tensors in llama.cpp's order, each in the type src/llama-quant.cpp's `llama_tensor_get_type` gives it, quantized by
+the same C code (the reference row quantizers, which `ggml_quantize_chunk` runs when there is no importance matrix;
+llama-quantize's threads only share out the rows). Tensors already quantized (gpt-oss's MXFP4 experts) are
+dequantized and quantized again, as `--allow-requantize` does (without it llama-quantize refuses such a file).
 
 Only the rules of `llama_tensor_get_type` that can apply to these three file types are here; those for other types
-(Q2_K..Q3_K, IQ*, MXFP4_MOE), for Falcon, GLM-5 and 70B Llamas, and for tensors no family here has (Mamba's conv1d,
-Gemma 3n's altup, ...) are left out.
+(Q2_K..Q3_K, IQ*, MXFP4_MOE), for Falcon, GLM-5 and 70B Llamas, and for tensors none of the converted families has
+(Mamba's conv1d, Gemma 3n's altup, ...) are left out.
 """
 
 import re
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFWriter, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGUFReader, GGUFWriter, LlamaFileType
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
-from llamacpp import Reader, ggml_quantize
+from llamacpp import ggml_quantize
 
 # file type -> (its general.file_type, the type its tensors get unless a rule below says otherwise)
 FTYPES = {
@@ -35,9 +35,9 @@ ATTN_V = ("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight")  # the tensors
 MOVED = ("general.quantization_version", "general.file_type")  # set by llama-quantize, hence last
 
 
-def quantize(source: Path, target: Path, ftype: str) -> None:
-    """`source` (F32, or any types) -> `target` as llama-quantize writes it for `ftype` (a key of FTYPES)."""
-    reader = Reader(source)
+def quantize(reader: GGUFReader, target: Path, ftype: str) -> None:
+    """A GGUF file (F32, or any types), as read by gguf's reader (reading a 49k-token vocabulary takes it a second:
+    read once, quantize to each type) -> `target` as llama-quantize writes it for `ftype` (a key of FTYPES)."""
     fields = {name: field for name, field in reader.fields.items() if not name.startswith("GGUF.")}
     architecture = fields["general.architecture"].contents()
     choose = TypeChoice(ftype, [t.name for t in reader.tensors], architecture, fields)

@@ -1,8 +1,6 @@
 """GGUF loading: small random llama models written with gguf's GGUFWriter, checked against transformers
 reading the same file (it undoes llama.cpp's q/k permutation and dequantizes on its own)."""
 
-from pathlib import Path
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -130,9 +128,9 @@ def test_gguf_kept_quantized(tmp_path, tensor_type, bits):
 
 
 @pytest.mark.parametrize("recipe", ["Q4_K_M", "Q5_K_S", "Q6_K"])
-def test_llama_quantize_k_quant_files_match_transformers(recipe):
-    """Files llama-quantize wrote (fixtures/make_kquant_fixtures.py), K-quant types chosen per tensor."""
-    path = Path(__file__).parent / "fixtures" / f"tiny-llama-{recipe}.gguf"
+def test_llama_quantize_k_quant_files_match_transformers(kquant_llama, recipe):
+    """Files as llama-quantize writes them (kquant_llama.py), K-quant types chosen per tensor."""
+    path = kquant_llama[recipe]
     model, _ = load_gguf(path, "float32")
     ours = np.array(model(mx.array(IDS)))
     assert relative_error(ours, reference_logits(transformers_from_gguf(path), IDS)) < 5e-3

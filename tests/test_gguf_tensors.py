@@ -48,7 +48,6 @@ REPACKED_BITS = {kind: 8 if kind == "Q6_K" else 6 for kind in DEQUANTIZED}  # re
 # the float16 rounding of the scale times up to 255 levels and of the bias), and float32's rounding ...
 REPACKING_STEPS = 1 + 1e-4
 FLOAT16_RESOLUTION = 2**-16  # ... plus, where a scale is a float16 subnormal, its 2^-25 spacing times the levels
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def random_scales(rng, n: int) -> np.ndarray:
@@ -198,9 +197,9 @@ def test_mxfp4_is_mlx_mxfp4(written):
         ("Q6_K", {"F32", "Q6_K"}),
     ],
 )
-def test_files_llama_quantize_wrote(recipe, kinds):
-    """A tiny random llama quantized by llama.cpp itself (tests/fixtures/make_kquant_fixtures.py)."""
-    path = FIXTURES / f"tiny-llama-{recipe}.gguf"
+def test_files_llama_quantize_wrote(kquant_llama, recipe, kinds):
+    """A tiny random llama quantized as llama-quantize does it (kquant_llama.py)."""
+    path = kquant_llama[recipe]
     tensors, stored = read_gguf(path)[0], gguf.GGUFReader(path).tensors
     assert {tensor.tensor_type.name for tensor in stored} == kinds
     for tensor in stored:

@@ -41,10 +41,10 @@ MORE = [
     "",
     " ",
 ]
-# name -> the file (under the converted fixtures' folder unless it is a path)
+# name -> the file under the converted fixtures' folder (None: SmolLM2's; "kquant": kquant_llama.py's Q6_K file)
 VOCABS = {
     "smollm2": None,
-    "kquant-gpt2": FIXTURES / "tiny-llama-Q6_K.gguf",
+    "kquant-gpt2": "kquant",
     "gemma": "gemma2-f32.gguf",
     "gemma-placeholder-scores": "gemma2-f32.gguf",  # rewritten by placeholder_scores
     "phi3": "phi3-f32.gguf",
@@ -78,9 +78,9 @@ def placeholder_scores(path: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module", params=VOCABS)
-def vocab(request, converted, recorded, tmp_path_factory):
+def vocab(request, converted, kquant_llama, recorded, tmp_path_factory):
     file = VOCABS[request.param]
-    path = smollm2_gguf() if file is None else file if isinstance(file, Path) else converted / file
+    path = smollm2_gguf() if file is None else kquant_llama["Q6_K"] if file == "kquant" else converted / file
     if request.param == "gemma-placeholder-scores":
         path = placeholder_scores(path, tmp_path_factory.mktemp("placeholder") / "vocab.gguf")
     metadata = mx.load(str(path), return_metadata=True)[1]
