@@ -25,7 +25,7 @@ from reference import reference_logits, relative_error, require
 from test_gguf_llamacpp import IDS, MODELS, SENTENCEPIECE, SP_VOCAB, convert_models, logits_of
 
 from minimlx import loading
-from minimlx.io.gguf_file import Header
+from minimlx.io.gguf_file import GGUFFile
 
 FAMILIES = ("gemma2", "gemma3", "phi3", "glm4", "gpt_oss", "deepseek", "smollm3")
 WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=16)
@@ -81,7 +81,7 @@ def test_k_quant_file_matches_its_reference(wide, name, ftype):
         from gguf.quants import dequantize
 
         tensors = {t.name: mx.array(dequantize(t.data, t.tensor_type)) for t in read(path).tensors}
-        expected = logits_of(path, tensors, Header(path).metadata, ids)[0]
+        expected = logits_of(path, tensors, GGUFFile(path).metadata, ids)[0]
     assert relative_error(logits, expected) <= 1e-4
 
 

@@ -10,7 +10,8 @@ chunk at a time), so reading holds the converted tensors plus one chunk, and no 
   (`w = scale * q + bias`, q unsigned), so they stay packed as `name` (uint32), `name.scales` and `name.biases`
   (".weight" dropped), with float16 scales and biases. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0's are bit for bit what `mx.load`
   gives; a K-quant group's scale is a float16 super-block scale times a 6-bit integer, rounded to float16 here
-  (2^-11 relative at most: docs/formats.md gives the measured error).
+  (2^-11 relative at most: docs/formats.md gives the measured error), unless a float `dequantized_dtype` is asked
+  for: then Q4_K and Q5_K are dequantized as the types below are, exactly.
 - MXFP4 (gpt-oss's experts) is MLX's mxfp4: the same E2M1 values and E8M0 exponents, repacked as `name` (uint32)
   and `name.scales` (uint8), no biases.
 - Every other type `gguf.quants` can dequantize (Q2_K, Q3_K, Q6_K, IQ*, TQ*, ...) is dequantized in float32 with
@@ -112,7 +113,7 @@ class GGUFFile:
         stem, rows, columns = name.removesuffix(".weight"), shape[:-1], shape[-1]
         if kind == T.MXFP4:
             return {name: ((*rows, columns // 8), mx.uint32), f"{stem}.scales": ((*rows, columns // 32), mx.uint8)}
-        if kind in AFFINE:
+        if kind in AFFINE and not (dequantized_dtype is not None and kind in ROUNDED):
             bits = AFFINE[kind][0]
         elif not dequantizable(kind):
             raise CheckpointError(
@@ -146,7 +147,7 @@ class GGUFFile:
                 for first in range(0, rows, step):
                     blocks = np.empty((min(step, rows - first), row_bytes), np.uint8)
                     read_at(file, self.start + offset + first * row_bytes, blocks)
-                    for view, part in zip(views, convert(blocks, kind, layout[name][1], repack=len(views) > 1)):
+                    for view, part in zip(views, convert(blocks, kind, layout[name][1], packed=len(views) > 1)):
                         view[first : first + len(blocks)] = part
         return {part: a.view(mx.bfloat16) if layout[part][1] == mx.bfloat16 else a for part, a in held.items()}
 
@@ -180,15 +181,15 @@ def dequantizable(kind: T) -> bool:
     return True
 
 
-def convert(blocks: np.ndarray, kind: T, dtype: mx.Dtype, repack: bool) -> list[np.ndarray]:
+def convert(blocks: np.ndarray, kind: T, dtype: mx.Dtype, packed: bool) -> list[np.ndarray]:
     """Rows of raw blocks as the parts of their layout: packed words, scales (and biases), or one array of floats in
     `dtype` (bfloat16 as its bits)."""
-    if kind in PACKED:
+    if kind in PACKED and packed:
         bits, unpack = PACKED[kind]
         q, *groups = unpack(blocks.reshape(-1, GGML_QUANT_SIZES[kind][1]))
         return [pack(q.reshape(len(blocks), -1), bits), *(g.reshape(len(blocks), -1) for g in groups if g is not None)]
     w = dequantize(blocks, kind)
-    if not repack:
+    if not packed:
         return [
             np.array(mx.array(w).astype(dtype).view(mx.uint16)) if dtype == mx.bfloat16 else w.astype(dtype_np(dtype))
         ]
@@ -299,4 +300,5 @@ AFFINE = {
     T.Q5_K: (5, q5_k),
 }
 PACKED = {**AFFINE, T.MXFP4: (4, mxfp4)}  # kept packed: MLX affine groups of 32, or MLX mxfp4
+ROUNDED = {T.Q4_K, T.Q5_K}  # whose float16 scales and biases are rounded: a float dtype reads them exactly instead
 REPACKED_BITS = {T.Q6_K: 8}  # the others re-packed, at 6 bits: at least the precision each type stores
