@@ -48,8 +48,8 @@ QUANTS_SOURCE = "ggml/src/ggml-quants.c"
 QUANTS_PARTS = ("ggml/include/", "ggml/src/ggml-quants.", "ggml/src/ggml-common.h", "ggml/src/ggml-impl.h")
 QUANTS_PARTS += ("ggml/src/ggml-cpu/ggml-cpu-impl.h",)
 QUANTS_LIBRARY = "libggml-quants.so"
+THREADS = os.cpu_count() or 1  # that share a tensor's rows in ggml_quantize
 # the flags llama.cpp's build compiles ggml-quants.c with (into ggml-base, with no -m flags: no fused multiply-adds)
-THREADS = os.cpu_count() or 1
 QUANTS_FLAGS = ["-O3", "-DNDEBUG", "-std=gnu11", "-D_GNU_SOURCE", "-fPIC", "-shared"]
 
 
