@@ -285,14 +285,20 @@ def test_a_conversion_that_would_not_fit_the_disk_is_refused_before_it_starts(hf
 
 
 def test_a_failed_write_leaves_the_target_as_it_was(hf_folder, tmp_path, monkeypatch):
-    """MLX reports a full disk as `RuntimeError: [write] Unable to write ...`: one line, and no folder."""
+    """The disk fills up at the third tensor: one line, and no folder."""
+    import errno
+    import os
 
-    def full(*args, **kwargs):
-        raise RuntimeError("[write] Unable to write 5497 bytes to file.")
+    written, write = [], sys.modules["minimlx.convert"].write_tensor
 
-    monkeypatch.setattr(mx, "save_safetensors", full)
+    def filling(file, w):
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(write(file, w))
+
+    monkeypatch.setattr(sys.modules["minimlx.convert"], "write_tensor", filling)
     result = CliRunner().invoke(main, ["convert", str(hf_folder("llama")), str(tmp_path / "out")])
-    refused_after_progress(result, "writing", "Unable to write 5497 bytes", "is as it was")
+    refused_after_progress(result, "writing", "No space left on device", "is as it was")
     assert list(tmp_path.iterdir()) == []
 
 
