@@ -4,7 +4,7 @@ Tiny random llama (llama3 RoPE scaling), qwen3, qwen3_moe and deepseek_v3 folder
 8-bit with groups of 32, with the mixed-3-6 recipe and to bfloat16; mlx-lm must load every output and give
 minimlx's float32 logits. The quantized logits are also compared with the float model's, against bounds
 measured on these models. SmolLM2's GGUF file is converted 4-bit and still answers "Paris"; a model in
-five shards is converted in less memory than two shards; bad settings fail with one line.
+five shards is converted in about the memory of its largest tensor; bad settings fail with one line.
 """
 
 import json
@@ -205,8 +205,11 @@ def sharded(tmp_path_factory):
 
 
 @pytest.mark.parametrize("options", [{"quantize": True}, {"shard_size": "largest"}], ids=["4bit", "float"])
-def test_conversion_streams_shard_by_shard(sharded, tmp_path, options):
+def test_conversion_streams_tensor_by_tensor(sharded, tmp_path, options):
+    """MLX's peak is about the largest tensor (1.05 MB), far under one shard (3.94 MB): measured 1.15x it with -q,
+    1.00x as stored."""
     largest = max(p.stat().st_size for p in sharded.glob("*.safetensors"))
+    tensor = max(w.nbytes for p in sharded.glob("*.safetensors") for w in mx.load(str(p)).values())
     options = {k: largest if v == "largest" else v for k, v in options.items()}
     out = tmp_path / "out"
     peak = peak_memory(f"""
@@ -214,8 +217,8 @@ def test_conversion_streams_shard_by_shard(sharded, tmp_path, options):
         warnings.simplefilter("ignore")  # the folder has no tokenizer
         minimlx.convert({str(sharded)!r}, {str(out)!r}, **{options!r})
     """)
-    print(f"{options}: peak {peak / 1e6:.2f} MB, largest shard {largest / 1e6:.2f} MB ({peak / largest:.2f}x)")
-    assert peak < 2 * largest
+    print(f"{options}: peak {peak / 1e6:.2f} MB, largest shard {largest / 1e6:.2f} MB, tensor {tensor / 1e6:.2f} MB")
+    assert peak < 1.5 * tensor < largest / 2
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     if "shard_size" in options:
         assert len(shards) >= 4 and (out / "model.safetensors.index.json").is_file()
