@@ -7,7 +7,7 @@ packed weights run. Neither io nor archs imports the other.
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,7 +17,7 @@ from .archs import build, gguf_config, plugin_config
 from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
-from .io.gguf_file import GGUFFile, read_gguf
+from .io.gguf_file import GGUFFile, open_gguf, read_gguf
 from .io.resolve import resolve
 from .quantization import dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
@@ -79,14 +79,18 @@ def gguf_checkpoint(path: Path, metadata: dict, tensors, weights: dict[str, mx.a
 
 
 class OnLookup(Mapping):
-    """A GGUF file's tensors (file names, as `read_gguf` gives them), each read when it is looked up."""
+    """A GGUF file's tensors (file names, as `read_gguf` gives them), each read when it is looked up (not when asked
+    whether it is there)."""
 
     def __init__(self, path: Path, file: GGUFFile, dtype: mx.Dtype | None):
         self.path, self.dtype = path, dtype
-        self.tensor_of = {part: name for name in file.tensors for part in file.layout(name, dtype)}
+        self.tensor_of = file_tensors(file, dtype)
 
     def __getitem__(self, part: str) -> mx.array:
         return read_gguf(self.path, self.dtype, [self.tensor_of[part]])[0][part]
+
+    def __contains__(self, part) -> bool:
+        return part in self.tensor_of
 
     def __iter__(self):
         return iter(self.tensor_of)
@@ -95,26 +99,45 @@ class OnLookup(Mapping):
         return len(self.tensor_of)
 
 
+def file_tensors(file: GGUFFile, dtype: mx.Dtype | None) -> dict[str, str]:
+    """The file tensor each array `read_gguf` gives comes from (names -> file names)."""
+    return {part: name for name in file.tensors for part in file.layout(name, dtype)}
+
+
+def gguf_standins(path: Path, dtype: mx.Dtype | None) -> tuple[GGUFFile, dict[str, mx.array], Checkpoint]:
+    """A GGUF file's checkpoint on stand-ins for its tensors: lazy zeros of the shape and dtype `read_gguf` gives
+    each (file names), never computed; the config reads the few tensors it needs from the file. Returns the file,
+    the stand-ins and the checkpoint."""
+    file = open_gguf(path)
+    standins = {
+        part: mx.zeros(shape, kind) for name in file.tensors for part, (shape, kind) in file.layout(name, dtype).items()
+    }
+    return file, standins, gguf_checkpoint(path, file.metadata, OnLookup(path, file, dtype), dict(standins))
+
+
+def with_tensors(checkpoint: Checkpoint, tensors: dict[str, mx.array]) -> Checkpoint:
+    """A GGUF file's `checkpoint` (its config as it is) holding the plugin's weights of `tensors` (file names)."""
+    return replace(checkpoint, weights=checkpoint.arch.convert_gguf_weights(tensors, checkpoint.metadata))
+
+
 def rank_share(path: Path, dtype: str | None, parallel: str) -> Checkpoint:
     """A GGUF file's checkpoint with only the tensors of this rank's share of `parallel` read.
 
-    The model is first cut on stand-ins (lazy zeros of each tensor's shape and dtype, never computed): a file
-    tensor is read when its own conversion gives a tensor this rank keeps (or one the cut does not know). The
-    checkpoint holds the stand-ins of the others, which the same cut drops again before anything is computed."""
-    file, dequantized = GGUFFile(path), DTYPES.get(dtype)
-    layouts = {name: file.layout(name, dequantized) for name in file.tensors}
-    standins = {part: mx.zeros(shape, kind) for layout in layouts.values() for part, (shape, kind) in layout.items()}
-    lookup = OnLookup(path, file, dequantized)
-    plan = gguf_checkpoint(path, file.metadata, lookup, dict(standins))
+    The model is first cut on stand-ins (`gguf_standins`): a file tensor is read when its own conversion gives a
+    tensor this rank keeps (or one the cut does not know). The checkpoint holds the stand-ins of the others, which
+    the same cut drops again before anything is computed."""
+    dequantized = DTYPES.get(dtype)
+    file, standins, plan = gguf_standins(path, dequantized)
     planned, split = set(plan.weights), splitter(parallel)
     prepare(plan, dtype, split)
     kept, arch = set(split.tensors), plan.arch
     needed = []
-    for name, layout in layouts.items():
-        gives = set(arch.convert_gguf_weights({part: standins[part] for part in layout}, file.metadata))
+    for name in file.tensors:
+        parts = file.layout(name, dequantized)
+        gives = set(arch.convert_gguf_weights({part: standins[part] for part in parts}, file.metadata))
         if not gives or gives & kept or not gives <= planned:
             needed.append(name)
-    return gguf_checkpoint(path, file.metadata, lookup, {**standins, **read_gguf(path, dequantized, needed)[0]})
+    return with_tensors(plan, {**standins, **read_gguf(path, dequantized, needed)[0]})
 
 
 def check_dtype(dtype: str | None) -> None:

@@ -197,18 +197,23 @@ def convert(blocks: np.ndarray, kind: T, dtype: mx.Dtype, packed: bool) -> list[
     return [pack(q, REPACKED_BITS.get(kind, 6)), scales, biases]
 
 
-def read_gguf(
-    path: str | Path, dequantized_dtype: mx.Dtype | None = None, names=None
-) -> tuple[dict[str, mx.array], dict]:
-    """Tensors (named as in the file, shapes row-major) and metadata (Python values; arrays as lists); only the
-    tensors `names` lists when given (the file's names)."""
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The GGUF file at `path`, parsed; one line saying so when it is not one."""
     try:
-        file = GGUFFile(path)
+        return GGUFFile(path)
     except CheckpointError:
         raise
     except Exception as e:  # not a GGUF, truncated, corrupt: many kinds of errors
         reason = " ".join(str(e).split()).rstrip(".") or type(e).__name__
         raise CheckpointError(f"cannot read GGUF file {path}: {reason}; re-download or re-convert it") from None
+
+
+def read_gguf(
+    path: str | Path, dequantized_dtype: mx.Dtype | None = None, names=None
+) -> tuple[dict[str, mx.array], dict]:
+    """Tensors (named as in the file, shapes row-major) and metadata (Python values; arrays as lists); only the
+    tensors `names` lists when given (the file's names)."""
+    file = open_gguf(path)
     tensors = {}
     for name in file.tensors if names is None else names:
         tensors.update(file.read(name, dequantized_dtype))
