@@ -158,7 +158,8 @@ def test_whole_tokens_first_where_llama_cpp_looks_them_up(smollm2):
 
 def test_unknown_name_says_which_are_known():
     with pytest.raises(UnsupportedArchitectureError, match=r"pre-tokenizer 'gpt2' is not supported \(known: .*gpt-2"):
-        Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2"})
+        vocab = {"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": []}
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", **vocab})
 
 
 def spm_vocab(scores: list[float]) -> dict:
@@ -183,3 +184,18 @@ def test_equal_scores_join_the_leftmost_pair_as_llama_cpp_does():
     ranked = Tokenizer.from_gguf(spm_vocab([0.0, -1.0, -2.0, -4.0, -3.0]))
     assert ranked.encoder is ranked.backend  # distinct scores: BPE merges give llama.cpp's ids
     assert [ranked.encode(text) for text in ("aba", "bab", "abab")] == [[1, 4], [4, 2], [1, 4, 2]]
+
+
+@pytest.mark.parametrize(
+    "metadata, missing",
+    [
+        ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"]}, "tokenizer.ggml.merges"),
+        ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"]}, "tokenizer.ggml.scores"),
+        ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": ["a b"]}, "tokenizer.ggml.tokens"),
+    ],
+)
+def test_a_vocabulary_missing_its_merges_or_tokens_is_one_line(metadata, missing):
+    from minimlx.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=f"has no {missing};"):
+        read_vocab(metadata)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from ..errors import UnsupportedArchitectureError
+from ..errors import CheckpointError, UnsupportedArchitectureError
 from .byte_level import CHAR_BYTES, spell
 
 # The regexes of llama-vocab.cpp's `llm_tokenizer_bpe`, as written there unless a comment says otherwise.
@@ -189,6 +189,15 @@ def read_vocab(metadata: dict) -> GGUFVocab:
         raise UnsupportedArchitectureError(
             f"GGUF tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE and 'llama' "
             "SentencePiece); use the model's Hugging Face folder with tokenizer.json instead"
+        )
+    needed = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges" if model == "gpt2" else "tokenizer.ggml.scores"]
+    if model == "llama" and "tokenizer.ggml.merges" in metadata:
+        needed.pop()
+    missing = [key for key in needed if key not in metadata]
+    if missing:
+        raise CheckpointError(
+            f"the GGUF's {model} vocabulary has no {' or '.join(missing)}; the file is incomplete: convert the model "
+            "again with llama.cpp's convert_hf_to_gguf.py, or load its Hugging Face folder"
         )
     backend = byte_level_bpe(metadata) if model == "gpt2" else sentencepiece_bpe(metadata)
     tokens = metadata["tokenizer.ggml.tokens"]
