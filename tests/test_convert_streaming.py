@@ -17,14 +17,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from kquant_llama import MERGES, byte_tokens
 from reference import require
 
 from minimlx.cli import main
 from minimlx.convert import output_tensors, safetensors_header, sources, write_tensor
 from minimlx.loading import read_checkpoint
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from make_kquant_fixtures import MERGES, byte_tokens  # noqa: E402
 
 convert_module = sys.modules["minimlx.convert"]  # (`minimlx.convert` is the function)
 
@@ -99,7 +97,7 @@ def test_the_sources_of_lazy_arrays_are_read_off_their_graphs():
 
 def write_llama(path: Path, hidden: int, ffn: int, seed: int = 0) -> int:
     """A one-block random llama as an F32 GGUF, written tensor by tensor, with the byte-level vocabulary of
-    make_kquant_fixtures.py; returns the bytes of its largest tensor."""
+    kquant_llama.py; returns the bytes of its largest tensor."""
     gguf = require("gguf")
     rng, heads = np.random.default_rng(seed), 8
     tokens = [*byte_tokens(), *(merge.replace(" ", "") for merge in MERGES), "<|endoftext|>"]
