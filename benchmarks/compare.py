@@ -373,7 +373,7 @@ def prefill_profile(args) -> str:
 
 
 def native_kernel_rows(bench: list[str]) -> dict[str, tuple[list[str], dict]]:
-    """The native kernel on/off: with `minimlx_native` installed (pip install ./native), the `minimlx` row (the
+    """The native kernel on/off: with `minimlx_native` installed (pip install -e . builds it), the `minimlx` row (the
     default) runs the GGUF's packed weights through it; `--dtype float32` dequantizes them (BLAS decode, the
     kernel's GEMM and ops for the prompt), and MINIMLX_NATIVE=off leaves everything to MLX and BLAS."""
     if importlib.util.find_spec("minimlx_native") is None:

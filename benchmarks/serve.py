@@ -169,7 +169,7 @@ def servers(work: Path) -> tuple[dict, list[str]]:
             "smollm2-135m",
         )
     else:
-        notes.append("the native kernel (pip install ./native) is not installed: minimlx's packed row was left out")
+        notes.append("the native kernel is not built here: minimlx's packed row was left out")
     if importlib.util.find_spec("mlx_lm") is not None:
         from minimlx.cpu import blas
 

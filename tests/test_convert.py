@@ -104,7 +104,7 @@ def test_cpu_default_runs_what_the_kernel_reads_packed_and_the_rest_in_float32(h
     """With the native kernel installed, the CPU default (dtype None) keeps a mixed-4-6 folder's 4-bit maps packed on
     the kernel and dequantizes its 6-bit ones to float32 (MLX's packed CPU kernels are 10-100x slower); the logits
     are the float32 dequantized model's."""
-    pytest.importorskip("minimlx_native", reason="the native kernel is not installed (pip install ./native)")
+    pytest.importorskip("minimlx_native", reason="the native kernel is not installed (pip install -v -e . says why)")
     from minimlx.cpu.linear import NativeQuantizedLinear
 
     out = tmp_path / "mixed-4-6"

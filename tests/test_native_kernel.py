@@ -1,4 +1,4 @@
-"""The optional native kernel (native/, `pip install ./native`): its products against MLX's, and
+"""The native kernel (native/, built by `pip install -e .` where it can be): its products against MLX's, and
 greedy decoding through it against float32 BLAS on SmolLM2."""
 
 import os
@@ -14,7 +14,7 @@ if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a
     import minimlx_native
 else:
     minimlx_native = pytest.importorskip(
-        "minimlx_native", reason="the native kernel is not installed (pip install ./native)"
+        "minimlx_native", reason="the native kernel is not installed (pip install -v -e . says why)"
     )
 
 from minimlx import load, stream_generate  # noqa: E402

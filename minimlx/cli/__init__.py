@@ -51,6 +51,19 @@ class Group(click.Group):
             fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), 1)
 
 
+def cpu_notes() -> None:
+    """On the CPU, say what makes this machine slower than it could be, one line each: MLX's reference BLAS under
+    the float32 matmuls, no native kernel."""
+    import mlx.core as mx
+
+    from ..cpu import blas, native
+
+    if mx.default_device() == mx.cpu:
+        for note in (blas.advice(), native.note):
+            if note:
+                click.echo(note, err=True)
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null, so that flushing it at exit does not fail again."""
     try:

@@ -16,7 +16,7 @@ from ..decode import Engine, Generation, Request, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
-from . import dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
+from . import cpu_notes, dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import speculation_options, whole_option
 
 
@@ -82,8 +82,7 @@ def bench(
         from ..distributed import rank_zero_speaks
 
         rank_zero_speaks()
-    if mx.default_device() == mx.cpu and (note := blas.advice()):
-        click.echo(note, err=True)
+    cpu_notes()
     start = time.perf_counter()
     net, tokenizer = load(model, dtype, parallel)
     load_s = time.perf_counter() - start

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import click
 
-from ..cpu import blas
 from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
@@ -17,6 +16,7 @@ from ..errors import InvalidSettingError, ModelNotFoundError
 from . import (
     TEXT,
     chat_template_option,
+    cpu_notes,
     dtype_option,
     kv_bits_option,
     main,
@@ -135,8 +135,7 @@ def open_model(options: dict):
         from ..distributed import rank_zero_speaks
 
         rank_zero_speaks()
-    if mx.default_device() == mx.cpu and (note := blas.advice()):
-        click.echo(note, err=True)
+    cpu_notes()
     name = options["model"]
     if name is None:
         if short_name_path(DEFAULT_MODEL) is None:

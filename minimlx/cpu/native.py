@@ -1,7 +1,9 @@
-"""The optional native kernel (this repo's `native/`, `pip install ./native`), probed once, at import.
+"""The native kernel (this repo's `native/`, built with minimlx where it can be: setup.py), probed once, at import.
 
 `kernel` is the `minimlx_native` module when it is installed, built for the installed MLX and not switched
-off with `MINIMLX_NATIVE=off`; else None, and every CPU form computes with MLX's ops instead.
+off with `MINIMLX_NATIVE=off`; else None, and every CPU form computes with MLX's ops instead. `note` is then the one
+line the commands that run a model print on the CPU: why the kernel is missing and how to get it (None where it is
+switched off or not built for the platform).
 
 `exact_products`: whether the kernel's packed products of a few input rows (decode steps) keep their inputs in
 float32 (`MINIMLX_NATIVE_PRODUCTS=float`) rather than quantizing them to 8 bits per block of 32 for integer dot
@@ -9,6 +11,7 @@ products (`integer`, the default: faster, within the error docs/performance.md s
 """
 
 import os
+import platform
 import warnings
 
 OPS = (
@@ -28,22 +31,39 @@ OPS = (
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""
 
 
+PLATFORMS = {("Linux", "x86_64"), ("Linux", "aarch64")}
+"""(system, machine) pairs setup.py builds the kernel on."""
+
+UNBUILT = (
+    "note: minimlx's native CPU kernel was not built at install, so decoding runs 2-3x slower; to build it, "
+    "install a C++ compiler and Python's headers (apt-get install g++ python3-dev) and run pip install -e . again"
+)
+
+
 def probe():
+    """(the kernel or None, the note saying why not or None)."""
     if os.environ.get("MINIMLX_NATIVE", "").lower() in ("0", "off", "false", "no"):
-        return None
+        return None, None
     try:
         import minimlx_native
-    except ImportError:  # not installed, or built for another MLX: MLX's ops serve
-        return None
+    except ImportError as e:  # MLX's ops serve
+        if e.name == "minimlx_native":  # not built
+            return None, UNBUILT if (platform.system(), platform.machine()) in PLATFORMS else None
+        if e.name is None:  # built for another MLX: its own line says so, with the fix
+            return None, f"note: {e}"
+        return (
+            None,
+            f"note: minimlx's native CPU kernel does not load ({e}); reinstall minimlx to rebuild it: pip install -e .",
+        )
     missing = [op for op in OPS if not hasattr(minimlx_native, op)]
     if missing:
         warnings.warn(
             f"minimlx: the installed native kernel is older than minimlx (it lacks {', '.join(missing)}) and is not "
-            "used; rebuild it: pip install --force-reinstall ./native",
+            "used; rebuild it: pip install -e .",
             stacklevel=2,
         )
-        return None
-    return minimlx_native
+        return None, None
+    return minimlx_native, None
 
 
 def products_are_exact() -> bool:
@@ -56,5 +76,5 @@ def products_are_exact() -> bool:
     return products == "float"
 
 
-kernel = probe()
+kernel, note = probe()
 exact_products = products_are_exact()

@@ -20,7 +20,7 @@ from . import _ext
 if _ext.mlx_version != mx.__version__:
     raise ImportError(
         f"minimlx_native was built against mlx {_ext.mlx_version} but mlx {mx.__version__} is installed; "
-        "rebuild it: pip install --force-reinstall ./native"
+        "reinstall minimlx to rebuild it: pip install -e ."
     )
 
 quantized_matmul = _ext.quantized_matmul
