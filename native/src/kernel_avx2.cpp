@@ -9,19 +9,21 @@ namespace minimlx_native {
 
 // The integer step with maddubs (u8 x s8 products summed in pairs to 16 bits, then in fours to 32). Pairs of
 // 8-bit codes (up to 2 * 255 * 127) would overflow 16 bits, so those enter recentred, q - 128, as signed bytes:
-// |q - 128| times xq with q - 128's sign (at most 2 * 128 * 127).
+// |q - 128| times xq with q - 128's sign (at most 2 * 128 * 127). The low and high nibbles' pairs (each at most
+// 2 * 15 * 127) are added in 16 bits before the widening.
 struct Maddubs : Avx2Codes {
   template <int BITS>
   static constexpr int offset = BITS == 8 ? 128 : 0;
   template <int BITS>
-  static __m256 dot(__m256i codes, const int8_t* xq) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  static __m256 dot(const Codes& codes, const int8_t* xq) {
+    const __m256i* x = reinterpret_cast<const __m256i*>(xq);
     __m256i pairs;
     if constexpr (BITS == 8) {
-      const __m256i centred = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));
-      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(x, centred));
+      const __m256i centred = _mm256_xor_si256(codes.low, _mm256_set1_epi8(static_cast<char>(0x80)));
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(_mm256_loadu_si256(x), centred));
     } else {
-      pairs = _mm256_maddubs_epi16(codes, x);
+      pairs = _mm256_add_epi16(_mm256_maddubs_epi16(codes.low, _mm256_loadu_si256(x)),
+                               _mm256_maddubs_epi16(codes.high, _mm256_loadu_si256(x + 1)));
     }
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
