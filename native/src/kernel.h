@@ -104,6 +104,8 @@ int quantized_stride(int K, int span);
 void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
                      float* xd, float* xsum);
 #if defined(__x86_64__) || defined(_M_X64)
+void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
+                          float* xd, float* xsum);
 void quantize_inputs_avx512vnni(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
                             int8_t* xq, float* xd, float* xsum);
 #endif

@@ -99,8 +99,8 @@ Isa best_isa() {
   const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni");
   const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, quantize_inputs_avx512vnni, 128, 64, 16,
                                                       "avx512vnni"}
-                             : avxvnni  ? IntegerIsa{integer_rows_avxvnni, quantize_inputs, 64, 32, 8, "avxvnni"}
-                             : avx2     ? IntegerIsa{integer_rows_avx2, quantize_inputs, 64, 32, 8, "avx2"}
+                             : avxvnni  ? IntegerIsa{integer_rows_avxvnni, quantize_inputs_avx2, 64, 32, 8, "avxvnni"}
+                             : avx2     ? IntegerIsa{integer_rows_avx2, quantize_inputs_avx2, 64, 32, 8, "avx2"}
                                         : scalar_integer;
   if (avx512)
     return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512,
