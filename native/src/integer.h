@@ -7,32 +7,96 @@
 //   out[m, n] = sum_blocks s_g d_b sum_k q[n, k] xq[m, k]  +  sum_g b_g xsum[m, g],  xsum[m, g] = sum_b d_b sum_k xq[m, k]
 //
 // so the inner sums are dot products of unsigned codes and signed bytes, which one instruction computes four at a
-// time per lane (vpdpbusd, maddubs, sdot). `Simd` supplies vectors of W floats; `Dot` the integer step of an
-// instruction set:
+// time per lane (vpdpbusd, maddubs, sdot). A step is as many codes as one vector load holds; its codes are unpacked
+// once and dotted with each input row's in turn, and each lane's sum (of one block) is scaled by s_g d_b as it is,
+// with no sum across lanes before the end of the row. `Simd` supplies vectors of W floats; `Dot` the integer step
+// of an instruction set, for codes of BITS bits:
 //
-//   span               values per step, a multiple of 32; the W lanes of its sums are split evenly between its blocks
-//   Codes              the codes of one step as unsigned bytes in order, from `codes<BITS>(packed bytes)`
-//   dot<BITS>(c, xq)   the step's partial sums of (q - offset<BITS>) * xq as W floats (exact integers)
-//   spread(s)          W floats holding s[j] in the lanes of the step's block j
+//   span<BITS>         values per step, a multiple of 32; the W lanes of its sums are split evenly between its
+//                      blocks, in order
+//   codes<BITS>(p)     the step's codes from its packed bytes; partial<BITS>(p, bytes) from its first `bytes`, zeros
+//                      past them (a row's last values, where they fill part of a step; spans of 32 never need it)
+//   dot<BITS>(c, xq)   the step's partial sums of (q - offset<BITS>) * xq as W floats (exact integers). 4-bit codes
+//                      meet the inputs in nibble order: the step's low nibbles (its values 0, 2, 4, ...), then its
+//                      high nibbles (1, 3, 5, ...), which is how `quantize_inputs` lays out the inputs for them
+//   spread<N>(s)       W floats holding N consecutive scales s[0 .. N) (float, or Half), each in W / N lanes in turn;
+//                      spread<N>(s, count) reads only the first `count` of them (for a partial step)
 //   offset<BITS>       0 where the codes enter as they are; 128 where 8-bit codes are recentred to fit a signed
 //                      byte, whose share, 128 sum_g s_g xsum[m, g], is added back with the biases'
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "kernel.h"
 #include "rows.h"
 
 namespace minimlx_native {
 
-// Step t (values t * span on) of MB input rows from m0, for the codes of one output row and their scales spread
-// over the step's blocks, into acc.
-template <class Simd, class Dot, int BITS, int MB>
-inline void integer_step(const Problem& p, const typename Dot::Codes& codes, typename Simd::V scale, int m0, int t,
+// quantize_inputs (kernel.h), with `Block::quantize<NIBBLES>(x, d, first, second)` quantizing the 32 values of one
+// block: d set, the codes written to first[0 .. 32) in order or, NIBBLES, the even values' to first[0 .. 16) and the
+// odd values' to second[0 .. 16) (where nibble order puts them), their sum returned.
+template <class Block>
+void quantize_rows(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
+                   float* xd, float* xsum) {
+  const int stride = quantized_stride(K, span), lanes_per_block = lanes * 32 / span, groups = K / group_size;
+  for (int m = 0; m < M; ++m) {
+    const float* row = x + static_cast<int64_t>(m) * K;
+    int8_t* q = xq + static_cast<int64_t>(m) * stride;
+    float* d_lanes = xd + static_cast<int64_t>(m) * stride / span * lanes;
+    float* sums = xsum + static_cast<int64_t>(m) * groups;
+    std::fill(sums, sums + groups, 0.0f);
+    for (int k = 0; k < stride; k += 32) {
+      int8_t* first = q + k / span * span + (nibbles ? k % span / 2 : k % span);
+      int8_t* second = first + span / 2;
+      float d = 0.0f;
+      if (k >= K) {  // padding to a whole step
+        std::fill(first, first + (nibbles ? 16 : 32), 0);
+        if (nibbles) std::fill(second, second + 16, 0);
+      } else {
+        const int total = nibbles ? Block::template quantize<true>(row + k, d, first, second)
+                                  : Block::template quantize<false>(row + k, d, first, second);
+        sums[k / group_size] += d * static_cast<float>(total);
+      }
+      std::fill(d_lanes + k / 32 * lanes_per_block, d_lanes + (k / 32 + 1) * lanes_per_block, d);
+    }
+  }
+}
+
+// The W lanes of step t's scales: the step's groups in turn where the group size GS is known (a step of SPAN
+// values holds SPAN / GS groups, or lies in one), else each block's looked up.
+template <class Dot, class S, int SPAN, int GS>
+inline auto step_scales(const S* scales, int t, int group_size) {
+  if constexpr (GS != 0) {
+    constexpr int N = GS < SPAN ? SPAN / GS : 1;
+    return Dot::template spread<N>(scales + static_cast<int64_t>(t) * SPAN / GS);
+  } else {
+    float s[SPAN / 32];
+    for (int j = 0; j < SPAN / 32; ++j) s[j] = static_cast<float>(scales[(t * SPAN + 32 * j) / group_size]);
+    return Dot::template spread<SPAN / 32>(s);
+  }
+}
+
+// The same for a last step t of only `rest` values, reading no scales past them (the lanes past them get zeros, or
+// the last group's scale, whose codes are zeros).
+template <class Dot, class S, int SPAN, int GS>
+inline auto partial_scales(const S* scales, int t, int rest, int group_size) {
+  if constexpr (GS != 0) {
+    constexpr int N = GS < SPAN ? SPAN / GS : 1;
+    return Dot::template spread<N>(scales + static_cast<int64_t>(t) * SPAN / GS, (rest + GS - 1) / GS);
+  } else {
+    float s[SPAN / 32];
+    for (int j = 0; j < SPAN / 32; ++j) s[j] = static_cast<float>(scales[(t * SPAN + std::min(32 * j, rest - 32)) / group_size]);
+    return Dot::template spread<SPAN / 32>(s);
+  }
+}
+
+// Step t of MB input rows from m0, for the codes of one output row and their scales spread over the step's
+// blocks, into acc.
+template <class Simd, class Dot, int BITS, int MB, class Codes>
+inline void integer_step(const Problem& p, const Codes& codes, typename Simd::V scale, int m0, int t,
                          typename Simd::V* acc) {
-  constexpr int SPAN = Dot::span;
+  constexpr int SPAN = Dot::template span<BITS>;
   const int64_t stride = p.xq_stride;
   for (int m = 0; m < MB; ++m) {
     const int64_t row = m0 + m;
@@ -42,52 +106,80 @@ inline void integer_step(const Problem& p, const typename Dot::Codes& codes, typ
   }
 }
 
-// Output row n for MB input rows from m0. Each row's sums run in the same order whatever MB is, so a row's result
-// does not depend on the rows computed beside it (a batch gives each sequence what it gets alone).
+// Output rows [row_begin, row_end) for MB input rows from m0, one at a time. Each row's sums run in the same order
+// whatever MB is and wherever the range begins (the last sums across lanes take four output rows' vectors at a
+// time, each summed alone), so that a row's result does not depend on the rows computed beside it (a batch gives
+// each sequence what it gets alone).
 template <class Simd, class Dot, class S, int BITS, int GS, int MB>
-inline void integer_block(const Problem& p, int n, int m0) {
+void integer_block(const Problem& p, int row_begin, int row_end, int m0) {
   using V = typename Simd::V;
-  constexpr int SPAN = Dot::span, BLOCKS = SPAN / 32, STEP_BYTES = SPAN * BITS / 8;
+  constexpr int SPAN = Dot::template span<BITS>, STEP_BYTES = SPAN * BITS / 8;
   const int group_size = GS ? GS : p.group_size, groups = p.K / group_size, steps = p.K / SPAN;
-  const uint8_t* w = p.w + static_cast<int64_t>(n) * p.K * BITS / 8;
-  const S* scales = static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups;
-  const S* biases = static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups;
-  V acc[2][MB];  // even and odd steps: two chains of FMAs, where one would wait on each FMA before the next
-  for (int m = 0; m < MB; ++m) acc[0][m] = acc[1][m] = Simd::zero();
-  float s[BLOCKS];
-  for (int t = 0; t < steps; ++t) {
-    for (int j = 0; j < BLOCKS; ++j) s[j] = static_cast<float>(scales[(t * SPAN + 32 * j) / group_size]);
-    const auto codes = Dot::template codes<BITS>(w + t * STEP_BYTES);
-    integer_step<Simd, Dot, BITS, MB>(p, codes, Dot::spread(s), m0, t, acc[t % 2]);
-  }
-  if (steps * SPAN < p.K) {  // the row's last values fill part of a step: zero codes past them
-    alignas(64) uint8_t tail[STEP_BYTES] = {};
-    std::memcpy(tail, w + steps * STEP_BYTES, (p.K - steps * SPAN) * BITS / 8);
-    for (int j = 0; j < BLOCKS; ++j) s[j] = static_cast<float>(scales[std::min(steps * SPAN + 32 * j, p.K - 32) / group_size]);
-    integer_step<Simd, Dot, BITS, MB>(p, Dot::template codes<BITS>(tail), Dot::spread(s), m0, steps, acc[steps % 2]);
-  }
-  for (int m = 0; m < MB; ++m) {
-    const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
-    float bias = bias_term<Simd, S>(biases, xsum, groups);
-    if constexpr (Dot::template offset<BITS> != 0) bias += Dot::template offset<BITS> * bias_term<Simd, S>(scales, xsum, groups);
-    p.out[static_cast<int64_t>(m0 + m) * p.N + n] = Simd::sum(Simd::add(acc[0][m], acc[1][m])) + bias;
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
+  V totals[MB][4];
+  float rests[MB][4];
+  for (int n = row_begin; n < row_end; ++n) {
+    const uint8_t* w = p.w + n * row_bytes;
+    const S* scales = static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups;
+    const S* biases = static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups;
+    // Even and odd steps (and a partial last one) in two chains of FMAs, where one would wait on each FMA before
+    // the next; unrolled by two, so that each chain's sums stay in registers.
+    V even[MB], odd[MB];
+    for (int m = 0; m < MB; ++m) even[m] = odd[m] = Simd::zero();
+    auto step = [&](int t, V* acc) {
+      const V scale = step_scales<Dot, S, SPAN, GS>(scales, t, group_size);
+      integer_step<Simd, Dot, BITS, MB>(p, Dot::template codes<BITS>(w + t * STEP_BYTES), scale, m0, t, acc);
+    };
+    int t = 0;
+    for (; t + 1 < steps; t += 2) {
+      step(t, even);
+      step(t + 1, odd);
+    }
+    if (t < steps) step(t, even);
+    if constexpr (SPAN > 32) {
+      if (const int rest = p.K - steps * SPAN; rest > 0) {  // the row's last values fill part of a step: zero codes
+        const auto codes = Dot::template partial<BITS>(w + steps * STEP_BYTES, rest * BITS / 8);
+        const V scale = partial_scales<Dot, S, SPAN, GS>(scales, steps, rest, group_size);
+        integer_step<Simd, Dot, BITS, MB>(p, codes, scale, m0, steps, odd);
+      }
+    }
+    const int slot = (n - row_begin) % 4;
+    for (int m = 0; m < MB; ++m) {
+      const float* xsum = p.xsum + static_cast<int64_t>(m0 + m) * groups;
+      float& rest = rests[m][slot] = 0.0f;
+      V total = bias_terms<Simd, S>(biases, xsum, groups, Simd::add(even[m], odd[m]), rest);
+      if constexpr (Dot::template offset<BITS> != 0) {
+        float offset_rest = 0.0f;
+        const V offset_total = bias_terms<Simd, S>(scales, xsum, groups, Simd::zero(), offset_rest);
+        total = Simd::fma(offset_total, Simd::set1(Dot::template offset<BITS>), total);
+        rest += Dot::template offset<BITS> * offset_rest;
+      }
+      totals[m][slot] = total;
+    }
+    if (slot == 3 || n + 1 == row_end) {
+      for (int m = 0; m < MB; ++m) {
+        for (int r = slot + 1; r < 4; ++r) totals[m][r] = Simd::zero();
+        float sums[4];
+        Simd::sum4(totals[m], sums);
+        for (int r = 0; r <= slot; ++r) p.out[static_cast<int64_t>(m0 + m) * p.N + n - slot + r] = sums[r] + rests[m][r];
+      }
+    }
   }
 }
 
-// Output rows [row_begin, row_end) for every input row: blocks of 4, then the last 1-3, each output row read once
-// per block.
+// Output rows [row_begin, row_end) for every input row: blocks of 8 where the vector registers hold their sums (16
+// of 32), then of 4, then the last 1-3, the output rows read once per block.
 template <class Simd, class Dot, class S, int BITS, int GS>
 inline void integer_rows_bits(const Problem& p, int row_begin, int row_end) {
   int m = 0;
-  for (; m + 4 <= p.M; m += 4)
-    for (int n = row_begin; n < row_end; ++n) integer_block<Simd, Dot, S, BITS, GS, 4>(p, n, m);
-  for (int n = row_begin; n < row_end; ++n) {
-    switch (p.M - m) {
-      case 3: integer_block<Simd, Dot, S, BITS, GS, 3>(p, n, m); break;
-      case 2: integer_block<Simd, Dot, S, BITS, GS, 2>(p, n, m); break;
-      case 1: integer_block<Simd, Dot, S, BITS, GS, 1>(p, n, m); break;
-      default: return;
-    }
+  if constexpr (Simd::registers >= 32)
+    for (; m + 8 <= p.M; m += 8) integer_block<Simd, Dot, S, BITS, GS, 8>(p, row_begin, row_end, m);
+  for (; m + 4 <= p.M; m += 4) integer_block<Simd, Dot, S, BITS, GS, 4>(p, row_begin, row_end, m);
+  switch (p.M - m) {
+    case 3: return integer_block<Simd, Dot, S, BITS, GS, 3>(p, row_begin, row_end, m);
+    case 2: return integer_block<Simd, Dot, S, BITS, GS, 2>(p, row_begin, row_end, m);
+    case 1: return integer_block<Simd, Dot, S, BITS, GS, 1>(p, row_begin, row_end, m);
+    default: return;
   }
 }
 

@@ -97,11 +97,18 @@ void prepare_inputs(const float* x, int M, int K, int group_size, int bits, floa
 
 // Input rows quantized per block of 32 values for the integer products (integer.h), as llama.cpp's
 // quantize_row_q8_1 does: d = max |x| / 127, xq = round(x / d). Each row is `stride` bytes of xq (K rounded up to
-// `span`, zeros past K); xd gets each block's d in the `lanes * 32 / span` lanes of its sums in a step of `span`
-// values, xsum the sum over each group's blocks of d * sum(xq).
+// `span`, zeros past K), each step of `span` values in order, or with `nibbles` in the order of 4-bit codes (its
+// values 0, 2, 4, ..., then 1, 3, 5, ...); xd gets each block's d in the `lanes * 32 / span` lanes of its sums in a
+// step, xsum the sum over each group's blocks of d * sum(xq).
 int quantized_stride(int K, int span);
-void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, int8_t* xq, float* xd,
-                     float* xsum);
+void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
+                     float* xd, float* xsum);
+#if defined(__x86_64__) || defined(_M_X64)
+void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
+                          float* xd, float* xsum);
+void quantize_inputs_avx512vnni(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
+                            int8_t* xq, float* xd, float* xsum);
+#endif
 
 // Rows [row_begin, row_end) of out, for every input row, from the quantized inputs. One function per integer
 // instruction set, with its step of `span` values and the W lanes of its float vectors.

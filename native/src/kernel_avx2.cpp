@@ -9,23 +9,70 @@ namespace minimlx_native {
 
 // The integer step with maddubs (u8 x s8 products summed in pairs to 16 bits, then in fours to 32). Pairs of
 // 8-bit codes (up to 2 * 255 * 127) would overflow 16 bits, so those enter recentred, q - 128, as signed bytes:
-// |q - 128| times xq with q - 128's sign (at most 2 * 128 * 127).
+// |q - 128| times xq with q - 128's sign (at most 2 * 128 * 127). The low and high nibbles' pairs (each at most
+// 2 * 15 * 127) are added in 16 bits before the widening.
 struct Maddubs : Avx2Codes {
   template <int BITS>
   static constexpr int offset = BITS == 8 ? 128 : 0;
   template <int BITS>
-  static __m256 dot(__m256i codes, const int8_t* xq) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  static __m256 dot(const Codes& codes, const int8_t* xq) {
+    const __m256i* x = reinterpret_cast<const __m256i*>(xq);
     __m256i pairs;
     if constexpr (BITS == 8) {
-      const __m256i centred = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));
-      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(x, centred));
+      const __m256i centred = _mm256_xor_si256(codes.low, _mm256_set1_epi8(static_cast<char>(0x80)));
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(_mm256_loadu_si256(x), centred));
     } else {
-      pairs = _mm256_maddubs_epi16(codes, x);
+      pairs = _mm256_add_epi16(_mm256_maddubs_epi16(codes.low, _mm256_loadu_si256(x)),
+                               _mm256_maddubs_epi16(codes.high, _mm256_loadu_si256(x + 1)));
     }
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
 };
+
+// One block of quantize_inputs in four vectors of 8 (the codes as scalar code rounds them: to nearest, even on ties),
+// packed to bytes in order; the even and odd values' apart for nibble order.
+struct Avx2Block {
+  template <bool NIBBLES>
+  static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
+    __m256 v[4], amax = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+    // packs interleaves the 128-bit halves: bytes 0-3 8-11 16-19 24-27 4-7 ... in dwords; put them back in order.
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if constexpr (NIBBLES) {
+      const __m256i split = _mm256_shuffle_epi8(  // each half: its even bytes, then its odd bytes
+          bytes, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
+                                  5, 7, 9, 11, 13, 15));
+      const __m256i grouped = _mm256_permute4x64_epi64(split, 0xD8);  // even bytes of both halves, then odd
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(first), _mm256_castsi256_si128(grouped));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(second), _mm256_extracti128_si256(grouped, 1));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(first), bytes);
+    }
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i total = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0x4E));
+    total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0xB1));
+    return _mm_cvtsi128_si32(total);
+  }
+};
+
+void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
+                          float* xd, float* xsum) {
+  quantize_rows<Avx2Block>(x, M, K, group_size, span, lanes, nibbles, xq, xd, xsum);
+}
 
 void rows_avx2(const Problem& p, int row_begin, int row_end) { rows<Avx2>(p, row_begin, row_end); }
 

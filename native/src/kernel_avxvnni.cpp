@@ -10,9 +10,11 @@ struct AvxVnni : Avx2Codes {
   template <int BITS>
   static constexpr int offset = 0;
   template <int BITS>
-  static __m256 dot(__m256i codes, const int8_t* xq) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes, x));
+  static __m256 dot(const Codes& codes, const int8_t* xq) {
+    const __m256i* x = reinterpret_cast<const __m256i*>(xq);
+    __m256i sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes.low, _mm256_loadu_si256(x));
+    if constexpr (BITS == 4) sums = _mm256_dpbusd_avx_epi32(sums, codes.high, _mm256_loadu_si256(x + 1));
+    return _mm256_cvtepi32_ps(sums);
   }
 };
 

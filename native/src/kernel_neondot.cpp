@@ -6,10 +6,10 @@
 
 namespace minimlx_native {
 
-// A step of 32 values: the codes as two vectors of 16 bytes in order (a 4-bit byte's low and high nibbles zipped
-// back together), each dotted with 16 inputs. sdot multiplies signed bytes, so 8-bit codes enter recentred,
-// q - 128.
+// A step of 32 values: the codes as two vectors of 16 bytes (a 4-bit step's low nibbles, then its high ones), each
+// dotted with 16 inputs. sdot multiplies signed bytes, so 8-bit codes enter recentred, q - 128.
 struct NeonDot {
+  template <int BITS>
   static constexpr int span = 32;
   using Codes = uint8x16x2_t;
   template <int BITS>
@@ -17,8 +17,8 @@ struct NeonDot {
   template <int BITS>
   static Codes codes(const uint8_t* p) {
     if constexpr (BITS == 8) return {{vld1q_u8(p), vld1q_u8(p + 16)}};
-    const uint8x16_t bytes = vld1q_u8(p), low = vandq_u8(bytes, vdupq_n_u8(0xF)), high = vshrq_n_u8(bytes, 4);
-    return {{vzip1q_u8(low, high), vzip2q_u8(low, high)}};
+    const uint8x16_t bytes = vld1q_u8(p);
+    return {{vandq_u8(bytes, vdupq_n_u8(0xF)), vshrq_n_u8(bytes, 4)}};
   }
   template <int BITS>
   static float32x4_t dot(const Codes& codes, const int8_t* xq) {
@@ -29,7 +29,10 @@ struct NeonDot {
     }
     return vcvtq_f32_s32(sums);
   }
-  static float32x4_t spread(const float* s) { return vdupq_n_f32(s[0]); }
+  template <int N, class S>
+  static float32x4_t spread(const S* s) {
+    return vdupq_n_f32(static_cast<float>(s[0]));
+  }
 };
 
 void integer_rows_neon(const Problem& p, int row_begin, int row_end) { integer_rows<Neon, NeonDot>(p, row_begin, row_end); }

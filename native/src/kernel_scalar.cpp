@@ -36,34 +36,28 @@ void prepare_inputs(const float* x, int M, int K, int group_size, int bits, floa
 
 int quantized_stride(int K, int span) { return (K + span - 1) / span * span; }
 
-void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, int8_t* xq, float* xd,
-                     float* xsum) {
-  const int stride = quantized_stride(K, span), lanes_per_block = lanes * 32 / span, groups = K / group_size;
-  for (int m = 0; m < M; ++m) {
-    const float* row = x + static_cast<int64_t>(m) * K;
-    int8_t* q = xq + static_cast<int64_t>(m) * stride;
-    float* d_lanes = xd + static_cast<int64_t>(m) * stride / span * lanes;
-    float* sums = xsum + static_cast<int64_t>(m) * groups;
-    std::fill(sums, sums + groups, 0.0f);
-    for (int k = 0; k < stride; k += 32) {
-      float d = 0.0f;
-      if (k < K) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(row[k + i]));
-        d = amax / 127.0f;
-        const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
-        int total = 0;
-        for (int i = 0; i < 32; ++i) {  // rounded to nearest (even on ties) by adding 1.5 * 2^23 and taking it away
-          q[k + i] = static_cast<int8_t>(row[k + i] * inverse + 12582912.0f - 12582912.0f);
-          total += q[k + i];
-        }
-        sums[k / group_size] += d * static_cast<float>(total);
-      } else {
-        std::fill(q + k, q + k + 32, 0);
-      }
-      std::fill(d_lanes + k / 32 * lanes_per_block, d_lanes + (k / 32 + 1) * lanes_per_block, d);
+// One block of quantize_inputs in plain C++.
+struct ScalarBlock {
+  template <bool NIBBLES>
+  static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    d = amax / 127.0f;
+    const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    int total = 0;
+    for (int i = 0; i < 32; ++i) {  // rounded to nearest (even on ties) by adding 1.5 * 2^23 and taking it away
+      const int8_t q = static_cast<int8_t>(x[i] * inverse + 12582912.0f - 12582912.0f);
+      if constexpr (NIBBLES) (i % 2 ? second : first)[i / 2] = q;
+      else first[i] = q;
+      total += q;
     }
+    return total;
   }
+};
+
+void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
+                     float* xd, float* xsum) {
+  quantize_rows<ScalarBlock>(x, M, K, group_size, span, lanes, nibbles, xq, xd, xsum);
 }
 
 struct Scalar {
@@ -91,8 +85,9 @@ struct Scalar {
   }
 };
 
-// The integer step in plain C++: one block of 32 codes at a time, summed into one lane.
+// The integer step in plain C++: one block of 32 codes at a time (4-bit ones in nibble order), summed into one lane.
 struct ScalarDot {
+  template <int BITS>
   static constexpr int span = 32;
   struct Codes {
     uint8_t q[32];
@@ -102,7 +97,7 @@ struct ScalarDot {
   template <int BITS>
   static Codes codes(const uint8_t* p) {
     Codes c;
-    for (int i = 0; i < 32; ++i) c.q[i] = BITS == 4 ? (p[i / 2] >> (4 * (i % 2))) & 0xF : p[i];
+    for (int i = 0; i < 32; ++i) c.q[i] = BITS == 4 ? (i < 16 ? p[i] & 0xF : p[i - 16] >> 4) : p[i];
     return c;
   }
   template <int BITS>
@@ -111,7 +106,10 @@ struct ScalarDot {
     for (int i = 0; i < 32; ++i) sum += c.q[i] * xq[i];
     return static_cast<float>(sum);
   }
-  static float spread(const float* s) { return s[0]; }
+  template <int N, class S>
+  static float spread(const S* s) {
+    return static_cast<float>(s[0]);
+  }
 };
 
 void rows_scalar(const Problem& p, int row_begin, int row_end) { rows<Scalar>(p, row_begin, row_end); }

@@ -40,11 +40,12 @@ using namespace nb::literals;
 
 namespace minimlx_native {
 
-// The integer products of one instruction set (integer.h): its row loop, the values of its step and the float
-// lanes of its sums, which `quantize_inputs` lays the inputs out for.
+// The integer products of one instruction set (integer.h): its row loop, the values of its step for 4-bit and for
+// 8-bit codes and the float lanes of its sums, which `quantize_inputs` lays the inputs out for.
 struct IntegerIsa {
   void (*rows)(const Problem&, int, int);
-  int span, lanes;
+  void (*quantize)(const float*, int, int, int, int, int, bool, int8_t*, float*, float*);
+  int span4, span8, lanes;
   const char* name;
 };
 
@@ -87,17 +88,19 @@ int widest_rank() {
 // for the integer products (VNNI where the CPU has it).
 Isa best_isa() {
   const int rank = widest_rank();
-  const IntegerIsa scalar_integer{integer_rows_scalar, 32, 1, "scalar"};
+  const IntegerIsa scalar_integer{integer_rows_scalar, quantize_inputs, 32, 32, 1, "scalar"};
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   const bool avx2 = rank >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
   const bool avxvnni = rank >= 2 && avx2 && __builtin_cpu_supports("avxvnni");
-  const bool avx512 = rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  const bool avx512 = rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("f16c");
   const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, 64, 16, "avx512vnni"}
-                             : avxvnni  ? IntegerIsa{integer_rows_avxvnni, 32, 8, "avxvnni"}
-                             : avx2     ? IntegerIsa{integer_rows_avx2, 32, 8, "avx2"}
+  const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, quantize_inputs_avx512vnni, 128, 64, 16,
+                                                      "avx512vnni"}
+                             : avxvnni  ? IntegerIsa{integer_rows_avxvnni, quantize_inputs_avx2, 64, 32, 8, "avxvnni"}
+                             : avx2     ? IntegerIsa{integer_rows_avx2, quantize_inputs_avx2, 64, 32, 8, "avx2"}
                                         : scalar_integer;
   if (avx512)
     return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512,
@@ -113,7 +116,7 @@ Isa best_isa() {
 #endif
   if (rank >= 1)
     return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8,
-            "neon", dotprod ? IntegerIsa{integer_rows_neon, 32, 4, "neondot"} : scalar_integer};
+            "neon", dotprod ? IntegerIsa{integer_rows_neon, quantize_inputs, 32, 32, 4, "neondot"} : scalar_integer};
 #endif
   return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, dequantize_scalar, pack_scalar,
           gemm_scalar, 2, "scalar", scalar_integer};
@@ -412,14 +415,15 @@ Problem packed_product(const std::vector<mx::array>& in, int first, int M, float
 void integer_product(const std::vector<mx::array>& in, mx::array& out, int group_size, int bits) {
   const IntegerIsa& isa = kIsa.integer;
   const auto& x = in[0];
-  const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K), stride = quantized_stride(K, isa.span);
+  const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K);
+  const int span = bits == 4 ? isa.span4 : isa.span8, stride = quantized_stride(K, span);
   thread_local Floats copy, block_scales, sums, gated;
   thread_local std::vector<int8_t, CacheAligned<int8_t>> codes;
   codes.resize(static_cast<size_t>(M) * stride);
-  block_scales.resize(static_cast<size_t>(M) * stride / isa.span * isa.lanes);
+  block_scales.resize(static_cast<size_t>(M) * stride / span * isa.lanes);
   sums.resize(static_cast<size_t>(M) * (K / group_size));
-  quantize_inputs(contiguous(x, copy), M, K, group_size, isa.span, isa.lanes, codes.data(), block_scales.data(),
-                  sums.data());
+  isa.quantize(contiguous(x, copy), M, K, group_size, span, isa.lanes, bits == 4, codes.data(), block_scales.data(),
+               sums.data());
   auto problem = [&](int first, float* dst) {
     Problem p = packed_product(in, first, M, dst, group_size, bits);
     p.xq = codes.data();

@@ -7,15 +7,20 @@
 
 namespace minimlx_native {
 
-// sum_g biases[g] * xsum[g], vectorized over groups.
+// sum_g biases[g] * xsum[g], vectorized over groups: the vectors' products added to `total`, the groups past the
+// last whole vector's to `rest` (for a caller that sums its own vector's lanes with them).
 template <class Simd, class S>
-inline float bias_term(const S* biases, const float* xsum, int groups) {
-  typename Simd::V total = Simd::zero();
+inline typename Simd::V bias_terms(const S* biases, const float* xsum, int groups, typename Simd::V total, float& rest) {
   int g = 0;
   for (; g + Simd::W <= groups; g += Simd::W) total = Simd::fma(Simd::load(biases + g), Simd::load(xsum + g), total);
-  float rest = 0.0f;
   for (; g < groups; ++g) rest += static_cast<float>(biases[g]) * xsum[g];
-  return Simd::sum(total) + rest;
+  return total;
+}
+
+template <class Simd, class S>
+inline float bias_term(const S* biases, const float* xsum, int groups) {
+  float rest = 0.0f;
+  return Simd::sum(bias_terms<Simd, S>(biases, xsum, groups, Simd::zero(), rest)) + rest;
 }
 
 // Output row n times MB input rows from m0: per group, the packed integers times x summed, then scaled (the

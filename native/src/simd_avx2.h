@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "kernel.h"
+#include "simd_x86.h"
 
 namespace minimlx_native {
 
@@ -47,19 +48,38 @@ struct Avx2 {
   }
 };
 
-// The codes of a step of 32 values as 32 unsigned bytes in order, for the integer products (integer.h). A 4-bit
-// byte holds values 2i (low nibble) and 2i + 1: widened to 16 bits and or-ed with itself shifted by 4, its low
-// nibble stays in the low byte and its high nibble lands in the high byte.
+// The codes of a step for the integer products (integer.h): one load of 32 bytes, 64 4-bit values (two blocks, four
+// lanes each: the low nibbles, then the high ones, each a vector of codes) or 32 8-bit ones (one block).
 struct Avx2Codes {
-  static constexpr int span = 32;
-  using Codes = __m256i;
+  template <int BITS>
+  static constexpr int span = BITS == 4 ? 64 : 32;
+  struct Codes {
+    __m256i low, high;  // 8-bit codes: `low`
+  };
+  template <int BITS>
+  static Codes split(__m256i bytes) {
+    if constexpr (BITS == 8) return {bytes, bytes};
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    return {_mm256_and_si256(bytes, nibble), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble)};
+  }
   template <int BITS>
   static Codes codes(const uint8_t* p) {
-    if constexpr (BITS == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_and_si256(_mm256_or_si256(bytes, _mm256_slli_epi16(bytes, 4)), _mm256_set1_epi16(0x0F0F));
+    return split<BITS>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static __m256 spread(const float* s) { return _mm256_set1_ps(s[0]); }
+  // The one partial step: a row of 4-bit codes whose last 32 values fill half a step (16 bytes).
+  template <int BITS>
+  static Codes partial(const uint8_t* p, int) {
+    return split<BITS>(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  template <int N, class S>
+  static __m256 spread(const S* s) {
+    if constexpr (N == 1) return _mm256_set1_ps(static_cast<float>(*s));
+    else return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(load_first<2>(s)), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  }
+  // The one partial step's: its first block's scale (the second block's codes are zeros).
+  template <int N, class S>
+  static __m256 spread(const S* s, int) {
+    return _mm256_set1_ps(static_cast<float>(*s));
+  }
 };
-
 }  // namespace minimlx_native
