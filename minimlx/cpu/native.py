@@ -6,8 +6,10 @@ line the commands that run a model print on the CPU: why the kernel is missing a
 switched off or not built for the platform).
 
 `exact_products`: whether the kernel's packed products of a few input rows (decode steps) keep their inputs in
-float32 (`MINIMLX_NATIVE_PRODUCTS=float`) rather than quantizing them to 8 bits per block of 32 for integer dot
-products (`integer`, the default: faster, within the error docs/performance.md states).
+float32 (`MINIMLX_NATIVE_PRODUCTS=float`, the default) rather than quantizing them to 8 bits per block of 32 for
+integer dot products (`integer`: about twice the decode speed, within the error docs/performance.md states, but a
+token's greedy choice then flips now and then, and a prompt fed whole or from the prompt cache may start its answer
+differently; so it is asked for, not given).
 """
 
 import os
@@ -67,13 +69,13 @@ def probe():
 
 
 def products_are_exact() -> bool:
-    products = os.environ.get("MINIMLX_NATIVE_PRODUCTS", "integer").lower()
+    products = os.environ.get("MINIMLX_NATIVE_PRODUCTS", "float").lower()
     if products not in ("integer", "float"):
         warnings.warn(
-            f"minimlx: MINIMLX_NATIVE_PRODUCTS={products} is neither integer nor float; integer products are used",
+            f"minimlx: MINIMLX_NATIVE_PRODUCTS={products} is neither integer nor float; float products are used",
             stacklevel=2,
         )
-    return products == "float"
+    return products != "integer"
 
 
 kernel, note = probe()
