@@ -629,7 +629,10 @@ class Engine:
         self.keep(generation, [c.select([row]) for c in self.cache])
 
     def keep(self, generation: Generation, cache: list) -> None:
-        """Hand a finished generation's own `cache` to its conversation, or to the prompt cache."""
+        """Hand a finished generation's own `cache` to its conversation, or to the prompt cache, evaluated: a row
+        selected from the batch is a lazy gather that would keep the whole batch's buffers alive until read."""
+        if generation.request.cache is not None or self.prompt_cache is not None and not generation.cancelled:
+            mx.eval([c.state for c in cache])
         if generation.request.cache is not None:
             generation.cache = cache
             generation.request.cache[:] = cache
