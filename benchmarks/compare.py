@@ -524,9 +524,11 @@ def llamacpp_table(args, gguf: Path, binaries: Path) -> str:
                 results[cache, who][round_] |= measured
                 print(f"round {round_ + 1} {who}, {cache} KV cache, {part}: {measured}", file=sys.stderr)
 
+    def values(cache: str, who: str, key: tuple) -> list[float]:
+        return [r[key] for r in results[cache, who] if key in r]
+
     def median(cache: str, who: str, key: tuple) -> float | None:
-        values = [r[key] for r in results[cache, who] if key in r]
-        return statistics.median(values) if values else None
+        return statistics.median(values(cache, who, key)) if values(cache, who, key) else None
 
     lines = [
         f"{llamacpp_peer.description()}; llama-bench {' '.join(llama[3:])}, minimlx bench --repeats 1 (one "
@@ -534,8 +536,8 @@ def llamacpp_table(args, gguf: Path, binaries: Path) -> str:
         f"(load average before each: {', '.join(loads)}). KV caches: default = minimlx float32, llama.cpp float16 "
         "(flash attention auto); 8-bit = minimlx --kv-bits 8, llama.cpp -ctk q8_0 -ctv q8_0 -fa 1.",
         "",
-        "| KV cache | tok/s | minimlx | llama-bench | minimlx / llama.cpp |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| KV cache | tok/s | minimlx | llama-bench | minimlx / llama.cpp | rounds: minimlx; llama.cpp |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
     ]
     measures = [
         (("prefill", short), f"prefill of {short} tokens"),
@@ -548,7 +550,11 @@ def llamacpp_table(args, gguf: Path, binaries: Path) -> str:
             ours, theirs = median(cache, "minimlx", key), median(cache, "llama.cpp", key)
             cells = [f"{v:.1f}" if v is not None else "failed" for v in (ours, theirs)]
             ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
-            lines.append(f"| {cache} | {label} | {cells[0]} | {cells[1]} | {ratio} |")
+            spread = "; ".join(
+                f"{min(v):.1f}-{max(v):.1f}" if (v := values(cache, who, key)) else "-"
+                for who in ("minimlx", "llama.cpp")
+            )
+            lines.append(f"| {cache} | {label} | {cells[0]} | {cells[1]} | {ratio} | {spread} |")
     eight, default = median("8-bit", "minimlx", ("decode", long)), median("default", "llama.cpp", ("decode", long))
     if eight and default:
         lines += [
