@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -331,7 +332,7 @@ def main() -> None:
     loads = []
     with contextlib.ExitStack() as running:
         for name, server in found.items():  # all up at once, so that their rounds can interleave
-            log = args.work / f"{name.split()[0]}.log"
+            log = args.work / (re.sub(r"[^\w.-]+", "-", name).strip("-") + ".log")
             running.enter_context(start(server, log))
         for server in found.values():
             stream_completion(server.url, server.model, prompt_text(args.prompt_tokens, seed="warm-up"), 8)
