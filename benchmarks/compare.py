@@ -1,11 +1,12 @@
 """minimlx side by side with its peers on SmolLM2-135M-Instruct: the same weights, one run, one table.
 
-    python benchmarks/compare.py [--prompt-tokens 128] [--gen-tokens 64] [--rounds 3]
+    python benchmarks/compare.py [--prompt-tokens 128] [--gen-tokens 64] [--long-tokens 4096] [--rounds 3]
+                                 [--build-llamacpp] [--skip NAMES]
 
 Peers, each left out when not installed (they are benchmarks only, never minimlx dependencies):
 mlx-lm on the GGUF's weights written as mlx-lm folders (4-bit as shipped, and dequantized to
-float32 by transformers), transformers + torch on the GGUF (`gguf_file=`, float32) and llama.cpp
-(llama-cpp-python on the GGUF, 2 threads).
+float32 by transformers), transformers + torch on the GGUF (`gguf_file=`, float32), llama-cpp-python
+on the GGUF (2 threads), and llama.cpp's own C++ `llama-bench` (below).
 
 `--fresh-install` adds a row for a new virtual environment made with only the README's first command
 (benchmarks/fresh_install.sh; it installs from PyPI and takes minutes, so it is off by default).
@@ -19,7 +20,14 @@ alike, and the table shows medians over rounds. The prompt is the same random to
 end-of-sequence. Prefill tok/s = prompt tokens / time to the first generated token; decode tok/s =
 (generated tokens - 1) / time from the first to the last generated token.
 
-A second table decodes benchmarks/workloads/rewrite.txt (a text to copy with its spelling fixed,
+A second table puts minimlx beside llama.cpp's `llama-bench` (built from the llama.cpp that llama-cpp-python
+0.3.36 vendors, by benchmarks/llamacpp_peer.py: `--build-llamacpp` builds it, `$LLAMA_CPP_BIN` may name its
+folder; `--skip llama-bench` leaves the table out) on the same GGUF with 2 threads: prefill of --prompt-tokens
+and of --long-tokens (`-p`), decode of --gen-tokens after each (`-n` at `-d` depth), with each one's default
+KV cache and with its 8-bit cache (minimlx `--kv-bits 8`; llama.cpp `-ctk q8_0 -ctv q8_0 -fa 1`); each
+measurement in its own process, rounds interleaved, medians and their ratios.
+
+A third table decodes benchmarks/workloads/rewrite.txt (a text to copy with its spelling fixed,
 through the chat template, greedy, to the end of the answer or `--workload-tokens`) plainly and
 with prompt-lookup speculation, interleaved the same way: effective decode tok/s (tokens of the
 answer / time from its first to its last token), the share of drafted tokens accepted, and whether
@@ -40,6 +48,9 @@ import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import llamacpp_peer  # noqa: E402
 
 # The environment as the user gave it, for every process this script starts. Importing minimlx (which the driver
 # does to name its BLAS) sets OpenMP variables for minimlx's own MKL, OMP_WAIT_POLICY=PASSIVE among them; a peer
@@ -454,6 +465,111 @@ def machine() -> str:
     )
 
 
+# ---- against llama.cpp's own llama-bench ----
+
+# Each KV cache kind as minimlx and llama.cpp spell it: their defaults (float32 for minimlx, float16 for
+# llama.cpp), and each one's 8-bit cache (llama.cpp quantizes its V cache only with flash attention).
+KV_CACHES = {
+    "default": ([], []),
+    "8-bit": (["--kv-bits", "8"], ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "1"]),
+}
+
+
+def llama_bench(command: list[str]) -> dict | None:
+    """{(test, tokens): tok/s} of one llama-bench run (`-o jsonl`): ("prefill", n_prompt) for its prompt tests,
+    ("decode", n_depth) for its generation tests; None when it failed."""
+    process = subprocess.run(command, capture_output=True, text=True, env=ENVIRONMENT, check=False)
+    tests = [json.loads(line) for line in process.stdout.splitlines() if line.startswith("{")]
+    if process.returncode != 0 or not tests:
+        reason = process.stderr.strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+        print(f"  failed: {' '.join(command[1:])}: {reason[0]}", file=sys.stderr)
+        return None
+    return {("decode", t["n_depth"]) if t["n_gen"] else ("prefill", t["n_prompt"]): t["avg_ts"] for t in tests}
+
+
+def minimlx_bench(command: list[str], prompt_tokens: int) -> dict | None:
+    """The same keys for one `minimlx bench --json` run: its prefill of `prompt_tokens`, its decode after them
+    (and its KV cache's bytes)."""
+    result = run_process(command, {})
+    if result is None:
+        return None
+    return {
+        ("prefill", prompt_tokens): result["prefill_tps"],
+        ("decode", prompt_tokens): result["decode_tps"],
+        ("kv_cache_gb", prompt_tokens): result["kv_cache_gb"],
+    }
+
+
+def llamacpp_table(args, gguf: Path, binaries: Path) -> str:
+    """minimlx beside llama-bench on the same GGUF and 2 threads: prefill of a short and a long prompt, decode at
+    a short context and after the long prompt, each KV cache kind, interleaved rounds, as a markdown table."""
+    short, long, gen = args.prompt_tokens, args.long_tokens, str(args.gen_tokens)
+    bench = [sys.executable, "-m", "minimlx", "bench", str(gguf), "--gen-tokens", gen, "--repeats", "1", "--json"]
+    llama = [str(binaries / "llama-bench"), "-m", str(gguf), "-t", "2", "-r", "1", "-o", "jsonl"]
+    runs = {}  # (KV cache, who, part) -> (how to run it once -> {(test, tokens): value})
+    for cache, (ours, theirs) in KV_CACHES.items():
+        for tokens in (short, long):
+            command = bench + ["--prompt-tokens", str(tokens)] + ours
+            runs[cache, "minimlx", tokens] = lambda command=command, tokens=tokens: minimlx_bench(command, tokens)
+        prefill = llama + ["-p", f"{short},{long}", "-n", "0"] + theirs
+        decode = llama + ["-p", "0", "-n", gen, "-d", f"{short},{long}"] + theirs
+        runs[cache, "llama.cpp", "prefill"] = lambda command=prefill: llama_bench(command)
+        runs[cache, "llama.cpp", "decode"] = lambda command=decode: llama_bench(command)
+    results = {(cache, who): [{} for _ in range(args.rounds)] for cache, who, _ in runs}
+    loads = []
+    for round_ in range(args.rounds):
+        loads.append(" ".join(f"{load:.1f}" for load in os.getloadavg()))
+        for (cache, who, part), run in runs.items():
+            if (measured := run()) is not None:
+                results[cache, who][round_] |= measured
+                print(f"round {round_ + 1} {who}, {cache} KV cache, {part}: {measured}", file=sys.stderr)
+
+    def values(cache: str, who: str, key: tuple) -> list[float]:
+        return [r[key] for r in results[cache, who] if key in r]
+
+    def median(cache: str, who: str, key: tuple) -> float | None:
+        return statistics.median(values(cache, who, key)) if values(cache, who, key) else None
+
+    lines = [
+        f"{llamacpp_peer.description()}; llama-bench {' '.join(llama[3:])}, minimlx bench --repeats 1 (one "
+        f"warm-up, one measured run), each in its own process; medians of {args.rounds} interleaved rounds "
+        f"(load average before each: {', '.join(loads)}). KV caches: default = minimlx float32, llama.cpp float16 "
+        "(flash attention auto); 8-bit = minimlx --kv-bits 8, llama.cpp -ctk q8_0 -ctv q8_0 -fa 1.",
+        "",
+        "| KV cache | tok/s | minimlx | llama-bench | minimlx / llama.cpp | rounds: minimlx; llama.cpp |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    measures = [
+        (("prefill", short), f"prefill of {short} tokens"),
+        (("prefill", long), f"prefill of {long} tokens"),
+        (("decode", short), f"decode of {gen} after {short} tokens"),
+        (("decode", long), f"decode of {gen} after {long} tokens"),
+    ]
+    for cache in KV_CACHES:
+        for key, label in measures:
+            ours, theirs = median(cache, "minimlx", key), median(cache, "llama.cpp", key)
+            cells = [f"{v:.1f}" if v is not None else "failed" for v in (ours, theirs)]
+            ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
+            spread = "; ".join(
+                f"{min(v):.1f}-{max(v):.1f}" if (v := values(cache, who, key)) else "-"
+                for who in ("minimlx", "llama.cpp")
+            )
+            lines.append(f"| {cache} | {label} | {cells[0]} | {cells[1]} | {ratio} | {spread} |")
+    eight, default = median("8-bit", "minimlx", ("decode", long)), median("default", "llama.cpp", ("decode", long))
+    if eight and default:
+        lines += [
+            "",
+            f"minimlx --kv-bits 8 / llama.cpp's default cache, decode after {long} tokens: {eight / default:.2f}x",
+        ]
+    cache_bytes = [median(cache, "minimlx", ("kv_cache_gb", long)) for cache in KV_CACHES]
+    if all(cache_bytes):
+        lines.append(
+            f"minimlx's KV cache after {long + args.gen_tokens} tokens: {cache_bytes[0] * 1e3:.1f} MB by default, "
+            f"{cache_bytes[1] * 1e3:.1f} MB in 8 bits ({cache_bytes[1] / cache_bytes[0]:.3f}x)"
+        )
+    return "\n".join(lines)
+
+
 NUMBERS = ("load_s", "prefill_tps", "decode_tps", "ttft_s", "peak_rss_gb")
 HEADER = (
     "| configuration | load s | prefill tok/s | decode tok/s | time to first token s | peak RSS GB "
@@ -523,6 +639,12 @@ def main() -> None:
         action="store_true",
         help="add the prefill time per op kind (benchmarks/profile_prefill.py)",
     )
+    parser.add_argument(
+        "--long-tokens", type=int, default=4096, help="the long prompt of the table against llama.cpp's llama-bench"
+    )
+    parser.add_argument(
+        "--build-llamacpp", action="store_true", help="build llama.cpp's llama-bench first if it is not built"
+    )
     parser.add_argument("--worker", choices=[*RUNNERS, "workload"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--prompt-lookup", type=int, default=0, help=argparse.SUPPRESS)
@@ -554,6 +676,11 @@ def main() -> None:
     float32 = args.work / "smollm2-135m-f32"
     first_token = start_to_first_token(args, float32 if float32.exists() else None)
     print(report(args, results, first_token))
+    if "llama-bench" not in args.skip.split(","):
+        try:
+            print("\n" + llamacpp_table(args, gguf, llamacpp_peer.binaries(args.build_llamacpp)))
+        except llamacpp_peer.PeerMissing as missing:
+            print(f"\nnote: {missing}: the table against llama-bench was left out")
     if "speculation" not in args.skip.split(","):
         print("\n" + speculation_table(args, gguf))
     if args.prefill_profile:

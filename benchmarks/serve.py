@@ -1,34 +1,43 @@
-"""Concurrent streaming chat requests against minimlx serve and its peers, SmolLM2-135M, same weights.
+"""Concurrent streaming requests against minimlx serve and its peers, SmolLM2-135M, same weights.
 
-    python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--rounds 3] [--work DIR] [--json-schema]
+    python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--prompt-tokens 128] [--rounds 3]
+                               [--build-llamacpp] [--skip NAMES] [--work DIR] [--json-schema]
 
-Each server starts in its own process on a free port and answers one warm-up request; then, for each
-N in --clients, N clients each send one streaming chat request at the same moment (temperature 0,
-`max_tokens` --tokens, each a different question that asks for a long answer) and read it to the end.
-Aggregate tokens/s = generated tokens of all N / seconds from the sends to the last token; time to
-first token (TTFT) is the median over the N requests of the seconds to their first content delta.
-Each server goes through the client counts --rounds times in turn, and the table gives the medians of
-the rounds (a busy machine slows one burst, not all of them), failed requests summed over the rounds.
+Every server starts in its own process on a free port, all of them before the first burst, and answers one
+warm-up request. A round then gives each server in turn, for each N in --clients, N clients that send one
+streaming raw completion each (`/v1/completions`, the one request shape every server here takes) at the same
+moment and read it to the end: a prompt of --prompt-tokens random words that are one token each, new for each
+request and the same for every server (no server answers from a cached prefix), temperature 0, `max_tokens`
+--tokens, and SmolLM2's end-of-text tokens banned by `logit_bias` so that every answer runs to --tokens.
+Aggregate tokens/s = generated tokens of all N (as the server's usage counts them) / seconds from the sends to
+the last token; time to first token (TTFT) is the median over the N requests of the seconds to their first
+text delta. The tables give the medians of --rounds interleaved rounds (a busy machine slows one round of every
+server, not one server), failed requests summed over the rounds, and the prompt lengths the servers counted.
 
---json-schema also sends every minimlx burst with `response_format` set to a JSON schema (a story object:
-a title, a story of at least 400 characters so that the answer runs to --tokens as the unconstrained one does,
-tags), burst for burst beside the unconstrained one, and reports the ratio of the two: what computing a
-grammar's token mask at every step costs a batch.
+--json-schema also sends every minimlx burst with `json_schema` set to a schema (a story object: a title, a
+story of at least 400 characters so that the answer runs to --tokens as the unconstrained one does, tags),
+burst for burst beside the unconstrained one, and reports the ratio of the two: what computing a grammar's
+token mask at every step costs a batch.
 
-Servers, each left out with a note when not installed: minimlx serve --dtype float32 (the GGUF dequantized),
+Servers, each left out with a note when not installed: minimlx serve --dtype float32 (the GGUF dequantized);
 minimlx serve as it starts by default with the native kernel of native/ installed (the GGUF's Q4_1 weights kept
-packed, through the kernel), mlx-lm's
-server (`python -m mlx_lm server`, the GGUF's weights dequantized to float32 by transformers, the BLAS
-minimlx loads preloaded so that both multiply with the same library, on one thread as minimlx serve
-does) and llama-cpp-python's server
-(the GGUF as shipped). Peers are benchmarks only, never minimlx dependencies.
+packed, through the kernel); llama.cpp's own C++ `llama-server` on the GGUF as shipped, 8 slots with continuous
+batching (`-np 8 -cb -t 2`), built by benchmarks/llamacpp_peer.py (`--build-llamacpp` builds it, or
+`$LLAMA_CPP_BIN` names its folder); mlx-lm's server (`python -m mlx_lm server`, the GGUF's weights dequantized
+to float32 by transformers, the BLAS minimlx loads preloaded so that both multiply with the same library, on one
+thread as minimlx serve does); and llama-cpp-python's server (the GGUF as shipped, one request at a time). Peers
+are benchmarks only, never minimlx dependencies.
 """
 
 import argparse
+import contextlib
+import dataclasses
 import http.client
 import importlib.util
 import json
 import os
+import random
+import re
 import socket
 import statistics
 import subprocess
@@ -40,26 +49,27 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import llamacpp_peer  # noqa: E402
 from compare import ENVIRONMENT, float32_folder, machine, smollm2_gguf  # noqa: E402
 
-TOPICS = [
-    "a dragon",
-    "the sea",
-    "a robot",
-    "a city at night",
-    "a lost key",
-    "the moon",
-    "a small bakery",
-    "a mountain climb",
-    "an old library",
-    "a train journey",
-    "a chess game",
-    "a garden",
-    "a storm",
-    "a lighthouse",
-    "a desert",
-    "a violin",
-]
+# Words that are one token each in SmolLM2's vocabulary after a space: a prompt of N of them is N tokens.
+WORDS = (
+    "time year people way day man thing woman life child world school state family student group country problem "
+    "hand part place case week company system program question work government number night point home water room "
+    "mother area money story fact month lot right study book eye job word business issue side kind head house "
+    "service friend father power hour game line end member law car city community name president team minute idea "
+    "kid body information back parent face others level office door health person art war history party result "
+    "change morning reason research girl guy moment air teacher force education river garden letter window music "
+    "bread"
+).split()
+END_OF_TEXT = (0, 2)  # SmolLM2's <|endoftext|> and <|im_end|>: banned, so that every answer runs to max_tokens
+
+
+def prompt_text(words: int, seed: str) -> str:
+    """`words` random words, each a token of its own: the same text for every server, a new one per request (so
+    that no server answers from a cached prefix)."""
+    rng = random.Random(seed)
+    return "".join(" " + rng.choice(WORDS) for _ in range(words))
 
 
 def free_port() -> int:
@@ -68,17 +78,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(command: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
-    process = subprocess.Popen(command, env=ENVIRONMENT | env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
+@contextlib.contextmanager
+def start(server: "Server", log: Path):
+    """A server process, up and answering, for as long as the block runs."""
+    process = subprocess.Popen(
+        server.command, env=ENVIRONMENT | server.env, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if time.monotonic() > deadline or process.poll() is not None:
+                sys.exit(f"{server.command[:4]} did not start; see {log}")
+            try:
+                urllib.request.urlopen(f"{server.url}/v1/models", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        yield
+    finally:
+        process.terminate()
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-            return process
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    sys.exit(f"{command[:4]} did not start; see {log}")
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 STORY = {
@@ -93,22 +116,24 @@ STORY = {
 }
 
 
-def stream_chat(
-    url: str, model: str, topic: str, tokens: int, schema: dict | None = None
-) -> tuple[float | None, int, bool]:
-    """(seconds to the first content delta, generated tokens, whether it failed) of one streaming request."""
+def stream_completion(
+    url: str, model: str, prompt: str, tokens: int, schema: dict | None = None
+) -> tuple[float | None, int, int | None, bool]:
+    """(seconds to the first text delta, generated tokens, prompt tokens the server counted, whether it failed) of
+    one streaming raw completion. Generated tokens come from the usage the server reports, else one per delta."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": f"Write a long story about {topic}."}],
+        "prompt": prompt,
         "max_tokens": tokens,
         "temperature": 0.0,
+        "logit_bias": {str(token): -100 for token in END_OF_TEXT},
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     if schema is not None:
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "story", "schema": schema}}
+        body["json_schema"] = schema
     request = urllib.request.Request(
-        f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     start, first, deltas, usage = time.perf_counter(), None, 0, None
     try:
@@ -118,23 +143,25 @@ def stream_chat(
                     continue
                 chunk = json.loads(line[6:])
                 usage = chunk.get("usage") or usage
-                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                if any(c.get("text") for c in chunk.get("choices", [])):
                     first = first or time.perf_counter() - start
                     deltas += 1
     except (OSError, http.client.HTTPException):  # refused, reset or cut short: a failed request
-        return first, deltas, True
-    return first, (usage or {}).get("completion_tokens", deltas), False
+        return first, deltas, None, True
+    usage = usage or {}
+    return first, usage.get("completion_tokens", deltas), usage.get("prompt_tokens"), False
 
 
-def burst(url: str, model: str, clients: int, tokens: int, schema: dict | None = None) -> tuple[float, float, int]:
-    """(aggregate generated tokens/s, median time to first token, failed requests) of `clients` requests at once."""
-    results, go = [None] * clients, threading.Barrier(clients + 1)
+def burst(server: "Server", prompts: list[str], tokens: int, schema: dict | None = None) -> dict:
+    """Aggregate generated tokens/s, median time to first token, failed requests and the prompt lengths the
+    server counted, of one request per prompt sent at once."""
+    results, go = [None] * len(prompts), threading.Barrier(len(prompts) + 1)
 
     def client(i):
         go.wait()
-        results[i] = stream_chat(url, model, TOPICS[i % len(TOPICS)], tokens, schema)
+        results[i] = stream_completion(server.url, server.model, prompts[i], tokens, schema)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     go.wait()
@@ -143,33 +170,48 @@ def burst(url: str, model: str, clients: int, tokens: int, schema: dict | None =
         t.join()
     wall = time.perf_counter() - start
     first = [r[0] for r in results if r[0] is not None]
-    ttft = statistics.median(first) if first else float("nan")
-    return sum(r[1] for r in results) / wall, ttft, sum(r[2] for r in results)
+    return {
+        "tps": sum(r[1] for r in results) / wall,
+        "ttft": statistics.median(first) if first else float("nan"),
+        "failed": sum(r[3] for r in results),
+        "prompt_tokens": {r[2] for r in results if r[2] is not None},
+    }
 
 
 MINIMLX, MINIMLX_KERNEL = "minimlx serve --dtype float32", "minimlx serve (default: Q4_1 on the native kernel)"
+LLAMA_SERVER = "llama-server -np 8 -cb -t 2, Q4_1"
 
 
-def servers(work: Path) -> tuple[dict, list[str]]:
-    """name -> (command, env, model name to send); and notes on peers left out."""
+@dataclasses.dataclass
+class Server:
+    command: list[str]
+    env: dict
+    port: int
+    model: str  # the model name its requests send
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def servers(work: Path, prompt_tokens: int, tokens: int, build: bool) -> tuple[dict[str, Server], list[str]]:
+    """name -> Server for everything installed here; and notes on peers left out."""
     gguf, notes, found = smollm2_gguf(), [], {}
+    minimlx = [sys.executable, "-m", "minimlx", "serve", "--max-batch", "16"]
     port = free_port()
-    found[MINIMLX] = (
-        [sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16", "--dtype", "float32"],
-        {},
-        port,
-        "smollm2-135m",
-    )
+    found[MINIMLX] = Server(minimlx + ["--port", str(port), "--dtype", "float32"], {}, port, "smollm2-135m")
     if importlib.util.find_spec("minimlx_native") is not None:
         port = free_port()
-        found[MINIMLX_KERNEL] = (
-            [sys.executable, "-m", "minimlx", "serve", "--port", str(port), "--max-batch", "16"],
-            {},
-            port,
-            "smollm2-135m",
-        )
+        found[MINIMLX_KERNEL] = Server(minimlx + ["--port", str(port)], {}, port, "smollm2-135m")
     else:
         notes.append("the native kernel is not built here: minimlx's packed row was left out")
+    try:
+        folder, port = llamacpp_peer.binaries(build), free_port()
+        context = 8 * (prompt_tokens + tokens + 64)  # each of the 8 slots holds a whole request
+        command = [str(folder / "llama-server"), "-m", str(gguf), "--port", str(port), "-np", "8", "-cb", "-t", "2"]
+        found[LLAMA_SERVER] = Server(command + ["-c", str(context)], {}, port, "smollm2-135m")
+    except llamacpp_peer.PeerMissing as missing:
+        notes.append(f"{missing}: llama-server was left out")
     if importlib.util.find_spec("mlx_lm") is not None:
         from minimlx.cpu import blas
 
@@ -183,111 +225,77 @@ def servers(work: Path) -> tuple[dict, list[str]]:
             if blas.loaded
             else {}
         )  # as minimlx serve runs MKL
-        found["mlx-lm server, float32" + (f", {Path(blas.loaded).name} preloaded" if blas.loaded else "")] = (
-            [
-                sys.executable,
-                "-m",
-                "mlx_lm",
-                "server",
-                "--model",
-                str(folder),
-                "--port",
-                str(port),
-                "--decode-concurrency",
-                "16",
-            ],
-            env,
-            port,
-            str(folder),
+        command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder), "--port", str(port)]
+        found["mlx-lm server, float32" + (f", {Path(blas.loaded).name} preloaded" if blas.loaded else "")] = Server(
+            command + ["--decode-concurrency", "16"], env, port, str(folder)
         )
     else:
         notes.append("mlx-lm is not installed: its server was left out")
     if importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("sse_starlette") is not None:
         port = free_port()
-        found["llama.cpp server (llama-cpp-python), Q4_1"] = (
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--n_threads", "2"],
-            {},
-            port,
-            str(gguf),
-        )
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port)]
+        found["llama-cpp-python's server, Q4_1"] = Server(command + ["--n_threads", "2"], {}, port, str(gguf))
     else:
-        notes.append("llama-cpp-python[server] is not installed: llama.cpp's server was left out")
+        notes.append("llama-cpp-python[server] is not installed: its server was left out")
     return found, notes
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench")
-    parser.add_argument("--json-schema", action="store_true", help="also time minimlx's bursts under a JSON schema")
-    args = parser.parse_args()
-    if args.rounds < 1 or args.tokens < 1 or min(args.clients) < 1:
-        parser.error("--rounds, --tokens and every --clients count must be at least 1")
-    args.work.mkdir(parents=True, exist_ok=True)
-    found, notes = servers(args.work)
-    rows, structured = {}, {}
-    for name, (command, env, port, model) in found.items():
-        process = start(command, env, port, args.work / f"{name.split()[0]}.log")
-        url = f"http://127.0.0.1:{port}"
-        try:
-            stream_chat(url, model, "a warm-up", 8)
-            constrained = args.json_schema and name.startswith("minimlx")
-            rounds, schema_rounds = [], []
-            for _ in range(args.rounds):  # the two kinds of burst alternate, so that both see the same machine
-                rounds.append({})
-                schema_rounds.append({})
-                for n in args.clients:
-                    rounds[-1][n] = burst(url, model, n, args.tokens)
-                    if constrained:
-                        schema_rounds[-1][n] = burst(url, model, n, args.tokens, STORY)
-            if constrained:
-                structured[name] = {n: statistics.median(r[n][0] for r in schema_rounds) for n in args.clients}
-            rows[name] = {
-                n: (
-                    statistics.median(r[n][0] for r in rounds),
-                    statistics.median(r[n][1] for r in rounds),
-                    sum(r[n][2] for r in rounds),
-                )
-                for n in args.clients
-            }
-            print(name, "rounds:", {n: [round(r[n][0], 1) for r in rounds] for n in args.clients}, flush=True)
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-        summary = {
-            n: f"{tps:.1f} tok/s, TTFT {ttft:.2f} s, {failed} failed" for n, (tps, ttft, failed) in rows[name].items()
-        }
-        print(name, summary, flush=True)
+def load_average() -> str:
+    return " ".join(f"{load:.1f}" for load in os.getloadavg())
 
+
+def medians(rounds: list[dict], clients: list[int]) -> dict[int, tuple[float, float, int]]:
+    """N -> (median aggregate tok/s, median TTFT, failed requests summed over the rounds)."""
+    return {
+        n: (
+            statistics.median(r[n]["tps"] for r in rounds),
+            statistics.median(r[n]["ttft"] for r in rounds),
+            sum(r[n]["failed"] for r in rounds),
+        )
+        for n in clients
+    }
+
+
+def report(args, rows: dict, structured: dict, prompt_lengths: dict, notes: list[str], loads: list[str]) -> None:
     print(
-        f"\n{machine()}\n\nSmolLM2-135M-Instruct, {args.tokens} generated tokens per request, temperature 0, "
-        f"medians of {args.rounds} rounds:\n"
+        f"\n{machine()}\n{llamacpp_peer.description()}\n\nSmolLM2-135M-Instruct, raw completions of "
+        f"{args.prompt_tokens}-token prompts, {args.tokens} generated tokens per request, temperature 0, medians of "
+        f"{args.rounds} interleaved rounds; load average before each round: {', '.join(loads)}:\n"
     )
     print("| server | " + " | ".join(f"{n} clients tok/s | TTFT s" for n in args.clients) + " |")
     print("| --- |" + " ---: | ---: |" * len(args.clients))
     for name, by_clients in rows.items():
-        print(
-            f"| {name} | "
-            + " | ".join(
-                f"{tps:.1f}{f' ({failed} failed)' if failed else ''} | {ttft:.2f}"
-                for tps, ttft, failed in by_clients.values()
-            )
-            + " |"
+        cells = (
+            f"{tps:.1f}{f' ({failed} failed)' if failed else ''} | {ttft:.2f}"
+            for tps, ttft, failed in by_clients.values()
         )
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(
+        "\nprompt tokens as each server counted them: "
+        + "; ".join(
+            f"{name}: {', '.join(map(str, sorted(lengths))) or 'not reported'}"
+            for name, lengths in prompt_lengths.items()
+        )
+    )
+    peers = [name for name in rows if not name.startswith("minimlx")]
+    ours = [name for name in (MINIMLX, MINIMLX_KERNEL) if name in rows]
+    if ours and peers:
+        print("\nminimlx / peer, aggregate tok/s (and TTFT, lower is better):\n")
+        print("| minimlx row / peer | " + " | ".join(f"{n} clients" for n in args.clients) + " |")
+        print("| --- |" + " ---: |" * len(args.clients))
+        for mine in ours:
+            for peer in peers:
+                cells = (
+                    f"{rows[mine][n][0] / rows[peer][n][0]:.2f}x (TTFT {rows[mine][n][1] / rows[peer][n][1]:.2f}x)"
+                    for n in args.clients
+                )
+                print(f"| {mine} / {peer} | " + " | ".join(cells) + " |")
     alone = args.clients[0]
-    for mine in (name for name in (MINIMLX, MINIMLX_KERNEL) if name in rows):
-        ours = rows[mine]
-        print(f"\n{mine}:")
-        for n in args.clients[1:]:
-            print(f"- at {n} clients / at {alone}: {ours[n][0] / ours[alone][0]:.1f}x", end="")
-            for name, by_clients in rows.items():
-                if not name.startswith("minimlx") and n in by_clients:
-                    print(f"; / {name} at {n}: {ours[n][0] / by_clients[n][0]:.1f}x", end="")
-            print()
+    for mine in ours:
+        scaling = ", ".join(f"{n} clients {rows[mine][n][0] / rows[mine][alone][0]:.1f}x" for n in args.clients[1:])
+        print(f"\n{mine} over its own {alone} client{'s' * (alone > 1)}: {scaling}")
     if structured:
-        print("\nJSON-schema requests (response_format json_schema) / unconstrained ones, aggregate tokens/s:\n")
+        print("\nJSON-schema requests (`json_schema`) / unconstrained ones, aggregate tokens/s:\n")
         print("| server | " + " | ".join(f"{n} clients" for n in args.clients) + " |")
         print("| --- |" + " ---: |" * len(args.clients))
         for name, by_clients in structured.items():
@@ -298,6 +306,58 @@ def main() -> None:
             print(f"| {name} | " + " | ".join(ratios) + " |")
     for note in notes:
         print(f"\nnote: {note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench")
+    parser.add_argument("--skip", default="", help="comma-separated substrings of servers to leave out")
+    parser.add_argument("--json-schema", action="store_true", help="also time minimlx's bursts under a JSON schema")
+    parser.add_argument(
+        "--build-llamacpp", action="store_true", help="build llama.cpp's llama-server first if it is not built"
+    )
+    args = parser.parse_args()
+    if args.rounds < 1 or args.tokens < 1 or args.prompt_tokens < 1 or min(args.clients) < 1:
+        parser.error("--rounds, --tokens, --prompt-tokens and every --clients count must be at least 1")
+    args.work.mkdir(parents=True, exist_ok=True)
+    found, notes = servers(args.work, args.prompt_tokens, args.tokens, args.build_llamacpp)
+    found = {name: server for name, server in found.items() if not any(s and s in name for s in args.skip.split(","))}
+    rounds = {name: [] for name in found}
+    schema_rounds = {name: [] for name in found if args.json_schema and name.startswith("minimlx")}
+    prompt_lengths = {name: set() for name in found}
+    loads = []
+    with contextlib.ExitStack() as running:
+        for name, server in found.items():  # all up at once, so that their rounds can interleave
+            log = args.work / (re.sub(r"[^\w.-]+", "-", name).strip("-") + ".log")
+            running.enter_context(start(server, log))
+        for server in found.values():
+            stream_completion(server.url, server.model, prompt_text(args.prompt_tokens, seed="warm-up"), 8)
+        for round_ in range(args.rounds):
+            loads.append(load_average())
+            for name, server in found.items():
+                rounds[name].append({})
+                schema_rounds.get(name, []).append({})
+                for n in args.clients:  # every server gets the same prompts, each burst new ones
+                    prompts = [prompt_text(args.prompt_tokens, seed=f"{round_}-{n}-{i}") for i in range(n)]
+                    rounds[name][-1][n] = result = burst(server, prompts, args.tokens)
+                    prompt_lengths[name] |= result["prompt_tokens"]
+                    if name in schema_rounds:  # the two kinds of burst alternate, so that both see the same machine
+                        schema_rounds[name][-1][n] = burst(server, prompts, args.tokens, STORY)
+                print(
+                    f"round {round_ + 1} {name}:",
+                    {n: round(r["tps"], 1) for n, r in rounds[name][-1].items()},
+                    flush=True,
+                )
+    rows = {name: medians(runs, args.clients) for name, runs in rounds.items()}
+    structured = {
+        name: {n: statistics.median(r[n]["tps"] for r in runs) for n in args.clients}
+        for name, runs in schema_rounds.items()
+    }
+    report(args, rows, structured, prompt_lengths, notes, loads)
 
 
 if __name__ == "__main__":
