@@ -277,7 +277,8 @@ def test_errors_name_the_fix(tmp_path):
     with pytest.raises(UnsupportedArchitectureError, match="tokenizer model 'bert'.*tokenizer.json"):
         Tokenizer.from_gguf({"tokenizer.ggml.model": "bert"})
     with pytest.raises(UnsupportedArchitectureError, match="pre-tokenizer 'made-up'"):
-        Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "made-up"})
+        vocab = {"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": []}
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "made-up", **vocab})
     refusing = Tokenizer(Backend(models.BPE()), None, None, set(), "{{ raise_exception('Roles must alternate') }}")
     with pytest.raises(InvalidSettingError, match="Roles must alternate.*--no-chat-template"):
         refusing.apply_chat_template(MESSAGES)
