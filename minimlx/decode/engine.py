@@ -631,12 +631,14 @@ class Engine:
     def keep(self, generation: Generation, cache: list) -> None:
         """Hand a finished generation's own `cache` to its conversation, or to the prompt cache, evaluated: a row
         selected from the batch is a lazy gather that would keep the whole batch's buffers alive until read."""
-        if generation.request.cache is not None or self.prompt_cache is not None and not generation.cancelled:
-            mx.eval([c.state for c in cache])
-        if generation.request.cache is not None:
+        conversation = generation.request.cache is not None
+        if not conversation and (self.prompt_cache is None or generation.cancelled):
+            return
+        mx.eval([c.state for c in cache])
+        if conversation:
             generation.cache = cache
             generation.request.cache[:] = cache
-        elif self.prompt_cache is not None and not generation.cancelled:  # held there, not by the generation too
+        else:  # held by the prompt cache, not by the generation too
             self.prompt_cache.store(generation.request.prompt + generation.tokens, cache)
 
     def clear(self) -> None:
