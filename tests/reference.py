@@ -1,5 +1,6 @@
 """Small random reference models built with transformers, and the helpers the parity tests share."""
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 def require(module: str):
     """Import a reference package; in CI a missing reference is a failure, elsewhere a skip."""
     if os.environ.get("CI"):
-        return __import__(module)
+        return importlib.import_module(module)
     return pytest.importorskip(module)
 
 
