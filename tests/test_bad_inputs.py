@@ -822,12 +822,19 @@ def smollm2():
     return path
 
 
+def interruptible() -> None:
+    """Give the child SIGINT's default, as a terminal's Ctrl-C finds it: a suite started in the background (`&`,
+    nohup) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_run_within_a_second():
     path = smollm2()
     child = subprocess.Popen(
         [*MINIMLX, "run", "Write a very long story.", "--model", str(path), "--max-tokens", "2000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
     )
     child.stdout.read(8)  # the answer is streaming
     child.send_signal(signal.SIGINT)
@@ -843,6 +850,7 @@ def test_ctrl_c_while_bench_measures_ends_in_one_line():
         [*MINIMLX, "bench", str(path), "--gen-tokens", "4000", "--prompt-tokens", "8"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
     )
     time.sleep(8)  # loaded, and measuring
     child.send_signal(signal.SIGINT)

@@ -17,6 +17,8 @@ from test_generate import smollm2_path
 from test_grammar import SCHEMAS  # the engine's tests of the same 11 schemas, here through the server
 from test_serve import QUESTION, Served
 
+from minimlx.core.steps import decode_steps
+
 WEATHER = {
     "type": "function",
     "function": {
@@ -156,14 +158,14 @@ def test_an_invalid_schema_is_a_400(server, format_):
 
 
 @pytest.fixture(scope="module")
-def smollm2_float32():
+def smollm2():
     import minimlx
 
     return minimlx.load("smollm2-135m")
 
 
-def test_logprobs_equal_the_models_log_softmax(server, smollm2_float32):
-    model, tokenizer = smollm2_float32
+def test_logprobs_equal_the_models_log_softmax(server, smollm2):
+    model, tokenizer = smollm2
     reply = server.client().chat.completions.create(
         model="smollm2", messages=QUESTION, temperature=0.7, seed=3, max_tokens=12, logprobs=True, top_logprobs=5
     )
@@ -173,7 +175,12 @@ def test_logprobs_equal_the_models_log_softmax(server, smollm2_float32):
     ids = [tokenizer.encode(t.token, add_special_tokens=False) for t in tokens]
     assert all(len(i) == 1 for i in ids)  # each token's text is that token alone
     ids = [i[0] for i in ids]
-    logits = model(mx.array([prompt + ids]))[0, len(prompt) - 1 : -1].astype(mx.float32)
+    cache = model.make_cache()  # the prompt's pass, then decode steps, as the server computes them
+    logits = [model(mx.array([prompt]), cache, last_only=True)[0, -1]]
+    for token in ids[:-1]:
+        with decode_steps():
+            logits.append(model(mx.array([[token]]), cache)[0, -1])
+    logits = mx.stack(logits).astype(mx.float32)
     expected = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).tolist()
     for token, row, i in zip(tokens, expected, ids):
         assert abs(token.logprob - row[i]) < 1e-4

@@ -11,12 +11,12 @@ import click
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..cpu import blas
+from ..cpu import blas, native
 from ..decode import Engine, Generation, Request, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
-from . import cpu_notes, dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
+from . import cpu_notes, dtype_option, exact_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import speculation_options, whole_option
 
 
@@ -51,6 +51,7 @@ def peak_rss_gb() -> float:
 @dtype_option
 @kv_bits_option
 @max_kv_size_option
+@exact_option
 @whole_option("--prefill-step", 512, "Prompt tokens per prefill chunk.")
 @click.option("--eager", is_flag=True, help="Decode without the compiled step (to compare).")
 @speculation_options
@@ -124,6 +125,7 @@ def bench(
         "device": str(mx.default_device()),
         "blas": blas.loaded,
         "compiled": engine.compiled,
+        "exact_products": native.exact_products,
         "kv_bits": kv_bits,
         "max_kv_size": max_kv_size,
         "kv_cache_gb": sum(c.nbytes for c in runs[-1][2].cache) / 1e9,

@@ -18,6 +18,7 @@ from . import (
     chat_template_option,
     cpu_notes,
     dtype_option,
+    exact_option,
     kv_bits_option,
     main,
     max_kv_size_option,
@@ -89,6 +90,7 @@ def generation_options(command):
             dtype_option,
             kv_bits_option,
             max_kv_size_option,
+            exact_option,
             click.option(
                 "--prompt-cache-file",
                 metavar="FILE",

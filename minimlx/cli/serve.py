@@ -8,7 +8,15 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import chat_template_option, dtype_option, kv_bits_option, main, max_kv_size_option, parallel_options
+from . import (
+    chat_template_option,
+    dtype_option,
+    exact_option,
+    kv_bits_option,
+    main,
+    max_kv_size_option,
+    parallel_options,
+)
 from .run import open_model, whole_option
 
 
@@ -116,6 +124,7 @@ def loopback(host: str) -> bool:
 @dtype_option
 @kv_bits_option
 @max_kv_size_option
+@exact_option
 @parallel_options
 def serve(
     host,

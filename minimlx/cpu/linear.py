@@ -7,15 +7,17 @@ weights once while the GEMM would pad the row to a whole panel.
 
 Packed weights in the kernel's layouts (affine 4- and 8-bit, groups of a multiple of 32, scales and biases in
 float32 or float16): the `NativeQuantizedLinear` / `NativeQuantizedEmbedding` forms read the packed words
-directly (float16 scales are widened as they are read). Products of a few input rows (decode steps) multiply
-8-bit-quantized inputs by the codes with integer dot products unless `native.exact_products`; the rest run in
-float32. Their gate and up projections fuse with the SwiGLU between them (`gated_product`).
+directly (float16 scales are widened as they are read). Decode steps' products (`core.steps.decode_steps`) of
+fewer than 28 input rows multiply 8-bit-quantized inputs by the codes with integer dot products unless
+`native.exact_products`; the rest run in float32. Their gate and up projections fuse with the SwiGLU between
+them (`gated_product`).
 """
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
+from ..core.steps import decoding
 from . import native
 
 NATIVE_ROWS = 2
@@ -36,12 +38,12 @@ class NativeLinear(nn.Linear):
         return y + self.bias if "bias" in self else y
 
 
-def exact(x: mx.array) -> bool:
-    """Whether a packed product of `x` keeps float32 inputs: unless `native.exact_products`, only a decode step's
-    (one token per sequence, alone or batched) takes the integer products. A prompt's rows (prefill, speculative
-    verification) stay float32, so that a sequence's tokens do not depend on the prompts it is batched with (the
-    kernel picks the integer products by row count)."""
-    return native.exact_products or x.ndim < 2 or x.shape[-2] != 1
+def exact() -> bool:
+    """Whether a packed product keeps float32 inputs: unless `native.exact_products`, a decode step's (one token per
+    sequence, alone or batched, or a speculative check of drafts) takes the integer products, and a prompt's
+    (prefill, however it is chunked or cached) stays float32, so that its first answer token does not depend on how
+    much of it was cached."""
+    return native.exact_products or not decoding()
 
 
 class NativeQuantizedLinear(nn.QuantizedLinear):
@@ -49,7 +51,7 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
 
     def __call__(self, x: mx.array) -> mx.array:
         y = native.kernel.quantized_matmul(
-            x, self.weight, self.scales, self.biases, self.group_size, self.bits, exact=exact(x)
+            x, self.weight, self.scales, self.biases, self.group_size, self.bits, exact=exact()
         )
         return y + self.bias if "bias" in self else y
 
@@ -95,7 +97,7 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
             return None
         return native.kernel.quantized_swiglu(
             *(x, gate.weight, gate.scales, gate.biases, up.weight, up.scales, up.biases, gate.group_size, gate.bits),
-            exact=exact(x),
+            exact=exact(),
         )
     if type(gate) is NativeLinear and gate.runs_native(x) and gate.weight.shape == up.weight.shape:
         return native.kernel.matmul_swiglu(x, gate.weight, up.weight) if up.weight.dtype == mx.float32 else None

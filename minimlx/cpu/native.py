@@ -5,11 +5,11 @@ off with `MINIMLX_NATIVE=off`; else None, and every CPU form computes with MLX's
 line the commands that run a model print on the CPU: why the kernel is missing and how to get it (None where it is
 switched off or not built for the platform).
 
-`exact_products`: whether the kernel's packed products of a few input rows (decode steps) keep their inputs in
-float32 (`MINIMLX_NATIVE_PRODUCTS=float`, the default) rather than quantizing them to 8 bits per block of 32 for
-integer dot products (`integer`: about twice the decode speed, within the error docs/performance.md states, but a
-token's greedy choice then flips now and then, and a prompt fed whole or from the prompt cache may start its answer
-differently; so it is asked for, not given).
+`exact_products`: whether the kernel's packed products in decode steps (`core.steps.decode_steps`) keep their inputs
+in float32 (`MINIMLX_NATIVE_PRODUCTS=float`, or `--exact` on the commands that generate) rather than quantizing them
+to 8 bits per block of 32 for integer dot products (the default: about 1.3x the decode speed, within the error
+docs/performance.md states, and a token's greedy choice differs from float32's now and then). Prompts always keep
+float32 inputs.
 """
 
 import os
@@ -69,13 +69,13 @@ def probe():
 
 
 def products_are_exact() -> bool:
-    products = os.environ.get("MINIMLX_NATIVE_PRODUCTS", "float").lower()
+    products = os.environ.get("MINIMLX_NATIVE_PRODUCTS", "integer").lower()
     if products not in ("integer", "float"):
         warnings.warn(
-            f"minimlx: MINIMLX_NATIVE_PRODUCTS={products} is neither integer nor float; float products are used",
+            f"minimlx: MINIMLX_NATIVE_PRODUCTS={products} is neither integer nor float; integer products are used",
             stacklevel=2,
         )
-    return products != "integer"
+    return products == "float"
 
 
 kernel, note = probe()

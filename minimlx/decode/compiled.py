@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core.cache import KVCache, pad
+from ..core.steps import decoding
 from ..core.transformer import Transformer
 
 
@@ -104,8 +105,9 @@ class FixedKVCache:
 class CompiledDecoder:
     """Stands in for `model` where the engine decodes one sequence at a time.
 
-    `make_cache()` gives `FixedKVCache`s; a call over them with one token runs the compiled step,
-    everything else (prompts, speculative verification, other caches) runs the model as it is.
+    `make_cache()` gives `FixedKVCache`s; a decode step over them (one token, under `core.steps.decode_steps`) runs
+    the compiled step, traced as a decode step; everything else (prompts, a prompt's last token alone, speculative
+    verification, other caches) runs the model as it is.
     """
 
     def __init__(self, model: nn.Module):
@@ -126,7 +128,8 @@ class CompiledDecoder:
 
     def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
         compiled = (
-            cache is not None
+            decoding()
+            and cache is not None
             and ids.shape[1] == 1
             and all(isinstance(c, FixedKVCache) and c.keys is not None for c in cache)
         )

@@ -8,11 +8,10 @@ prompt length, sampling settings, seed, stop strings and token budget:
   pass, right-aligned (a shorter prompt left-padded inside the pass, cached tokens inside it fed again);
   the rest prefill alone. Each first token is sampled from its prompt's last position (so it comes out
   before the next decode step), then the joiners' cache is merged into the batch's, left-padded to the
-  longest row (`GrowingBuffer.merge`). A joiner that needs one prompt token alone (the prompt cache holds
-  the rest) skips the prefill while others decode: it rides their next step, its last prompt token fed
-  there. The model sees only a cache whose rows have different positions and padding; attention reads
-  both from the cache, so core parts know nothing of requests.
-- Each step feeds every row its latest token, samples each row's logits with that row's own
+  longest row (`GrowingBuffer.merge`). The model sees only a cache whose rows have different positions and
+  padding; attention reads both from the cache, so core parts know nothing of requests.
+- Each step feeds every row its latest token (a decode step, `core.steps.decode_steps`: a device may compute
+  it less exactly than a prompt, as the CPU's integer products do), samples each row's logits with that row's own
   sampler and random keys (so a seeded draw does not depend on its neighbours), and queues the
   step (`mx.async_eval`) before reading the previous step's tokens: the host detokenizes while the
   device computes.
@@ -45,10 +44,11 @@ import numpy as np
 
 from ..core.cache import SINKS, LatentCache, quantized_cache, sink_cache
 from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
+from ..core.steps import decode_steps
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
 from .compiled import decoder
 from .grammar import Matcher
-from .prefill import prefill
+from .prefill import prefill, prefill_prompt
 from .prompt import vocab_size
 from .prompt_cache import PromptCache, PromptFolder
 from .settings import SamplingSettings, check_kv_bits, check_whole
@@ -368,15 +368,7 @@ class Engine:
             caches.append([c.select(going_on) for c in self.cache])
             inputs.append(previous if len(going_on) == len(read_rows) else previous[mx.array(going_on)])
         firsts = []
-        riders, groups = self.admit(len(rows))
-        for (
-            generation,
-            cache,
-        ) in riders:  # its last prompt token is fed in the decode step, its first token sampled there
-            rows.append(generation)
-            caches.append(cache)
-            inputs.append(mx.array(generation.request.prompt[-1:], dtype=mx.uint32))
-        for joined, cache, first in groups:
+        for joined, cache, first in self.admit(len(rows)):
             firsts += [s.read(token) for s, token in zip(joined, first.tolist())]
             going = [i for i, s in enumerate(joined) if s.running]
             for i, generation in enumerate(joined):
@@ -405,17 +397,15 @@ class Engine:
         self.rows, self.cache, self.tokens, self.unread = rows, cache, tokens, True
         return (outputs if rows else read_previous()) + firsts
 
-    def admit(self, running: int) -> tuple[list[tuple[Generation, list]], Iterator]:
-        """Take waiting sequences while there is room: (riders, prefilled groups).
-
-        A rider needs one prompt token alone (the prompt cache or its conversation holds the rest), and `running`
-        sequences decode already: it joins their next step as they do, its last prompt token fed where theirs is
-        the one they sampled, for the price of one more row instead of a forward pass of its own. Riders come as
-        (generation, cache). The others prefill in groups, each (generations, their cache (a row each), their first
-        tokens (generations,)), lazily: joiners that need about as many new tokens together (`prefill_together`),
-        the others alone. The first token is sampled from the prompt's last position, as in one pass over the
-        whole prompt. While others decode, a prompt longer than a prefill chunk is fed a chunk per step instead
-        (`prefill_chunk`): a running stream waits one chunk's pass for its next token, not the whole prompt's.
+    def admit(self, running: int) -> Iterator:
+        """Take waiting sequences while there is room, and prefill them in groups, each (generations, their cache
+        (a row each), their first tokens (generations,)), lazily: joiners that need about as many new tokens
+        together (`prefill_together`), the others alone. Even a joiner that needs one prompt token alone (the prompt
+        cache or its conversation holds the rest) gets a prefill of its own rather than a row of the next decode
+        step: its first token then comes from the same kind of pass as when its prompt is fed whole. The first token
+        is sampled from the prompt's last position, as in one pass over the whole prompt. While others decode, a
+        prompt longer than a prefill chunk is fed a chunk per step instead (`prefill_chunk`): a running stream waits
+        one chunk's pass for its next token, not the whole prompt's.
         """
         joiners = []
         while running + len(self.prefilling) + len(joiners) < self.max_batch:
@@ -429,16 +419,14 @@ class Engine:
             if cache is None and self.prompt_cache is not None:
                 generation.cached_tokens, cache = self.prompt_cache.fetch(generation.request.prompt)
             joiners.append((generation, cache if cache is not None else self.make_cache()))
-        rides = [running > 0 and len(s.request.prompt) - s.cached_tokens == 1 for s, _ in joiners]
-        riders = [joiner for joiner, ride in zip(joiners, rides) if ride]
-        rest = [joiner for joiner, ride in zip(joiners, rides) if not ride]
+        rest = joiners
         if running:
             long = [(s, cache) for s, cache in rest if len(s.request.prompt) - s.cached_tokens > self.prefill_step]
             self.prefilling += [(s, cache, s.cached_tokens) for s, cache in long]
             rest = [joiner for joiner in rest if joiner not in long]
         groups = self.prefill_groups(rest)
         alone = (self.prefill_together(g) if len(g) > 1 else self.prefill_alone(*g[0]) for g in groups)
-        return riders, itertools.chain(self.prefill_chunk(running), alone)
+        return itertools.chain(self.prefill_chunk(running), alone)
 
     def prefill_chunk(self, running: int) -> list[tuple[list[Generation], list, mx.array]]:
         """Feed the first long prompt of `prefilling` one chunk, or, once what is left fits in one (or nothing else
@@ -492,13 +480,14 @@ class Engine:
     ) -> tuple[list[Generation], list, mx.array]:
         """Feed the prompt from token `fed` (its cached tokens by default) and sample the first token."""
         start = generation.cached_tokens if fed is None else fed
-        logits = prefill(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
+        logits = prefill_prompt(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])
         mx.eval(first, list(generation.pending), [c.state for c in cache])
         return [generation], cache, first
 
     def prefill_together(self, group: list[tuple[Generation, list]]) -> tuple[list[Generation], list, mx.array]:
-        """One forward pass over the last `tokens` prompt tokens of every member, right-aligned.
+        """The last `tokens` prompt tokens of every member, right-aligned, in one forward pass (and their last column
+        in one of its own, as `prefill_prompt` feeds a prompt alone).
 
         A member keeps the cached tokens before those (feeding again any cached among them); a shorter prompt
         is left-padded inside the pass, its padding hidden from its tokens like the batch's own. One pass
@@ -519,7 +508,11 @@ class Engine:
         for layer in batch:  # (a merge of empty caches is empty: no padding yet)
             before = layer.row_padding() if layer.state else [0] * len(group)
             layer.padding = [p + extra for p, extra in zip(before, padding)]
-        logits = self.decoder(mx.array(rows, dtype=mx.int32), batch, last_only=True)
+        rows = mx.array(rows, dtype=mx.int32)
+        if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
+            self.decoder(rows[:, :-1], batch, last_only=True)
+            mx.eval([c.state for c in batch])
+        logits = self.decoder(rows[:, -1:], batch, last_only=True)
         first = mx.concatenate([self.first_token(s, logits[i : i + 1, -1, :]) for i, (s, _) in enumerate(group)])
         mx.eval(first, [list(s.pending) for s, _ in group], [c.state for c in batch])
         return [s for s, _ in group], batch, first
@@ -538,7 +531,8 @@ class Engine:
         pass is queued first, the previous tokens are read (and their grammars advanced) while it runs, and the
         sampling is queued after the masks are made. Otherwise the whole step is queued before the read.
         """
-        logits = self.decoder(inputs[:, None], cache)[:, -1, :]
+        with decode_steps():
+            logits = self.decoder(inputs[:, None], cache)[:, -1, :]
         constrained = any(s.matcher is not None for s in rows)
         if constrained:
             mx.async_eval(logits)
@@ -602,7 +596,8 @@ class Engine:
         if matcher is not None and drafts:
             drafts = drafts[: matcher.checked(drafts)]
             q = q[: len(drafts)] if q is not None else None
-        raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
+        with decode_steps():  # the check of each draft computes as the decode step it stands for
+            raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
         logits = raw
         if matcher is not None:
             mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position

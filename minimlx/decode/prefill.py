@@ -20,6 +20,21 @@ def prefill(model: nn.Module, ids: list[int], cache: list, step: int) -> mx.arra
     return logits
 
 
+def prefill_prompt(model: nn.Module, ids: list[int], cache: list, step: int) -> mx.array:
+    """Feed a prompt's `ids` (at least one) into `cache`, its last token in a pass of its own: the logits (1, 1, vocab)
+    of that token (lazy), from which the first answer token is drawn.
+
+    A prompt whose start the prompt cache holds is fed from there, its last token at least, often only that; so
+    that the logits do not depend on how much was cached, the last token is always computed alone (the kernel's
+    products of one row sum in another order than those of a chunk's many, and a decode step's integer products
+    turn such last-bit differences into different roundings of their 8-bit inputs, hence another greedy answer
+    from the second token on). It costs one pass of one token per prompt."""
+    prefill(model, ids[:-1], cache, step)
+    if len(ids) > 1:
+        mx.eval([c.state for c in cache])
+    return model(mx.array([ids[-1:]], dtype=mx.int32), cache, last_only=True)
+
+
 def shared_start(held: list[int], ids: list[int]) -> int:
     """How many first tokens of `ids` a cache of `held` already holds, leaving the last of `ids` to feed (its logits
     are what comes next)."""

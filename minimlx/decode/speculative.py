@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core.sampling import filtered_logits
+from ..core.steps import decode_steps
 from ..errors import InvalidSettingError
 from .prefill import prefill, shared_start
 from .settings import SamplingSettings, check_whole
@@ -85,7 +86,9 @@ class DraftModel:
         mx.eval([c.state for c in self.cache])
         feed, drafts, rows = mx.array([context[-1:]]), [], []
         for _ in range(count):  # queued lazily, evaluated once
-            q = verifier.probabilities(self.model(feed, self.cache)[:, -1])
+            with decode_steps():
+                logits = self.model(feed, self.cache)[:, -1]
+            q = verifier.probabilities(logits)
             feed = mx.random.categorical(mx.log(q), key=verifier.next_key())[:, None]
             drafts.append(feed)
             rows.append(q)
