@@ -18,6 +18,7 @@ from test_grammar import SCHEMAS  # the engine's tests of the same 11 schemas, h
 from test_serve import QUESTION, Served
 
 from minimlx.core.steps import decode_steps
+from minimlx.decode.prefill import prefill_prompt
 
 WEATHER = {
     "type": "function",
@@ -175,8 +176,8 @@ def test_logprobs_equal_the_models_log_softmax(server, smollm2):
     ids = [tokenizer.encode(t.token, add_special_tokens=False) for t in tokens]
     assert all(len(i) == 1 for i in ids)  # each token's text is that token alone
     ids = [i[0] for i in ids]
-    cache = model.make_cache()  # the prompt's pass, then decode steps, as the server computes them
-    logits = [model(mx.array([prompt]), cache, last_only=True)[0, -1]]
+    cache = model.make_cache()  # the prompt's passes, then decode steps, as the server computes them
+    logits = [prefill_prompt(model, prompt, cache, 512)[0, -1]]
     for token in ids[:-1]:
         with decode_steps():
             logits.append(model(mx.array([[token]]), cache)[0, -1])
