@@ -45,7 +45,14 @@ def test_quantized_attention_is_attention_over_the_dequantized_cache(bits):
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(
     "batch, heads, kv_heads, queries, keys, head_dim, group_size",
-    [(1, 9, 3, 1, 300, 64, 64), (2, 8, 2, 5, 40, 128, 64), (1, 4, 4, 17, 17, 64, 32), (1, 9, 3, 33, 70, 96, 32)],
+    [
+        (1, 9, 3, 1, 300, 64, 64),
+        (2, 8, 2, 5, 40, 128, 64),
+        (1, 4, 4, 17, 17, 64, 32),
+        (1, 9, 3, 33, 70, 96, 32),
+        (1, 9, 3, 1, 4100, 64, 64),
+        (2, 8, 2, 3, 1200, 128, 32),
+    ],
 )
 def test_the_native_kernel_reads_the_codes_as_mlx_does(
     bits, batch, heads, kv_heads, queries, keys, head_dim, group_size

@@ -450,6 +450,44 @@ def test_masked_attention_equals_mlx(batch, heads, kv_heads, queries, keys, mask
         minimlx_native.masked_attention(q, k, v, 0.125, mask.astype(mx.float32))
 
 
+@pytest.mark.parametrize(
+    "batch, heads, kv_heads, queries, keys, hidden",
+    [
+        (1, 9, 3, 1, 4096, "nothing"),
+        (1, 9, 3, 1, 1000, "at random"),
+        (1, 8, 1, 1, 5000, "a fixed cache's tail"),
+        (2, 6, 2, 1, 3001, "a padded row"),
+        (1, 4, 4, 5, 2000, "at random"),
+    ],
+)
+def test_attention_of_few_queries_split_over_the_keys_equals_mlx(batch, heads, kv_heads, queries, keys, hidden):
+    """Few blocks of queries (a decode step's one per batch row and kv head) have their keys split into segments
+    whose softmax sums are combined (with 2 threads or more): grouped heads, keys hidden at random, past a fixed
+    cache's last token (whole segments hidden), and every key of a padded batch row, which gets zeros while the
+    other row sees only its first 7 keys."""
+    q, k, v = (
+        mx.random.normal(shape, key=mx.random.key(i))
+        for i, shape in enumerate(
+            [(batch, heads, queries, 64), (batch, kv_heads, keys, 64), (batch, kv_heads, keys, 64)]
+        )
+    )
+    causal = mx.arange(keys) <= (keys - queries + mx.arange(queries))[:, None]
+    if hidden == "nothing":
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=causal)
+        assert mx.abs(minimlx_native.causal_attention(q, k, v, 0.125) - want).max().item() < 2e-6
+        return
+    shown = {
+        "at random": mx.random.uniform(shape=(batch, 1, queries, keys), key=mx.random.key(3)) > 0.4,
+        "a fixed cache's tail": (mx.arange(keys) < 4321)[None, None, None],
+        "a padded row": mx.stack([mx.zeros(keys, dtype=mx.bool_), mx.arange(keys) < 7])[:, None, None],
+    }[hidden]
+    got = minimlx_native.masked_attention(q, k, v, 0.125, shown)
+    seen = slice(1, None) if hidden == "a padded row" else slice(None)
+    want = mx.fast.scaled_dot_product_attention(q[seen], k[seen], v[seen], scale=0.125, mask=shown[seen] & causal)
+    assert mx.abs(got[seen] - want).max().item() < 2e-6
+    assert hidden != "a padded row" or mx.all(got[0] == 0).item()
+
+
 @pytest.mark.parametrize("mask", ["padded prefill", "window", "padded window"])
 def test_attend_takes_the_native_op_for_masked_prompts(mask, monkeypatch):
     """A batch's padded prefill and a sliding window's mask go to the native op (not MLX's composed attention,

@@ -6,7 +6,8 @@
 //
 // computed one query at a time, for the heads that share its kv head together: their scores in a buffer,
 // their exponentials, then the weighted sums of the value rows. Nothing of the masked part of the score matrix is computed; keys an explicit mask hides
-// (a decode step over a cache of fixed capacity, padded rows of a batch) get a weight of zero.
+// (a decode step over a cache of fixed capacity, padded rows of a batch) get a weight of zero. A work item reads the
+// keys of one `KeySegment`: all of them, or one segment of a decode step's, whose sums the caller combines.
 #pragma once
 
 #include <algorithm>
@@ -64,23 +65,37 @@ inline void dots(const float* queries, const float* k, int64_t stride, const int
 // Queries [query_begin, query_end) of the H heads head, head + 1, ... (which share one kv head) in batch row `row`.
 // The heads of a query go together: its shown keys are found once, and each key and value row is read once for
 // all of them (SmolLM2's 9 heads read their 3 kv heads a third as often as one head at a time).
-// The keys that query `i` of `row` sees (their indices into `keys`; how many is returned), and its heads' output rows
-// (into `out`), zeroed when it sees none. The float and the quantized attention share it.
+// The keys of `segment` that query `i` of `row` sees (their indices into `keys`; how many is returned), and where its
+// heads' results go (`at`: their rows of the segment's out, tops and totals). A query that sees none of them gets
+// zeros, or a total of 0 in a segment. The float and the quantized attention share it.
 template <int H, class Args>
-inline int visible_keys(const Args& a, int row, int head, int i, int seen, int D, int* keys, float* out[H]) {
+inline int visible_keys(const Args& a, const KeySegment& segment, int row, int head, int i, int seen, int* keys,
+                        int64_t at[H]) {
   const bool* shown = a.mask ? a.mask + row * a.mask_strides[0] + i * a.mask_strides[1] : nullptr;
+  const int end = std::min(seen, segment.end), D = a.head_dim;
   int count = 0;
-  for (int j = 0; j < seen; ++j)
+  for (int j = segment.begin; j < end; ++j)
     if (!shown || shown[j * a.mask_strides[2]]) keys[count++] = j;
   for (int h = 0; h < H; ++h) {
-    out[h] = a.out + ((static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i) * D;
-    if (count == 0) std::fill(out[h], out[h] + D, 0.0f);
+    at[h] = (static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i;
+    if (count > 0) continue;
+    if (segment.totals) segment.totals[at[h]] = 0.0f;
+    else std::fill(segment.out + at[h] * D, segment.out + (at[h] + 1) * D, 0.0f);
   }
   return count;
 }
 
+// What a head's weighted sum of values is multiplied by once its scores' top and sum of exponentials are known:
+// 1 / total over every key; 1 over a segment, whose top and total are kept for the combine.
+inline float value_factor(const KeySegment& segment, int64_t at, float top, float total) {
+  if (!segment.tops) return 1.0f / total;
+  segment.tops[at] = top;
+  segment.totals[at] = total;
+  return 1.0f;
+}
+
 template <class Simd, int H>
-void attend_heads(const Attention& a, int row, int head, int query_begin, int query_end) {
+void attend_heads(const Attention& a, int row, int head, int query_begin, int query_end, const KeySegment& segment) {
   using V = typename Simd::V;
   constexpr int kVectors = 8;  // output vectors summed per pass over the values: independent FMA chains
   constexpr int width = kVectors / H > 0 ? kVectors / H : 1;  // vectors of each head's output per pass
@@ -97,10 +112,11 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
       const float* q = a.q + row * a.q_strides[0] + (head + h) * a.q_strides[1] + i * a.q_strides[2];
       for (int d = 0; d < D; ++d) queries[h * D + d] = q[d] * a.scale;
     }
-    const int seen = past + i + 1;
+    int64_t at[H];
+    const int count = visible_keys<H>(a, segment, row, head, i, past + i + 1, shown_keys.data(), at);
+    if (count == 0) continue;  // it sees none of the keys: visible_keys wrote its zeros
     float* out[H];
-    const int count = visible_keys<H>(a, row, head, i, seen, D, shown_keys.data(), out);
-    if (count == 0) continue;  // every key hidden: its output is zero
+    for (int h = 0; h < H; ++h) out[h] = segment.out + at[h] * D;
     dots<Simd, H>(queries.data(), k, a.k_strides[2], shown_keys.data(), count, D, scores.data(), a.keys);
     V norm[H];
     for (int h = 0; h < H; ++h) {
@@ -112,7 +128,7 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
       for (; j + Simd::W <= count; j += Simd::W) sum = Simd::add(sum, Simd::load(p + j));
       float total = Simd::sum(sum);
       for (; j < count; ++j) total += p[j];
-      norm[h] = Simd::set1(1.0f / total);
+      norm[h] = Simd::set1(value_factor(segment, at[h], top, total));
     }
     for (int c = 0; c < D; c += width * Simd::W) {
       const int vectors = std::min(width * Simd::W, D - c) / Simd::W;
@@ -136,12 +152,13 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
 
 // `heads` (at most kHeadsTogether) heads of one kv head from `head`.
 template <class Simd>
-void attend_queries(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
+void attend_queries(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                    const KeySegment& segment) {
   switch (heads) {
-    case 1: return attend_heads<Simd, 1>(a, row, head, query_begin, query_end);
-    case 2: return attend_heads<Simd, 2>(a, row, head, query_begin, query_end);
-    case 3: return attend_heads<Simd, 3>(a, row, head, query_begin, query_end);
-    default: return attend_heads<Simd, 4>(a, row, head, query_begin, query_end);
+    case 1: return attend_heads<Simd, 1>(a, row, head, query_begin, query_end, segment);
+    case 2: return attend_heads<Simd, 2>(a, row, head, query_begin, query_end, segment);
+    case 3: return attend_heads<Simd, 3>(a, row, head, query_begin, query_end, segment);
+    default: return attend_heads<Simd, 4>(a, row, head, query_begin, query_end, segment);
   }
 }
 
@@ -166,7 +183,8 @@ inline void unpack(const uint8_t* codes, typename Simd::V* out) {
 // so the codes are only converted to floats, never dequantized: q is laid out in the codes' unpacked order, and
 // the output is put back in order at the end of each chunk.
 template <class Simd, int H, int BITS>
-void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int query_begin, int query_end) {
+void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int query_begin, int query_end,
+                            const KeySegment& segment) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;  // vectors per chunk of 32 features
   constexpr int KB = 4;  // keys scored side by side (Simd::sum4 adds up their four sums at once)
@@ -200,10 +218,11 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
         query_sums[h * groups + g] = sum * a.scale;
       }
     }
-    const int seen = past + i + 1;
+    int64_t at[H];
+    const int count = visible_keys<H>(a, segment, row, head, i, past + i + 1, shown_keys.data(), at);
+    if (count == 0) continue;  // it sees none of the keys: visible_keys wrote its zeros
     float* out[H];
-    const int count = visible_keys<H>(a, row, head, i, seen, D, shown_keys.data(), out);
-    if (count == 0) continue;  // every key hidden: its output is zero
+    for (int h = 0; h < H; ++h) out[h] = segment.out + at[h] * D;
     for (int j = 0; j < count; j += KB) {
       const int n = std::min(KB, count - j);
       float total[H][KB] = {};
@@ -240,7 +259,7 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
       float sum = 0.0f;
       for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // a loop the compiler vectorizes
       for (int j = 0; j < count; ++j) sum += p[j];
-      norm[h] = 1.0f / sum;
+      norm[h] = value_factor(segment, at[h], top, sum);
       for (int g = 0; g < groups; ++g) {
         float bias = 0.0f;
         for (int j = 0; j < count; ++j) bias += p[j] * v_biases[shown_keys[j] * vg_step + g];
@@ -279,21 +298,22 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
 }
 
 template <class Simd, int BITS>
-void attend_quantized_bits(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end) {
+void attend_quantized_bits(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
+                           const KeySegment& segment) {
   switch (heads) {
-    case 1: return attend_quantized_heads<Simd, 1, BITS>(a, row, head, query_begin, query_end);
-    case 2: return attend_quantized_heads<Simd, 2, BITS>(a, row, head, query_begin, query_end);
-    case 3: return attend_quantized_heads<Simd, 3, BITS>(a, row, head, query_begin, query_end);
-    default: return attend_quantized_heads<Simd, 4, BITS>(a, row, head, query_begin, query_end);
+    case 1: return attend_quantized_heads<Simd, 1, BITS>(a, row, head, query_begin, query_end, segment);
+    case 2: return attend_quantized_heads<Simd, 2, BITS>(a, row, head, query_begin, query_end, segment);
+    case 3: return attend_quantized_heads<Simd, 3, BITS>(a, row, head, query_begin, query_end, segment);
+    default: return attend_quantized_heads<Simd, 4, BITS>(a, row, head, query_begin, query_end, segment);
   }
 }
 
 // `heads` (at most kHeadsTogether) heads of one kv head from `head`, over quantized keys and values.
 template <class Simd>
 void attend_quantized_queries(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
-                              int query_end) {
-  if (a.bits == 4) return attend_quantized_bits<Simd, 4>(a, row, head, heads, query_begin, query_end);
-  attend_quantized_bits<Simd, 8>(a, row, head, heads, query_begin, query_end);
+                              int query_end, const KeySegment& segment) {
+  if (a.bits == 4) return attend_quantized_bits<Simd, 4>(a, row, head, heads, query_begin, query_end, segment);
+  attend_quantized_bits<Simd, 8>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 }  // namespace minimlx_native

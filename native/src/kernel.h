@@ -41,12 +41,11 @@ struct Problem {
 // (batch, kv_heads, keys, head_dim) given by strides in floats (the last axis contiguous); queries are the
 // last `queries` of the `keys` positions. Where `mask` is given, a query also sees only the keys it marks:
 // mask[b * mask_strides[0] + i * mask_strides[1] + j * mask_strides[2]] for query i and key j of row b (a
-// stride of 0 repeats a row). out is contiguous (batch, heads, queries, head_dim).
+// stride of 0 repeats a row). The output, contiguous (batch, heads, queries, head_dim), is `KeySegment`'s.
 struct Attention {
   const float* q;
   const float* k;
   const float* v;
-  float* out;
   int64_t q_strides[3], k_strides[3], v_strides[3];  // batch, head, position
   int batch, heads, kv_heads, queries, keys, head_dim;
   float scale;
@@ -70,11 +69,23 @@ struct QuantizedAttention {
   const float* q;
   int64_t q_strides[3];
   QuantizedRows k, v;
-  float* out;
   int batch, heads, kv_heads, queries, keys, head_dim, group_size, bits;
   float scale;
   const bool* mask;
   int64_t mask_strides[3];
+};
+
+// The keys [begin, end) that one work item of attention reads, and where its results go. With `tops` null they are
+// every key, and `out` (batch, heads, queries, head_dim) gets the attention's output. Else they are one segment of
+// the keys (flash decoding: a decode step's few queries are split over their keys, so that every thread has work),
+// and out gets the segment's weighted sum of values unnormalised, `tops` its top score and `totals` its sum of
+// e^(score - top), 0 where the query sees none of its keys (both laid out as out without head_dim); the segments
+// are combined afterwards.
+struct KeySegment {
+  int begin, end;
+  float* out;
+  float* tops;
+  float* totals;
 };
 
 // out (M x N) = x @ w.T for float32 x (M x K) and w (N x K), x packed into panels of `panel_rows` inputs
@@ -133,26 +144,33 @@ void rows_neon(const Problem& p, int row_begin, int row_end);
 #endif
 
 // Queries [query_begin, query_end) of heads [head, head + heads) of one batch row, heads that share one kv head
-// (at most kHeadsTogether of them). One function per instruction set.
+// (at most kHeadsTogether of them), over the keys of `segment`. One function per instruction set.
 constexpr int kHeadsTogether = 4;
-void attend_scalar(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_scalar(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                   const KeySegment& segment);
 #if defined(__x86_64__) || defined(_M_X64)
-void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
-void attend_avx512(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                 const KeySegment& segment);
+void attend_avx512(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                   const KeySegment& segment);
 #endif
 #if defined(__aarch64__)
-void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                 const KeySegment& segment);
 #endif
 
 // The same over quantized keys and values. One function per instruction set.
-void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
+                             const KeySegment& segment);
 #if defined(__x86_64__) || defined(_M_X64)
-void attend_quantized_avx2(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_quantized_avx2(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
+                           const KeySegment& segment);
 void attend_quantized_avx512(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
-                             int query_end);
+                             int query_end, const KeySegment& segment);
 #endif
 #if defined(__aarch64__)
-void attend_quantized_neon(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end);
+void attend_quantized_neon(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
+                           const KeySegment& segment);
 #endif
 
 // out[i] = silu(x[i]) for i in [begin, end). One function per instruction set.

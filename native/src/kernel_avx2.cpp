@@ -80,8 +80,9 @@ void integer_rows_avx2(const Problem& p, int row_begin, int row_end) {
   integer_rows<Avx2, Maddubs>(p, row_begin, row_end);
 }
 
-void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
-  attend_queries<Avx2>(a, row, head, heads, query_begin, query_end);
+void attend_avx2(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                 const KeySegment& segment) {
+  attend_queries<Avx2>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 void dequantize_avx2(const Problem& p, int row_begin, int row_end, float* dst) {
@@ -95,8 +96,8 @@ void pack_avx2(const float* x, int M, int K, float* panels, int panel_begin, int
 void gemm_avx2(const Gemm& g, int row_begin, int row_end) { gemm_rows<Avx2>(g, row_begin, row_end); }
 
 void attend_quantized_avx2(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
-                           int query_end) {
-  attend_quantized_queries<Avx2>(a, row, head, heads, query_begin, query_end);
+                           int query_end, const KeySegment& segment) {
+  attend_quantized_queries<Avx2>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 void silu_avx2(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }

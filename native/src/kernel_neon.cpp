@@ -9,8 +9,9 @@ namespace minimlx_native {
 
 void rows_neon(const Problem& p, int row_begin, int row_end) { rows<Neon>(p, row_begin, row_end); }
 
-void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
-  attend_queries<Neon>(a, row, head, heads, query_begin, query_end);
+void attend_neon(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                 const KeySegment& segment) {
+  attend_queries<Neon>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 void dequantize_neon(const Problem& p, int row_begin, int row_end, float* dst) {
@@ -24,8 +25,8 @@ void pack_neon(const float* x, int M, int K, float* panels, int panel_begin, int
 void gemm_neon(const Gemm& g, int row_begin, int row_end) { gemm_rows<Neon>(g, row_begin, row_end); }
 
 void attend_quantized_neon(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
-                           int query_end) {
-  attend_quantized_queries<Neon>(a, row, head, heads, query_begin, query_end);
+                           int query_end, const KeySegment& segment) {
+  attend_quantized_queries<Neon>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }

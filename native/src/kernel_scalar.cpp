@@ -118,8 +118,9 @@ void integer_rows_scalar(const Problem& p, int row_begin, int row_end) {
   integer_rows<Scalar, ScalarDot>(p, row_begin, row_end);
 }
 
-void attend_scalar(const Attention& a, int row, int head, int heads, int query_begin, int query_end) {
-  attend_queries<Scalar>(a, row, head, heads, query_begin, query_end);
+void attend_scalar(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                   const KeySegment& segment) {
+  attend_queries<Scalar>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 void dequantize_scalar(const Problem& p, int row_begin, int row_end, float* dst) {
@@ -133,8 +134,8 @@ void pack_scalar(const float* x, int M, int K, float* panels, int panel_begin, i
 void gemm_scalar(const Gemm& g, int row_begin, int row_end) { gemm_rows<Scalar>(g, row_begin, row_end); }
 
 void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
-                             int query_end) {
-  attend_quantized_queries<Scalar>(a, row, head, heads, query_begin, query_end);
+                             int query_end, const KeySegment& segment) {
+  attend_quantized_queries<Scalar>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 void silu_scalar(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }

@@ -52,8 +52,8 @@ struct IntegerIsa {
 // The kernels of one instruction set.
 struct Isa {
   void (*rows)(const Problem&, int, int);
-  void (*attend)(const Attention&, int, int, int, int, int);
-  void (*attend_quantized)(const QuantizedAttention&, int, int, int, int, int);
+  void (*attend)(const Attention&, int, int, int, int, int, const KeySegment&);
+  void (*attend_quantized)(const QuantizedAttention&, int, int, int, int, int, const KeySegment&);
   void (*silu)(const float*, float*, int64_t, int64_t);
   void (*dequantize)(const Problem&, int, int, float*);
   void (*pack)(const float*, int, int, float*, int, int);
@@ -507,17 +507,86 @@ void float_product_work(const std::vector<mx::array>& in, mx::array& out) {
 // get 24 blocks to share from a 128-token chunk of SmolLM2's 9 heads (3 groups of heads sharing a kv head).
 constexpr int kQueryBlock = 16;
 
+// A decode step has one block of queries per batch row and kv head (SmolLM2's 3 left one of 2 threads idle a third of
+// the time), so where the blocks are fewer than kItemsPerThread per thread, their keys are split into segments
+// (flash decoding) of at least kSegmentKeys keys, enough for that many work items (SmolLM2's 3 blocks become 18
+// items, 9 a thread, where 9 items left one thread 5); the segments' sums are combined afterwards, a pass over the
+// output that is small next to reading the keys. Prompt chunks have blocks enough.
+constexpr int kItemsPerThread = 8;
+constexpr int kSegmentKeys = 256;
+
+// The segments that the keys of `blocks` blocks of queries are split into.
+int key_segments(int blocks, int keys) {
+  const int threads = pool().size();
+  if (threads == 1 || blocks >= kItemsPerThread * threads) return 1;
+  const int wanted = (kItemsPerThread * threads + blocks - 1) / blocks;
+  return std::max(1, std::min(wanted, keys / kSegmentKeys));
+}
+
+// Output rows per block of work of the combine.
+constexpr int64_t kCombineRows = 64;
+
+// Rows [begin, end) of out (`rows` of D floats) from the results of `segments` key segments (`KeySegment`), as
+// `partial` holds them: each segment's weighted sums of values (rows x D), then each one's tops, then its totals:
+//
+//   m = max_s top_s,  out = sum_s e^(top_s - m) sums_s / sum_s e^(top_s - m) total_s
+//
+// over the segments of which the query sees a key (a total above 0); zeros where it sees none.
+void combine_segments(const float* partial, int segments, int64_t rows, int D, float* out, int64_t begin,
+                      int64_t end) {
+  const float* tops = partial + segments * rows * D;
+  const float* totals = tops + segments * rows;
+  for (int64_t r = begin; r < end; ++r) {
+    float* o = out + r * D;
+    std::fill(o, o + D, 0.0f);
+    float top = -INFINITY;
+    for (int s = 0; s < segments; ++s)
+      if (totals[s * rows + r] > 0) top = std::max(top, tops[s * rows + r]);
+    if (top == -INFINITY) continue;
+    float total = 0.0f;
+    for (int s = 0; s < segments; ++s) {
+      if (totals[s * rows + r] == 0) continue;
+      const float weight = std::exp(tops[s * rows + r] - top);
+      const float* sums = partial + (s * rows + r) * D;
+      for (int d = 0; d < D; ++d) o[d] += weight * sums[d];
+      total += weight * totals[s * rows + r];
+    }
+    for (int d = 0; d < D; ++d) o[d] /= total;
+  }
+}
+
 // Blocks of `kQueryBlock` queries of a part of the heads that share a kv head (at most kHeadsTogether, as even as can
-// be), for every batch row and kv head: `attend(row, first head, heads, first query, end query)` runs one.
+// be), for every batch row and kv head, each over one of `key_segments` segments of the keys: `attend(row, first head,
+// heads, first query, end query, segment)` runs one. out (batch, heads, queries, head_dim) gets the attention.
 template <class Attend>
-void share_query_blocks(int batch, int heads, int kv_heads, int queries, const Attend& attend) {
+void share_query_blocks(int batch, int heads, int kv_heads, int queries, int keys, int head_dim, float* out,
+                        const Attend& attend) {
   const int group = heads / kv_heads, parts = (group + kHeadsTogether - 1) / kHeadsTogether;
   const int blocks_per_part = (queries + kQueryBlock - 1) / kQueryBlock;
-  share(batch * kv_heads * parts * blocks_per_part, [&](int b) {
+  const int blocks = batch * kv_heads * parts * blocks_per_part, segments = key_segments(blocks, keys);
+  const int64_t rows = static_cast<int64_t>(batch) * heads * queries;
+  thread_local Floats partials;  // the segments' results, laid out as combine_segments reads them
+  if (segments > 1) partials.resize(segments * rows * (head_dim + 2));
+  float* const partial = partials.data();  // this thread's buffer (a worker's `partials` is its own)
+  auto segment_of = [&](int s) {
+    if (segments == 1) return KeySegment{0, keys, out, nullptr, nullptr};
+    float* const tops = partial + segments * rows * head_dim;
+    return KeySegment{static_cast<int>(int64_t{s} * keys / segments),
+                      static_cast<int>(int64_t{s + 1} * keys / segments), partial + s * rows * head_dim,
+                      tops + s * rows, tops + (segments + s) * rows};
+  };
+  share(blocks * segments, [&](int item) {
+    const int b = item / segments;
     const int first = b % blocks_per_part * kQueryBlock, part = b / blocks_per_part % parts;
     const int kv_row = b / blocks_per_part / parts, kv_head = kv_row % kv_heads;
     const int head = part * group / parts, end = (part + 1) * group / parts;
-    attend(kv_row / kv_heads, kv_head * group + head, end - head, first, std::min(queries, first + kQueryBlock));
+    attend(kv_row / kv_heads, kv_head * group + head, end - head, first, std::min(queries, first + kQueryBlock),
+           segment_of(item % segments));
+  });
+  if (segments == 1) return;
+  share(static_cast<int>((rows + kCombineRows - 1) / kCombineRows), [&](int b) {
+    combine_segments(partial, segments, rows, head_dim, out, b * kCombineRows,
+                     std::min(rows, (b + 1) * kCombineRows));
   });
 }
 
@@ -543,8 +612,8 @@ Work attention_work(float scale) {
   return [scale](const std::vector<mx::array>& in, mx::array& out) {
     const auto &q = in[0], &k = in[1], &v = in[2];
     thread_local Floats copies[3];
-    Attention a{nullptr, nullptr, nullptr, out.data<float>(), {}, {}, {}, q.shape(0), q.shape(1), k.shape(1),
-                q.shape(2), k.shape(2), q.shape(3), scale, nullptr, {}};
+    Attention a{nullptr, nullptr, nullptr, {}, {}, {}, q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2),
+                q.shape(3), scale, nullptr, {}};
     if (in.size() == 4) {
       a.mask = in[3].data<bool>();
       for (int axis : {0, 2, 3}) a.mask_strides[axis == 0 ? 0 : axis - 1] = in[3].shape(axis) == 1 ? 0 : in[3].strides(axis);
@@ -552,9 +621,10 @@ Work attention_work(float scale) {
     a.q = rows_of(q, a.q_strides, copies[0]);
     a.k = rows_of(k, a.k_strides, copies[1]);
     a.v = rows_of(v, a.v_strides, copies[2]);
-    share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, [&](int row, int head, int heads, int begin, int end) {
-      kIsa.attend(a, row, head, heads, begin, end);
-    });
+    share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, a.keys, a.head_dim, out.data<float>(),
+                       [&](int row, int head, int heads, int begin, int end, const KeySegment& segment) {
+                         kIsa.attend(a, row, head, heads, begin, end, segment);
+                       });
   };
 }
 
@@ -584,7 +654,6 @@ Work quantized_attention_work(float scale, int group_size, int bits) {
     thread_local std::vector<uint32_t> code_copies[2];
     thread_local std::vector<float> group_copies[4];
     QuantizedAttention a{};
-    a.out = out.data<float>();
     a.batch = q.shape(0), a.heads = q.shape(1), a.kv_heads = in[1].shape(1), a.queries = q.shape(2);
     a.keys = in[1].shape(2), a.head_dim = q.shape(3), a.group_size = group_size, a.bits = bits, a.scale = scale;
     a.q = rows_of(q, a.q_strides, q_copy);
@@ -603,9 +672,10 @@ Work quantized_attention_work(float scale, int group_size, int bits) {
       a.mask = in[7].data<bool>();
       for (int axis : {0, 2, 3}) a.mask_strides[axis == 0 ? 0 : axis - 1] = in[7].shape(axis) == 1 ? 0 : in[7].strides(axis);
     }
-    share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, [&](int row, int head, int heads, int begin, int end) {
-      kIsa.attend_quantized(a, row, head, heads, begin, end);
-    });
+    share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, a.keys, a.head_dim, out.data<float>(),
+                       [&](int row, int head, int heads, int begin, int end, const KeySegment& segment) {
+                         kIsa.attend_quantized(a, row, head, heads, begin, end, segment);
+                       });
   };
 }
 
