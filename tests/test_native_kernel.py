@@ -488,6 +488,36 @@ def test_attention_of_few_queries_split_over_the_keys_equals_mlx(batch, heads, k
     assert hidden != "a padded row" or mx.all(got[0] == 0).item()
 
 
+@pytest.mark.parametrize("seen", [300, 1500])
+def test_a_decode_steps_attention_is_the_same_alone_batched_and_over_a_fixed_capacity(seen):
+    """A decode step's query over its `seen` keys gives the same bits alone (causal), over a fixed cache's capacity
+    (its tail hidden), left-padded in a batch beside a row of 4,100 keys, and as the last query of a speculative
+    check: its keys are split by their number among those it sees, never by where they lie."""
+    q, k, v = (
+        mx.random.normal(shape, key=mx.random.key(i))
+        for i, shape in enumerate([(1, 9, 4, 64), *[(1, 3, seen, 64)] * 2])
+    )
+    alone = minimlx_native.causal_attention(q[:, :, -1:], k, v, 0.125)
+    capacity = 4352
+    tail = mx.zeros((1, 3, capacity - seen, 64))
+    fixed = minimlx_native.masked_attention(
+        q[:, :, -1:],
+        mx.concatenate([k, tail], axis=2),
+        mx.concatenate([v, tail], axis=2),
+        0.125,
+        (mx.arange(capacity) < seen)[None, None, None],
+    )
+    longest, padding = 4100, 4100 - seen
+    other = [mx.random.normal((1, 3, longest, 64), key=mx.random.key(9 + i)) for i in range(2)]
+    padded = [mx.concatenate([mx.zeros((1, 3, padding, 64)), a], axis=2) for a in (k, v)]
+    batch_mask = mx.stack([mx.ones(longest, dtype=mx.bool_), mx.arange(longest) >= padding])[:, None, None]
+    batched = minimlx_native.masked_attention(
+        mx.concatenate([q[:, :, -1:]] * 2), *(mx.concatenate([o, p]) for o, p in zip(other, padded)), 0.125, batch_mask
+    )
+    checked = minimlx_native.causal_attention(q, k, v, 0.125)[:, :, -1:]
+    assert all(mx.array_equal(alone, x).item() for x in (fixed, batched[1:], checked))
+
+
 @pytest.mark.parametrize("mask", ["padded prefill", "window", "padded window"])
 def test_attend_takes_the_native_op_for_masked_prompts(mask, monkeypatch):
     """A batch's padded prefill and a sliding window's mask go to the native op (not MLX's composed attention,

@@ -72,10 +72,14 @@ template <int H, class Args>
 inline int visible_keys(const Args& a, const KeySegment& segment, int row, int head, int i, int seen, int* keys,
                         int64_t at[H]) {
   const bool* shown = a.mask ? a.mask + row * a.mask_strides[0] + i * a.mask_strides[1] : nullptr;
-  const int end = std::min(seen, segment.end), D = a.head_dim;
+  const int D = a.head_dim;
   int count = 0;
-  for (int j = segment.begin; j < end; ++j)
-    if (!shown || shown[j * a.mask_strides[2]]) keys[count++] = j;
+  if (!shown) {  // causal alone: the query sees keys 0 .. seen - 1
+    for (int j = segment.begin; j < std::min(seen, segment.end); ++j) keys[count++] = j;
+  } else {
+    for (int j = 0, number = 0; j < seen && number < segment.end; ++j)
+      if (shown[j * a.mask_strides[2]] && number++ >= segment.begin) keys[count++] = j;
+  }
   for (int h = 0; h < H; ++h) {
     at[h] = (static_cast<int64_t>(row) * a.heads + head + h) * a.queries + i;
     if (count > 0) continue;

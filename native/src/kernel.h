@@ -75,12 +75,13 @@ struct QuantizedAttention {
   int64_t mask_strides[3];
 };
 
-// The keys [begin, end) that one work item of attention reads, and where its results go. With `tops` null they are
-// every key, and `out` (batch, heads, queries, head_dim) gets the attention's output. Else they are one segment of
-// the keys (flash decoding: a decode step's few queries are split over their keys, so that every thread has work),
-// and out gets the segment's weighted sum of values unnormalised, `tops` its top score and `totals` its sum of
-// e^(score - top), 0 where the query sees none of its keys (both laid out as out without head_dim); the segments
-// are combined afterwards.
+// Which keys one work item of attention reads, and where its results go: of the keys a query sees, in order, those
+// numbered [begin, end). With `tops` null they are every key, and `out` (batch, heads, queries, head_dim) gets the
+// attention's output. Else they are one segment of them (flash decoding: a decode step's few queries are split over
+// their keys, so that every thread has work), and out gets the segment's weighted sum of values unnormalised, `tops`
+// its top score and `totals` its sum of e^(score - top), 0 where the query sees none of its keys (both laid out as
+// out without head_dim); the segments are combined afterwards. Numbered among the keys a query sees, a segment holds
+// the same keys whatever else the array holds (a batch's longer rows, their left padding, a fixed cache's capacity).
 struct KeySegment {
   int begin, end;
   float* out;

@@ -508,19 +508,18 @@ void float_product_work(const std::vector<mx::array>& in, mx::array& out) {
 constexpr int kQueryBlock = 16;
 
 // A decode step has one block of queries per batch row and kv head (SmolLM2's 3 left one of 2 threads idle a third of
-// the time), so where the blocks are fewer than kItemsPerThread per thread, their keys are split into segments
-// (flash decoding) of at least kSegmentKeys keys, enough for that many work items (SmolLM2's 3 blocks become 18
-// items, 9 a thread, where 9 items left one thread 5); the segments' sums are combined afterwards, a pass over the
-// output that is small next to reading the keys. Prompt chunks have blocks enough.
-constexpr int kItemsPerThread = 8;
-constexpr int kSegmentKeys = 256;
+// the time), so where a row has one block (decode steps, speculative checks of drafts), its keys are split into
+// segments of kSegmentKeys (flash decoding: 8 a query at 4,096 keys, 24 work items for SmolLM2's 3 blocks), whose
+// sums are combined afterwards, a pass over the output that is small next to reading the keys. A segment is numbered
+// among the keys the query sees, and their count depends on the keys alone, so that a query's sums are the same
+// alone, in a batch (beside longer rows, left-padded), over a fixed cache's capacity, and in a speculative check;
+// the one segment of a query that sees fewer keys is combined to exactly what a single pass gives. Prompt chunks
+// have blocks enough.
+constexpr int kSegmentKeys = 512;
 
-// The segments that the keys of `blocks` blocks of queries are split into.
-int key_segments(int blocks, int keys) {
-  const int threads = pool().size();
-  if (threads == 1 || blocks >= kItemsPerThread * threads) return 1;
-  const int wanted = (kItemsPerThread * threads + blocks - 1) / blocks;
-  return std::max(1, std::min(wanted, keys / kSegmentKeys));
+// The segments that the keys of queries of `queries` a row are split into.
+int key_segments(int queries, int keys) {
+  return queries > kQueryBlock ? 1 : std::max(1, (keys + kSegmentKeys - 1) / kSegmentKeys);
 }
 
 // Output rows per block of work of the combine.
@@ -551,7 +550,8 @@ void combine_segments(const float* partial, int segments, int64_t rows, int D, f
       for (int d = 0; d < D; ++d) o[d] += weight * sums[d];
       total += weight * totals[s * rows + r];
     }
-    for (int d = 0; d < D; ++d) o[d] /= total;
+    const float inverse = 1.0f / total;  // as a single pass normalises: one segment's result is exactly its
+    for (int d = 0; d < D; ++d) o[d] *= inverse;
   }
 }
 
@@ -563,7 +563,7 @@ void share_query_blocks(int batch, int heads, int kv_heads, int queries, int key
                         const Attend& attend) {
   const int group = heads / kv_heads, parts = (group + kHeadsTogether - 1) / kHeadsTogether;
   const int blocks_per_part = (queries + kQueryBlock - 1) / kQueryBlock;
-  const int blocks = batch * kv_heads * parts * blocks_per_part, segments = key_segments(blocks, keys);
+  const int blocks = batch * kv_heads * parts * blocks_per_part, segments = key_segments(queries, keys);
   const int64_t rows = static_cast<int64_t>(batch) * heads * queries;
   thread_local Floats partials;  // the segments' results, laid out as combine_segments reads them
   if (segments > 1) partials.resize(segments * rows * (head_dim + 2));
@@ -571,9 +571,8 @@ void share_query_blocks(int batch, int heads, int kv_heads, int queries, int key
   auto segment_of = [&](int s) {
     if (segments == 1) return KeySegment{0, keys, out, nullptr, nullptr};
     float* const tops = partial + segments * rows * head_dim;
-    return KeySegment{static_cast<int>(int64_t{s} * keys / segments),
-                      static_cast<int>(int64_t{s + 1} * keys / segments), partial + s * rows * head_dim,
-                      tops + s * rows, tops + (segments + s) * rows};
+    return KeySegment{s * kSegmentKeys, (s + 1) * kSegmentKeys, partial + s * rows * head_dim, tops + s * rows,
+                      tops + (segments + s) * rows};
   };
   share(blocks * segments, [&](int item) {
     const int b = item / segments;
