@@ -419,12 +419,11 @@ class Engine:
             if cache is None and self.prompt_cache is not None:
                 generation.cached_tokens, cache = self.prompt_cache.fetch(generation.request.prompt)
             joiners.append((generation, cache if cache is not None else self.make_cache()))
-        rest = joiners
         if running:
-            long = [(s, cache) for s, cache in rest if len(s.request.prompt) - s.cached_tokens > self.prefill_step]
+            long = [(s, c) for s, c in joiners if len(s.request.prompt) - s.cached_tokens > self.prefill_step]
             self.prefilling += [(s, cache, s.cached_tokens) for s, cache in long]
-            rest = [joiner for joiner in rest if joiner not in long]
-        groups = self.prefill_groups(rest)
+            joiners = [joiner for joiner in joiners if joiner not in long]
+        groups = self.prefill_groups(joiners)
         alone = (self.prefill_together(g) if len(g) > 1 else self.prefill_alone(*g[0]) for g in groups)
         return itertools.chain(self.prefill_chunk(running), alone)
 
