@@ -2,6 +2,7 @@
 greedy decoding through it against float32 BLAS on SmolLM2."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -247,6 +248,67 @@ def test_smollm2_integer_products_follow_the_float_path(smollm2_quantized, monke
         largest = max(largest, mx.abs(logits[False] - logits[True]).max().item())
         logits = {exact: step(mx.array([[token]]), exact) for exact in (True, False)}
     assert agree >= 62 and 0 < largest <= 2.0
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized, monkeypatch, exact):
+    """The compiled step runs each SmolLM2 block as `block_inputs` and `block_output` (30 of each per step); its logits
+    over 24 greedy steps have exactly the bits of the same step with every part as its own op, with integer products
+    and with float32 inputs."""
+    from minimlx.cpu import forms
+
+    model, tokenizer = smollm2_quantized
+    monkeypatch.setattr(native, "exact_products", exact)
+    fused_calls = []
+    block_output = native.kernel.block_output
+    monkeypatch.setattr(native.kernel, "block_output", lambda *a, **k: fused_calls.append(1) or block_output(*a, **k))
+    prompt = mx.array([tokenizer.encode("Write a short story about a robot who learns to paint.")])
+
+    def steps(fused: bool) -> list[mx.array]:
+        monkeypatch.setattr(forms, "runs_fused", forms.runs_fused if fused else lambda *_: False)
+        decoder = CompiledDecoder(model)
+        cache = decoder.make_cache()
+        logits = [decoder(prompt, cache, last_only=True)[0, -1]]
+        with decode_steps():
+            for _ in range(24):
+                logits.append(decoder(mx.argmax(logits[-1]).reshape(1, 1), cache)[0, -1])
+                mx.eval(logits[-1])
+        return logits
+
+    real_runs_fused = forms.runs_fused
+    fused = steps(True)
+    assert len(fused_calls) == len(model.layers)  # once per layer, as the step is traced
+    monkeypatch.setattr(forms, "runs_fused", real_runs_fused)
+    alone = steps(False)
+    assert len(fused_calls) == len(model.layers)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(x=mx.zeros((2, 1, 64))), "one token of one sequence"),
+        (dict(q=mx.zeros((1, 4, 2, 16))), "q must be float32 (1, heads, 1, head_dim)"),
+        (dict(start=mx.array([0.0])), "start must be int32"),
+        (dict(layouts=[32, 4, 32, 4]), "layouts must be"),
+    ],
+)
+def test_block_output_refuses_what_it_does_not_read(change, message):
+    def packed(rows, columns):
+        return list(mx.quantize(mx.zeros((rows, columns)), group_size=32, bits=4))
+
+    args = dict(
+        x=mx.zeros((1, 1, 64)),
+        q=mx.zeros((1, 4, 1, 16)),
+        keys=mx.zeros((1, 2, 8, 16)),
+        values=mx.zeros((1, 2, 8, 16)),
+        start=mx.array([3]),
+        weights=[*packed(64, 64), mx.ones((64,)), *packed(96, 64), *packed(96, 64), *packed(64, 96)],
+        layouts=[32, 4, 32, 4, 32, 4],
+    )
+    assert native.kernel.block_output(**args, scale=0.25, eps=1e-5).shape == (1, 1, 64)
+    with pytest.raises(ValueError, match=f"^minimlx_native.block_output: .*{re.escape(message)}"):
+        native.kernel.block_output(**(args | change), scale=0.25, eps=1e-5)
 
 
 def test_batched_and_strided_inputs():

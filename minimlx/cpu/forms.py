@@ -10,11 +10,12 @@ knowing which device runs it.
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core import Attention, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
-from ..core.cache import GrowingBuffer
+from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
+from ..core.cache import FixedKVCache, GrowingBuffer
 from ..core.positions import Positions
+from ..core.recorder import Recorder
 from . import attention, elementwise, native
-from .linear import NativeLinear, gated_product
+from .linear import NativeLinear, NativeQuantizedLinear, exact, gated_product
 
 
 class CpuTransformer(Transformer):
@@ -113,6 +114,74 @@ class NativeOffsetRMSNorm(NativeNorm, OffsetRMSNorm):
     pass
 
 
+class NativeBlock(Block):
+    """A pre-norm block whose one-token steps over a `FixedKVCache` (the compiled decode step) run as two native ops,
+    `block_inputs` and `block_output`, with the cache's in-place writes between them, where its parts are those the
+    ops compute (`runs_fused`): the step's 20 MLX ops a layer, each of which MLX schedules onto its CPU thread for
+    several microseconds, become five. The ops compute each part as that part's own native op does, so the step gives
+    the same bits. Else the block as core wrote it."""
+
+    def __call__(
+        self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
+    ) -> mx.array:
+        if recorder is not None or not isinstance(cache, FixedKVCache) or not runs_fused(self, x, cache):
+            return super().__call__(x, cache, recorder, positions)
+        attn, ffn = self.attn, self.ffn
+        positions = positions or Positions.of(1, cache)
+        weights = [self.attn_norm.scale(), *packed(attn.q_proj, attn.k_proj, attn.v_proj)]
+        q, k, v = native.kernel.block_inputs(
+            *(x, weights, *positions.angles(attn.rope)),
+            layouts=layouts(attn.q_proj, attn.k_proj, attn.v_proj),
+            heads=attn.heads,
+            kv_heads=attn.kv_heads,
+            rope_dims=attn.rope.dims,
+            traditional=attn.rope.traditional,
+            eps=self.attn_norm.eps,
+            exact=exact(),
+        )
+        start = cache.start
+        keys, values = cache.update(k, v)
+        weights = [*packed(attn.o_proj), self.ffn_norm.scale(), *packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj)]
+        return native.kernel.block_output(
+            *(x, q, keys, values, start, weights),
+            layouts=layouts(attn.o_proj, ffn.up_proj, ffn.down_proj),
+            scale=attn.scale,
+            eps=self.ffn_norm.eps,
+            exact=exact(),
+        )
+
+
+def packed(*projections: NativeQuantizedLinear) -> list[mx.array]:
+    """The (weight, scales, biases) of each projection, one after another."""
+    return [a for p in projections for a in (p.weight, p.scales, p.biases)]
+
+
+def layouts(*projections: NativeQuantizedLinear) -> list[int]:
+    """The (group_size, bits) of each projection, one after another."""
+    return [n for p in projections for n in (p.group_size, p.bits)]
+
+
+def runs_fused(block: Block, x: mx.array, cache: FixedKVCache) -> bool:
+    """Whether `native.kernel.decoder_block` computes `block`'s step of `x` over `cache`: one float32 token over
+    float32 buffers, RMS norms, attention without biases, query/key norms, windows, sinks or capped scores, RoPE
+    unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up alike)."""
+    attn, ffn = block.attn, block.ffn
+    if x.shape[:2] != (1, 1) or x.dtype != mx.float32 or cache.keys is None or cache.keys.dtype != mx.float32:
+        return False
+    if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
+        return False
+    if any(type(n) not in (NativeRMSNorm, NativeOffsetRMSNorm) for n in (block.attn_norm, block.ffn_norm)):
+        return False
+    if type(attn.rope) is not CpuRoPE or attn.rope.output_scale != 1.0 or attn.head_dim % 16:
+        return False
+    if "q_norm" in attn or "sinks" in attn or attn.window is not None or attn.logit_cap is not None:
+        return False
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.gate_proj, ffn.up_proj, ffn.down_proj)
+    if any(type(p) is not NativeQuantizedLinear or "bias" in p for p in projections):
+        return False
+    return (ffn.gate_proj.group_size, ffn.gate_proj.bits) == (ffn.up_proj.group_size, ffn.up_proj.bits)
+
+
 FORMS = {
     Transformer: CpuTransformer,
     Attention: CpuAttention,
@@ -121,7 +190,12 @@ FORMS = {
     SwiGLU: CpuSwiGLU,
 }
 """Core part -> its CPU form, with or without the native kernel."""
-NATIVE_FORMS = {nn.Linear: NativeLinear, RMSNorm: NativeRMSNorm, OffsetRMSNorm: NativeOffsetRMSNorm}
+NATIVE_FORMS = {
+    nn.Linear: NativeLinear,
+    RMSNorm: NativeRMSNorm,
+    OffsetRMSNorm: NativeOffsetRMSNorm,
+    Block: NativeBlock,
+}
 """Core part -> its form on the native kernel, where it is installed."""
 
 

@@ -28,6 +28,8 @@ OPS = (
     "swiglu",
     "rms_norm",
     "rotate",
+    "block_inputs",
+    "block_output",
     "integer_isa",
 )
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""

@@ -29,6 +29,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..core.cache import (
+    FixedKVCache,
     KVCache,
     LatentCache,
     QuantizedKVCache,
@@ -38,7 +39,6 @@ from ..core.cache import (
     sink_cache,
 )
 from ..errors import InvalidSettingError, PromptCacheError
-from .compiled import FixedKVCache
 from .prefill import prefill, shared_start
 from .prompt import check_ids, vocab_size
 from .settings import check_kv_bits

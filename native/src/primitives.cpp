@@ -26,6 +26,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -410,12 +411,32 @@ Problem packed_product(const std::vector<mx::array>& in, int first, int M, float
   return p;
 }
 
-// Inputs as `product_work`'s, for fewer than kIntegerRowsBelow rows: the inputs quantized once (integer.h), then
-// the integer products.
-void integer_product(const std::vector<mx::array>& in, mx::array& out, int group_size, int bits) {
+// Products of one input, each by the row loop `rows_of`, in one pass over the pool: their blocks (each product's
+// rows split as `run` splits them) are claimed from one counter, so that the narrow ones (a block's k and v) do not
+// each wait for the pool.
+void run_together(const std::vector<Problem>& products, void (*rows_of)(const Problem&, int, int)) {
+  std::vector<int> first_block{0}, rows;
+  for (const Problem& p : products) {
+    const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * ((p.M + 7) / 8);
+    rows.push_back(static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work))));
+    first_block.push_back(first_block.back() + (p.N + rows.back() - 1) / rows.back());
+  }
+  share(first_block.back(), [&](int b) {
+    const int i = static_cast<int>(std::upper_bound(first_block.begin(), first_block.end(), b) - first_block.begin()) - 1;
+    const Problem& p = products[i];
+    const int begin = (b - first_block[i]) * rows[i];
+    rows_of(p, begin, std::min(p.N, begin + rows[i]));
+  });
+}
+
+// The integer products of x = in[0] (quantized once, integer.h) by the weights whose (w, scales, biases) start at
+// each of `firsts` (one layout), into `outs`, in one pass over the pool; with `gate` (the first of a gate's weights),
+// the one product's SwiGLU form silu(x @ gate.T) * (x @ w.T). For fewer than kIntegerRowsBelow rows of x.
+void integer_products(const std::vector<mx::array>& in, const std::vector<int>& firsts, const std::vector<float*>& outs,
+                      int gate, int group_size, int bits) {
   const IntegerIsa& isa = kIsa.integer;
   const auto& x = in[0];
-  const int K = x.shape(-1), N = in[1].shape(0), M = static_cast<int>(x.size() / K);
+  const int K = x.shape(-1), M = static_cast<int>(x.size() / K);
   const int span = bits == 4 ? isa.span4 : isa.span8, stride = quantized_stride(K, span);
   thread_local Floats copy, block_scales, sums, gated;
   thread_local std::vector<int8_t, CacheAligned<int8_t>> codes;
@@ -432,10 +453,20 @@ void integer_product(const std::vector<mx::array>& in, mx::array& out, int group
     p.xq_stride = stride;
     return p;
   };
-  if (in.size() != 7) return run(problem(1, out.data<float>()), nullptr, isa.rows);
-  gated.resize(static_cast<size_t>(M) * N);
-  const Problem gate = problem(4, gated.data());
-  run(problem(1, out.data<float>()), &gate, isa.rows);
+  if (gate >= 0) {
+    gated.resize(static_cast<size_t>(M) * in[gate].shape(0));
+    const Problem gate_product = problem(gate, gated.data());
+    return run(problem(firsts[0], outs[0]), &gate_product, isa.rows);
+  }
+  std::vector<Problem> products;
+  for (size_t i = 0; i < firsts.size(); ++i) products.push_back(problem(firsts[i], outs[i]));
+  if (products.size() == 1) return run(products[0], nullptr, isa.rows);
+  run_together(products, isa.rows);
+}
+
+// Inputs as `product_work`'s, for fewer than kIntegerRowsBelow rows.
+void integer_product(const std::vector<mx::array>& in, mx::array& out, int group_size, int bits) {
+  integer_products(in, {1}, {out.data<float>()}, in.size() == 7 ? 4 : -1, group_size, bits);
 }
 
 // Inputs x, w, scales, biases: x @ dequantize(w).T. Three more (the gate's w, scales, biases): the SwiGLU
@@ -844,20 +875,27 @@ mx::array float_product(const std::string& name, const mx::array& x, const mx::a
 }
 
 // Refuses what the kernel does not read: the message starts with `name`.
-void check_weights(const std::string& name, const mx::array& x, const mx::array& w, const mx::array& scales,
-                   const mx::array& biases, int group_size, int bits) {
+// Weights w, scales, biases of a packed product of K input features, as quantized_matmul takes them.
+void check_layout(const std::string& name, int K, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                  int group_size, int bits) {
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8, not " + std::to_string(bits));
   if (group_size <= 0 || group_size % 32) fail("group_size must be a multiple of 32, not " + std::to_string(group_size));
-  if (x.dtype() != mx::float32) fail("x must be float32");
   if ((scales.dtype() != mx::float32 && scales.dtype() != mx::float16) || biases.dtype() != scales.dtype())
     fail("scales and biases must be both float32 or both float16");
-  if (w.dtype() != mx::uint32 || w.ndim() != 2 || x.ndim() < 1) fail("w must be a 2-D uint32 array and x at least 1-D");
-  const int K = x.shape(-1), N = w.shape(0);
+  if (w.dtype() != mx::uint32 || w.ndim() != 2) fail("w must be a 2-D uint32 array");
+  const int N = w.shape(0);
   if (K % group_size || static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(K) * bits)
     fail("w's packed width does not hold x's " + std::to_string(K) + " features at " + std::to_string(bits) + " bits");
   const mx::Shape groups{N, K / group_size};
   if (scales.shape() != groups || biases.shape() != groups) fail("scales and biases must have shape (N, K / group_size)");
+}
+
+void check_weights(const std::string& name, const mx::array& x, const mx::array& w, const mx::array& scales,
+                   const mx::array& biases, int group_size, int bits) {
+  if (x.dtype() != mx::float32 || x.ndim() < 1)
+    throw std::invalid_argument(name + ": x must be float32, at least 1-D");
+  check_layout(name, x.shape(-1), w, scales, biases, group_size, bits);
 }
 
 mx::array product(std::vector<mx::array> inputs, int group_size, int bits, bool exact) {
@@ -882,6 +920,211 @@ mx::array quantized_swiglu(const mx::array& x, const mx::array& gate_w, const mx
   check_weights(name, x, up_w, up_scales, up_biases, group_size, bits);
   if (gate_w.shape() != up_w.shape()) throw std::invalid_argument(name + ": the gate and up weights must have one shape");
   return product({x, up_w, up_scales, up_biases, gate_w, gate_scales, gate_biases}, group_size, bits, exact);
+}
+
+// One decode step of a pre-norm block in two ops, where MLX runs about 20 on the CPU, each scheduled onto its CPU
+// stream's thread for several microseconds (docs/performance.md): `block_inputs` (the attention norm, the q, k, v
+// products, RoPE) and `block_output` (attention over the cache, the o product, the residual, the feed-forward norm,
+// the SwiGLU products and the residual). Between them MLX writes the token's keys and values into the cache, in
+// place. Each part is computed by the work of the op that computes it alone, over the same inputs, so the step gives
+// the same bits as those ops.
+
+// A float32 array of `shape` with a buffer of its own, in no graph: an intermediate result of a fused op.
+mx::array scratch(const mx::Shape& shape) {
+  mx::array a(shape, mx::float32, nullptr, {});
+  a.set_data(mx::allocator::malloc(a.nbytes()));
+  return a;
+}
+
+// The product of the weight whose (w, scales, biases) start at in[first] (with `gate`, the SwiGLU product with the
+// gate's at in[gate]) for `input`, into `result`, as quantized_matmul / quantized_swiglu compute it.
+void packed(const std::vector<mx::array>& in, int first, const mx::array& input, const mx::array& result,
+            const int* layout, bool exact, int gate = -1) {
+  std::vector<mx::array> inputs{input, in[first], in[first + 1], in[first + 2]};
+  if (gate >= 0) inputs.insert(inputs.end(), {in[gate], in[gate + 1], in[gate + 2]});
+  mx::array out = result;
+  product_work(layout[0], layout[1], exact)(inputs, out);
+}
+
+// `block_inputs`: x (1, 1, dims), the attention norm's weight, the q, k, v projections' (w, scales, biases), the
+// cos and sin of the token's angles. Outputs q (1, heads, 1, head_dim), k and v (1, kv_heads, 1, head_dim).
+enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin = 12, kBlockInputsCount = 13 };
+
+struct BlockInputsStep {
+  float eps;
+  int rope_dims;
+  bool traditional, exact;
+  int layouts[6];  // (group_size, bits) of q, k, v
+};
+
+class BlockInputsOp : public mx::Primitive {
+ public:
+  explicit BlockInputsOp(BlockInputsStep step) : mx::Primitive(mx::default_stream(mx::Device::cpu)), step_(step) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& output : outputs) output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in, out;
+    for (auto& input : inputs) in.push_back(mx::array::unsafe_weak_copy(input));
+    for (auto& output : outputs) out.push_back(mx::array::unsafe_weak_copy(output));
+    encoder.dispatch([in = std::move(in), out = std::move(out), s = step_]() mutable {
+      mx::array h = scratch(in[kInX].shape());
+      rms_norm_work(s.eps)({in[kInX], in[kInNorm]}, h);
+      mx::array q = scratch(out[0].shape()), k = scratch(out[1].shape());
+      const bool one_layout = std::equal(s.layouts, s.layouts + 2, s.layouts + 2) &&
+                              std::equal(s.layouts, s.layouts + 2, s.layouts + 4);
+      if (!s.exact && one_layout) {  // one quantization of h and one pass over the pool for the three
+        integer_products({h, in[kInQ], in[kInQ + 1], in[kInQ + 2], in[kInK], in[kInK + 1], in[kInK + 2], in[kInV],
+                          in[kInV + 1], in[kInV + 2]},
+                         {1, 4, 7}, {q.data<float>(), k.data<float>(), out[2].data<float>()}, -1, s.layouts[0],
+                         s.layouts[1]);
+      } else {
+        packed(in, kInQ, h, q, s.layouts, s.exact);
+        packed(in, kInK, h, k, s.layouts + 2, s.exact);
+        packed(in, kInV, h, out[2], s.layouts + 4, s.exact);
+      }
+      const Work rotate = rotate_work(s.rope_dims, s.traditional);
+      for (int p = 0; p < 2; ++p) {
+        mx::array rotated = out[p];
+        rotate({p == 0 ? q : k, in[kInCos], in[kInSin]}, rotated);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("minimlx_native.block_inputs runs on the CPU only");
+  }
+
+  const char* name() const override { return "MinimlxNativeBlockInputs"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const BlockInputsOp&>(other).step_;
+    return step_.eps == o.eps && step_.rope_dims == o.rope_dims && step_.traditional == o.traditional &&
+           step_.exact == o.exact && std::equal(step_.layouts, step_.layouts + 6, o.layouts);
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override { return shapes_; }
+  void set_shapes(std::vector<mx::Shape> shapes) { shapes_ = std::move(shapes); }
+
+ private:
+  BlockInputsStep step_;
+  std::vector<mx::Shape> shapes_;
+};
+
+// `block_output`: x (1, 1, dims), q (1, heads, 1, head_dim), the cache's keys and values (1, kv_heads, capacity,
+// head_dim) with the token's written at `start` (int32, one value), the o projection's (w, scales, biases), the
+// feed-forward norm's weight, the up, gate and down projections' (w, scales, biases). Output (1, 1, dims).
+enum BlockOutput { kOutX, kOutQ, kOutKeys, kOutValues, kOutStart, kOutO, kOutNorm = 8, kOutUp = 9, kOutGate = 12,
+                   kOutDown = 15, kBlockOutputCount = 18 };
+
+Work block_output_work(float scale, float eps, bool exact, std::vector<int> layouts) {
+  return [=](const std::vector<mx::array>& in, mx::array& out) {
+    const auto &x = in[kOutX], &q = in[kOutQ], &keys = in[kOutKeys], &values = in[kOutValues];
+    const int dims = x.shape(-1), heads = q.shape(1), kv_heads = keys.shape(1), capacity = keys.shape(2);
+    const int head_dim = keys.shape(3), seen = in[kOutStart].data<int32_t>()[0] + 1;
+    if (seen < 1 || seen > capacity)
+      throw std::runtime_error("minimlx_native.block_output: start " + std::to_string(seen - 1) +
+                               " is outside the cache's capacity " + std::to_string(capacity));
+    thread_local Floats copies[3];
+    Attention a{nullptr, nullptr, nullptr, {}, {}, {}, 1, heads, kv_heads, 1, seen, head_dim, scale, nullptr, {}};
+    a.q = rows_of(q, a.q_strides, copies[0]);
+    a.k = rows_of(keys, a.k_strides, copies[1]);
+    a.v = rows_of(values, a.v_strides, copies[2]);
+    mx::array attended = scratch({1, 1, heads * head_dim}), o = scratch(x.shape());
+    share_query_blocks(1, heads, kv_heads, 1, seen, head_dim, attended.data<float>(),
+                       [&](int row, int head, int group, int begin, int end, const KeySegment& segment) {
+                         kIsa.attend(a, row, head, group, begin, end, segment);
+                       });
+    packed(in, kOutO, attended, o, layouts.data(), exact);
+    mx::array mid = scratch(x.shape()), normed = scratch(x.shape());
+    mx::array gated = scratch({1, 1, in[kOutUp].shape(0)}), down = scratch(x.shape());
+    const float* xs = x.data<float>();
+    for (int d = 0; d < dims; ++d) mid.data<float>()[d] = xs[d] + o.data<float>()[d];
+    rms_norm_work(eps)({mid, in[kOutNorm]}, normed);
+    packed(in, kOutUp, normed, gated, layouts.data() + 2, exact, kOutGate);
+    packed(in, kOutDown, gated, down, layouts.data() + 4, exact);
+    float* y = out.data<float>();
+    for (int d = 0; d < dims; ++d) y[d] = mid.data<float>()[d] + down.data<float>()[d];
+  };
+}
+
+// Weights w, scales, biases of a packed product of K input features and N outputs, as quantized_matmul takes them.
+void check_product(const std::string& name, const std::vector<mx::array>& inputs, int first, int K, int N,
+                   const std::vector<int>& layouts, int layout) {
+  check_layout(name, K, inputs[first], inputs[first + 1], inputs[first + 2], layouts[2 * layout],
+               layouts[2 * layout + 1]);
+  if (inputs[first].shape(0) != N)
+    throw std::invalid_argument(name + ": weight " + std::to_string(first) + " has " +
+                                std::to_string(inputs[first].shape(0)) + " outputs, not " + std::to_string(N));
+}
+
+void check_token(const std::string& name, const mx::array& x) {
+  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 || x.shape(1) != 1)
+    throw std::invalid_argument(name + ": x must be float32 (1, 1, dims): one token of one sequence");
+}
+
+void check_norm(const std::string& name, const mx::array& weight, int dims) {
+  if (weight.dtype() != mx::float32 || weight.shape() != mx::Shape{dims})
+    throw std::invalid_argument(name + ": the norm's weight must be float32 (dims,)");
+}
+
+std::vector<mx::array> block_inputs(const mx::array& x, const std::vector<mx::array>& weights, const mx::array& cos,
+                                    const mx::array& sin, const std::vector<int>& layouts, int heads, int kv_heads,
+                                    int rope_dims, bool traditional, float eps, bool exact) {
+  const std::string name = "minimlx_native.block_inputs";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
+  check_token(name, x);
+  if (weights.size() != kInCos - 1) fail("weights must be the norm's weight and the q, k, v (w, scales, biases)");
+  if (layouts.size() != 6) fail("layouts must be the (group_size, bits) of the q, k and v products");
+  std::vector<mx::array> inputs{x};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  inputs.insert(inputs.end(), {cos, sin});
+  const int dims = x.shape(2);
+  check_norm(name, inputs[kInNorm], dims);
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || inputs[kInQ].shape(0) % heads) fail("bad head counts");
+  const int head_dim = inputs[kInQ].shape(0) / heads;
+  if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) fail("rope_dims must be even, at most head_dim");
+  check_product(name, inputs, kInQ, dims, heads * head_dim, layouts, 0);
+  check_product(name, inputs, kInK, dims, kv_heads * head_dim, layouts, 1);
+  check_product(name, inputs, kInV, dims, kv_heads * head_dim, layouts, 2);
+  if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || int(cos.size()) != rope_dims / 2 ||
+      sin.size() != cos.size())
+    fail("cos and sin must be float32, rope_dims / 2 values each");
+  BlockInputsStep step{eps, rope_dims, traditional, exact, {}};
+  std::copy(layouts.begin(), layouts.end(), step.layouts);
+  auto op = std::make_shared<BlockInputsOp>(step);
+  std::vector<mx::Shape> shapes{{1, heads, 1, head_dim}, {1, kv_heads, 1, head_dim}, {1, kv_heads, 1, head_dim}};
+  op->set_shapes(shapes);
+  return mx::array::make_arrays(shapes, {mx::float32, mx::float32, mx::float32}, op, inputs);
+}
+
+mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
+                       const mx::array& start, const std::vector<mx::array>& weights, const std::vector<int>& layouts,
+                       float scale, float eps, bool exact) {
+  const std::string name = "minimlx_native.block_output";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
+  check_token(name, x);
+  if (weights.size() != kBlockOutputCount - kOutO) fail("weights must be o's, the norm's, up's, gate's and down's");
+  if (layouts.size() != 6) fail("layouts must be the (group_size, bits) of the o, up-and-gate and down products");
+  if (q.dtype() != mx::float32 || q.ndim() != 4 || q.shape(0) != 1 || q.shape(2) != 1)
+    fail("q must be float32 (1, heads, 1, head_dim)");
+  if (keys.dtype() != mx::float32 || keys.ndim() != 4 || keys.shape(0) != 1 || values.shape() != keys.shape() ||
+      values.dtype() != mx::float32 || keys.shape(3) != q.shape(3) || q.shape(1) % keys.shape(1))
+    fail("keys and values must be float32 (1, kv_heads, capacity, head_dim) of q's head_dim");
+  if (q.shape(3) % 16) fail("head_dim must be a multiple of 16");
+  if (start.dtype() != mx::int32 || start.size() != 1) fail("start must be int32, one value");
+  std::vector<mx::array> inputs{x, q, keys, values, start};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  const int dims = x.shape(2), width = q.shape(1) * q.shape(3);
+  const int hidden = inputs[kOutUp].ndim() == 2 ? inputs[kOutUp].shape(0) : 0;
+  check_norm(name, inputs[kOutNorm], dims);
+  check_product(name, inputs, kOutO, width, dims, layouts, 0);
+  check_product(name, inputs, kOutUp, dims, hidden, layouts, 1);
+  check_product(name, inputs, kOutGate, dims, hidden, layouts, 1);
+  check_product(name, inputs, kOutDown, hidden, dims, layouts, 2);
+  std::vector<float> params{scale, eps, exact ? 1.0f : 0.0f};
+  params.insert(params.end(), layouts.begin(), layouts.end());
+  return cpu_op("MinimlxNativeBlockOutput", params, block_output_work(scale, eps, exact, layouts), std::move(inputs));
 }
 
 }  // namespace minimlx_native
@@ -933,6 +1176,19 @@ NB_MODULE(_ext, m) {
         "Rotary embedding: the first `dims` features of float32 x (batch, ..., tokens, head_dim) rotated by the "
         "angles whose cos and sin are given, (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,) for "
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
+  m.def("block_inputs", &minimlx_native::block_inputs, "x"_a, "weights"_a, "cos"_a, "sin"_a, "layouts"_a, "heads"_a,
+        "kv_heads"_a, "rope_dims"_a, "traditional"_a, "eps"_a, "exact"_a = false,
+        "The first op of a pre-norm block's one-token decode step: rms_norm(x) (eps, `weights[0]`), its q, k, v "
+        "products (`weights[1:10]`, (w, scales, biases) each, laid out as quantized_matmul's, `layouts` their "
+        "(group_size, bits)), and RoPE of q and k by cos, sin (rope_dims / 2 values each). x (1, 1, dims) float32; "
+        "returns [q (1, heads, 1, head_dim), k, v (1, kv_heads, 1, head_dim)].");
+  m.def("block_output", &minimlx_native::block_output, "x"_a, "q"_a, "keys"_a, "values"_a, "start"_a, "weights"_a,
+        "layouts"_a, "scale"_a, "eps"_a, "exact"_a = false,
+        "The second op of a pre-norm block's one-token decode step: attention of q (1, heads, 1, head_dim) over the "
+        "keys and values (1, kv_heads, capacity, head_dim) up to position `start` (int32, one value), then mid = x + "
+        "o(attention) and mid + down(silu(gate(n)) * up(n)) for n = rms_norm(mid). `weights`: o's (w, scales, "
+        "biases), the norm's weight, up's, gate's and down's; `layouts` the (group_size, bits) of the o, up-and-gate "
+        "and down products.");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("integer_isa") = minimlx_native::kIsa.integer.name;
   m.attr("threads") = minimlx_native::pool().size();
