@@ -162,7 +162,7 @@ def layouts(*projections: NativeQuantizedLinear) -> list[int]:
 
 
 def runs_fused(block: Block, x: mx.array, cache: FixedKVCache) -> bool:
-    """Whether `native.kernel.decoder_block` computes `block`'s step of `x` over `cache`: one float32 token over
+    """Whether `block_inputs` and `block_output` compute `block`'s step of `x` over `cache`: one float32 token over
     float32 buffers, RMS norms, attention without biases, query/key norms, windows, sinks or capped scores, RoPE
     unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up alike)."""
     attn, ffn = block.attn, block.ffn

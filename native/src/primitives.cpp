@@ -948,7 +948,7 @@ void packed(const std::vector<mx::array>& in, int first, const mx::array& input,
 
 // `block_inputs`: x (1, 1, dims), the attention norm's weight, the q, k, v projections' (w, scales, biases), the
 // cos and sin of the token's angles. Outputs q (1, heads, 1, head_dim), k and v (1, kv_heads, 1, head_dim).
-enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin = 12, kBlockInputsCount = 13 };
+enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin = 12 };
 
 struct BlockInputsStep {
   float eps;
