@@ -50,9 +50,28 @@ def bash_commands(page: Path) -> list[str]:
     return [line for line in lines if line.startswith("minimlx ")]
 
 
+DECIMAL = re.compile(r"\d+\.\d+")
+
+
+def line_pattern(line: str) -> str:
+    """A documented line as a regular expression: its text as it is, each decimal number also one unit of its last
+    digit above or below (the rounding of a value computed with another instruction set's order of sums)."""
+
+    def nearby(number: str) -> str:
+        places = len(number.split(".")[1])
+        unit, value = 10**-places, float(number)
+        spellings = {f"{v:.{places}f}" for v in (value - unit, value, value + unit) if v >= 0}
+        return "(?:" + "|".join(re.escape(s) for s in sorted(spellings)) + ")"
+
+    parts = DECIMAL.split(line)
+    numbers = [nearby(n) for n in DECIMAL.findall(line)] + [""]
+    return "".join(re.escape(text) + number for text, number in zip(parts, numbers))
+
+
 def matches(documented: list[str], actual: list[str]) -> bool:
-    """The documented lines in order, where `...` matches any run of lines."""
-    pattern = "".join(r"(?:.*\n)*?" if line == "..." else re.escape(line) + r"\n" for line in documented)
+    """The documented lines in order, where `...` matches any run of lines (`line_pattern`: decimals to their last
+    digit, give or take one)."""
+    pattern = "".join(r"(?:.*\n)*?" if line == "..." else line_pattern(line) + r"\n" for line in documented)
     return re.fullmatch(pattern, "".join(line + "\n" for line in actual)) is not None
 
 

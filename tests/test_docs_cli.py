@@ -46,3 +46,6 @@ def test_matches_elides_only_where_the_page_says_so():
     assert not matches(["a", "...", "d"], ["a", "b", "c"])
     assert matches(["...", "c"], ["a", "b", "c"])
     assert matches(["...", "c"], ["c"])
+    assert matches(["p 24.3 of 0.95"], ["p 24.2 of 0.96"])
+    assert not matches(["p 24.3"], ["p 24.1"])
+    assert not matches(["step 3"], ["step 4"])

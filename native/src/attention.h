@@ -126,7 +126,7 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
     for (int h = 0; h < H; ++h) {
       float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
       const float top = *std::max_element(p, p + count);
-      for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // a loop the compiler vectorizes
+      for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // vectorized (-fno-trapping-math)
       V sum = Simd::zero();
       int j = 0;
       for (; j + Simd::W <= count; j += Simd::W) sum = Simd::add(sum, Simd::load(p + j));
@@ -261,7 +261,7 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
       float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
       const float top = *std::max_element(p, p + count);
       float sum = 0.0f;
-      for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // a loop the compiler vectorizes
+      for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // vectorized (-fno-trapping-math)
       for (int j = 0; j < count; ++j) sum += p[j];
       norm[h] = value_factor(segment, at[h], top, sum);
       for (int g = 0; g < groups; ++g) {
