@@ -165,7 +165,7 @@ class Attention(nn.Module):
         if self.rope is not None:
             q, k = self.rope.rotate(q, positions), self.rope.rotate(k, positions)
         if cache is not None:
-            k, v = cache.update(k, v)
+            k, v = cache.update(*self.cached(k, v, cache))
         sinks = self.get("sinks")
         if isinstance(cache, QuantizedKVCache):
             if recorder is None and self.logit_cap is None and sinks is None:
@@ -178,6 +178,11 @@ class Attention(nn.Module):
         else:
             out = capped_attention(q, k, v, self.scale, mask, self.logit_cap, sinks)
         return self.o_proj(merge_heads(out))
+
+    def cached(self, k: mx.array, v: mx.array, cache) -> tuple[mx.array, mx.array]:
+        """This step's keys and values as `cache` is to hold them: as computed. A device form may hold them in fewer
+        bytes where its attention reads those."""
+        return k, v
 
     def attend(self, q: mx.array, k: mx.array, v: mx.array, mask, sinks: mx.array | None) -> mx.array:
         """softmax(q k^T * scale + mask) v for q (batch, heads, queries, head_dim) over k, v (batch, kv_heads,

@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
-from ..core.cache import FixedKVCache, GrowingBuffer
+from ..core.cache import FixedKVCache, GrowingBuffer, QuantizedKVCache
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
@@ -35,13 +35,31 @@ class CpuTransformer(Transformer):
 
 
 class CpuAttention(Attention):
-    """Attention through `cpu.attention.attend` (the native kernel's ops, or blocked causal attention)."""
+    """Attention through `cpu.attention.attend` (the native kernel's ops, or blocked causal attention), over keys and
+    values cached in float16 where the kernel reads them (`halves_cache`)."""
+
+    def cached(self, k, v, cache):
+        if halves_cache(self, k, cache):
+            return k.astype(mx.float16), v.astype(mx.float16)
+        return k, v
 
     def attend(self, q, k, v, mask, sinks):
         return attention.attend(q, k, v, self.scale, mask, sinks)
 
     def attend_quantized(self, q, k, v, mask, group_size, bits):
         return attention.attend_quantized(q, k, v, self.scale, mask, group_size, bits)
+
+
+def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
+    """Whether `attn` caches its float32 keys and values in float16: where the native kernel's attention reads them
+    (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
+    packed (4- or 8-bit weights, whose own rounding is far coarser than float16's 2^-11), and `--exact` did not ask for
+    float32 throughout. Decode steps after long prompts read the cache more than the weights: half the bytes."""
+    if native.kernel is None or native.exact_products or k.dtype != mx.float32 or isinstance(cache, QuantizedKVCache):
+        return False
+    if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
+        return False
+    return type(attn.k_proj) is NativeQuantizedLinear and type(attn.v_proj) is NativeQuantizedLinear
 
 
 class CpuRoPE(RoPE):
@@ -138,6 +156,7 @@ class NativeBlock(Block):
             traditional=attn.rope.traditional,
             eps=self.attn_norm.eps,
             exact=exact(),
+            half_kv=cache.keys.dtype == mx.float16,
         )
         start = cache.start
         keys, values = cache.update(k, v)
@@ -163,10 +182,13 @@ def layouts(*projections: NativeQuantizedLinear) -> list[int]:
 
 def runs_fused(block: Block, x: mx.array, cache: FixedKVCache) -> bool:
     """Whether `block_inputs` and `block_output` compute `block`'s step of `x` over `cache`: one float32 token over
-    float32 buffers, RMS norms, attention without biases, query/key norms, windows, sinks or capped scores, RoPE
-    unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up alike)."""
+    float32 or float16 buffers, RMS norms, attention without biases, query/key norms, windows, sinks or capped scores,
+    RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up
+    alike)."""
     attn, ffn = block.attn, block.ffn
-    if x.shape[:2] != (1, 1) or x.dtype != mx.float32 or cache.keys is None or cache.keys.dtype != mx.float32:
+    if x.shape[:2] != (1, 1) or x.dtype != mx.float32 or cache.keys is None:
+        return False
+    if cache.keys.dtype not in (mx.float32, mx.float16) or cache.values.dtype != cache.keys.dtype:
         return False
     if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
         return False

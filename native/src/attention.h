@@ -20,8 +20,8 @@
 
 namespace minimlx_native {
 
-template <class Simd>
-inline float dot(const float* a, const float* b, int n) {
+template <class Simd, class KV>
+inline float dot(const float* a, const KV* b, int n) {
   typename Simd::V acc = Simd::zero();
   for (int d = 0; d < n; d += Simd::W) acc = Simd::fma(Simd::load(a + d), Simd::load(b + d), acc);
   return Simd::sum(acc);
@@ -30,14 +30,14 @@ inline float dot(const float* a, const float* b, int n) {
 // scores[h * stride_h + j] = queries[h] . k[keys[j]] for the H queries and j < count, KB keys at a time: each key
 // row is loaded once for the H queries, and the H * KB sums side by side keep the FMA pipes busy where one sum
 // waits on each of its FMAs (a 64-wide dot is 8 dependent FMAs).
-template <class Simd, int H>
-inline void dots(const float* queries, const float* k, int64_t stride, const int* keys, int count, int D,
+template <class Simd, int H, class KV>
+inline void dots(const float* queries, const KV* k, int64_t stride, const int* keys, int count, int D,
                  float* scores, int score_stride) {
   using V = typename Simd::V;
   constexpr int KB = H * 4 + 4 + H <= Simd::registers ? 4 : H * 2 + 2 + H <= Simd::registers ? 2 : 1;
   int j = 0;
   for (; j + KB <= count; j += KB) {
-    const float* rows[KB];
+    const KV* rows[KB];
     for (int r = 0; r < KB; ++r) rows[r] = k + keys[j + r] * stride;
     V acc[H][KB];
     for (int h = 0; h < H; ++h)
@@ -59,7 +59,7 @@ inline void dots(const float* queries, const float* k, int64_t stride, const int
     }
   }
   for (; j < count; ++j)
-    for (int h = 0; h < H; ++h) scores[h * score_stride + j] = dot<Simd>(queries + h * D, k + keys[j] * stride, D);
+    for (int h = 0; h < H; ++h) scores[h * score_stride + j] = dot<Simd, KV>(queries + h * D, k + keys[j] * stride, D);
 }
 
 // Queries [query_begin, query_end) of the H heads head, head + 1, ... (which share one kv head) in batch row `row`.
@@ -98,14 +98,15 @@ inline float value_factor(const KeySegment& segment, int64_t at, float top, floa
   return 1.0f;
 }
 
-template <class Simd, int H>
+// KV: the type keys and values are held in (float, or Half widened as it is read).
+template <class Simd, int H, class KV>
 void attend_heads(const Attention& a, int row, int head, int query_begin, int query_end, const KeySegment& segment) {
   using V = typename Simd::V;
   constexpr int kVectors = 8;  // output vectors summed per pass over the values: independent FMA chains
   constexpr int width = kVectors / H > 0 ? kVectors / H : 1;  // vectors of each head's output per pass
   const int D = a.head_dim, past = a.keys - a.queries, kv_head = head / (a.heads / a.kv_heads);
-  const float* k = a.k + row * a.k_strides[0] + kv_head * a.k_strides[1];
-  const float* v = a.v + row * a.v_strides[0] + kv_head * a.v_strides[1];
+  const KV* k = static_cast<const KV*>(a.k) + row * a.k_strides[0] + kv_head * a.k_strides[1];
+  const KV* v = static_cast<const KV*>(a.v) + row * a.v_strides[0] + kv_head * a.v_strides[1];
   thread_local std::vector<float> scores, queries;
   thread_local std::vector<int> shown_keys;
   scores.resize(static_cast<size_t>(H) * a.keys);
@@ -121,7 +122,7 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
     if (count == 0) continue;  // it sees none of the keys: visible_keys wrote its zeros
     float* out[H];
     for (int h = 0; h < H; ++h) out[h] = segment.out + at[h] * D;
-    dots<Simd, H>(queries.data(), k, a.k_strides[2], shown_keys.data(), count, D, scores.data(), a.keys);
+    dots<Simd, H, KV>(queries.data(), k, a.k_strides[2], shown_keys.data(), count, D, scores.data(), a.keys);
     V norm[H];
     for (int h = 0; h < H; ++h) {
       float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
@@ -140,7 +141,7 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
       for (int h = 0; h < H; ++h)
         for (int w = 0; w < vectors; ++w) acc[h][w] = Simd::zero();
       for (int j = 0; j < count; ++j) {
-        const float* value = v + shown_keys[j] * a.v_strides[2] + c;
+        const KV* value = v + shown_keys[j] * a.v_strides[2] + c;
         V values[width];
         for (int w = 0; w < vectors; ++w) values[w] = Simd::load(value + w * Simd::W);
         for (int h = 0; h < H; ++h) {
@@ -154,16 +155,23 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
   }
 }
 
+template <class Simd, class KV>
+void attend_queries_of(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
+                       const KeySegment& segment) {
+  switch (heads) {
+    case 1: return attend_heads<Simd, 1, KV>(a, row, head, query_begin, query_end, segment);
+    case 2: return attend_heads<Simd, 2, KV>(a, row, head, query_begin, query_end, segment);
+    case 3: return attend_heads<Simd, 3, KV>(a, row, head, query_begin, query_end, segment);
+    default: return attend_heads<Simd, 4, KV>(a, row, head, query_begin, query_end, segment);
+  }
+}
+
 // `heads` (at most kHeadsTogether) heads of one kv head from `head`.
 template <class Simd>
 void attend_queries(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
                     const KeySegment& segment) {
-  switch (heads) {
-    case 1: return attend_heads<Simd, 1>(a, row, head, query_begin, query_end, segment);
-    case 2: return attend_heads<Simd, 2>(a, row, head, query_begin, query_end, segment);
-    case 3: return attend_heads<Simd, 3>(a, row, head, query_begin, query_end, segment);
-    default: return attend_heads<Simd, 4>(a, row, head, query_begin, query_end, segment);
-  }
+  if (a.half_kv) attend_queries_of<Simd, Half>(a, row, head, heads, query_begin, query_end, segment);
+  else attend_queries_of<Simd, float>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 // Where feature t of a chunk of 32 lies in the chunk's unpacked order: 8-bit codes in order, 4-bit ones as the

@@ -37,20 +37,21 @@ struct Problem {
   int xq_stride;
 };
 
-// softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and k, v
-// (batch, kv_heads, keys, head_dim) given by strides in floats (the last axis contiguous); queries are the
+// softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and float32 or float16
+// k, v (batch, kv_heads, keys, head_dim) given by strides in elements (the last axis contiguous); queries are the
 // last `queries` of the `keys` positions. Where `mask` is given, a query also sees only the keys it marks:
 // mask[b * mask_strides[0] + i * mask_strides[1] + j * mask_strides[2]] for query i and key j of row b (a
 // stride of 0 repeats a row). The output, contiguous (batch, heads, queries, head_dim), is `KeySegment`'s.
 struct Attention {
   const float* q;
-  const float* k;
-  const float* v;
-  int64_t q_strides[3], k_strides[3], v_strides[3];  // batch, head, position
+  const void* k;  // float32, or Half where `half_kv`
+  const void* v;
+  int64_t q_strides[3], k_strides[3], v_strides[3];  // batch, head, position, in elements
   int batch, heads, kv_heads, queries, keys, head_dim;
   float scale;
   const bool* mask;
   int64_t mask_strides[3];  // batch, query, key
+  bool half_kv = false;  // keys and values held in float16, widened as they are read
 };
 
 // Keys or values held quantized as `mx.quantize` holds a weight (minimlx's QuantizedKVCache): each row of head_dim

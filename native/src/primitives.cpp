@@ -173,8 +173,7 @@ using Floats = std::vector<float, CacheAligned<float>>;
 // claimed from a shared counter, so a worker that the OS has not scheduled yet costs nothing: the
 // caller takes its blocks, and waits only for blocks that a running worker has already claimed.
 // A worker that finished a job polls for the next one for kSpin before it sleeps: the products of one
-// decode step come tens of microseconds apart, and waking a sleeping thread takes about as long as a
-// small product.
+// decode step come tens of microseconds apart, and waking a sleeping thread takes longer than a small product.
 // It polls with yield(), so under load it hands its core to whoever needs it.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
@@ -214,21 +213,28 @@ class Pool {
     std::atomic<int> next{0}, done{0};
   };
 
+  // Between jobs: poll for the next for kSpin, then sleep until one is published. A job that is over by the time
+  // this thread looks (its caller took every block) sends it back to polling, not to sleep: a sleeping thread takes
+  // longer to wake than a decode step's small product lasts, so it would miss the next job as well, and the next.
   void work() {
-    std::shared_ptr<Job> seen;
     uint64_t jobs_seen = 0;
     while (true) {
-      std::shared_ptr<Job> job;
       const auto until = std::chrono::steady_clock::now() + kSpin;
-      while (jobs_.load(std::memory_order_acquire) == jobs_seen && std::chrono::steady_clock::now() < until)
+      while (jobs_.load(std::memory_order_acquire) == jobs_seen) {
+        if (std::chrono::steady_clock::now() >= until) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          wake_.wait(lock, [&] { return jobs_.load(std::memory_order_relaxed) != jobs_seen; });
+          break;
+        }
         std::this_thread::yield();
+      }
+      std::shared_ptr<Job> job;
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return job_ && job_ != seen; });
-        job = seen = job_;
+        std::lock_guard<std::mutex> lock(mutex_);
+        job = job_;
         jobs_seen = jobs_.load(std::memory_order_relaxed);
       }
-      job->help();
+      if (job) job->help();
     }
   }
 
@@ -620,13 +626,14 @@ void share_query_blocks(int batch, int heads, int kv_heads, int queries, int key
   });
 }
 
-// The data of a 4-D array and its first three strides, in floats; rows whose last step is not one float
+// The data of a 4-D array of T and its first three strides, in elements; rows whose last step is not one element
 // are first copied into `copy`, contiguous.
-const float* rows_of(const mx::array& a, int64_t* strides, Floats& copy) {
+template <class T>
+const T* rows_of(const mx::array& a, int64_t* strides, std::vector<T, CacheAligned<T>>& copy) {
   const auto& step = a.strides();
   if (step[3] == 1) {
     std::copy(step.begin(), step.begin() + 3, strides);
-    return a.data<float>();
+    return a.data<T>();
   }
   const auto& shape = a.shape();
   copy.resize(a.size());
@@ -637,20 +644,33 @@ const float* rows_of(const mx::array& a, int64_t* strides, Floats& copy) {
   return copy.data();
 }
 
+// a's keys and values from k and v, float32 or float16 (both of one type).
+void set_keys_and_values(Attention& a, const mx::array& k, const mx::array& v) {
+  thread_local Floats floats[2];
+  thread_local std::vector<Half, CacheAligned<Half>> halves[2];
+  a.half_kv = k.dtype() == mx::float16;
+  if (a.half_kv) {
+    a.k = rows_of(k, a.k_strides, halves[0]);
+    a.v = rows_of(v, a.v_strides, halves[1]);
+  } else {
+    a.k = rows_of(k, a.k_strides, floats[0]);
+    a.v = rows_of(v, a.v_strides, floats[1]);
+  }
+}
+
 // Inputs q, k, v and maybe a boolean mask (batch or 1, 1, queries or 1, keys).
 Work attention_work(float scale) {
   return [scale](const std::vector<mx::array>& in, mx::array& out) {
     const auto &q = in[0], &k = in[1], &v = in[2];
-    thread_local Floats copies[3];
+    thread_local Floats q_copy;
     Attention a{nullptr, nullptr, nullptr, {}, {}, {}, q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2),
                 q.shape(3), scale, nullptr, {}};
     if (in.size() == 4) {
       a.mask = in[3].data<bool>();
       for (int axis : {0, 2, 3}) a.mask_strides[axis == 0 ? 0 : axis - 1] = in[3].shape(axis) == 1 ? 0 : in[3].strides(axis);
     }
-    a.q = rows_of(q, a.q_strides, copies[0]);
-    a.k = rows_of(k, a.k_strides, copies[1]);
-    a.v = rows_of(v, a.v_strides, copies[2]);
+    a.q = rows_of(q, a.q_strides, q_copy);
+    set_keys_and_values(a, k, v);
     share_query_blocks(a.batch, a.heads, a.kv_heads, a.queries, a.keys, a.head_dim, out.data<float>(),
                        [&](int row, int head, int heads, int begin, int end, const KeySegment& segment) {
                          kIsa.attend(a, row, head, heads, begin, end, segment);
@@ -806,7 +826,8 @@ mx::array causal_attention(const mx::array& q, const mx::array& k, const mx::arr
                            const std::optional<mx::array>& mask) {
   const std::string name = mask.has_value() ? "minimlx_native.masked_attention: " : "minimlx_native.causal_attention: ";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + what); };
-  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) fail("q, k and v must be float32");
+  if (q.dtype() != mx::float32 || (k.dtype() != mx::float32 && k.dtype() != mx::float16) || v.dtype() != k.dtype())
+    fail("q must be float32, and k and v both float32 or both float16");
   if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape()) fail("q must be 4-D and k, v of one 4-D shape");
   const int head_dim = q.shape(3);
   if (k.shape(0) != q.shape(0) || k.shape(3) != head_dim || k.shape(1) == 0 || q.shape(1) % k.shape(1))
@@ -947,15 +968,23 @@ void packed(const std::vector<mx::array>& in, int first, const mx::array& input,
 }
 
 // `block_inputs`: x (1, 1, dims), the attention norm's weight, the q, k, v projections' (w, scales, biases), the
-// cos and sin of the token's angles. Outputs q (1, heads, 1, head_dim), k and v (1, kv_heads, 1, head_dim).
+// cos and sin of the token's angles. Outputs q (1, heads, 1, head_dim), k and v (1, kv_heads, 1, head_dim): in float32,
+// or with `half_kv` in float16 (the cache's type, so that MLX writes them into it as they are).
 enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin = 12 };
 
 struct BlockInputsStep {
   float eps;
   int rope_dims;
-  bool traditional, exact;
+  bool traditional, exact, half_kv;
   int layouts[6];  // (group_size, bits) of q, k, v
 };
+
+// out (float16) = the values of `values` (float32, as many).
+void to_half(const mx::array& values, mx::array& out) {
+  const float* from = values.data<float>();
+  Half* to = out.data<Half>();
+  for (size_t i = 0; i < values.size(); ++i) to[i] = static_cast<Half>(from[i]);
+}
 
 class BlockInputsOp : public mx::Primitive {
  public:
@@ -971,22 +1000,26 @@ class BlockInputsOp : public mx::Primitive {
       mx::array h = scratch(in[kInX].shape());
       rms_norm_work(s.eps)({in[kInX], in[kInNorm]}, h);
       mx::array q = scratch(out[0].shape()), k = scratch(out[1].shape());
+      mx::array v = s.half_kv ? scratch(out[2].shape()) : out[2];
       const bool one_layout = std::equal(s.layouts, s.layouts + 2, s.layouts + 2) &&
                               std::equal(s.layouts, s.layouts + 2, s.layouts + 4);
       if (!s.exact && one_layout) {  // one quantization of h and one pass over the pool for the three
         integer_products({h, in[kInQ], in[kInQ + 1], in[kInQ + 2], in[kInK], in[kInK + 1], in[kInK + 2], in[kInV],
                           in[kInV + 1], in[kInV + 2]},
-                         {1, 4, 7}, {q.data<float>(), k.data<float>(), out[2].data<float>()}, -1, s.layouts[0],
+                         {1, 4, 7}, {q.data<float>(), k.data<float>(), v.data<float>()}, -1, s.layouts[0],
                          s.layouts[1]);
       } else {
         packed(in, kInQ, h, q, s.layouts, s.exact);
         packed(in, kInK, h, k, s.layouts + 2, s.exact);
-        packed(in, kInV, h, out[2], s.layouts + 4, s.exact);
+        packed(in, kInV, h, v, s.layouts + 4, s.exact);
       }
       const Work rotate = rotate_work(s.rope_dims, s.traditional);
-      for (int p = 0; p < 2; ++p) {
-        mx::array rotated = out[p];
-        rotate({p == 0 ? q : k, in[kInCos], in[kInSin]}, rotated);
+      mx::array rotated_k = s.half_kv ? scratch(out[1].shape()) : out[1];
+      rotate({q, in[kInCos], in[kInSin]}, out[0]);
+      rotate({k, in[kInCos], in[kInSin]}, rotated_k);
+      if (s.half_kv) {
+        to_half(rotated_k, out[1]);
+        to_half(v, out[2]);
       }
     });
   }
@@ -1000,7 +1033,7 @@ class BlockInputsOp : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const BlockInputsOp&>(other).step_;
     return step_.eps == o.eps && step_.rope_dims == o.rope_dims && step_.traditional == o.traditional &&
-           step_.exact == o.exact && std::equal(step_.layouts, step_.layouts + 6, o.layouts);
+           step_.exact == o.exact && step_.half_kv == o.half_kv && std::equal(step_.layouts, step_.layouts + 6, o.layouts);
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override { return shapes_; }
@@ -1025,11 +1058,10 @@ Work block_output_work(float scale, float eps, bool exact, std::vector<int> layo
     if (seen < 1 || seen > capacity)
       throw std::runtime_error("minimlx_native.block_output: start " + std::to_string(seen - 1) +
                                " is outside the cache's capacity " + std::to_string(capacity));
-    thread_local Floats copies[3];
+    thread_local Floats q_copy;
     Attention a{nullptr, nullptr, nullptr, {}, {}, {}, 1, heads, kv_heads, 1, seen, head_dim, scale, nullptr, {}};
-    a.q = rows_of(q, a.q_strides, copies[0]);
-    a.k = rows_of(keys, a.k_strides, copies[1]);
-    a.v = rows_of(values, a.v_strides, copies[2]);
+    a.q = rows_of(q, a.q_strides, q_copy);
+    set_keys_and_values(a, keys, values);
     mx::array attended = scratch({1, 1, heads * head_dim}), o = scratch(x.shape());
     share_query_blocks(1, heads, kv_heads, 1, seen, head_dim, attended.data<float>(),
                        [&](int row, int head, int group, int begin, int end, const KeySegment& segment) {
@@ -1070,7 +1102,7 @@ void check_norm(const std::string& name, const mx::array& weight, int dims) {
 
 std::vector<mx::array> block_inputs(const mx::array& x, const std::vector<mx::array>& weights, const mx::array& cos,
                                     const mx::array& sin, const std::vector<int>& layouts, int heads, int kv_heads,
-                                    int rope_dims, bool traditional, float eps, bool exact) {
+                                    int rope_dims, bool traditional, float eps, bool exact, bool half_kv) {
   const std::string name = "minimlx_native.block_inputs";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   check_token(name, x);
@@ -1090,12 +1122,13 @@ std::vector<mx::array> block_inputs(const mx::array& x, const std::vector<mx::ar
   if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || int(cos.size()) != rope_dims / 2 ||
       sin.size() != cos.size())
     fail("cos and sin must be float32, rope_dims / 2 values each");
-  BlockInputsStep step{eps, rope_dims, traditional, exact, {}};
+  BlockInputsStep step{eps, rope_dims, traditional, exact, half_kv, {}};
   std::copy(layouts.begin(), layouts.end(), step.layouts);
   auto op = std::make_shared<BlockInputsOp>(step);
   std::vector<mx::Shape> shapes{{1, heads, 1, head_dim}, {1, kv_heads, 1, head_dim}, {1, kv_heads, 1, head_dim}};
   op->set_shapes(shapes);
-  return mx::array::make_arrays(shapes, {mx::float32, mx::float32, mx::float32}, op, inputs);
+  const mx::Dtype kv = half_kv ? mx::float16 : mx::float32;
+  return mx::array::make_arrays(shapes, {mx::float32, kv, kv}, op, inputs);
 }
 
 mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
@@ -1108,9 +1141,11 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
   if (layouts.size() != 6) fail("layouts must be the (group_size, bits) of the o, up-and-gate and down products");
   if (q.dtype() != mx::float32 || q.ndim() != 4 || q.shape(0) != 1 || q.shape(2) != 1)
     fail("q must be float32 (1, heads, 1, head_dim)");
-  if (keys.dtype() != mx::float32 || keys.ndim() != 4 || keys.shape(0) != 1 || values.shape() != keys.shape() ||
-      values.dtype() != mx::float32 || keys.shape(3) != q.shape(3) || q.shape(1) % keys.shape(1))
-    fail("keys and values must be float32 (1, kv_heads, capacity, head_dim) of q's head_dim");
+  if ((keys.dtype() != mx::float32 && keys.dtype() != mx::float16) || keys.ndim() != 4 || keys.shape(0) != 1 ||
+      values.shape() != keys.shape() || values.dtype() != keys.dtype() || keys.shape(3) != q.shape(3) ||
+      q.shape(1) % keys.shape(1))
+    fail("keys and values must be float32 or float16, both of one type, (1, kv_heads, capacity, head_dim) of q's "
+         "head_dim");
   if (q.shape(3) % 16) fail("head_dim must be a multiple of 16");
   if (start.dtype() != mx::int32 || start.size() != 1) fail("start must be int32, one value");
   std::vector<mx::array> inputs{x, q, keys, values, start};
@@ -1154,7 +1189,7 @@ NB_MODULE(_ext, m) {
   m.def("causal_attention", [](const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
           return minimlx_native::causal_attention(q, k, v, scale, std::nullopt);
         }, "q"_a, "k"_a, "v"_a, "scale"_a,
-        "softmax(q k^T * scale) v with a causal mask for float32 q (batch, heads, queries, head_dim) and k, v "
+        "softmax(q k^T * scale) v with a causal mask for float32 q (batch, heads, queries, head_dim) and float32 or float16 k, v "
         "(batch, kv_heads, keys, head_dim), queries being the last of the keys' positions; head_dim a multiple "
         "of 16, heads a multiple of kv_heads.");
   m.def("masked_attention", [](const mx::array& q, const mx::array& k, const mx::array& v, float scale,
@@ -1177,15 +1212,15 @@ NB_MODULE(_ext, m) {
         "angles whose cos and sin are given, (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,) for "
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
   m.def("block_inputs", &minimlx_native::block_inputs, "x"_a, "weights"_a, "cos"_a, "sin"_a, "layouts"_a, "heads"_a,
-        "kv_heads"_a, "rope_dims"_a, "traditional"_a, "eps"_a, "exact"_a = false,
+        "kv_heads"_a, "rope_dims"_a, "traditional"_a, "eps"_a, "exact"_a = false, "half_kv"_a = false,
         "The first op of a pre-norm block's one-token decode step: rms_norm(x) (eps, `weights[0]`), its q, k, v "
         "products (`weights[1:10]`, (w, scales, biases) each, laid out as quantized_matmul's, `layouts` their "
         "(group_size, bits)), and RoPE of q and k by cos, sin (rope_dims / 2 values each). x (1, 1, dims) float32; "
-        "returns [q (1, heads, 1, head_dim), k, v (1, kv_heads, 1, head_dim)].");
+        "returns [q (1, heads, 1, head_dim), k, v (1, kv_heads, 1, head_dim)], k and v in float16 with `half_kv`.");
   m.def("block_output", &minimlx_native::block_output, "x"_a, "q"_a, "keys"_a, "values"_a, "start"_a, "weights"_a,
         "layouts"_a, "scale"_a, "eps"_a, "exact"_a = false,
         "The second op of a pre-norm block's one-token decode step: attention of q (1, heads, 1, head_dim) over the "
-        "keys and values (1, kv_heads, capacity, head_dim) up to position `start` (int32, one value), then mid = x + "
+        "keys and values (1, kv_heads, capacity, head_dim; float32 or float16) up to position `start` (int32, one value), then mid = x + "
         "o(attention) and mid + down(silu(gate(n)) * up(n)) for n = rms_norm(mid). `weights`: o's (w, scales, "
         "biases), the norm's weight, up's, gate's and down's; `layouts` the (group_size, bits) of the o, up-and-gate "
         "and down products.");
