@@ -533,8 +533,9 @@ def llamacpp_table(args, gguf: Path, binaries: Path) -> str:
     lines = [
         f"{llamacpp_peer.description()}; llama-bench {' '.join(llama[3:])}, minimlx bench --repeats 1 (one "
         f"warm-up, one measured run), each in its own process; medians of {args.rounds} interleaved rounds "
-        f"(load average before each: {', '.join(loads)}). KV caches: default = minimlx float32, llama.cpp float16 "
-        "(flash attention auto); 8-bit = minimlx --kv-bits 8, llama.cpp -ctk q8_0 -ctv q8_0 -fa 1.",
+        f"(load average before each: {', '.join(loads)}). KV caches: default = minimlx float16 (its default for "
+        "packed weights), llama.cpp float16 (flash attention auto); 8-bit = minimlx --kv-bits 8, llama.cpp -ctk "
+        "q8_0 -ctv q8_0 -fa 1.",
         "",
         "| KV cache | tok/s | minimlx | llama-bench | minimlx / llama.cpp | rounds: minimlx; llama.cpp |",
         "| --- | --- | ---: | ---: | ---: | --- |",
