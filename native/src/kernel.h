@@ -34,7 +34,21 @@ struct Problem {
   // The integer products' inputs (integer.h), as `quantize_inputs` writes them; xsum then holds their group sums.
   const int8_t* xq;      // M rows of xq_stride
   const float* xd;       // M rows of xq_stride / span * lanes
+  const int8_t* xq2;     // the second parts, laid out as xq (zeros in a block without one)
+  const float* xd2;      // their scales, laid out as xd (zeros likewise)
+  const uint8_t* parts;  // M rows of xq_stride / span: whether a step has any second part
   int xq_stride;
+};
+
+// Where `quantize_inputs` writes: the codes and block scales of each input row, a second part's for the blocks that get
+// one (integer.h), each step's flag, and the group sums of what the two parts stand for.
+struct QuantizedInputs {
+  int8_t* xq;
+  float* xd;
+  int8_t* xq2;
+  float* xd2;
+  uint8_t* parts;
+  float* xsum;
 };
 
 // softmax(q k^T * scale) v with a causal mask, for float32 q (batch, heads, queries, head_dim) and float32 or float16
@@ -109,18 +123,21 @@ inline int integer_rows_from(int M) { return M % 8 >= 4 ? M - M % 8 + 4 : M - M 
 void prepare_inputs(const float* x, int M, int K, int group_size, int bits, float* x_out, float* xsum_out);
 
 // Input rows quantized per block of 32 values for the integer products (integer.h), as llama.cpp's
-// quantize_row_q8_1 does: d = max |x| / 127, xq = round(x / d). Each row is `stride` bytes of xq (K rounded up to
-// `span`, zeros past K), each step of `span` values in order, or with `nibbles` in the order of 4-bit codes (its
-// values 0, 2, 4, ..., then 1, 3, 5, ...); xd gets each block's d in the `lanes * 32 / span` lanes of its sums in a
-// step, xsum the sum over each group's blocks of d * sum(xq).
+// quantize_row_q8_1 does: d = max |x| / 127, xq = round(x / d), and, for a block whose largest value is more than
+// kSecondPart times the row's median block's, a second part quantized the same way from what the first leaves,
+// x - d xq. Each row is `stride` bytes of xq (K rounded up to `span`, zeros past K), each step of `span` values in
+// order, or with `nibbles` in the order of 4-bit codes (its values 0, 2, 4, ..., then 1, 3, 5, ...); xd gets each
+// block's d in the `lanes * 32 / span` lanes of its sums in a step (xq2 and xd2 likewise the second parts, zeros
+// where a block has none), `parts` whether each step has any, xsum the sum over each group's blocks of what the parts
+// stand for, d * sum(xq) + d2 * sum(xq2).
 int quantized_stride(int K, int span);
-void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
-                     float* xd, float* xsum);
+void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
+                     const QuantizedInputs& out);
 #if defined(__x86_64__) || defined(_M_X64)
-void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
-                          float* xd, float* xsum);
+void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
+                          const QuantizedInputs& out);
 void quantize_inputs_avx512vnni(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
-                            int8_t* xq, float* xd, float* xsum);
+                                const QuantizedInputs& out);
 #endif
 
 // Rows [row_begin, row_end) of out, for every input row, from the quantized inputs. One function per integer

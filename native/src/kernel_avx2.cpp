@@ -69,9 +69,9 @@ struct Avx2Block {
   }
 };
 
-void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
-                          float* xd, float* xsum) {
-  quantize_rows<Avx2Block>(x, M, K, group_size, span, lanes, nibbles, xq, xd, xsum);
+void quantize_inputs_avx2(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
+                          const QuantizedInputs& out) {
+  quantize_rows<Avx2Block>(x, M, K, group_size, span, lanes, nibbles, out);
 }
 
 void rows_avx2(const Problem& p, int row_begin, int row_end) { rows<Avx2>(p, row_begin, row_end); }

@@ -82,8 +82,8 @@ struct Avx512Block {
 };
 
 void quantize_inputs_avx512vnni(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
-                            int8_t* xq, float* xd, float* xsum) {
-  quantize_rows<Avx512Block>(x, M, K, group_size, span, lanes, nibbles, xq, xd, xsum);
+                                const QuantizedInputs& out) {
+  quantize_rows<Avx512Block>(x, M, K, group_size, span, lanes, nibbles, out);
 }
 
 void integer_rows_avx512vnni(const Problem& p, int row_begin, int row_end) {

@@ -55,9 +55,9 @@ struct ScalarBlock {
   }
 };
 
-void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles, int8_t* xq,
-                     float* xd, float* xsum) {
-  quantize_rows<ScalarBlock>(x, M, K, group_size, span, lanes, nibbles, xq, xd, xsum);
+void quantize_inputs(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
+                     const QuantizedInputs& out) {
+  quantize_rows<ScalarBlock>(x, M, K, group_size, span, lanes, nibbles, out);
 }
 
 struct Scalar {

@@ -45,7 +45,7 @@ namespace minimlx_native {
 // 8-bit codes and the float lanes of its sums, which `quantize_inputs` lays the inputs out for.
 struct IntegerIsa {
   void (*rows)(const Problem&, int, int);
-  void (*quantize)(const float*, int, int, int, int, int, bool, int8_t*, float*, float*);
+  void (*quantize)(const float*, int, int, int, int, int, bool, const QuantizedInputs&);
   int span4, span8, lanes;
   const char* name;
 };
@@ -444,17 +444,25 @@ void integer_products(const std::vector<mx::array>& in, const std::vector<int>& 
   const auto& x = in[0];
   const int K = x.shape(-1), M = static_cast<int>(x.size() / K);
   const int span = bits == 4 ? isa.span4 : isa.span8, stride = quantized_stride(K, span);
-  thread_local Floats copy, block_scales, sums, gated;
-  thread_local std::vector<int8_t, CacheAligned<int8_t>> codes;
+  thread_local Floats copy, block_scales, second_scales, sums, gated;
+  thread_local std::vector<int8_t, CacheAligned<int8_t>> codes, second_codes;
+  thread_local std::vector<uint8_t> parts;
   codes.resize(static_cast<size_t>(M) * stride);
+  second_codes.resize(codes.size());
   block_scales.resize(static_cast<size_t>(M) * stride / span * isa.lanes);
+  second_scales.resize(block_scales.size());
+  parts.resize(static_cast<size_t>(M) * stride / span);
   sums.resize(static_cast<size_t>(M) * (K / group_size));
-  isa.quantize(contiguous(x, copy), M, K, group_size, span, isa.lanes, bits == 4, codes.data(), block_scales.data(),
-               sums.data());
+  const QuantizedInputs quantized{codes.data(),  block_scales.data(), second_codes.data(), second_scales.data(),
+                                  parts.data(), sums.data()};
+  isa.quantize(contiguous(x, copy), M, K, group_size, span, isa.lanes, bits == 4, quantized);
   auto problem = [&](int first, float* dst) {
     Problem p = packed_product(in, first, M, dst, group_size, bits);
     p.xq = codes.data();
     p.xd = block_scales.data();
+    p.xq2 = second_codes.data();
+    p.xd2 = second_scales.data();
+    p.parts = parts.data();
     p.xsum = sums.data();
     p.xq_stride = stride;
     return p;
