@@ -566,7 +566,7 @@ def llamacpp_table(args, gguf: Path, binaries: Path) -> str:
     if all(cache_bytes):
         lines.append(
             f"minimlx's KV cache after {long + args.gen_tokens} tokens: {cache_bytes[0] * 1e3:.1f} MB by default, "
-            f"{cache_bytes[1] * 1e3:.1f} MB in 8 bits ({cache_bytes[1] / cache_bytes[0]:.3f}x)"
+            f"{cache_bytes[1] * 1e3:.1f} MB in 8 bits ({cache_bytes[1] / cache_bytes[0]:.3f}x the default's)"
         )
     return "\n".join(lines)
 
