@@ -382,6 +382,13 @@ class FixedKVCache:
         self.offset = 0
         self.start = mx.array([0])  # `offset` as an array of one: where the next token goes
 
+    @classmethod
+    def over(cls, keys: mx.array, values: mx.array, offset: int) -> "FixedKVCache":
+        """A cache over buffers (1, kv_heads, capacity, head_dim) whose first `offset` columns hold tokens."""
+        cache = cls()
+        cache.keys, cache.values, cache.offset, cache.start = keys, values, offset, mx.array([offset])
+        return cache
+
     def capacity_for(self, tokens: int) -> int:
         """The capacity once `tokens` more are written: the current one if they fit, else the next multiple
         of `step`."""

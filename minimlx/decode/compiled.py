@@ -16,11 +16,13 @@ from ..core.transformer import Transformer
 
 
 class CompiledDecoder:
-    """Stands in for `model` where the engine decodes one sequence at a time.
+    """Stands in for `model` in the engine's decode steps.
 
     `make_cache()` gives `FixedKVCache`s; a decode step over them (one token, under `core.steps.decode_steps`) runs
-    the compiled step, traced as a decode step; everything else (prompts, a prompt's last token alone, speculative
-    verification, other caches) runs the model as it is.
+    the compiled step, traced as a decode step. So does a decode step of a batch of one over growing caches (a
+    batching engine with one sequence left, or one at all): over `FixedKVCache` views of their buffers, which take
+    the step's writes back. Everything else (prompts, a prompt's last token alone, speculative verification, batches
+    of several, other caches) runs the model as it is.
     """
 
     def __init__(self, model: nn.Module):
@@ -40,14 +42,22 @@ class CompiledDecoder:
         return logits, self.cache[0].start, [[c.keys, c.values] for c in self.cache]
 
     def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
-        compiled = (
-            decoding()
-            and cache is not None
-            and ids.shape[1] == 1
-            and all(isinstance(c, FixedKVCache) and c.keys is not None for c in cache)
-        )
-        if not compiled:
-            return self.model(ids, cache, last_only=last_only)
+        if decoding() and cache is not None and ids.shape[1] == 1:
+            if all(isinstance(c, FixedKVCache) and c.keys is not None for c in cache):
+                return self.step(ids, cache)
+            if ids.shape[0] == 1 and all(type(c) is KVCache and c.arrays and not any(c.padding) for c in cache):
+                return self.step_over(ids, cache)
+        return self.model(ids, cache, last_only=last_only)
+
+    def step_over(self, ids: mx.array, cache: list[KVCache]) -> mx.array:
+        """The compiled step of one sequence over growing caches: over views of their buffers, written back."""
+        views = [FixedKVCache.over(*c.arrays, c.offset) for c in cache]
+        logits = self.step(ids, views)
+        for c, view in zip(cache, views):
+            c.arrays, c.offset = [view.keys, view.values], view.offset
+        return logits
+
+    def step(self, ids: mx.array, cache: list[FixedKVCache]) -> mx.array:
         offset = cache[0].offset
         for c in cache:
             c.reserve(1)

@@ -22,8 +22,10 @@ prompt length, sampling settings, seed, stop strings and token budget:
 - A sequence that finished or was cancelled leaves at the start of the next step; its row of the
   cache is kept when someone wants it (a conversation, or the prompt cache).
 
-The engine chooses how a step runs. An engine of one sequence at a time (`max_batch=1`, no prompt cache)
-decodes through the compiled step where the model has one (`compiled.py`). With a drafter (a draft model, or
+The engine chooses how a step runs. A step of one sequence (an engine of one at a time, or a batch down to one
+row) decodes through the compiled step where the model has one (`compiled.py`): over caches of a fixed capacity
+where the engine holds one sequence at a time and keeps no prompt cache, else over views of the growing caches'
+buffers; a batch of several runs the model eagerly. With a drafter (a draft model, or
 prompt lookup) each step after the prefill is a speculative round instead (`speculate`, `speculative.py`).
 
 The prompt cache keeps the caches of recent finished sequences by their token ids, so a prompt
@@ -264,7 +266,10 @@ class Engine:
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.kv_bits, self.max_kv_size = kv_bits, max_kv_size
         plain = kv_bits is None and max_kv_size is None
-        self.decoder = decoder(model, compiled and max_batch == 1 and not prompt_cache_size and plain)
+        self.decoder = decoder(model, compiled and plain)
+        # a sequence at a time, kept by nobody: caches of a fixed capacity from the start, which the compiled step
+        # reads as they are; else growing ones, which batches merge and the prompt cache keeps
+        self.fixed_caches = self.decoder is not model and max_batch == 1 and not prompt_cache_size
         self.drafter = None
         if draft_model is not None or prompt_lookup:
             if max_batch != 1:
@@ -301,12 +306,13 @@ class Engine:
 
     @property
     def compiled(self) -> bool:
-        """Whether decode steps replay the compiled step."""
+        """Whether a decode step of one sequence replays the compiled step."""
         return self.decoder is not self.model
 
     def make_cache(self) -> list:
         """A cache for one sequence, of the kind this engine's steps decode over."""
-        return [sink_cache(quantized_cache(c, self.kv_bits), self.max_kv_size) for c in self.decoder.make_cache()]
+        made = (self.decoder if self.fixed_caches else self.model).make_cache()
+        return [sink_cache(quantized_cache(c, self.kv_bits), self.max_kv_size) for c in made]
 
     def submit(self, request: Request) -> Generation:
         settings = request.settings
