@@ -7,6 +7,8 @@ in: so the step runs over `FixedKVCache`s, whose position is an array and whose 
 capacity traces the step again (once per 256 tokens); prompts run eagerly.
 """
 
+import gc
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -30,6 +32,14 @@ class CompiledDecoder:
         self.config = getattr(model, "config", None)
         self.cache: list[FixedKVCache] = []
         self.forward = mx.compile(self.traced, inputs=model.state)
+
+    def forget(self) -> None:
+        """Drop the traces: MLX keeps them in a process-wide cache while their compiled function lives, and traces made
+        on a stream of a thread's own (the server's engine thread) end the process with std::terminate when they are
+        still there as it exits. The old function may sit in a reference cycle (a failed request's traceback), so
+        it is collected here."""
+        self.forward = mx.compile(self.traced, inputs=self.model.state)
+        gc.collect()
 
     def make_cache(self) -> list[FixedKVCache]:
         return [FixedKVCache() for _ in self.model.layers]

@@ -138,6 +138,8 @@ class Server:
                     for output in outputs:
                         self.deliver(output.generation, output)
                 mx.clear_cache()  # idle: MLX's freed buffers go back to the system, so memory stays flat
+            if self.engine.compiled:  # traces made on this thread's stream must not outlive it (CompiledDecoder.forget)
+                self.engine.decoder.forget()
 
     def deliver(self, generation: Generation, item) -> None:
         with self.listening:
