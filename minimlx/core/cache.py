@@ -383,10 +383,11 @@ class FixedKVCache:
         self.start = mx.array([0])  # `offset` as an array of one: where the next token goes
 
     @classmethod
-    def over(cls, keys: mx.array, values: mx.array, offset: int) -> "FixedKVCache":
-        """A cache over buffers (1, kv_heads, capacity, head_dim) whose first `offset` columns hold tokens."""
+    def over(cls, keys: mx.array, values: mx.array, offset: int, start: mx.array) -> "FixedKVCache":
+        """A cache over buffers (1, kv_heads, capacity, head_dim) whose first `offset` columns hold tokens (`start`:
+        `offset` as an array, which the layers of a step share)."""
         cache = cls()
-        cache.keys, cache.values, cache.offset, cache.start = keys, values, offset, mx.array([offset])
+        cache.keys, cache.values, cache.offset, cache.start = keys, values, offset, start
         return cache
 
     def capacity_for(self, tokens: int) -> int:

@@ -61,7 +61,8 @@ class CompiledDecoder:
 
     def step_over(self, ids: mx.array, cache: list[KVCache]) -> mx.array:
         """The compiled step of one sequence over growing caches: over views of their buffers, written back."""
-        views = [FixedKVCache.over(*c.arrays, c.offset) for c in cache]
+        start = mx.array([cache[0].offset])
+        views = [FixedKVCache.over(*c.arrays, c.offset, start) for c in cache]
         logits = self.step(ids, views)
         for c, view in zip(cache, views):
             c.arrays, c.offset = [view.keys, view.values], view.offset

@@ -72,11 +72,12 @@ void quantize_rows(const float* x, int M, int K, int group_size, int span, int l
       const int64_t lane = (static_cast<int64_t>(m) * stride + k) / 32 * lanes_per_block;
       float d = 0.0f, d2 = 0.0f;
       const bool second = k < K && largest[k / 32] > threshold;
-      for (int8_t* codes : {out.xq + at, out.xq2 + at}) {
-        if (k < K && (codes == out.xq + at || second)) continue;
-        std::fill(codes, codes + (nibbles ? 16 : 32), 0);  // padding to a whole step, or no second part
+      auto zeros = [&](int8_t* codes) {
+        std::fill(codes, codes + (nibbles ? 16 : 32), 0);
         if (nibbles) std::fill(codes + span / 2, codes + span / 2 + 16, 0);
-      }
+      };
+      if (k >= K) zeros(out.xq + at);  // padding to a whole step
+      if (!second) zeros(out.xq2 + at);
       if (k < K) {
         auto quantize = [&](const float* values, float& scale, int8_t* codes) {
           const int total = nibbles ? Block::template quantize<true>(values, scale, codes, codes + span / 2)
