@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -98,12 +99,64 @@ inline float value_factor(const KeySegment& segment, int64_t at, float top, floa
   return 1.0f;
 }
 
+// Running maxima and sums kept side by side: the compiler turns them into vector ones, where a single running one waits
+// on each comparison or addition before the next (a scalar chain of 4,096 keys).
+constexpr int kLanes = 16;
+
+// The largest of p[0 .. count).
+inline float top_of(const float* p, int count) {
+  float tops[kLanes];
+  std::fill(tops, tops + kLanes, -std::numeric_limits<float>::infinity());
+  int j = 0;
+  for (; j + kLanes <= count; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) tops[l] = std::max(tops[l], p[j + l]);
+  for (; j < count; ++j) tops[0] = std::max(tops[0], p[j]);
+  return *std::max_element(tops, tops + kLanes);
+}
+
+// The sum of p[0 .. count).
+inline float sum_of(const float* p, int count) {
+  float sums[kLanes] = {};
+  int j = 0;
+  for (; j + kLanes <= count; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) sums[l] += p[j + l];
+  for (; j < count; ++j) sums[0] += p[j];
+  float total = 0.0f;
+  for (int l = 0; l < kLanes; ++l) total += sums[l];
+  return total;
+}
+
+// out[h][c .. c + WIDTH * W) = norm[h] * sum_j p_hj v[keys[j]][c ..]: WIDTH vectors of each of the H heads' outputs
+// summed in one pass over the value rows, each row's vectors loaded once for the H heads. WIDTH is known here, so the
+// sums stay in registers.
+template <class Simd, int H, int WIDTH, class KV>
+inline void weighted_values(const KV* v, int64_t stride, const int* keys, int count, const float* weights,
+                            int64_t weight_stride, const typename Simd::V* norm, float* const* out, int c) {
+  using V = typename Simd::V;
+  V acc[H][WIDTH];
+  for (int h = 0; h < H; ++h)
+    for (int w = 0; w < WIDTH; ++w) acc[h][w] = Simd::zero();
+  for (int j = 0; j < count; ++j) {
+    const KV* value = v + keys[j] * stride + c;
+    V values[WIDTH];
+    for (int w = 0; w < WIDTH; ++w) values[w] = Simd::load(value + w * Simd::W);
+    for (int h = 0; h < H; ++h) {
+      const V weight = Simd::set1(weights[h * weight_stride + j]);
+      for (int w = 0; w < WIDTH; ++w) acc[h][w] = Simd::fma(weight, values[w], acc[h][w]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int w = 0; w < WIDTH; ++w) Simd::store(out[h] + c + w * Simd::W, Simd::mul(acc[h][w], norm[h]));
+}
+
 // KV: the type keys and values are held in (float, or Half widened as it is read).
 template <class Simd, int H, class KV>
 void attend_heads(const Attention& a, int row, int head, int query_begin, int query_end, const KeySegment& segment) {
   using V = typename Simd::V;
-  constexpr int kVectors = 8;  // output vectors summed per pass over the values: independent FMA chains
-  constexpr int width = kVectors / H > 0 ? kVectors / H : 1;  // vectors of each head's output per pass
+  // Output vectors of each head summed per pass over the values: as many as the registers hold beside the loaded
+  // values and the weight (a 64-wide head's whole row in one pass with 32 registers, half of it with 16).
+  constexpr int sums = (Simd::registers - 8) / H;
+  constexpr int widest = sums >= 8 ? 8 : sums >= 4 ? 4 : sums >= 2 ? 2 : 1;
   const int D = a.head_dim, past = a.keys - a.queries, kv_head = head / (a.heads / a.kv_heads);
   const KV* k = static_cast<const KV*>(a.k) + row * a.k_strides[0] + kv_head * a.k_strides[1];
   const KV* v = static_cast<const KV*>(a.v) + row * a.v_strides[0] + kv_head * a.v_strides[1];
@@ -126,7 +179,7 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
     V norm[H];
     for (int h = 0; h < H; ++h) {
       float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
-      const float top = *std::max_element(p, p + count);
+      const float top = top_of(p, count);
       for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // vectorized (-fno-trapping-math)
       V sum = Simd::zero();
       int j = 0;
@@ -135,23 +188,19 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
       for (; j < count; ++j) total += p[j];
       norm[h] = Simd::set1(value_factor(segment, at[h], top, total));
     }
-    for (int c = 0; c < D; c += width * Simd::W) {
-      const int vectors = std::min(width * Simd::W, D - c) / Simd::W;
-      V acc[H][width];
-      for (int h = 0; h < H; ++h)
-        for (int w = 0; w < vectors; ++w) acc[h][w] = Simd::zero();
-      for (int j = 0; j < count; ++j) {
-        const KV* value = v + shown_keys[j] * a.v_strides[2] + c;
-        V values[width];
-        for (int w = 0; w < vectors; ++w) values[w] = Simd::load(value + w * Simd::W);
-        for (int h = 0; h < H; ++h) {
-          const V weight = Simd::set1(scores[static_cast<int64_t>(h) * a.keys + j]);
-          for (int w = 0; w < vectors; ++w) acc[h][w] = Simd::fma(weight, values[w], acc[h][w]);
-        }
-      }
-      for (int h = 0; h < H; ++h)
-        for (int w = 0; w < vectors; ++w) Simd::store(out[h] + c + w * Simd::W, Simd::mul(acc[h][w], norm[h]));
-    }
+    const int64_t stride = a.v_strides[2];
+    const int* keys = shown_keys.data();
+    int c = 0;
+    if constexpr (widest >= 8)
+      for (; c + 8 * Simd::W <= D; c += 8 * Simd::W)
+        weighted_values<Simd, H, 8>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
+    if constexpr (widest >= 4)
+      for (; c + 4 * Simd::W <= D; c += 4 * Simd::W)
+        weighted_values<Simd, H, 4>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
+    if constexpr (widest >= 2)
+      for (; c + 2 * Simd::W <= D; c += 2 * Simd::W)
+        weighted_values<Simd, H, 2>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
+    for (; c < D; c += Simd::W) weighted_values<Simd, H, 1>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
   }
 }
 
@@ -215,8 +264,9 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
   const int64_t v_step = a.v.code_strides[2], vg_step = a.v.group_strides[2];
   thread_local std::vector<float> scores, queries, query_sums, value_biases;
   thread_local std::vector<int> shown_keys;
-  scores.resize(static_cast<size_t>(H) * a.keys);
-  shown_keys.resize(a.keys);
+  const int64_t score_stride = a.keys + KB;  // room for the scores of a last group of KB keys
+  scores.resize(H * score_stride);
+  shown_keys.resize(a.keys + KB);
   queries.resize(static_cast<size_t>(H) * D);
   query_sums.resize(static_cast<size_t>(H) * groups);
   value_biases.resize(static_cast<size_t>(H) * groups);
@@ -235,14 +285,14 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
     if (count == 0) continue;  // it sees none of the keys: visible_keys wrote its zeros
     float* out[H];
     for (int h = 0; h < H; ++h) out[h] = segment.out + at[h] * D;
+    for (int j = count; j % KB; ++j) shown_keys[j] = shown_keys[count - 1];  // a whole last group of KB keys
     for (int j = 0; j < count; j += KB) {
-      const int n = std::min(KB, count - j);
       float total[H][KB] = {};
       for (int g = 0; g < groups; ++g) {
         V acc[H][KB];
         for (int h = 0; h < H; ++h)
           for (int r = 0; r < KB; ++r) acc[h][r] = Simd::zero();
-        for (int r = 0; r < n; ++r) {
+        for (int r = 0; r < KB; ++r) {
           const uint8_t* codes = k_codes + shown_keys[j + r] * k_step;
           for (int c = g * G / 32; c < (g + 1) * G / 32; ++c) {
             V code[VPC];
@@ -255,27 +305,28 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
         for (int h = 0; h < H; ++h) {
           float sums[KB];
           Simd::sum4(acc[h], sums);
-          for (int r = 0; r < n; ++r) {
+          for (int r = 0; r < KB; ++r) {
             const int64_t at = shown_keys[j + r] * kg_step + g;
             total[h][r] += k_scales[at] * sums[r] + k_biases[at] * query_sums[h * groups + g];
           }
         }
       }
       for (int h = 0; h < H; ++h)
-        for (int r = 0; r < n; ++r) scores[static_cast<int64_t>(h) * a.keys + j + r] = total[h][r];
+        for (int r = 0; r < KB; ++r) scores[h * score_stride + j + r] = total[h][r];
     }
     float norm[H];
     for (int h = 0; h < H; ++h) {
-      float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
-      const float top = *std::max_element(p, p + count);
-      float sum = 0.0f;
+      float* p = scores.data() + h * score_stride;
+      const float top = top_of(p, count);
       for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // vectorized (-fno-trapping-math)
-      for (int j = 0; j < count; ++j) sum += p[j];
-      norm[h] = value_factor(segment, at[h], top, sum);
+      norm[h] = value_factor(segment, at[h], top, sum_of(p, count));
       for (int g = 0; g < groups; ++g) {
-        float bias = 0.0f;
-        for (int j = 0; j < count; ++j) bias += p[j] * v_biases[shown_keys[j] * vg_step + g];
-        value_biases[h * groups + g] = bias;
+        float bias[kLanes] = {};
+        int j = 0;
+        for (; j + kLanes <= count; j += kLanes)
+          for (int l = 0; l < kLanes; ++l) bias[l] += p[j + l] * v_biases[shown_keys[j + l] * vg_step + g];
+        for (; j < count; ++j) bias[0] += p[j] * v_biases[shown_keys[j] * vg_step + g];
+        value_biases[h * groups + g] = sum_of(bias, kLanes);
       }
     }
     for (int c0 = 0; c0 < chunks; c0 += CPP) {
@@ -291,7 +342,7 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
           unpack<Simd, BITS>(codes + (c0 + c) * kChunkBytes, code);
           const float scale = v_scales[key * vg_step + (c0 + c) * 32 / G];
           for (int h = 0; h < H; ++h) {
-            const V weight = Simd::set1(scores[static_cast<int64_t>(h) * a.keys + j] * scale);
+            const V weight = Simd::set1(scores[h * score_stride + j] * scale);
             for (int w = 0; w < VPC; ++w) acc[h][c * VPC + w] = Simd::fma(weight, code[w], acc[h][c * VPC + w]);
           }
         }
