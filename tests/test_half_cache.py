@@ -62,24 +62,38 @@ def test_attention_refuses_keys_and_values_of_two_types():
         native.kernel.causal_attention(q, k.astype(mx.bfloat16), k.astype(mx.bfloat16), 1.0)
 
 
-def test_block_inputs_gives_float16_keys_and_values_rounded_from_its_float32_ones(smollm2_packed):
+def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones(smollm2_packed):
+    """`block_step` writes the token's keys and values at `start` of buffers of either type, float16 ones rounded from
+    the float32 ones; buffers something else still holds (here the test) are left as they were."""
     model, _ = smollm2_packed
     block = model.layers[5]
-    attn = block.attn
+    attn, ffn = block.attn, block.ffn
     cos, sin = (a[0] for a in mx.split(mx.random.uniform(shape=(2, attn.rope.dims // 2)), 2))
     x = mx.random.normal((1, 1, 576))
-    weights = [block.attn_norm.scale(), *forms.packed(attn.q_proj, attn.k_proj, attn.v_proj)]
-    layouts = forms.layouts(attn.q_proj, attn.k_proj, attn.v_proj)
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.up_proj, ffn.down_proj)
+    weights = [
+        *(block.attn_norm.scale(), *forms.packed(*projections[:4])),
+        *(block.ffn_norm.scale(), *forms.packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj)),
+    ]
+    shape = (1, attn.kv_heads, 8, attn.head_dim)
+    held = [mx.random.normal(shape), mx.random.normal(shape)]
 
-    def inputs(half_kv):
-        return native.kernel.block_inputs(
-            x, weights, cos, sin, layouts, attn.heads, attn.kv_heads, attn.rope.dims, attn.rope.traditional,
-            block.attn_norm.eps, half_kv=half_kv,
+    def step(dtype):
+        buffers = [b.astype(dtype) for b in held]
+        mx.eval(buffers)
+        before = [mx.array(b) for b in buffers]
+        _, keys, values = native.kernel.block_step(
+            x, *buffers, mx.array([3]), weights, cos, sin, forms.layouts(*projections), attn.heads, attn.kv_heads,
+            attn.rope.dims, attn.rope.traditional, attn.scale, block.attn_norm.eps, block.ffn_norm.eps,
         )  # fmt: skip
+        assert all(mx.array_equal(b, a).item() for b, a in zip(buffers, before))  # held here: written into copies
+        for written, original in zip((keys, values), before):
+            others = mx.concatenate([written[:, :, :3], written[:, :, 4:]], axis=2)
+            assert mx.array_equal(others, mx.concatenate([original[:, :, :3], original[:, :, 4:]], axis=2)).item()
+        return keys[:, :, 3], values[:, :, 3]
 
-    (q32, k32, v32), (q16, k16, v16) = inputs(False), inputs(True)
-    assert (k16.dtype, v16.dtype, q16.dtype) == (mx.float16, mx.float16, mx.float32)
-    assert mx.array_equal(q16, q32).item()
+    (k32, v32), (k16, v16) = step(mx.float32), step(mx.float16)
+    assert (k16.dtype, v16.dtype) == (mx.float16, mx.float16)
     assert mx.array_equal(k16, k32.astype(mx.float16)).item() and mx.array_equal(v16, v32.astype(mx.float16)).item()
 
 

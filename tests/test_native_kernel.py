@@ -271,7 +271,7 @@ def test_smollm2_integer_products_follow_the_float_path(smollm2_quantized, monke
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized, monkeypatch, exact):
-    """The compiled step runs each SmolLM2 block as `block_inputs` and `block_output` (30 of each per step); its logits
+    """The compiled step runs each SmolLM2 block as one `block_step` (30 per step); its logits
     over 24 greedy steps have exactly the bits of the same step with every part as its own op, with integer products
     and with float32 inputs."""
     from minimlx.cpu import forms
@@ -279,8 +279,8 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     model, tokenizer = smollm2_quantized
     monkeypatch.setattr(native, "exact_products", exact)
     fused_calls = []
-    block_output = native.kernel.block_output
-    monkeypatch.setattr(native.kernel, "block_output", lambda *a, **k: fused_calls.append(1) or block_output(*a, **k))
+    block_step = native.kernel.block_step
+    monkeypatch.setattr(native.kernel, "block_step", lambda *a, **k: fused_calls.append(1) or block_step(*a, **k))
     prompt = mx.array([tokenizer.encode("Write a short story about a robot who learns to paint.")])
 
     def steps(fused: bool) -> list[mx.array]:
@@ -307,27 +307,39 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     "change, message",
     [
         (dict(x=mx.zeros((2, 1, 64))), "one token of one sequence"),
-        (dict(q=mx.zeros((1, 4, 2, 16))), "q must be float32 (1, heads, 1, head_dim)"),
+        (dict(values=mx.zeros((1, 2, 8, 16), mx.float16)), "keys and values must be float32 or float16, both of one"),
+        (dict(heads=3), "bad head counts"),
         (dict(start=mx.array([0.0])), "start must be int32"),
-        (dict(layouts=[32, 4, 32, 4]), "layouts must be"),
+        (dict(layouts=[32, 4] * 5), "layouts must be"),
+        (dict(cos=mx.zeros((3,))), "cos and sin must be float32"),
     ],
 )
-def test_block_output_refuses_what_it_does_not_read(change, message):
+def test_block_step_refuses_what_it_does_not_read(change, message):
     def packed(rows, columns):
         return list(mx.quantize(mx.zeros((rows, columns)), group_size=32, bits=4))
 
     args = dict(
         x=mx.zeros((1, 1, 64)),
-        q=mx.zeros((1, 4, 1, 16)),
         keys=mx.zeros((1, 2, 8, 16)),
         values=mx.zeros((1, 2, 8, 16)),
         start=mx.array([3]),
-        weights=[*packed(64, 64), mx.ones((64,)), *packed(96, 64), *packed(96, 64), *packed(64, 96)],
-        layouts=[32, 4, 32, 4, 32, 4],
+        weights=[mx.ones((64,)), *packed(64, 64), *packed(32, 64), *packed(32, 64), *packed(64, 64)]
+        + [mx.ones((64,)), *packed(96, 64), *packed(96, 64), *packed(64, 96)],
+        cos=mx.zeros((8,)),
+        sin=mx.zeros((8,)),
+        layouts=[32, 4] * 6,
+        heads=4,
+        kv_heads=2,
+        rope_dims=16,
+        traditional=False,
+        scale=0.25,
+        attn_eps=1e-5,
+        ffn_eps=1e-5,
     )
-    assert native.kernel.block_output(**args, scale=0.25, eps=1e-5).shape == (1, 1, 64)
-    with pytest.raises(ValueError, match=f"^minimlx_native.block_output: .*{re.escape(message)}"):
-        native.kernel.block_output(**(args | change), scale=0.25, eps=1e-5)
+    y, keys, values = native.kernel.block_step(**args)
+    assert (y.shape, keys.shape, values.shape) == ((1, 1, 64), (1, 2, 8, 16), (1, 2, 8, 16))
+    with pytest.raises(ValueError, match=f"^minimlx_native.block_step: .*{re.escape(message)}"):
+        native.kernel.block_step(**(args | change))
 
 
 def test_batched_and_strided_inputs():

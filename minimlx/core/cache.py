@@ -409,13 +409,21 @@ class FixedKVCache:
             shape = (*keys.shape[:2], self.capacity_for(tokens), keys.shape[3])
             self.keys, self.values = mx.zeros(shape, keys.dtype), mx.zeros((*shape[:3], values.shape[3]), values.dtype)
         self.reserve(tokens)
-        self.keys = mx.slice_update(self.keys, keys, self.start, axes=(2,))
-        self.values = mx.slice_update(self.values, values, self.start, axes=(2,))
-        self.start = self.start + tokens
-        self.offset += tokens
+        self.written(
+            mx.slice_update(self.keys, keys, self.start, axes=(2,)),
+            mx.slice_update(self.values, values, self.start, axes=(2,)),
+            tokens,
+        )
         if tokens > 1:
             return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
         return self.keys, self.values
+
+    def written(self, keys: mx.array, values: mx.array, tokens: int) -> None:
+        """Take the buffers with `tokens` more tokens' keys and values written at `start` (by `update`, or by an op that
+        writes them as it computes a layer's step), and move past them."""
+        self.keys, self.values = keys, values
+        self.start = self.start + tokens
+        self.offset += tokens
 
     @property
     def position(self) -> mx.array:

@@ -133,11 +133,11 @@ class NativeOffsetRMSNorm(NativeNorm, OffsetRMSNorm):
 
 
 class NativeBlock(Block):
-    """A pre-norm block whose one-token steps over a `FixedKVCache` (the compiled decode step) run as two native ops,
-    `block_inputs` and `block_output`, with the cache's in-place writes between them, where its parts are those the
-    ops compute (`runs_fused`): the step's 20 MLX ops a layer, each of which MLX schedules onto its CPU thread for
-    several microseconds, become five. The ops compute each part as that part's own native op does, so the step gives
-    the same bits. Else the block as core wrote it."""
+    """A pre-norm block whose one-token steps over a `FixedKVCache` (the compiled decode step) run as one native op,
+    `block_step`, which also writes the token's keys and values into the cache's buffers, where its parts are those
+    the op computes (`runs_fused`): the step's 20 MLX ops a layer, each of which MLX schedules onto its CPU thread
+    for several microseconds, become one. The op computes each part as that part's own native op does, so the step
+    gives the same bits. Else the block as core wrote it."""
 
     def __call__(
         self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
@@ -146,28 +146,29 @@ class NativeBlock(Block):
             return super().__call__(x, cache, recorder, positions)
         attn, ffn = self.attn, self.ffn
         positions = positions or Positions.of(1, cache)
-        weights = [self.attn_norm.scale(), *packed(attn.q_proj, attn.k_proj, attn.v_proj)]
-        q, k, v = native.kernel.block_inputs(
-            *(x, weights, *positions.angles(attn.rope)),
-            layouts=layouts(attn.q_proj, attn.k_proj, attn.v_proj),
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.up_proj, ffn.down_proj)
+        cache.reserve(1)
+        y, keys, values = native.kernel.block_step(
+            *(x, cache.keys, cache.values, cache.start),
+            [
+                self.attn_norm.scale(),
+                *packed(*projections[:4]),
+                self.ffn_norm.scale(),
+                *packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj),
+            ],
+            *positions.angles(attn.rope),
+            layouts=layouts(*projections),
             heads=attn.heads,
             kv_heads=attn.kv_heads,
             rope_dims=attn.rope.dims,
             traditional=attn.rope.traditional,
-            eps=self.attn_norm.eps,
-            exact=exact(),
-            half_kv=cache.keys.dtype == mx.float16,
-        )
-        start = cache.start
-        keys, values = cache.update(k, v)
-        weights = [*packed(attn.o_proj), self.ffn_norm.scale(), *packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj)]
-        return native.kernel.block_output(
-            *(x, q, keys, values, start, weights),
-            layouts=layouts(attn.o_proj, ffn.up_proj, ffn.down_proj),
             scale=attn.scale,
-            eps=self.ffn_norm.eps,
+            attn_eps=self.attn_norm.eps,
+            ffn_eps=self.ffn_norm.eps,
             exact=exact(),
         )
+        cache.written(keys, values, 1)
+        return y
 
 
 def packed(*projections: NativeQuantizedLinear) -> list[mx.array]:
@@ -181,7 +182,7 @@ def layouts(*projections: NativeQuantizedLinear) -> list[int]:
 
 
 def runs_fused(block: Block, x: mx.array, cache: FixedKVCache) -> bool:
-    """Whether `block_inputs` and `block_output` compute `block`'s step of `x` over `cache`: one float32 token over
+    """Whether `block_step` computes `block`'s step of `x` over `cache`: one float32 token over
     float32 or float16 buffers, RMS norms, attention without biases, query/key norms, windows, sinks or capped scores,
     RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up
     alike)."""

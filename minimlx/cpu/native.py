@@ -28,8 +28,7 @@ OPS = (
     "swiglu",
     "rms_norm",
     "rotate",
-    "block_inputs",
-    "block_output",
+    "block_step",
     "integer_isa",
 )
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""

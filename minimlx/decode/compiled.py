@@ -63,9 +63,13 @@ class CompiledDecoder:
         """The compiled step of one sequence over growing caches: over views of their buffers, written back."""
         start = mx.array([cache[0].offset])
         views = [FixedKVCache.over(*c.arrays, c.offset, start) for c in cache]
-        logits = self.step(ids, views)
-        for c, view in zip(cache, views):
-            c.arrays, c.offset = [view.keys, view.values], view.offset
+        for c in cache:  # the views alone hold the buffers, so that the step may write them in place
+            c.arrays = None
+        try:
+            logits = self.step(ids, views)
+        finally:
+            for c, view in zip(cache, views):
+                c.arrays, c.offset = [view.keys, view.values], view.offset
         return logits
 
     def step(self, ids: mx.array, cache: list[FixedKVCache]) -> mx.array:

@@ -126,6 +126,16 @@ inline float sum_of(const float* p, int count) {
   return total;
 }
 
+// The sum of p[j] * b[j] over j < count.
+inline float dot_of(const float* p, const float* b, int count) {
+  float sums[kLanes] = {};
+  int j = 0;
+  for (; j + kLanes <= count; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) sums[l] += p[j + l] * b[j + l];
+  for (; j < count; ++j) sums[0] += p[j] * b[j];
+  return sum_of(sums, kLanes);
+}
+
 // out[h][c .. c + WIDTH * W) = norm[h] * sum_j p_hj v[keys[j]][c ..]: WIDTH vectors of each of the H heads' outputs
 // summed in one pass over the value rows, each row's vectors loaded once for the H heads. WIDTH is known here, so the
 // sums stay in registers.
@@ -149,14 +159,31 @@ inline void weighted_values(const KV* v, int64_t stride, const int* keys, int co
     for (int w = 0; w < WIDTH; ++w) Simd::store(out[h] + c + w * Simd::W, Simd::mul(acc[h][w], norm[h]));
 }
 
+// weighted_values for features [begin, end) of the outputs, as many vectors of each head's output per pass over the
+// values as the registers hold beside the loaded values and the weight (a 64-wide head's row in one pass with 32
+// registers, half of it with 16).
+template <class Simd, int H, class KV>
+inline void weighted_rows(const KV* v, int64_t stride, const int* keys, int count, const float* weights,
+                          int64_t weight_stride, const typename Simd::V* norm, float* const* out, int begin, int end) {
+  constexpr int sums = (Simd::registers - 8) / H;
+  constexpr int widest = sums >= 8 ? 8 : sums >= 4 ? 4 : sums >= 2 ? 2 : 1;
+  int c = begin;
+  if constexpr (widest >= 8)
+    for (; c + 8 * Simd::W <= end; c += 8 * Simd::W)
+      weighted_values<Simd, H, 8>(v, stride, keys, count, weights, weight_stride, norm, out, c);
+  if constexpr (widest >= 4)
+    for (; c + 4 * Simd::W <= end; c += 4 * Simd::W)
+      weighted_values<Simd, H, 4>(v, stride, keys, count, weights, weight_stride, norm, out, c);
+  if constexpr (widest >= 2)
+    for (; c + 2 * Simd::W <= end; c += 2 * Simd::W)
+      weighted_values<Simd, H, 2>(v, stride, keys, count, weights, weight_stride, norm, out, c);
+  for (; c < end; c += Simd::W) weighted_values<Simd, H, 1>(v, stride, keys, count, weights, weight_stride, norm, out, c);
+}
+
 // KV: the type keys and values are held in (float, or Half widened as it is read).
 template <class Simd, int H, class KV>
 void attend_heads(const Attention& a, int row, int head, int query_begin, int query_end, const KeySegment& segment) {
   using V = typename Simd::V;
-  // Output vectors of each head summed per pass over the values: as many as the registers hold beside the loaded
-  // values and the weight (a 64-wide head's whole row in one pass with 32 registers, half of it with 16).
-  constexpr int sums = (Simd::registers - 8) / H;
-  constexpr int widest = sums >= 8 ? 8 : sums >= 4 ? 4 : sums >= 2 ? 2 : 1;
   const int D = a.head_dim, past = a.keys - a.queries, kv_head = head / (a.heads / a.kv_heads);
   const KV* k = static_cast<const KV*>(a.k) + row * a.k_strides[0] + kv_head * a.k_strides[1];
   const KV* v = static_cast<const KV*>(a.v) + row * a.v_strides[0] + kv_head * a.v_strides[1];
@@ -188,19 +215,7 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
       for (; j < count; ++j) total += p[j];
       norm[h] = Simd::set1(value_factor(segment, at[h], top, total));
     }
-    const int64_t stride = a.v_strides[2];
-    const int* keys = shown_keys.data();
-    int c = 0;
-    if constexpr (widest >= 8)
-      for (; c + 8 * Simd::W <= D; c += 8 * Simd::W)
-        weighted_values<Simd, H, 8>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
-    if constexpr (widest >= 4)
-      for (; c + 4 * Simd::W <= D; c += 4 * Simd::W)
-        weighted_values<Simd, H, 4>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
-    if constexpr (widest >= 2)
-      for (; c + 2 * Simd::W <= D; c += 2 * Simd::W)
-        weighted_values<Simd, H, 2>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
-    for (; c < D; c += Simd::W) weighted_values<Simd, H, 1>(v, stride, keys, count, scores.data(), a.keys, norm, out, c);
+    weighted_rows<Simd, H>(v, a.v_strides[2], shown_keys.data(), count, scores.data(), a.keys, norm, out, 0, D);
   }
 }
 
@@ -221,6 +236,94 @@ void attend_queries(const Attention& a, int row, int head, int heads, int query_
                     const KeySegment& segment) {
   if (a.half_kv) attend_queries_of<Simd, Half>(a, row, head, heads, query_begin, query_end, segment);
   else attend_queries_of<Simd, float>(a, row, head, heads, query_begin, query_end, segment);
+}
+
+// The codes, scales and biases of kv head `kv_head` of batch row `row`.
+inline std::tuple<const uint8_t*, const float*, const float*> head_rows(const QuantizedRows& r, int row, int kv_head) {
+  return {r.codes + row * r.code_strides[0] + kv_head * r.code_strides[1],
+          r.scales + row * r.group_strides[0] + kv_head * r.group_strides[1],
+          r.biases + row * r.group_strides[0] + kv_head * r.group_strides[1]};
+}
+
+// Queries [query_begin, query_end) of H heads sharing one kv head, over 8-bit keys and values: with codes c, scales s
+// and biases b of each group of G features of a key's or value's row, and q's sum over the group,
+//
+//   q . k_j = sum_g s_jg (q_g . c_jg) + b_jg sum(q_g)      sum_j p_j v_jg = sum_j (p_j s_jg) c_jg + sum_j p_j b_jg
+//
+// each product computed as the float attention computes q . k_j and sum_j p_j v_j (`dots`, `weighted_rows`), the
+// codes widened to floats as they are read.
+template <class Simd, int H>
+void attend_bytes_heads(const QuantizedAttention& a, int row, int head, int query_begin, int query_end,
+                        const KeySegment& segment) {
+  using V = typename Simd::V;
+  const int D = a.head_dim, G = a.group_size, groups = D / G, past = a.keys - a.queries;
+  const int kv_head = head / (a.heads / a.kv_heads);
+  const auto [k_codes, k_scales, k_biases] = head_rows(a.k, row, kv_head);
+  const auto [v_codes, v_scales, v_biases] = head_rows(a.v, row, kv_head);
+  const int64_t k_step = a.k.code_strides[2], kg_step = a.k.group_strides[2];
+  const int64_t v_step = a.v.code_strides[2], vg_step = a.v.group_strides[2];
+  thread_local std::vector<float> scores, products, weights, queries, scales, biases;
+  thread_local std::vector<int> shown_keys;
+  for (auto* buffer : {&scores, &products, &weights}) buffer->resize(static_cast<size_t>(H) * a.keys);
+  for (auto* buffer : {&scales, &biases}) buffer->resize(a.keys);
+  shown_keys.resize(a.keys);
+  queries.resize(static_cast<size_t>(H) * G);
+  for (int i = query_begin; i < query_end; ++i) {
+    int64_t at[H];
+    const int count = visible_keys<H>(a, segment, row, head, i, past + i + 1, shown_keys.data(), at);
+    if (count == 0) continue;  // it sees none of the keys: visible_keys wrote its zeros
+    const int* keys = shown_keys.data();
+    // The shown keys' (or values') scales and biases of group g side by side, read once for the H heads.
+    auto gather = [&](const float* key_scales, const float* key_biases, int64_t step, int g) {
+      for (int j = 0; j < count; ++j) {
+        scales[j] = key_scales[keys[j] * step + g];
+        biases[j] = key_biases[keys[j] * step + g];
+      }
+    };
+    float* out[H];
+    for (int h = 0; h < H; ++h) out[h] = segment.out + at[h] * D;
+    for (int g = 0; g < groups; ++g) {
+      float query_sums[H];
+      for (int h = 0; h < H; ++h) {
+        const float* q = a.q + row * a.q_strides[0] + (head + h) * a.q_strides[1] + i * a.q_strides[2] + g * G;
+        query_sums[h] = 0.0f;
+        for (int d = 0; d < G; ++d) query_sums[h] += queries[h * G + d] = q[d] * a.scale;
+      }
+      dots<Simd, H, uint8_t>(queries.data(), k_codes + g * G, k_step, keys, count, G, products.data(), a.keys);
+      gather(k_scales, k_biases, kg_step, g);
+      for (int h = 0; h < H; ++h) {
+        float* s = scores.data() + static_cast<int64_t>(h) * a.keys;
+        const float* product = products.data() + static_cast<int64_t>(h) * a.keys;
+        const float sum = query_sums[h];
+        if (g == 0)
+          for (int j = 0; j < count; ++j) s[j] = scales[j] * product[j] + biases[j] * sum;
+        else
+          for (int j = 0; j < count; ++j) s[j] += scales[j] * product[j] + biases[j] * sum;
+      }
+    }
+    V norm[H];
+    float factor[H];
+    for (int h = 0; h < H; ++h) {
+      float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
+      const float top = top_of(p, count);
+      for (int j = 0; j < count; ++j) p[j] = exp_clamped(p[j] - top);  // vectorized (-fno-trapping-math)
+      factor[h] = value_factor(segment, at[h], top, sum_of(p, count));
+      norm[h] = Simd::set1(factor[h]);
+    }
+    for (int g = 0; g < groups; ++g) {
+      gather(v_scales, v_biases, vg_step, g);
+      float bias[H];
+      for (int h = 0; h < H; ++h) {
+        const float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
+        float* w = weights.data() + static_cast<int64_t>(h) * a.keys;
+        for (int j = 0; j < count; ++j) w[j] = p[j] * scales[j];
+        bias[h] = dot_of(p, biases.data(), count) * factor[h];
+      }
+      weighted_rows<Simd, H>(v_codes, v_step, keys, count, weights.data(), a.keys, norm, out, g * G, (g + 1) * G);
+      for (int h = 0; h < H; ++h)
+        for (int d = g * G; d < (g + 1) * G; ++d) out[h][d] += bias[h];
+    }
+  }
 }
 
 // Where feature t of a chunk of 32 lies in the chunk's unpacked order: 8-bit codes in order, 4-bit ones as the
@@ -253,13 +356,8 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
   constexpr int kChunkBytes = 32 * BITS / 8;
   const int D = a.head_dim, G = a.group_size, groups = D / G, chunks = D / 32, past = a.keys - a.queries;
   const int kv_head = head / (a.heads / a.kv_heads);
-  auto rows = [&](const QuantizedRows& r) {
-    return std::tuple{r.codes + row * r.code_strides[0] + kv_head * r.code_strides[1],
-                      r.scales + row * r.group_strides[0] + kv_head * r.group_strides[1],
-                      r.biases + row * r.group_strides[0] + kv_head * r.group_strides[1]};
-  };
-  const auto [k_codes, k_scales, k_biases] = rows(a.k);
-  const auto [v_codes, v_scales, v_biases] = rows(a.v);
+  const auto [k_codes, k_scales, k_biases] = head_rows(a.k, row, kv_head);
+  const auto [v_codes, v_scales, v_biases] = head_rows(a.v, row, kv_head);
   const int64_t k_step = a.k.code_strides[2], kg_step = a.k.group_strides[2];
   const int64_t v_step = a.v.code_strides[2], vg_step = a.v.group_strides[2];
   thread_local std::vector<float> scores, queries, query_sums, value_biases;
@@ -371,12 +469,23 @@ void attend_quantized_bits(const QuantizedAttention& a, int row, int head, int h
   }
 }
 
+template <class Simd>
+void attend_bytes(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
+                  const KeySegment& segment) {
+  switch (heads) {
+    case 1: return attend_bytes_heads<Simd, 1>(a, row, head, query_begin, query_end, segment);
+    case 2: return attend_bytes_heads<Simd, 2>(a, row, head, query_begin, query_end, segment);
+    case 3: return attend_bytes_heads<Simd, 3>(a, row, head, query_begin, query_end, segment);
+    default: return attend_bytes_heads<Simd, 4>(a, row, head, query_begin, query_end, segment);
+  }
+}
+
 // `heads` (at most kHeadsTogether) heads of one kv head from `head`, over quantized keys and values.
 template <class Simd>
 void attend_quantized_queries(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
                               int query_end, const KeySegment& segment) {
   if (a.bits == 4) return attend_quantized_bits<Simd, 4>(a, row, head, heads, query_begin, query_end, segment);
-  attend_quantized_bits<Simd, 8>(a, row, head, heads, query_begin, query_end, segment);
+  attend_bytes<Simd>(a, row, head, heads, query_begin, query_end, segment);
 }
 
 }  // namespace minimlx_native

@@ -68,6 +68,7 @@ struct Scalar {
   static V set1(float v) { return v; }
   static V load(const float* p) { return *p; }
   static V load(const Half* p) { return static_cast<float>(*p); }
+  static V load(const uint8_t* p) { return static_cast<float>(*p); }
   static void store(float* p, V v) { *p = v; }
   static V mul(V a, V b) { return a * b; }
   static V fma(V a, V b, V c) { return a * b + c; }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <mutex>
@@ -983,7 +984,7 @@ enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin 
 struct BlockInputsStep {
   float eps;
   int rope_dims;
-  bool traditional, exact, half_kv;
+  bool traditional, exact;
   int layouts[6];  // (group_size, bits) of q, k, v
 };
 
@@ -994,63 +995,35 @@ void to_half(const mx::array& values, mx::array& out) {
   for (size_t i = 0; i < values.size(); ++i) to[i] = static_cast<Half>(from[i]);
 }
 
-class BlockInputsOp : public mx::Primitive {
- public:
-  explicit BlockInputsOp(BlockInputsStep step) : mx::Primitive(mx::default_stream(mx::Device::cpu)), step_(step) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (auto& output : outputs) output.set_data(mx::allocator::malloc(output.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in, out;
-    for (auto& input : inputs) in.push_back(mx::array::unsafe_weak_copy(input));
-    for (auto& output : outputs) out.push_back(mx::array::unsafe_weak_copy(output));
-    encoder.dispatch([in = std::move(in), out = std::move(out), s = step_]() mutable {
-      mx::array h = scratch(in[kInX].shape());
-      rms_norm_work(s.eps)({in[kInX], in[kInNorm]}, h);
-      mx::array q = scratch(out[0].shape()), k = scratch(out[1].shape());
-      mx::array v = s.half_kv ? scratch(out[2].shape()) : out[2];
-      const bool one_layout = std::equal(s.layouts, s.layouts + 2, s.layouts + 2) &&
-                              std::equal(s.layouts, s.layouts + 2, s.layouts + 4);
-      if (!s.exact && one_layout) {  // one quantization of h and one pass over the pool for the three
-        integer_products({h, in[kInQ], in[kInQ + 1], in[kInQ + 2], in[kInK], in[kInK + 1], in[kInK + 2], in[kInV],
-                          in[kInV + 1], in[kInV + 2]},
-                         {1, 4, 7}, {q.data<float>(), k.data<float>(), v.data<float>()}, -1, s.layouts[0],
-                         s.layouts[1]);
-      } else {
-        packed(in, kInQ, h, q, s.layouts, s.exact);
-        packed(in, kInK, h, k, s.layouts + 2, s.exact);
-        packed(in, kInV, h, v, s.layouts + 4, s.exact);
-      }
-      const Work rotate = rotate_work(s.rope_dims, s.traditional);
-      mx::array rotated_k = s.half_kv ? scratch(out[1].shape()) : out[1];
-      rotate({q, in[kInCos], in[kInSin]}, out[0]);
-      rotate({k, in[kInCos], in[kInSin]}, rotated_k);
-      if (s.half_kv) {
-        to_half(rotated_k, out[1]);
-        to_half(v, out[2]);
-      }
-    });
+// block_inputs' part of a step: q, k and v of `in` (laid out as BlockInputs) into out[0], out[1], out[2]; k and v in
+// float16 where those arrays are.
+void block_inputs_step(const std::vector<mx::array>& in, std::vector<mx::array> out, const BlockInputsStep& s) {
+  const bool half_kv = out[1].dtype() == mx::float16;
+  mx::array h = scratch(in[kInX].shape());
+  rms_norm_work(s.eps)({in[kInX], in[kInNorm]}, h);
+  mx::array q = scratch(out[0].shape()), k = scratch(out[1].shape());
+  mx::array v = half_kv ? scratch(out[2].shape()) : out[2];
+  const bool one_layout = std::equal(s.layouts, s.layouts + 2, s.layouts + 2) &&
+                          std::equal(s.layouts, s.layouts + 2, s.layouts + 4);
+  if (!s.exact && one_layout) {  // one quantization of h and one pass over the pool for the three
+    integer_products({h, in[kInQ], in[kInQ + 1], in[kInQ + 2], in[kInK], in[kInK + 1], in[kInK + 2], in[kInV],
+                      in[kInV + 1], in[kInV + 2]},
+                     {1, 4, 7}, {q.data<float>(), k.data<float>(), v.data<float>()}, -1, s.layouts[0], s.layouts[1]);
+  } else {
+    packed(in, kInQ, h, q, s.layouts, s.exact);
+    packed(in, kInK, h, k, s.layouts + 2, s.exact);
+    packed(in, kInV, h, v, s.layouts + 4, s.exact);
   }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("minimlx_native.block_inputs runs on the CPU only");
+  const Work rotate = rotate_work(s.rope_dims, s.traditional);
+  mx::array rotated_k = half_kv ? scratch(out[1].shape()) : out[1];
+  mx::array rotated_q = out[0];
+  rotate({q, in[kInCos], in[kInSin]}, rotated_q);
+  rotate({k, in[kInCos], in[kInSin]}, rotated_k);
+  if (half_kv) {
+    to_half(rotated_k, out[1]);
+    to_half(v, out[2]);
   }
-
-  const char* name() const override { return "MinimlxNativeBlockInputs"; }
-
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const BlockInputsOp&>(other).step_;
-    return step_.eps == o.eps && step_.rope_dims == o.rope_dims && step_.traditional == o.traditional &&
-           step_.exact == o.exact && step_.half_kv == o.half_kv && std::equal(step_.layouts, step_.layouts + 6, o.layouts);
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override { return shapes_; }
-  void set_shapes(std::vector<mx::Shape> shapes) { shapes_ = std::move(shapes); }
-
- private:
-  BlockInputsStep step_;
-  std::vector<mx::Shape> shapes_;
-};
+}
 
 // `block_output`: x (1, 1, dims), q (1, heads, 1, head_dim), the cache's keys and values (1, kv_heads, capacity,
 // head_dim) with the token's written at `start` (int32, one value), the o projection's (w, scales, biases), the
@@ -1108,66 +1081,161 @@ void check_norm(const std::string& name, const mx::array& weight, int dims) {
     throw std::invalid_argument(name + ": the norm's weight must be float32 (dims,)");
 }
 
-std::vector<mx::array> block_inputs(const mx::array& x, const std::vector<mx::array>& weights, const mx::array& cos,
-                                    const mx::array& sin, const std::vector<int>& layouts, int heads, int kv_heads,
-                                    int rope_dims, bool traditional, float eps, bool exact, bool half_kv) {
-  const std::string name = "minimlx_native.block_inputs";
+// `block_step`: a pre-norm block's one-token decode step in one op. block_inputs' part (the attention norm, the q, k, v
+// products, RoPE), the token's keys and values written into the cache's buffers at `start`, then block_output's
+// part over them. The buffers are written in place where MLX lets the op have them (a compiled step's, which nothing
+// else holds), else copied first, as MLX's slice_update does. Inputs: x, keys, values, start, the 23 weights
+// (block_inputs' 10, block_output's 13), cos, sin; outputs: the block's output and the two buffers.
+enum BlockStep { kStepX, kStepKeys, kStepValues, kStepStart, kStepWeights, kStepCos = kStepWeights + 23, kStepSin,
+                 kBlockStepCount };
+
+struct BlockStepSettings {
+  BlockInputsStep inputs;
+  float scale, eps;
+  std::vector<int> layouts;  // (group_size, bits) of the o, up-and-gate and down products
+};
+
+// `to` (row-contiguous) = `from`, a 4-D array of the same shape and element size, whatever its strides.
+void copy_rows(const mx::array& from, mx::array& to) {
+  const size_t item = from.itemsize();
+  const char* source = from.data<char>();
+  char* target = to.data<char>();
+  const auto& shape = from.shape();
+  const auto& strides = from.strides();
+  for (int a = 0; a < shape[0]; ++a)
+    for (int b = 0; b < shape[1]; ++b)
+      for (int c = 0; c < shape[2]; ++c) {
+        const char* row = source + (a * strides[0] + b * strides[1] + c * strides[2]) * item;
+        for (int d = 0; d < shape[3]; ++d, target += item) std::memcpy(target, row + d * strides[3] * item, item);
+      }
+}
+
+class BlockStepOp : public mx::Primitive {
+ public:
+  explicit BlockStepOp(BlockStepSettings settings)
+      : mx::Primitive(mx::default_stream(mx::Device::cpu)), settings_(std::move(settings)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    // Each output holds its own list of the op's inputs; the others' would keep the buffers from being donated (MLX
+    // drops them once the op is evaluated anyway).
+    for (auto& output : outputs)
+      if (&output.inputs() != &inputs) output.inputs().clear();
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    bool copied[2];  // the buffers: the inputs' own where they may be written, else copies
+    for (int i : {0, 1}) {
+      const mx::array& buffer = inputs[kStepKeys + i];
+      copied[i] = !buffer.is_donatable() || !buffer.flags().row_contiguous;
+      if (copied[i]) outputs[i + 1].set_data(mx::allocator::malloc(outputs[i + 1].nbytes()));
+      else outputs[i + 1].copy_shared_buffer(buffer);
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in, out;
+    for (auto& input : inputs) {
+      encoder.set_input_array(input);
+      in.push_back(mx::array::unsafe_weak_copy(input));
+    }
+    for (auto& output : outputs) {
+      encoder.set_output_array(output);
+      out.push_back(mx::array::unsafe_weak_copy(output));
+    }
+    encoder.dispatch([in = std::move(in), out = std::move(out), s = settings_, copied]() mutable {
+      const mx::array& x = in[kStepX];
+      mx::array keys = out[1], values = out[2];
+      if (copied[0]) copy_rows(in[kStepKeys], keys);
+      if (copied[1]) copy_rows(in[kStepValues], values);
+      const int kv_heads = keys.shape(1), capacity = keys.shape(2), head_dim = keys.shape(3);
+      const int start = in[kStepStart].data<int32_t>()[0];
+      if (start < 0 || start >= capacity)
+        throw std::runtime_error("minimlx_native.block_step: start " + std::to_string(start) +
+                                 " is outside the cache's capacity " + std::to_string(capacity));
+      std::vector<mx::array> first{x};
+      first.insert(first.end(), in.begin() + kStepWeights, in.begin() + kStepWeights + 10);
+      first.insert(first.end(), {in[kStepCos], in[kStepSin]});
+      const int heads = in[kStepWeights + 1].shape(0) / head_dim;
+      mx::array q = scratch({1, heads, 1, head_dim});
+      mx::array k(mx::Shape{1, kv_heads, 1, head_dim}, keys.dtype(), nullptr, {});
+      mx::array v(mx::Shape{1, kv_heads, 1, head_dim}, values.dtype(), nullptr, {});
+      k.set_data(mx::allocator::malloc(k.nbytes()));
+      v.set_data(mx::allocator::malloc(v.nbytes()));
+      block_inputs_step(first, {q, k, v}, s.inputs);
+      const size_t row = static_cast<size_t>(head_dim) * keys.itemsize();
+      for (int h = 0; h < kv_heads; ++h) {
+        const size_t at = (static_cast<size_t>(h) * capacity + start) * row;
+        std::memcpy(keys.data<char>() + at, k.data<char>() + h * row, row);
+        std::memcpy(values.data<char>() + at, v.data<char>() + h * row, row);
+      }
+      std::vector<mx::array> second{x, q, keys, values, in[kStepStart]};
+      second.insert(second.end(), in.begin() + kStepWeights + 10, in.begin() + kStepCos);
+      mx::array y = out[0];
+      block_output_work(s.scale, s.eps, s.inputs.exact, s.layouts)(second, y);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("minimlx_native.block_step runs on the CPU only");
+  }
+
+  const char* name() const override { return "MinimlxNativeBlockStep"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const BlockStepOp&>(other).settings_;
+    const auto &a = settings_.inputs, &b = o.inputs;
+    return a.eps == b.eps && a.rope_dims == b.rope_dims && a.traditional == b.traditional && a.exact == b.exact &&
+           std::equal(a.layouts, a.layouts + 6, b.layouts) && settings_.scale == o.scale && settings_.eps == o.eps &&
+           settings_.layouts == o.layouts;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[kStepX].shape(), inputs[kStepKeys].shape(), inputs[kStepValues].shape()};
+  }
+
+ private:
+  BlockStepSettings settings_;
+};
+
+std::vector<mx::array> block_step(const mx::array& x, const mx::array& keys, const mx::array& values,
+                                  const mx::array& start, const std::vector<mx::array>& weights, const mx::array& cos,
+                                  const mx::array& sin, const std::vector<int>& layouts, int heads, int kv_heads,
+                                  int rope_dims, bool traditional, float scale, float attn_eps, float ffn_eps,
+                                  bool exact) {
+  const std::string name = "minimlx_native.block_step";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   check_token(name, x);
-  if (weights.size() != kInCos - 1) fail("weights must be the norm's weight and the q, k, v (w, scales, biases)");
-  if (layouts.size() != 6) fail("layouts must be the (group_size, bits) of the q, k and v products");
-  std::vector<mx::array> inputs{x};
+  if (weights.size() != kStepCos - kStepWeights)
+    fail("weights must be the attention norm's weight, q's, k's, v's and o's (w, scales, biases), the feed-forward "
+         "norm's weight, up's, gate's and down's");
+  if (layouts.size() != 12) fail("layouts must be the (group_size, bits) of the q, k, v, o, up-and-gate and down products");
+  if ((keys.dtype() != mx::float32 && keys.dtype() != mx::float16) || keys.ndim() != 4 || keys.shape(0) != 1 ||
+      values.shape() != keys.shape() || values.dtype() != keys.dtype())
+    fail("keys and values must be float32 or float16, both of one type and shape (1, kv_heads, capacity, head_dim)");
+  if (start.dtype() != mx::int32 || start.size() != 1) fail("start must be int32, one value");
+  const int dims = x.shape(2), head_dim = keys.shape(3);
+  if (heads <= 0 || kv_heads != keys.shape(1) || heads % kv_heads) fail("bad head counts");
+  if (head_dim % 16) fail("head_dim must be a multiple of 16");
+  if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) fail("rope_dims must be even, at most head_dim");
+  std::vector<mx::array> inputs{x, keys, values, start};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   inputs.insert(inputs.end(), {cos, sin});
-  const int dims = x.shape(2);
-  check_norm(name, inputs[kInNorm], dims);
-  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || inputs[kInQ].shape(0) % heads) fail("bad head counts");
-  const int head_dim = inputs[kInQ].shape(0) / heads;
-  if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) fail("rope_dims must be even, at most head_dim");
-  check_product(name, inputs, kInQ, dims, heads * head_dim, layouts, 0);
-  check_product(name, inputs, kInK, dims, kv_heads * head_dim, layouts, 1);
-  check_product(name, inputs, kInV, dims, kv_heads * head_dim, layouts, 2);
+  const int w = kStepWeights, width = heads * head_dim;
+  const int hidden = inputs[w + 14].ndim() == 2 ? inputs[w + 14].shape(0) : 0;
+  check_norm(name, inputs[w], dims);
+  check_product(name, inputs, w + 1, dims, width, layouts, 0);
+  check_product(name, inputs, w + 4, dims, kv_heads * head_dim, layouts, 1);
+  check_product(name, inputs, w + 7, dims, kv_heads * head_dim, layouts, 2);
+  check_product(name, inputs, w + 10, width, dims, layouts, 3);
+  check_norm(name, inputs[w + 13], dims);
+  check_product(name, inputs, w + 14, dims, hidden, layouts, 4);
+  check_product(name, inputs, w + 17, dims, hidden, layouts, 4);
+  check_product(name, inputs, w + 20, hidden, dims, layouts, 5);
   if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || int(cos.size()) != rope_dims / 2 ||
       sin.size() != cos.size())
     fail("cos and sin must be float32, rope_dims / 2 values each");
-  BlockInputsStep step{eps, rope_dims, traditional, exact, half_kv, {}};
-  std::copy(layouts.begin(), layouts.end(), step.layouts);
-  auto op = std::make_shared<BlockInputsOp>(step);
-  std::vector<mx::Shape> shapes{{1, heads, 1, head_dim}, {1, kv_heads, 1, head_dim}, {1, kv_heads, 1, head_dim}};
-  op->set_shapes(shapes);
-  const mx::Dtype kv = half_kv ? mx::float16 : mx::float32;
-  return mx::array::make_arrays(shapes, {mx::float32, kv, kv}, op, inputs);
-}
-
-mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
-                       const mx::array& start, const std::vector<mx::array>& weights, const std::vector<int>& layouts,
-                       float scale, float eps, bool exact) {
-  const std::string name = "minimlx_native.block_output";
-  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
-  check_token(name, x);
-  if (weights.size() != kBlockOutputCount - kOutO) fail("weights must be o's, the norm's, up's, gate's and down's");
-  if (layouts.size() != 6) fail("layouts must be the (group_size, bits) of the o, up-and-gate and down products");
-  if (q.dtype() != mx::float32 || q.ndim() != 4 || q.shape(0) != 1 || q.shape(2) != 1)
-    fail("q must be float32 (1, heads, 1, head_dim)");
-  if ((keys.dtype() != mx::float32 && keys.dtype() != mx::float16) || keys.ndim() != 4 || keys.shape(0) != 1 ||
-      values.shape() != keys.shape() || values.dtype() != keys.dtype() || keys.shape(3) != q.shape(3) ||
-      q.shape(1) % keys.shape(1))
-    fail("keys and values must be float32 or float16, both of one type, (1, kv_heads, capacity, head_dim) of q's "
-         "head_dim");
-  if (q.shape(3) % 16) fail("head_dim must be a multiple of 16");
-  if (start.dtype() != mx::int32 || start.size() != 1) fail("start must be int32, one value");
-  std::vector<mx::array> inputs{x, q, keys, values, start};
-  inputs.insert(inputs.end(), weights.begin(), weights.end());
-  const int dims = x.shape(2), width = q.shape(1) * q.shape(3);
-  const int hidden = inputs[kOutUp].ndim() == 2 ? inputs[kOutUp].shape(0) : 0;
-  check_norm(name, inputs[kOutNorm], dims);
-  check_product(name, inputs, kOutO, width, dims, layouts, 0);
-  check_product(name, inputs, kOutUp, dims, hidden, layouts, 1);
-  check_product(name, inputs, kOutGate, dims, hidden, layouts, 1);
-  check_product(name, inputs, kOutDown, hidden, dims, layouts, 2);
-  std::vector<float> params{scale, eps, exact ? 1.0f : 0.0f};
-  params.insert(params.end(), layouts.begin(), layouts.end());
-  return cpu_op("MinimlxNativeBlockOutput", params, block_output_work(scale, eps, exact, layouts), std::move(inputs));
+  BlockStepSettings settings{{attn_eps, rope_dims, traditional, exact, {}}, scale, ffn_eps,
+                             std::vector<int>(layouts.begin() + 6, layouts.end())};
+  std::copy(layouts.begin(), layouts.begin() + 6, settings.inputs.layouts);
+  auto op = std::make_shared<BlockStepOp>(std::move(settings));
+  return mx::array::make_arrays({x.shape(), keys.shape(), values.shape()}, {mx::float32, keys.dtype(), values.dtype()},
+                                op, inputs);
 }
 
 }  // namespace minimlx_native
@@ -1219,19 +1287,18 @@ NB_MODULE(_ext, m) {
         "Rotary embedding: the first `dims` features of float32 x (batch, ..., tokens, head_dim) rotated by the "
         "angles whose cos and sin are given, (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,) for "
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
-  m.def("block_inputs", &minimlx_native::block_inputs, "x"_a, "weights"_a, "cos"_a, "sin"_a, "layouts"_a, "heads"_a,
-        "kv_heads"_a, "rope_dims"_a, "traditional"_a, "eps"_a, "exact"_a = false, "half_kv"_a = false,
-        "The first op of a pre-norm block's one-token decode step: rms_norm(x) (eps, `weights[0]`), its q, k, v "
-        "products (`weights[1:10]`, (w, scales, biases) each, laid out as quantized_matmul's, `layouts` their "
-        "(group_size, bits)), and RoPE of q and k by cos, sin (rope_dims / 2 values each). x (1, 1, dims) float32; "
-        "returns [q (1, heads, 1, head_dim), k, v (1, kv_heads, 1, head_dim)], k and v in float16 with `half_kv`.");
-  m.def("block_output", &minimlx_native::block_output, "x"_a, "q"_a, "keys"_a, "values"_a, "start"_a, "weights"_a,
-        "layouts"_a, "scale"_a, "eps"_a, "exact"_a = false,
-        "The second op of a pre-norm block's one-token decode step: attention of q (1, heads, 1, head_dim) over the "
-        "keys and values (1, kv_heads, capacity, head_dim; float32 or float16) up to position `start` (int32, one value), then mid = x + "
-        "o(attention) and mid + down(silu(gate(n)) * up(n)) for n = rms_norm(mid). `weights`: o's (w, scales, "
-        "biases), the norm's weight, up's, gate's and down's; `layouts` the (group_size, bits) of the o, up-and-gate "
-        "and down products.");
+  m.def("block_step", &minimlx_native::block_step, "x"_a, "keys"_a, "values"_a, "start"_a, "weights"_a, "cos"_a,
+        "sin"_a, "layouts"_a, "heads"_a, "kv_heads"_a, "rope_dims"_a, "traditional"_a, "scale"_a, "attn_eps"_a,
+        "ffn_eps"_a, "exact"_a = false,
+        "A pre-norm block's one-token decode step in one op: h = rms_norm(x) (attn_eps), q, k, v = its products, "
+        "RoPE of q and k by cos, sin (rope_dims / 2 values each), k and v written into the keys and values buffers "
+        "(1, kv_heads, capacity, head_dim; float32 or float16) at position `start` (int32, one value), attention of "
+        "q over the buffers' first start + 1 positions, mid = x + o(attention), and mid + down(silu(gate(n)) * "
+        "up(n)) for n = rms_norm(mid) (ffn_eps). `weights`: the attention norm's weight, q's, k's, v's and o's (w, "
+        "scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, gate's and down's; "
+        "`layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products. x (1, 1, dims) float32; "
+        "returns [the block's output, the keys, the values], the buffers written in place where nothing else holds "
+        "them.");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("integer_isa") = minimlx_native::kIsa.integer.name;
   m.attr("threads") = minimlx_native::pool().size();

@@ -16,6 +16,9 @@ struct Avx2 {
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static V load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }

@@ -15,6 +15,9 @@ struct Avx512 {
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static V load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }

@@ -3,6 +3,9 @@
 
 #include <arm_neon.h>
 
+#include <cstdint>
+#include <cstring>
+
 #include "kernel.h"
 
 namespace minimlx_native {
@@ -15,6 +18,11 @@ struct Neon {
   static V set1(float v) { return vdupq_n_f32(v); }
   static V load(const float* p) { return vld1q_f32(p); }
   static V load(const Half* p) { return vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(p))); }
+  static V load(const uint8_t* p) {
+    uint64_t bytes = 0;
+    std::memcpy(&bytes, p, 4);
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(bytes)))));
+  }
   static void store(float* p, V v) { vst1q_f32(p, v); }
   static V mul(V a, V b) { return vmulq_f32(a, b); }
   static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }

@@ -9,7 +9,8 @@ softmax attention in float32 that computes only the unmasked scores (grouped que
 the same over keys and values quantized as `mx.quantize` holds them (8 or 4 bits), reading the codes directly, and
 `silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several, and
-`block_inputs(...)` and `block_output(...)` are a pre-norm block's one-token decode step in two ops. `isa` names the instruction
+`block_step(...)` is a pre-norm block's one-token decode step in one op, which writes the token's keys and values
+into the cache's buffers. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `integer_isa` the one of the integer products (avx512vnni, avxvnni, avx2,
 neondot or scalar; `MINIMLX_NATIVE_ISA` names the widest to use), `threads` the threads that split the output rows.
 """
@@ -35,8 +36,7 @@ silu = _ext.silu
 swiglu = _ext.swiglu
 rms_norm = _ext.rms_norm
 rotate = _ext.rotate
-block_inputs = _ext.block_inputs
-block_output = _ext.block_output
+block_step = _ext.block_step
 isa: str = _ext.isa
 integer_isa: str = _ext.integer_isa
 threads: int = _ext.threads
