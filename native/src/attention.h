@@ -326,34 +326,25 @@ void attend_bytes_heads(const QuantizedAttention& a, int row, int head, int quer
   }
 }
 
-// Where feature t of a chunk of 32 lies in the chunk's unpacked order: 8-bit codes in order, 4-bit ones as the
-// low nibbles (features 0, 2, ..., 30) then the high nibbles (1, 3, ..., 31), as kernel.h's weights unpack.
-template <int BITS>
-inline int unpacked_index(int t) {
-  return BITS == 8 ? t : t % 2 * 16 + t / 2;
-}
+// Where feature t of a chunk of 32 4-bit codes lies in the chunk's unpacked order: the low nibbles (features 0, 2,
+// ..., 30) then the high nibbles (1, 3, ..., 31), as kernel.h's weights unpack.
+inline int unpacked_index(int t) { return t % 2 * 16 + t / 2; }
 
-template <class Simd, int BITS>
-inline void unpack(const uint8_t* codes, typename Simd::V* out) {
-  if constexpr (BITS == 4) Simd::unpack4(codes, out);
-  else Simd::unpack8(codes, out);
-}
-
-// Queries [query_begin, query_end) of H heads sharing one kv head, over quantized keys and values. With codes c,
+// Queries [query_begin, query_end) of H heads sharing one kv head, over 4-bit keys and values. With codes c,
 // scales s and biases b of a key's groups, and q's sum over each group,
 //
 //   q . k_j = sum_g s_jg (q_g . c_jg) + b_jg sum(q_g)      sum_j p_j v_j = sum_j (p_j s_jg) c_jg + sum_j p_j b_jg
 //
 // so the codes are only converted to floats, never dequantized: q is laid out in the codes' unpacked order, and
 // the output is put back in order at the end of each chunk.
-template <class Simd, int H, int BITS>
-void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int query_begin, int query_end,
+template <class Simd, int H>
+void attend_nibbles_heads(const QuantizedAttention& a, int row, int head, int query_begin, int query_end,
                             const KeySegment& segment) {
   using V = typename Simd::V;
   constexpr int VPC = 32 / Simd::W;  // vectors per chunk of 32 features
   constexpr int KB = 4;  // keys scored side by side (Simd::sum4 adds up their four sums at once)
   constexpr int CPP = H * 2 * VPC + 2 * VPC + 1 <= Simd::registers ? 2 : 1;  // chunks per pass over the values
-  constexpr int kChunkBytes = 32 * BITS / 8;
+  constexpr int kChunkBytes = 16;  // 32 codes of 4 bits
   const int D = a.head_dim, G = a.group_size, groups = D / G, chunks = D / 32, past = a.keys - a.queries;
   const int kv_head = head / (a.heads / a.kv_heads);
   const auto [k_codes, k_scales, k_biases] = head_rows(a.k, row, kv_head);
@@ -371,7 +362,7 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
   for (int i = query_begin; i < query_end; ++i) {
     for (int h = 0; h < H; ++h) {
       const float* q = a.q + row * a.q_strides[0] + (head + h) * a.q_strides[1] + i * a.q_strides[2];
-      for (int d = 0; d < D; ++d) queries[h * D + d / 32 * 32 + unpacked_index<BITS>(d % 32)] = q[d] * a.scale;
+      for (int d = 0; d < D; ++d) queries[h * D + d / 32 * 32 + unpacked_index(d % 32)] = q[d] * a.scale;
       for (int g = 0; g < groups; ++g) {
         float sum = 0.0f;
         for (int d = g * G; d < (g + 1) * G; ++d) sum += q[d];
@@ -394,7 +385,7 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
           const uint8_t* codes = k_codes + shown_keys[j + r] * k_step;
           for (int c = g * G / 32; c < (g + 1) * G / 32; ++c) {
             V code[VPC];
-            unpack<Simd, BITS>(codes + c * kChunkBytes, code);
+            Simd::unpack4(codes + c * kChunkBytes, code);
             for (int h = 0; h < H; ++h)
               for (int w = 0; w < VPC; ++w)
                 acc[h][r] = Simd::fma(code[w], Simd::load(queries.data() + h * D + c * 32 + w * Simd::W), acc[h][r]);
@@ -437,7 +428,7 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
         const uint8_t* codes = v_codes + key * v_step;
         for (int c = 0; c < passed; ++c) {
           V code[VPC];
-          unpack<Simd, BITS>(codes + (c0 + c) * kChunkBytes, code);
+          Simd::unpack4(codes + (c0 + c) * kChunkBytes, code);
           const float scale = v_scales[key * vg_step + (c0 + c) * 32 / G];
           for (int h = 0; h < H; ++h) {
             const V weight = Simd::set1(scores[h * score_stride + j] * scale);
@@ -451,21 +442,21 @@ void attend_quantized_heads(const QuantizedAttention& a, int row, int head, int 
         for (int c = 0; c < passed; ++c) {
           const int first = (c0 + c) * 32;
           const float bias = value_biases[h * groups + first / G];
-          for (int t = 0; t < 32; ++t) out[h][first + t] = (sums[c * 32 + unpacked_index<BITS>(t)] + bias) * norm[h];
+          for (int t = 0; t < 32; ++t) out[h][first + t] = (sums[c * 32 + unpacked_index(t)] + bias) * norm[h];
         }
       }
     }
   }
 }
 
-template <class Simd, int BITS>
-void attend_quantized_bits(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
-                           const KeySegment& segment) {
+template <class Simd>
+void attend_nibbles(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
+                    const KeySegment& segment) {
   switch (heads) {
-    case 1: return attend_quantized_heads<Simd, 1, BITS>(a, row, head, query_begin, query_end, segment);
-    case 2: return attend_quantized_heads<Simd, 2, BITS>(a, row, head, query_begin, query_end, segment);
-    case 3: return attend_quantized_heads<Simd, 3, BITS>(a, row, head, query_begin, query_end, segment);
-    default: return attend_quantized_heads<Simd, 4, BITS>(a, row, head, query_begin, query_end, segment);
+    case 1: return attend_nibbles_heads<Simd, 1>(a, row, head, query_begin, query_end, segment);
+    case 2: return attend_nibbles_heads<Simd, 2>(a, row, head, query_begin, query_end, segment);
+    case 3: return attend_nibbles_heads<Simd, 3>(a, row, head, query_begin, query_end, segment);
+    default: return attend_nibbles_heads<Simd, 4>(a, row, head, query_begin, query_end, segment);
   }
 }
 
@@ -484,7 +475,7 @@ void attend_bytes(const QuantizedAttention& a, int row, int head, int heads, int
 template <class Simd>
 void attend_quantized_queries(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
                               int query_end, const KeySegment& segment) {
-  if (a.bits == 4) return attend_quantized_bits<Simd, 4>(a, row, head, heads, query_begin, query_end, segment);
+  if (a.bits == 4) return attend_nibbles<Simd>(a, row, head, heads, query_begin, query_end, segment);
   attend_bytes<Simd>(a, row, head, heads, query_begin, query_end, segment);
 }
 
