@@ -155,10 +155,12 @@ void integer_block(const Problem& p, int row_begin, int row_end, int m0) {
   const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
   V totals[MB][4];
   float rests[MB][4];
+  const int ahead = rows_ahead(row_bytes);
   for (int n = row_begin; n < row_end; ++n) {
     const uint8_t* w = p.w + n * row_bytes;
     const S* scales = static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups;
     const S* biases = static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups;
+    if (n + ahead < row_end) prefetch_row(w, scales, biases, row_bytes, groups, ahead);
     // Even and odd steps (and a partial last one) in two chains of FMAs, where one would wait on each FMA before
     // the next; unrolled by two, so that each chain's sums stay in registers.
     V even[MB], odd[MB];

@@ -23,6 +23,23 @@ inline float bias_term(const S* biases, const float* xsum, int groups) {
   return Simd::sum(bias_terms<Simd, S>(biases, xsum, groups, Simd::zero(), rest)) + rest;
 }
 
+// Bytes of packed weights a row loop asks for ahead of the row it computes. With one input row (a decode step) the
+// weights stream from memory and the products wait on them: prefetched 2 KB ahead, SmolLM2's step products ran
+// 1.15x faster (one process alternating distances of 0 to 6 KB; 2-3 KB were best, 6 KB 1.10x).
+constexpr int64_t kPrefetchBytes = 2048;
+
+// Whole rows of `row_bytes` in kPrefetchBytes (at least one).
+inline int rows_ahead(int64_t row_bytes) { return static_cast<int>((kPrefetchBytes + row_bytes - 1) / row_bytes); }
+
+// Ask for the codes, scales and biases of the row `ahead` rows after the one at w, scales, biases.
+template <class S>
+inline void prefetch_row(const uint8_t* w, const S* scales, const S* biases, int64_t row_bytes, int groups, int ahead) {
+  const uint8_t* codes = w + ahead * row_bytes;
+  for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(codes + b);
+  __builtin_prefetch(scales + static_cast<int64_t>(ahead) * groups);
+  __builtin_prefetch(biases + static_cast<int64_t>(ahead) * groups);
+}
+
 // Output row n times MB input rows from m0: per group, the packed integers times x summed, then scaled (the
 // biases' share comes from x's group sums). Both forms here take one weight row at a time, so that its values
 // are read as one stream, which the CPU's prefetcher follows; four rows side by side are four streams a row
@@ -122,7 +139,12 @@ inline void rows_bits(const Problem& p, int row_begin, int row_end) {
     dequantized_rows<Simd, S, BITS, GS, 4>(p, row_begin, row_end, m);
     m += 4;
   }
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
+  const int groups = p.K / (GS ? GS : p.group_size), ahead = rows_ahead(row_bytes);
   for (int n = row_begin; n < row_end; ++n) {
+    if (n + ahead < row_end && m < p.M)
+      prefetch_row(p.w + n * row_bytes, static_cast<const S*>(p.scales) + static_cast<int64_t>(n) * groups,
+                   static_cast<const S*>(p.biases) + static_cast<int64_t>(n) * groups, row_bytes, groups, ahead);
     switch (p.M - m) {
       case 3: block<Simd, S, BITS, GS, 3>(p, n, m); break;
       case 2: block<Simd, S, BITS, GS, 2>(p, n, m); break;
