@@ -83,7 +83,7 @@ def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones
         mx.eval(buffers)
         before = [mx.array(b) for b in buffers]
         _, keys, values = native.kernel.block_step(
-            x, *buffers, mx.array([3]), weights, cos, sin, forms.layouts(*projections), attn.heads, attn.kv_heads,
+            x, buffers, mx.array([3]), weights, cos, sin, forms.layouts(*projections), attn.heads, attn.kv_heads,
             attn.rope.dims, attn.rope.traditional, attn.scale, block.attn_norm.eps, block.ffn_norm.eps,
         )  # fmt: skip
         assert all(mx.array_equal(b, a).item() for b, a in zip(buffers, before))  # held here: written into copies

@@ -20,7 +20,7 @@ else:
     )
 
 from minimlx import load, stream_generate  # noqa: E402
-from minimlx.core.cache import visible  # noqa: E402
+from minimlx.core.cache import quantized_cache, visible  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
 from minimlx.core.steps import decode_steps  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
@@ -35,6 +35,7 @@ from minimlx.cpu.linear import (  # noqa: E402
 )
 from minimlx.decode import Request, SamplingSettings, generate_tokens  # noqa: E402
 from minimlx.decode.compiled import CompiledDecoder  # noqa: E402
+from minimlx.decode.engine import Engine  # noqa: E402
 from minimlx.loading import default_dtype  # noqa: E402
 
 
@@ -269,11 +270,11 @@ def test_smollm2_integer_products_follow_the_float_path(smollm2_quantized, monke
     assert agree >= 62 and 0 < largest <= 1.0
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized, monkeypatch, exact):
+@pytest.mark.parametrize("exact, kv_bits", [(False, None), (True, None), (False, 8), (False, 4)])
+def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized, monkeypatch, exact, kv_bits):
     """The compiled step runs each SmolLM2 block as one `block_step` (30 per step); its logits
     over 24 greedy steps have exactly the bits of the same step with every part as its own op, with integer products
-    and with float32 inputs."""
+    and with float32 inputs, and over 8- and 4-bit caches (which the op writes as mx.quantize does)."""
     from minimlx.cpu import forms
 
     model, tokenizer = smollm2_quantized
@@ -286,7 +287,7 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     def steps(fused: bool) -> list[mx.array]:
         monkeypatch.setattr(forms, "runs_fused", forms.runs_fused if fused else lambda *_: False)
         decoder = CompiledDecoder(model)
-        cache = decoder.make_cache()
+        cache = [quantized_cache(c, kv_bits) for c in decoder.make_cache()]
         logits = [decoder(prompt, cache, last_only=True)[0, -1]]
         with decode_steps():
             for _ in range(24):
@@ -303,11 +304,28 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 
+@pytest.mark.parametrize("kv_bits", [8, 4])
+def test_compiled_decoding_over_a_quantized_cache_gives_the_ids_of_eager_decoding(smollm2_quantized, kv_bits):
+    """`--kv-bits` decodes through the compiled step (its blocks as `block_step` over the codes) and gives the ids of
+    eager decoding over a growing quantized cache, across a capacity growth (300 prompt tokens, 40 generated)."""
+    model, tokenizer = smollm2_quantized
+    prompt = (tokenizer.encode("Write a short story about a robot who learns to paint.") * 25)[:300]
+    ids = []
+    for compiled in (True, False):
+        engine = Engine(model, max_batch=1, kv_bits=kv_bits, compiled=compiled)
+        generation = engine.submit(Request(prompt, SamplingSettings(max_tokens=40), stop_ids=frozenset()))
+        engine.run()
+        ids.append(generation.tokens)
+    assert len(ids[0]) == 40 and ids[0] == ids[1]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         (dict(x=mx.zeros((2, 1, 64))), "one token of one sequence"),
-        (dict(values=mx.zeros((1, 2, 8, 16), mx.float16)), "keys and values must be float32 or float16, both of one"),
+        (dict(cache=[mx.zeros((1, 2, 8, 16)), mx.zeros((1, 2, 8, 16), mx.float16)]), "both of one type and shape"),
+        (dict(cache=[mx.zeros((1, 2, 8, 4), mx.uint32)] + [mx.zeros((1, 2, 8, 1))] * 5), "4 or 8 bits in groups"),
+        (dict(cache=[mx.zeros((1, 2, 8, 16))]), "the cache must be its keys and values"),
         (dict(heads=3), "bad head counts"),
         (dict(start=mx.array([0.0])), "start must be int32"),
         (dict(layouts=[32, 4] * 5), "layouts must be"),
@@ -320,8 +338,7 @@ def test_block_step_refuses_what_it_does_not_read(change, message):
 
     args = dict(
         x=mx.zeros((1, 1, 64)),
-        keys=mx.zeros((1, 2, 8, 16)),
-        values=mx.zeros((1, 2, 8, 16)),
+        cache=[mx.zeros((1, 2, 8, 16)), mx.zeros((1, 2, 8, 16))],
         start=mx.array([3]),
         weights=[mx.ones((64,)), *packed(64, 64), *packed(32, 64), *packed(32, 64), *packed(64, 64)]
         + [mx.ones((64,)), *packed(96, 64), *packed(96, 64), *packed(64, 96)],

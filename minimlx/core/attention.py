@@ -9,7 +9,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import KVCache, QuantizedKVCache, RotatingKVCache, visible
+from .cache import KVCache, Quantized, RotatingKVCache, visible
 from .norms import RMSNorm
 from .positions import Positions
 from .recorder import Recorder
@@ -167,7 +167,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(*self.cached(k, v, cache))
         sinks = self.get("sinks")
-        if isinstance(cache, QuantizedKVCache):
+        if isinstance(cache, Quantized):
             if recorder is None and self.logit_cap is None and sinks is None:
                 return self.o_proj(merge_heads(self.attend_quantized(q, k, v, mask, cache.group_size, cache.bits)))
             k, v = cache.dequantize(k), cache.dequantize(v)  # what a recorder reads, and the capped or sunk forms
@@ -190,7 +190,7 @@ class Attention(nn.Module):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
 
     def attend_quantized(self, q: mx.array, k: tuple, v: tuple, mask, group_size: int, bits: int) -> mx.array:
-        """`attend` over keys and values held quantized by a `QuantizedKVCache`."""
+        """`attend` over keys and values held quantized (a `Quantized` cache's triples)."""
         return quantized_attention(q, k, v, self.scale, mask, group_size, bits)
 
     def make_cache(self) -> KVCache:

@@ -157,42 +157,50 @@ class KVCache(GrowingBuffer):
         return keys, values
 
 
-class QuantizedKVCache(KVCache):
+class Quantized:
     """Keys and values held as `mx.quantize` holds weights: per group of `group_size` features of a row, codes of
-    `bits` bits and a float scale and bias (value = scale * code + bias). At 8 bits a float32 cache takes 0.28 of
-    its bytes (codes plus a scale and bias per 64 features), at 4 bits 0.16, and attention reads that much less
-    memory per step (`quantized_attention`).
-
-    `update` returns keys and values as (codes, scales, biases) triples, each of shape (batch, kv_heads, tokens, ...).
-    The groups are 64 features where that divides the head size, else 32 (set by the first update).
-    """
+    `bits` bits and a float scale and bias (value = scale * code + bias). At 8 bits a float32 cache takes 0.28 of its
+    bytes (codes plus a scale and bias per 64 features), at 4 bits 0.16, and attention reads that much less memory
+    per step (`quantized_attention`). Attention gets keys and values as (codes, scales, biases) triples, each of shape
+    (batch, kv_heads, tokens, ...). The groups are 64 features where that divides the head size, else 32 (set by the
+    first update)."""
 
     def __init__(self, bits: int = 8, group_size: int | None = None):
         super().__init__()
         self.bits, self.group_size = bits, group_size
 
-    def update(self, keys: mx.array, values: mx.array) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
-        if self.group_size is None:
-            self.group_size = 64 if keys.shape[-1] % 64 == 0 else 32
-        quantized = [*self.quantize(keys), *self.quantize(values)]
-        arrays = self.append(*quantized)
-        return tuple(arrays[:3]), tuple(arrays[3:])
-
     def quantize(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        if self.group_size is None:
+            self.group_size = 64 if x.shape[-1] % 64 == 0 else 32
         return tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits))
 
     def dequantize(self, triple: tuple[mx.array, ...]) -> mx.array:
         """The float keys or values a triple `update` returned holds."""
         return mx.dequantize(*triple, group_size=self.group_size, bits=self.bits)
 
+
+class QuantizedKVCache(Quantized, KVCache):
+    """A growing cache of `Quantized` keys and values."""
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        arrays = self.append(*self.quantize(keys), *self.quantize(values))
+        return tuple(arrays[:3]), tuple(arrays[3:])
+
     def empty(self) -> "QuantizedKVCache":
         return QuantizedKVCache(self.bits, self.group_size)
 
 
 def quantized_cache(cache, bits: int | None):
-    """`cache` with its keys and values held in `bits` bits (a `QuantizedKVCache`) where it is a plain, empty
-    KV cache; else `cache` itself (sliding windows and latent caches stay as they are)."""
-    return QuantizedKVCache(bits) if bits is not None and type(cache) is KVCache and cache.arrays is None else cache
+    """`cache` with its keys and values held in `bits` bits (a `QuantizedKVCache`, or for the compiled step's fixed
+    cache a `FixedQuantizedKVCache`) where it is a plain, empty KV cache; else `cache` itself (sliding windows and
+    latent caches stay as they are)."""
+    if bits is None:
+        return cache
+    if type(cache) is KVCache and cache.arrays is None:
+        return QuantizedKVCache(bits)
+    if type(cache) is FixedKVCache and cache.keys is None:
+        return FixedQuantizedKVCache(bits)
+    return cache
 
 
 class LatentCache(GrowingBuffer):
@@ -390,18 +398,22 @@ class FixedKVCache:
         cache.keys, cache.values, cache.offset, cache.start = keys, values, offset, start
         return cache
 
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2] if self.keys is not None else 0
+
     def capacity_for(self, tokens: int) -> int:
         """The capacity once `tokens` more are written: the current one if they fit, else the next multiple
         of `step`."""
-        capacity = self.keys.shape[2] if self.keys is not None else 0
+        capacity = self.capacity
         needed = self.offset + tokens
         return capacity if needed <= capacity else (needed + self.step - 1) // self.step * self.step
 
     def reserve(self, tokens: int) -> None:
         """Grow the buffers (once they exist) so that `tokens` more fit."""
         capacity = self.capacity_for(tokens)
-        if self.keys is not None and capacity > self.keys.shape[2]:
-            self.keys, self.values = (pad(a, 0, capacity - a.shape[2]) for a in (self.keys, self.values))
+        if self.keys is not None and capacity > self.capacity:
+            self.hold([pad(a, 0, capacity - a.shape[2]) for a in self.buffers])
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         tokens = keys.shape[2]
@@ -410,20 +422,35 @@ class FixedKVCache:
             self.keys, self.values = mx.zeros(shape, keys.dtype), mx.zeros((*shape[:3], values.shape[3]), values.dtype)
         self.reserve(tokens)
         self.written(
-            mx.slice_update(self.keys, keys, self.start, axes=(2,)),
-            mx.slice_update(self.values, values, self.start, axes=(2,)),
-            tokens,
+            [mx.slice_update(b, a, self.start, axes=(2,)) for b, a in zip(self.buffers, (keys, values))], tokens
         )
         if tokens > 1:
             return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
         return self.keys, self.values
 
-    def written(self, keys: mx.array, values: mx.array, tokens: int) -> None:
-        """Take the buffers with `tokens` more tokens' keys and values written at `start` (by `update`, or by an op that
-        writes them as it computes a layer's step), and move past them."""
-        self.keys, self.values = keys, values
+    @property
+    def buffers(self) -> list[mx.array]:
+        """The arrays the keys and values are written into."""
+        return [self.keys, self.values]
+
+    def hold(self, buffers: list[mx.array]) -> None:
+        """Hold `buffers` (as `buffers` lists them) as the keys and values."""
+        self.keys, self.values = buffers
+
+    def written(self, buffers: list[mx.array], tokens: int) -> None:
+        """Hold the buffers with `tokens` more tokens' keys and values written at `start` (by `update`, or by an op
+        that writes them as it computes a layer's step), and move past them."""
+        self.hold(buffers)
         self.start = self.start + tokens
         self.offset += tokens
+
+    def take(self, arrays: list[mx.array], offset: int) -> None:
+        """Hold the first `offset` tokens' keys and values that `arrays` (laid out as `buffers`) hold, with room for
+        more."""
+        self.offset, self.start = 0, mx.array([0])
+        capacity = self.capacity_for(offset)
+        self.hold([pad(a[..., :offset, :], 0, capacity - offset) for a in arrays])
+        self.offset, self.start = offset, mx.array([offset])
 
     @property
     def position(self) -> mx.array:
@@ -448,11 +475,11 @@ class FixedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes if self.keys is not None else 0
+        return sum(a.nbytes for a in self.buffers) if self.keys is not None else 0
 
     @property
     def state(self) -> list[mx.array]:
-        return [self.keys, self.values, self.start] if self.keys is not None else [self.start]
+        return [*self.buffers, self.start] if self.keys is not None else [self.start]
 
     def select(self, rows: list[int]) -> "FixedKVCache":
         if rows != [0]:
@@ -464,3 +491,37 @@ class FixedKVCache:
         if len(caches) != 1:
             raise ValueError(f"a FixedKVCache holds one sequence; {len(caches)} were to be merged")
         return caches[0]
+
+
+class FixedQuantizedKVCache(Quantized, FixedKVCache):
+    """A `FixedKVCache` of `Quantized` keys and values (`--kv-bits` in the compiled step): `keys` and `values` are
+    (codes, scales, biases) triples of buffers."""
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys is not None else 0
+
+    @property
+    def buffers(self) -> list[mx.array]:
+        return [*self.keys, *self.values]
+
+    def hold(self, buffers: list[mx.array]) -> None:
+        self.keys, self.values = tuple(buffers[:3]), tuple(buffers[3:])
+
+    def reserve(self, tokens: int) -> None:
+        capacity = self.capacity_for(tokens)
+        if self.keys is not None and capacity > self.capacity:
+            self.hold([pad(a, 0, capacity - a.shape[2]) for a in self.buffers])
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        tokens = keys.shape[2]
+        quantized = [*self.quantize(keys), *self.quantize(values)]
+        if self.keys is None:
+            capacity = self.capacity_for(tokens)
+            self.hold([mx.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype) for a in quantized])
+        self.reserve(tokens)
+        self.written([mx.slice_update(b, a, self.start, axes=(2,)) for b, a in zip(self.buffers, quantized)], tokens)
+        if tokens > 1:
+            filled = [a[..., : self.offset, :] for a in self.buffers]
+            return tuple(filled[:3]), tuple(filled[3:])
+        return self.keys, self.values

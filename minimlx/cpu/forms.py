@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
-from ..core.cache import FixedKVCache, GrowingBuffer, QuantizedKVCache
+from ..core.cache import FixedKVCache, GrowingBuffer, Quantized
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
@@ -55,7 +55,7 @@ def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
     (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
     packed (4- or 8-bit weights, whose own rounding is far coarser than float16's 2^-11), and `--exact` did not ask for
     float32 throughout. Decode steps after long prompts read the cache more than the weights: half the bytes."""
-    if native.kernel is None or native.exact_products or k.dtype != mx.float32 or isinstance(cache, QuantizedKVCache):
+    if native.kernel is None or native.exact_products or k.dtype != mx.float32 or isinstance(cache, Quantized):
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
@@ -148,8 +148,8 @@ class NativeBlock(Block):
         positions = positions or Positions.of(1, cache)
         projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.up_proj, ffn.down_proj)
         cache.reserve(1)
-        y, keys, values = native.kernel.block_step(
-            *(x, cache.keys, cache.values, cache.start),
+        y, *buffers = native.kernel.block_step(
+            *(x, cache.buffers, cache.start),
             [
                 self.attn_norm.scale(),
                 *packed(*projections[:4]),
@@ -167,7 +167,7 @@ class NativeBlock(Block):
             ffn_eps=self.ffn_norm.eps,
             exact=exact(),
         )
-        cache.written(keys, values, 1)
+        cache.written(buffers, 1)
         return y
 
 
@@ -182,14 +182,17 @@ def layouts(*projections: NativeQuantizedLinear) -> list[int]:
 
 
 def runs_fused(block: Block, x: mx.array, cache: FixedKVCache) -> bool:
-    """Whether `block_step` computes `block`'s step of `x` over `cache`: one float32 token over
-    float32 or float16 buffers, RMS norms, attention without biases, query/key norms, windows, sinks or capped scores,
-    RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up
-    alike)."""
+    """Whether `block_step` computes `block`'s step of `x` over `cache`: one float32 token over float32 or float16
+    buffers or quantized ones (groups of a multiple of 32 features), RMS norms, attention without biases, query/key
+    norms, windows, sinks or capped scores, RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the
+    kernel without a bias (gate and up alike)."""
     attn, ffn = block.attn, block.ffn
     if x.shape[:2] != (1, 1) or x.dtype != mx.float32 or cache.keys is None:
         return False
-    if cache.keys.dtype not in (mx.float32, mx.float16) or cache.values.dtype != cache.keys.dtype:
+    if isinstance(cache, Quantized):
+        if cache.group_size % 32 or attn.head_dim % cache.group_size:
+            return False
+    elif cache.keys.dtype not in (mx.float32, mx.float16) or cache.values.dtype != cache.keys.dtype:
         return False
     if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
         return False

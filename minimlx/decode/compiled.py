@@ -46,10 +46,11 @@ class CompiledDecoder:
 
     def traced(self, ids: mx.array, start: mx.array, buffers: list[list[mx.array]]):
         """One step, every layer at the position `start`: one array for all of them."""
-        for c, (keys, values) in zip(self.cache, buffers):
-            c.keys, c.values, c.start = keys, values, start
+        for c, held in zip(self.cache, buffers):
+            c.hold(held)
+            c.start = start
         logits = self.model(ids, self.cache)
-        return logits, self.cache[0].start, [[c.keys, c.values] for c in self.cache]
+        return logits, self.cache[0].start, [c.buffers for c in self.cache]
 
     def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
         if decoding() and cache is not None and ids.shape[1] == 1:
@@ -69,7 +70,7 @@ class CompiledDecoder:
             logits = self.step(ids, views)
         finally:
             for c, view in zip(cache, views):
-                c.arrays, c.offset = [view.keys, view.values], view.offset
+                c.arrays, c.offset = view.buffers, view.offset
         return logits
 
     def step(self, ids: mx.array, cache: list[FixedKVCache]) -> mx.array:
@@ -77,9 +78,10 @@ class CompiledDecoder:
         for c in cache:
             c.reserve(1)
         self.cache = cache
-        logits, start, buffers = self.forward(ids, cache[0].start, [[c.keys, c.values] for c in cache])
-        for c, (keys, values) in zip(cache, buffers):
-            c.keys, c.values, c.start, c.offset = keys, values, start, offset + 1
+        logits, start, buffers = self.forward(ids, cache[0].start, [c.buffers for c in cache])
+        for c, held in zip(cache, buffers):
+            c.hold(held)
+            c.start, c.offset = start, offset + 1
         return logits
 
 

@@ -234,8 +234,9 @@ class Engine:
     `draft_model` (a smaller model sharing the tokenizer, proposing `draft_tokens` a round) or `prompt_lookup=N`
     (N tokens copied from earlier text) decode speculatively, one sequence at a time. `compiled=False` keeps
     the compiled step out (`minimlx bench --eager` compares the two). `kv_bits` (8 or 4) holds every plain KV cache
-    quantized (`QuantizedKVCache`), and `max_kv_size` bounds it to the first tokens and a window of the latest
-    (`SinkKVCache`, one sequence at a time); such caches decode eagerly. The prompt cache keeps `prompt_cache_size`
+    quantized (`QuantizedKVCache`; `FixedQuantizedKVCache` for the compiled step), and `max_kv_size` bounds it to the
+    first tokens and a window of the latest (`SinkKVCache`, one sequence at a time; such caches decode eagerly). The
+    prompt cache keeps `prompt_cache_size`
     finished sequences (and at most `prompt_cache_bytes` of them), mirrored to the folder `prompt_cache_dir` when
     given.
     """
@@ -265,8 +266,7 @@ class Engine:
         self.step_guard = getattr(model, "step_guard", contextlib.nullcontext)
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.kv_bits, self.max_kv_size = kv_bits, max_kv_size
-        plain = kv_bits is None and max_kv_size is None
-        self.decoder = decoder(model, compiled and plain)
+        self.decoder = decoder(model, compiled and max_kv_size is None)
         # a sequence at a time, kept by nobody: caches of a fixed capacity from the start, which the compiled step
         # reads as they are; else growing ones, which batches merge and the prompt cache keeps
         self.fixed_caches = self.decoder is not model and max_batch == 1 and not prompt_cache_size

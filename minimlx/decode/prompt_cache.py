@@ -30,8 +30,10 @@ from mlx.utils import tree_flatten
 
 from ..core.cache import (
     FixedKVCache,
+    FixedQuantizedKVCache,
     KVCache,
     LatentCache,
+    Quantized,
     QuantizedKVCache,
     RotatingKVCache,
     SinkKVCache,
@@ -44,6 +46,8 @@ from .prompt import check_ids, vocab_size
 from .settings import check_kv_bits
 
 FORMAT = "minimlx-prompt-cache-1"
+FIXED = {KVCache: FixedKVCache, QuantizedKVCache: FixedQuantizedKVCache}
+"""The compiled step's fixed cache of each growing cache kind (which a file names for it)."""
 KINDS = {kind.__name__: kind for kind in (KVCache, QuantizedKVCache, RotatingKVCache, SinkKVCache, LatentCache)}
 ARRAYS = {"KVCache": 2, "QuantizedKVCache": 6, "RotatingKVCache": 2, "SinkKVCache": 2, "LatentCache": 1}  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
@@ -83,12 +87,13 @@ def kind(cache) -> dict:
     """What a file says of a layer's cache kind (and must say for it to fill `cache`, an empty cache of the
     reading model): its class, window, sinks and bits. The compiled step's fixed cache is the plain cache it
     stands for."""
-    described = {"kind": "KVCache" if isinstance(cache, FixedKVCache) else type(cache).__name__}
+    stands_for = {fixed: growing for growing, fixed in FIXED.items()}
+    described = {"kind": stands_for.get(type(cache), type(cache)).__name__}
     if isinstance(cache, RotatingKVCache):
         described["window"] = cache.window
     if isinstance(cache, SinkKVCache):
         described["sinks"] = cache.sinks
-    if isinstance(cache, QuantizedKVCache):
+    if isinstance(cache, Quantized):
         described["bits"] = cache.bits
     return described
 
@@ -96,12 +101,12 @@ def kind(cache) -> dict:
 def columns(cache) -> tuple[dict, list[mx.array]]:
     """(what a file says of one layer's cache, the arrays of the tokens it holds)."""
     described = kind(cache) | {"offset": cache.offset}
+    if isinstance(cache, Quantized):
+        described["group_size"] = cache.group_size
     if isinstance(cache, FixedKVCache):
-        return described, [a[..., : cache.offset, :] for a in cache.state[:2]]
+        return described, [a[..., : cache.offset, :] for a in cache.buffers]
     if any(cache.padding) or cache.rows() != 1:
         raise ValueError("a prompt cache file holds one sequence, unpadded")
-    if isinstance(cache, QuantizedKVCache):
-        described["group_size"] = cache.group_size
     return described, cache.prefix(cache.offset).state
 
 
@@ -211,8 +216,8 @@ class SavedPrompt:
 def into(fresh, cache):
     """`cache`'s tokens in `fresh` where that is the compiled step's fixed cache and `cache` a plain one, else
     `cache` itself."""
-    if isinstance(fresh, FixedKVCache) and type(cache) is KVCache:
-        fresh.update(*cache.state)
+    if type(fresh) is FIXED.get(type(cache)):
+        fresh.take(cache.state, cache.offset)
         return fresh
     return cache
 

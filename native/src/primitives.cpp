@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -983,7 +984,7 @@ enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin 
 
 struct BlockInputsStep {
   float eps;
-  int rope_dims;
+  int rope_dims, heads;
   bool traditional, exact;
   int layouts[6];  // (group_size, bits) of q, k, v
 };
@@ -1025,40 +1026,94 @@ void block_inputs_step(const std::vector<mx::array>& in, std::vector<mx::array> 
   }
 }
 
-// `block_output`: x (1, 1, dims), q (1, heads, 1, head_dim), the cache's keys and values (1, kv_heads, capacity,
-// head_dim) with the token's written at `start` (int32, one value), the o projection's (w, scales, biases), the
-// feed-forward norm's weight, the up, gate and down projections' (w, scales, biases). Output (1, 1, dims).
-enum BlockOutput { kOutX, kOutQ, kOutKeys, kOutValues, kOutStart, kOutO, kOutNorm = 8, kOutUp = 9, kOutGate = 12,
-                   kOutDown = 15, kBlockOutputCount = 18 };
-
-Work block_output_work(float scale, float eps, bool exact, std::vector<int> layouts) {
-  return [=](const std::vector<mx::array>& in, mx::array& out) {
-    const auto &x = in[kOutX], &q = in[kOutQ], &keys = in[kOutKeys], &values = in[kOutValues];
-    const int dims = x.shape(-1), heads = q.shape(1), kv_heads = keys.shape(1), capacity = keys.shape(2);
-    const int head_dim = keys.shape(3), seen = in[kOutStart].data<int32_t>()[0] + 1;
-    if (seen < 1 || seen > capacity)
-      throw std::runtime_error("minimlx_native.block_output: start " + std::to_string(seen - 1) +
-                               " is outside the cache's capacity " + std::to_string(capacity));
-    thread_local Floats q_copy;
+// Attention of one token's q (1, heads, 1, head_dim) over the first `seen` positions of a cache's buffers, into out
+// (heads * head_dim): `cache` is keys and values (1, kv_heads, capacity, head_dim; float32 or float16), or their
+// codes, scales and biases as mx.quantize lays them out (`arrays` 6).
+void attend_cache(const mx::array& q, const mx::array* cache, int arrays, int seen, float scale, float* out) {
+  const int heads = q.shape(1), kv_heads = cache[0].shape(1), head_dim = q.shape(3);
+  thread_local Floats q_copy;
+  auto run = [&](const auto& a, auto attend) {
+    share_query_blocks(1, heads, kv_heads, 1, seen, head_dim, out,
+                       [&](int row, int head, int group, int begin, int end, const KeySegment& segment) {
+                         attend(a, row, head, group, begin, end, segment);
+                       });
+  };
+  if (arrays == 2) {
     Attention a{nullptr, nullptr, nullptr, {}, {}, {}, 1, heads, kv_heads, 1, seen, head_dim, scale, nullptr, {}};
     a.q = rows_of(q, a.q_strides, q_copy);
-    set_keys_and_values(a, keys, values);
-    mx::array attended = scratch({1, 1, heads * head_dim}), o = scratch(x.shape());
-    share_query_blocks(1, heads, kv_heads, 1, seen, head_dim, attended.data<float>(),
-                       [&](int row, int head, int group, int begin, int end, const KeySegment& segment) {
-                         kIsa.attend(a, row, head, group, begin, end, segment);
-                       });
-    packed(in, kOutO, attended, o, layouts.data(), exact);
-    mx::array mid = scratch(x.shape()), normed = scratch(x.shape());
-    mx::array gated = scratch({1, 1, in[kOutUp].shape(0)}), down = scratch(x.shape());
-    const float* xs = x.data<float>();
-    for (int d = 0; d < dims; ++d) mid.data<float>()[d] = xs[d] + o.data<float>()[d];
-    rms_norm_work(eps)({mid, in[kOutNorm]}, normed);
-    packed(in, kOutUp, normed, gated, layouts.data() + 2, exact, kOutGate);
-    packed(in, kOutDown, gated, down, layouts.data() + 4, exact);
-    float* y = out.data<float>();
-    for (int d = 0; d < dims; ++d) y[d] = mid.data<float>()[d] + down.data<float>()[d];
-  };
+    set_keys_and_values(a, cache[0], cache[1]);
+    return run(a, kIsa.attend);
+  }
+  QuantizedAttention a{};
+  a.batch = 1, a.heads = heads, a.kv_heads = kv_heads, a.queries = 1, a.keys = seen, a.head_dim = head_dim;
+  a.group_size = head_dim / cache[1].shape(3), a.bits = cache[0].shape(3) * 32 / head_dim, a.scale = scale;
+  a.q = rows_of(q, a.q_strides, q_copy);
+  for (auto [rows, first] : {std::pair{&a.k, 0}, std::pair{&a.v, 3}}) {  // row-contiguous buffers (block_step's)
+    rows->codes = reinterpret_cast<const uint8_t*>(cache[first].data<uint32_t>());
+    rows->scales = cache[first + 1].data<float>();
+    rows->biases = cache[first + 2].data<float>();
+    for (int axis = 0; axis < 3; ++axis) {
+      rows->code_strides[axis] = cache[first].strides(axis) * 4;
+      rows->group_strides[axis] = cache[first + 1].strides(axis);
+    }
+  }
+  run(a, kIsa.attend_quantized);
+}
+
+// `x` (D floats) as mx.quantize holds a row of `bits`-bit values in groups of `group_size`: the same arithmetic, so
+// that a cache written here holds what one written by MLX would.
+void quantize_row(const float* x, int D, int group_size, int bits, uint32_t* codes, float* scales, float* biases) {
+  const float bins = static_cast<float>((1 << bits) - 1), eps = 1e-7f;
+  const int per_word = 32 / bits;
+  for (int g = 0; g < D / group_size; ++g) {
+    const float* w = x + g * group_size;
+    float low = std::numeric_limits<float>::infinity(), high = -low;
+    for (int j = 0; j < group_size; ++j) {
+      high = std::max(high, w[j]);
+      low = std::min(low, w[j]);
+    }
+    const bool negative = std::abs(low) > std::abs(high);
+    float step = std::max((high - low) / bins, eps);
+    step = negative ? step : -step;
+    const float edge = negative ? low : high, q0 = std::rint(edge / step);
+    float bias = 0.0f;
+    if (q0 != 0) {
+      step = edge / q0;
+      bias = edge;
+    }
+    for (int j = 0; j < group_size / per_word; ++j) {
+      uint32_t word = 0;
+      for (int k = 0; k < per_word; ++k) {
+        const float code = std::min(std::max(std::rint((w[j * per_word + k] - bias) / step), 0.0f), bins);
+        word |= static_cast<uint32_t>(code) << (k * bits);
+      }
+      codes[(g * group_size) / per_word + j] = word;
+    }
+    scales[g] = step;
+    biases[g] = bias;
+  }
+}
+
+// block_output's part of a step: x (1, 1, dims) and q (1, heads, 1, head_dim); the cache's buffers (`arrays` of them,
+// the token's keys and values written at `start`); the o projection's (w, scales, biases), the feed-forward norm's
+// weight, the up, gate and down projections' (w, scales, biases), from weights[0]. out (1, 1, dims).
+void block_output_step(const mx::array& x, const mx::array& q, const mx::array* cache, int arrays, int start,
+                       const mx::array* weights, float scale, float eps, bool exact, const std::vector<int>& layouts,
+                       mx::array& out) {
+  const int dims = x.shape(-1), heads = q.shape(1), head_dim = q.shape(3);
+  mx::array attended = scratch({1, 1, heads * head_dim}), o = scratch(x.shape());
+  attend_cache(q, cache, arrays, start + 1, scale, attended.data<float>());
+  const std::vector<mx::array> in(weights, weights + 13);  // o at 0, the norm at 3, up at 4, gate at 7, down at 10
+  packed(in, 0, attended, o, layouts.data(), exact);
+  mx::array mid = scratch(x.shape()), normed = scratch(x.shape());
+  mx::array gated = scratch({1, 1, in[4].shape(0)}), down = scratch(x.shape());
+  const float* xs = x.data<float>();
+  for (int d = 0; d < dims; ++d) mid.data<float>()[d] = xs[d] + o.data<float>()[d];
+  rms_norm_work(eps)({mid, in[3]}, normed);
+  packed(in, 4, normed, gated, layouts.data() + 2, exact, 7);
+  packed(in, 10, gated, down, layouts.data() + 4, exact);
+  float* y = out.data<float>();
+  for (int d = 0; d < dims; ++d) y[d] = mid.data<float>()[d] + down.data<float>()[d];
 }
 
 // Weights w, scales, biases of a packed product of K input features and N outputs, as quantized_matmul takes them.
@@ -1082,17 +1137,16 @@ void check_norm(const std::string& name, const mx::array& weight, int dims) {
 }
 
 // `block_step`: a pre-norm block's one-token decode step in one op. block_inputs' part (the attention norm, the q, k, v
-// products, RoPE), the token's keys and values written into the cache's buffers at `start`, then block_output's
-// part over them. The buffers are written in place where MLX lets the op have them (a compiled step's, which nothing
-// else holds), else copied first, as MLX's slice_update does. Inputs: x, keys, values, start, the 23 weights
-// (block_inputs' 10, block_output's 13), cos, sin; outputs: the block's output and the two buffers.
-enum BlockStep { kStepX, kStepKeys, kStepValues, kStepStart, kStepWeights, kStepCos = kStepWeights + 23, kStepSin,
-                 kBlockStepCount };
-
+// products, RoPE), the token's keys and values written into the cache's buffers at `start`, then block_output's part
+// over them. The buffers are keys and values (float32 or float16), or their codes, scales and biases (quantized as
+// mx.quantize does, here); they are written in place where MLX lets the op have them (a compiled step's, which
+// nothing else holds), else copied first, as MLX's slice_update does. Inputs: x, the buffers (2 or 6), start, the
+// 23 weights (block_inputs' 10, block_output's 13), cos, sin; outputs: the block's output and the buffers.
 struct BlockStepSettings {
   BlockInputsStep inputs;
   float scale, eps;
   std::vector<int> layouts;  // (group_size, bits) of the o, up-and-gate and down products
+  int arrays;  // the cache's buffers: 2 (float) or 6 (quantized)
 };
 
 // `to` (row-contiguous) = `from`, a 4-D array of the same shape and element size, whatever its strides.
@@ -1110,23 +1164,30 @@ void copy_rows(const mx::array& from, mx::array& to) {
       }
 }
 
+// Row `start` of every kv head of a row-contiguous buffer (1, kv_heads, capacity, width), as bytes.
+char* row_at(mx::array& buffer, int head, int start) {
+  const size_t row = static_cast<size_t>(buffer.shape(3)) * buffer.itemsize();
+  return buffer.data<char>() + (static_cast<size_t>(head) * buffer.shape(2) + start) * row;
+}
+
 class BlockStepOp : public mx::Primitive {
  public:
   explicit BlockStepOp(BlockStepSettings settings)
       : mx::Primitive(mx::default_stream(mx::Device::cpu)), settings_(std::move(settings)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const int arrays = settings_.arrays;
     // Each output holds its own list of the op's inputs; the others' would keep the buffers from being donated (MLX
     // drops them once the op is evaluated anyway).
     for (auto& output : outputs)
       if (&output.inputs() != &inputs) output.inputs().clear();
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-    bool copied[2];  // the buffers: the inputs' own where they may be written, else copies
-    for (int i : {0, 1}) {
-      const mx::array& buffer = inputs[kStepKeys + i];
+    std::vector<bool> copied(arrays);  // the buffers: the inputs' own where they may be written, else copies
+    for (int i = 0; i < arrays; ++i) {
+      const mx::array& buffer = inputs[1 + i];
       copied[i] = !buffer.is_donatable() || !buffer.flags().row_contiguous;
-      if (copied[i]) outputs[i + 1].set_data(mx::allocator::malloc(outputs[i + 1].nbytes()));
-      else outputs[i + 1].copy_shared_buffer(buffer);
+      if (copied[i]) outputs[1 + i].set_data(mx::allocator::malloc(outputs[1 + i].nbytes()));
+      else outputs[1 + i].copy_shared_buffer(buffer);
     }
     auto& encoder = mx::cpu::get_command_encoder(stream());
     std::vector<mx::array> in, out;
@@ -1139,35 +1200,40 @@ class BlockStepOp : public mx::Primitive {
       out.push_back(mx::array::unsafe_weak_copy(output));
     }
     encoder.dispatch([in = std::move(in), out = std::move(out), s = settings_, copied]() mutable {
-      const mx::array& x = in[kStepX];
-      mx::array keys = out[1], values = out[2];
-      if (copied[0]) copy_rows(in[kStepKeys], keys);
-      if (copied[1]) copy_rows(in[kStepValues], values);
-      const int kv_heads = keys.shape(1), capacity = keys.shape(2), head_dim = keys.shape(3);
-      const int start = in[kStepStart].data<int32_t>()[0];
+      const int arrays = s.arrays, weights = 2 + arrays;
+      const mx::array& x = in[0];
+      for (int i = 0; i < arrays; ++i)
+        if (copied[i]) copy_rows(in[1 + i], out[1 + i]);
+      const int kv_heads = out[1].shape(1), capacity = out[1].shape(2), start = in[1 + arrays].data<int32_t>()[0];
       if (start < 0 || start >= capacity)
         throw std::runtime_error("minimlx_native.block_step: start " + std::to_string(start) +
                                  " is outside the cache's capacity " + std::to_string(capacity));
       std::vector<mx::array> first{x};
-      first.insert(first.end(), in.begin() + kStepWeights, in.begin() + kStepWeights + 10);
-      first.insert(first.end(), {in[kStepCos], in[kStepSin]});
-      const int heads = in[kStepWeights + 1].shape(0) / head_dim;
-      mx::array q = scratch({1, heads, 1, head_dim});
-      mx::array k(mx::Shape{1, kv_heads, 1, head_dim}, keys.dtype(), nullptr, {});
-      mx::array v(mx::Shape{1, kv_heads, 1, head_dim}, values.dtype(), nullptr, {});
+      first.insert(first.end(), in.begin() + weights, in.begin() + weights + 10);
+      first.insert(first.end(), {in[weights + 23], in[weights + 24]});
+      const int head_dim = in[weights + 1].shape(0) / s.inputs.heads;
+      const mx::Dtype kv = arrays == 2 ? out[1].dtype() : mx::float32;
+      mx::array q = scratch({1, s.inputs.heads, 1, head_dim});
+      mx::array k(mx::Shape{1, kv_heads, 1, head_dim}, kv, nullptr, {}), v(k.shape(), kv, nullptr, {});
       k.set_data(mx::allocator::malloc(k.nbytes()));
       v.set_data(mx::allocator::malloc(v.nbytes()));
       block_inputs_step(first, {q, k, v}, s.inputs);
-      const size_t row = static_cast<size_t>(head_dim) * keys.itemsize();
       for (int h = 0; h < kv_heads; ++h) {
-        const size_t at = (static_cast<size_t>(h) * capacity + start) * row;
-        std::memcpy(keys.data<char>() + at, k.data<char>() + h * row, row);
-        std::memcpy(values.data<char>() + at, v.data<char>() + h * row, row);
+        if (arrays == 2) {
+          const size_t row = static_cast<size_t>(head_dim) * k.itemsize();
+          std::memcpy(row_at(out[1], h, start), k.data<char>() + h * row, row);
+          std::memcpy(row_at(out[2], h, start), v.data<char>() + h * row, row);
+          continue;
+        }
+        const int group_size = head_dim / out[2].shape(3), bits = out[1].shape(3) * 32 / head_dim;
+        for (auto [token, first_buffer] : {std::pair{&k, 1}, std::pair{&v, 4}})
+          quantize_row(token->data<float>() + h * head_dim, head_dim, group_size, bits,
+                       reinterpret_cast<uint32_t*>(row_at(out[first_buffer], h, start)),
+                       reinterpret_cast<float*>(row_at(out[first_buffer + 1], h, start)),
+                       reinterpret_cast<float*>(row_at(out[first_buffer + 2], h, start)));
       }
-      std::vector<mx::array> second{x, q, keys, values, in[kStepStart]};
-      second.insert(second.end(), in.begin() + kStepWeights + 10, in.begin() + kStepCos);
-      mx::array y = out[0];
-      block_output_work(s.scale, s.eps, s.inputs.exact, s.layouts)(second, y);
+      block_output_step(x, q, out.data() + 1, arrays, start, in.data() + weights + 10, s.scale, s.eps,
+                        s.inputs.exact, s.layouts, out[0]);
     });
   }
 
@@ -1181,42 +1247,63 @@ class BlockStepOp : public mx::Primitive {
     const auto& o = static_cast<const BlockStepOp&>(other).settings_;
     const auto &a = settings_.inputs, &b = o.inputs;
     return a.eps == b.eps && a.rope_dims == b.rope_dims && a.traditional == b.traditional && a.exact == b.exact &&
-           std::equal(a.layouts, a.layouts + 6, b.layouts) && settings_.scale == o.scale && settings_.eps == o.eps &&
-           settings_.layouts == o.layouts;
+           a.heads == b.heads && std::equal(a.layouts, a.layouts + 6, b.layouts) && settings_.scale == o.scale &&
+           settings_.eps == o.eps && settings_.layouts == o.layouts && settings_.arrays == o.arrays;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[kStepX].shape(), inputs[kStepKeys].shape(), inputs[kStepValues].shape()};
+    std::vector<mx::Shape> shapes{inputs[0].shape()};
+    for (int i = 0; i < settings_.arrays; ++i) shapes.push_back(inputs[1 + i].shape());
+    return shapes;
   }
 
  private:
   BlockStepSettings settings_;
 };
 
-std::vector<mx::array> block_step(const mx::array& x, const mx::array& keys, const mx::array& values,
-                                  const mx::array& start, const std::vector<mx::array>& weights, const mx::array& cos,
-                                  const mx::array& sin, const std::vector<int>& layouts, int heads, int kv_heads,
-                                  int rope_dims, bool traditional, float scale, float attn_eps, float ffn_eps,
-                                  bool exact) {
+std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::array>& cache, const mx::array& start,
+                                  const std::vector<mx::array>& weights, const mx::array& cos, const mx::array& sin,
+                                  const std::vector<int>& layouts, int heads, int kv_heads, int rope_dims,
+                                  bool traditional, float scale, float attn_eps, float ffn_eps, bool exact) {
   const std::string name = "minimlx_native.block_step";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   check_token(name, x);
-  if (weights.size() != kStepCos - kStepWeights)
+  if (weights.size() != 23)
     fail("weights must be the attention norm's weight, q's, k's, v's and o's (w, scales, biases), the feed-forward "
          "norm's weight, up's, gate's and down's");
   if (layouts.size() != 12) fail("layouts must be the (group_size, bits) of the q, k, v, o, up-and-gate and down products");
-  if ((keys.dtype() != mx::float32 && keys.dtype() != mx::float16) || keys.ndim() != 4 || keys.shape(0) != 1 ||
-      values.shape() != keys.shape() || values.dtype() != keys.dtype())
-    fail("keys and values must be float32 or float16, both of one type and shape (1, kv_heads, capacity, head_dim)");
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || weights[1].ndim() != 2 || weights[1].shape(0) % heads)
+    fail("bad head counts");
+  const int dims = x.shape(2), head_dim = weights[1].shape(0) / heads, arrays = static_cast<int>(cache.size());
+  const mx::Shape buffer{1, kv_heads, cache.empty() ? 0 : cache[0].shape(2), head_dim};
+  auto same = [&](int i, mx::Dtype dtype, int width) {
+    return cache[i].dtype() == dtype && cache[i].shape() == mx::Shape{buffer[0], buffer[1], buffer[2], width};
+  };
+  if (arrays == 2) {
+    const mx::Dtype kv = cache[0].dtype();
+    if ((kv != mx::float32 && kv != mx::float16) || !same(0, kv, head_dim) || !same(1, kv, head_dim))
+      fail("keys and values must be float32 or float16, both of one type and shape (1, kv_heads, capacity, head_dim)");
+  } else if (arrays == 6) {
+    const int codes = cache[0].ndim() == 4 ? cache[0].shape(3) : 0, groups = cache[1].ndim() == 4 ? cache[1].shape(3) : 0;
+    const int bits = codes * 32 / std::max(1, head_dim), group_size = head_dim / std::max(1, groups);
+    if ((bits != 4 && bits != 8) || codes * 32 != bits * head_dim || group_size % 32 || group_size * groups != head_dim)
+      fail("quantized keys and values must have 4 or 8 bits in groups of a multiple of 32 dividing head_dim");
+    for (int first : {0, 3})
+      if (!same(first, mx::uint32, codes) || !same(first + 1, mx::float32, groups) || !same(first + 2, mx::float32, groups))
+        fail("the codes (uint32), scales and biases (float32) of the keys and of the values must be (1, kv_heads, "
+             "capacity, ...) as mx.quantize lays them out");
+  } else {
+    fail("the cache must be its keys and values, or their codes, scales and biases");
+  }
   if (start.dtype() != mx::int32 || start.size() != 1) fail("start must be int32, one value");
-  const int dims = x.shape(2), head_dim = keys.shape(3);
-  if (heads <= 0 || kv_heads != keys.shape(1) || heads % kv_heads) fail("bad head counts");
   if (head_dim % 16) fail("head_dim must be a multiple of 16");
   if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) fail("rope_dims must be even, at most head_dim");
-  std::vector<mx::array> inputs{x, keys, values, start};
+  std::vector<mx::array> inputs{x};
+  inputs.insert(inputs.end(), cache.begin(), cache.end());
+  inputs.push_back(start);
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   inputs.insert(inputs.end(), {cos, sin});
-  const int w = kStepWeights, width = heads * head_dim;
+  const int w = 2 + arrays, width = heads * head_dim;
   const int hidden = inputs[w + 14].ndim() == 2 ? inputs[w + 14].shape(0) : 0;
   check_norm(name, inputs[w], dims);
   check_product(name, inputs, w + 1, dims, width, layouts, 0);
@@ -1230,12 +1317,16 @@ std::vector<mx::array> block_step(const mx::array& x, const mx::array& keys, con
   if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || int(cos.size()) != rope_dims / 2 ||
       sin.size() != cos.size())
     fail("cos and sin must be float32, rope_dims / 2 values each");
-  BlockStepSettings settings{{attn_eps, rope_dims, traditional, exact, {}}, scale, ffn_eps,
-                             std::vector<int>(layouts.begin() + 6, layouts.end())};
+  BlockStepSettings settings{{attn_eps, rope_dims, heads, traditional, exact, {}}, scale, ffn_eps,
+                             std::vector<int>(layouts.begin() + 6, layouts.end()), arrays};
   std::copy(layouts.begin(), layouts.begin() + 6, settings.inputs.layouts);
-  auto op = std::make_shared<BlockStepOp>(std::move(settings));
-  return mx::array::make_arrays({x.shape(), keys.shape(), values.shape()}, {mx::float32, keys.dtype(), values.dtype()},
-                                op, inputs);
+  std::vector<mx::Shape> shapes{x.shape()};
+  std::vector<mx::Dtype> dtypes{mx::float32};
+  for (const auto& a : cache) {
+    shapes.push_back(a.shape());
+    dtypes.push_back(a.dtype());
+  }
+  return mx::array::make_arrays(shapes, dtypes, std::make_shared<BlockStepOp>(std::move(settings)), inputs);
 }
 
 }  // namespace minimlx_native
@@ -1287,18 +1378,19 @@ NB_MODULE(_ext, m) {
         "Rotary embedding: the first `dims` features of float32 x (batch, ..., tokens, head_dim) rotated by the "
         "angles whose cos and sin are given, (batch, tokens, dims / 2), (tokens, dims / 2) or (dims / 2,) for "
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
-  m.def("block_step", &minimlx_native::block_step, "x"_a, "keys"_a, "values"_a, "start"_a, "weights"_a, "cos"_a,
+  m.def("block_step", &minimlx_native::block_step, "x"_a, "cache"_a, "start"_a, "weights"_a, "cos"_a,
         "sin"_a, "layouts"_a, "heads"_a, "kv_heads"_a, "rope_dims"_a, "traditional"_a, "scale"_a, "attn_eps"_a,
         "ffn_eps"_a, "exact"_a = false,
         "A pre-norm block's one-token decode step in one op: h = rms_norm(x) (attn_eps), q, k, v = its products, "
-        "RoPE of q and k by cos, sin (rope_dims / 2 values each), k and v written into the keys and values buffers "
-        "(1, kv_heads, capacity, head_dim; float32 or float16) at position `start` (int32, one value), attention of "
+        "RoPE of q and k by cos, sin (rope_dims / 2 values each), k and v written into the cache's buffers at "
+        "position `start` (int32, one value): `cache` is [keys, values] (1, kv_heads, capacity, head_dim; float32 or "
+        "float16) or the [codes, scales, biases] of the keys and then of the values as mx.quantize gives them (4 or "
+        "8 bits, quantized here as MLX does), attention of "
         "q over the buffers' first start + 1 positions, mid = x + o(attention), and mid + down(silu(gate(n)) * "
         "up(n)) for n = rms_norm(mid) (ffn_eps). `weights`: the attention norm's weight, q's, k's, v's and o's (w, "
         "scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, gate's and down's; "
         "`layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products. x (1, 1, dims) float32; "
-        "returns [the block's output, the keys, the values], the buffers written in place where nothing else holds "
-        "them.");
+        "returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("integer_isa") = minimlx_native::kIsa.integer.name;
   m.attr("threads") = minimlx_native::pool().size();
