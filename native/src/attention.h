@@ -219,15 +219,22 @@ void attend_heads(const Attention& a, int row, int head, int query_begin, int qu
   }
 }
 
+// f.template operator()<H>() for H = `heads` (1 to kHeadsTogether): the head count a constant, so that each count's
+// sums stay in registers.
+template <class F>
+inline void with_heads(int heads, const F& f) {
+  switch (heads) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    default: return f.template operator()<4>();
+  }
+}
+
 template <class Simd, class KV>
 void attend_queries_of(const Attention& a, int row, int head, int heads, int query_begin, int query_end,
                        const KeySegment& segment) {
-  switch (heads) {
-    case 1: return attend_heads<Simd, 1, KV>(a, row, head, query_begin, query_end, segment);
-    case 2: return attend_heads<Simd, 2, KV>(a, row, head, query_begin, query_end, segment);
-    case 3: return attend_heads<Simd, 3, KV>(a, row, head, query_begin, query_end, segment);
-    default: return attend_heads<Simd, 4, KV>(a, row, head, query_begin, query_end, segment);
-  }
+  with_heads(heads, [&]<int H>() { attend_heads<Simd, H, KV>(a, row, head, query_begin, query_end, segment); });
 }
 
 // `heads` (at most kHeadsTogether) heads of one kv head from `head`.
@@ -449,34 +456,14 @@ void attend_nibbles_heads(const QuantizedAttention& a, int row, int head, int qu
   }
 }
 
-template <class Simd>
-void attend_nibbles(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
-                    const KeySegment& segment) {
-  switch (heads) {
-    case 1: return attend_nibbles_heads<Simd, 1>(a, row, head, query_begin, query_end, segment);
-    case 2: return attend_nibbles_heads<Simd, 2>(a, row, head, query_begin, query_end, segment);
-    case 3: return attend_nibbles_heads<Simd, 3>(a, row, head, query_begin, query_end, segment);
-    default: return attend_nibbles_heads<Simd, 4>(a, row, head, query_begin, query_end, segment);
-  }
-}
-
-template <class Simd>
-void attend_bytes(const QuantizedAttention& a, int row, int head, int heads, int query_begin, int query_end,
-                  const KeySegment& segment) {
-  switch (heads) {
-    case 1: return attend_bytes_heads<Simd, 1>(a, row, head, query_begin, query_end, segment);
-    case 2: return attend_bytes_heads<Simd, 2>(a, row, head, query_begin, query_end, segment);
-    case 3: return attend_bytes_heads<Simd, 3>(a, row, head, query_begin, query_end, segment);
-    default: return attend_bytes_heads<Simd, 4>(a, row, head, query_begin, query_end, segment);
-  }
-}
-
 // `heads` (at most kHeadsTogether) heads of one kv head from `head`, over quantized keys and values.
 template <class Simd>
 void attend_quantized_queries(const QuantizedAttention& a, int row, int head, int heads, int query_begin,
                               int query_end, const KeySegment& segment) {
-  if (a.bits == 4) return attend_nibbles<Simd>(a, row, head, heads, query_begin, query_end, segment);
-  attend_bytes<Simd>(a, row, head, heads, query_begin, query_end, segment);
+  with_heads(heads, [&]<int H>() {
+    if (a.bits == 4) attend_nibbles_heads<Simd, H>(a, row, head, query_begin, query_end, segment);
+    else attend_bytes_heads<Simd, H>(a, row, head, query_begin, query_end, segment);
+  });
 }
 
 }  // namespace minimlx_native
