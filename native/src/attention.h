@@ -280,12 +280,16 @@ void attend_bytes_heads(const QuantizedAttention& a, int row, int head, int quer
     const int count = visible_keys<H>(a, segment, row, head, i, past + i + 1, shown_keys.data(), at);
     if (count == 0) continue;  // it sees none of the keys: visible_keys wrote its zeros
     const int* keys = shown_keys.data();
-    // The shown keys' (or values') scales and biases of group g side by side, read once for the H heads.
+    // The shown keys' (or values') scales and biases of group g side by side, read once for the H heads: where they
+    // already are so (one group a row, keys in a run: a decode step's), else gathered.
+    const bool run = keys[count - 1] - keys[0] == count - 1;
     auto gather = [&](const float* key_scales, const float* key_biases, int64_t step, int g) {
+      if (run && step == 1) return std::pair{key_scales + keys[0], key_biases + keys[0]};
       for (int j = 0; j < count; ++j) {
         scales[j] = key_scales[keys[j] * step + g];
         biases[j] = key_biases[keys[j] * step + g];
       }
+      return std::pair<const float*, const float*>{scales.data(), biases.data()};
     };
     float* out[H];
     for (int h = 0; h < H; ++h) out[h] = segment.out + at[h] * D;
@@ -297,15 +301,15 @@ void attend_bytes_heads(const QuantizedAttention& a, int row, int head, int quer
         for (int d = 0; d < G; ++d) query_sums[h] += queries[h * G + d] = q[d] * a.scale;
       }
       dots<Simd, H, uint8_t>(queries.data(), k_codes + g * G, k_step, keys, count, G, products.data(), a.keys);
-      gather(k_scales, k_biases, kg_step, g);
+      const auto [key_scales, key_biases] = gather(k_scales, k_biases, kg_step, g);
       for (int h = 0; h < H; ++h) {
         float* s = scores.data() + static_cast<int64_t>(h) * a.keys;
         const float* product = products.data() + static_cast<int64_t>(h) * a.keys;
         const float sum = query_sums[h];
         if (g == 0)
-          for (int j = 0; j < count; ++j) s[j] = scales[j] * product[j] + biases[j] * sum;
+          for (int j = 0; j < count; ++j) s[j] = key_scales[j] * product[j] + key_biases[j] * sum;
         else
-          for (int j = 0; j < count; ++j) s[j] += scales[j] * product[j] + biases[j] * sum;
+          for (int j = 0; j < count; ++j) s[j] += key_scales[j] * product[j] + key_biases[j] * sum;
       }
     }
     V norm[H];
@@ -318,13 +322,13 @@ void attend_bytes_heads(const QuantizedAttention& a, int row, int head, int quer
       norm[h] = Simd::set1(factor[h]);
     }
     for (int g = 0; g < groups; ++g) {
-      gather(v_scales, v_biases, vg_step, g);
+      const auto [value_scales, value_biases] = gather(v_scales, v_biases, vg_step, g);
       float bias[H];
       for (int h = 0; h < H; ++h) {
         const float* p = scores.data() + static_cast<int64_t>(h) * a.keys;
         float* w = weights.data() + static_cast<int64_t>(h) * a.keys;
-        for (int j = 0; j < count; ++j) w[j] = p[j] * scales[j];
-        bias[h] = dot_of(p, biases.data(), count) * factor[h];
+        for (int j = 0; j < count; ++j) w[j] = p[j] * value_scales[j];
+        bias[h] = dot_of(p, value_biases, count) * factor[h];
       }
       weighted_rows<Simd, H>(v_codes, v_step, keys, count, weights.data(), a.keys, norm, out, g * G, (g + 1) * G);
       for (int h = 0; h < H; ++h)
