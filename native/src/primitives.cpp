@@ -955,12 +955,9 @@ mx::array quantized_swiglu(const mx::array& x, const mx::array& gate_w, const mx
   return product({x, up_w, up_scales, up_biases, gate_w, gate_scales, gate_biases}, group_size, bits, exact);
 }
 
-// One decode step of a pre-norm block in two ops, where MLX runs about 20 on the CPU, each scheduled onto its CPU
-// stream's thread for several microseconds (docs/performance.md): `block_inputs` (the attention norm, the q, k, v
-// products, RoPE) and `block_output` (attention over the cache, the o product, the residual, the feed-forward norm,
-// the SwiGLU products and the residual). Between them MLX writes the token's keys and values into the cache, in
-// place. Each part is computed by the work of the op that computes it alone, over the same inputs, so the step gives
-// the same bits as those ops.
+// One decode step of a pre-norm block in one op (`block_step`, below), where MLX runs about 20 on the CPU, each
+// scheduled onto its CPU stream's thread for several microseconds (docs/performance.md). Each part is computed by the
+// work of the op that computes it alone, over the same inputs, so the step gives the same bits as those ops.
 
 // A float32 array of `shape` with a buffer of its own, in no graph: an intermediate result of a fused op.
 mx::array scratch(const mx::Shape& shape) {
@@ -979,9 +976,9 @@ void packed(const std::vector<mx::array>& in, int first, const mx::array& input,
   product_work(layout[0], layout[1], exact)(inputs, out);
 }
 
-// `block_inputs`: x (1, 1, dims), the attention norm's weight, the q, k, v projections' (w, scales, biases), the
-// cos and sin of the token's angles. Outputs q (1, heads, 1, head_dim), k and v (1, kv_heads, 1, head_dim): in float32,
-// or with `half_kv` in float16 (the cache's type, so that MLX writes them into it as they are).
+// The inputs of a step's first part: x (1, 1, dims), the attention norm's weight, the q, k, v projections' (w, scales,
+// biases), the cos and sin of the token's angles; it gives q (1, heads, 1, head_dim), k and v (1, kv_heads, 1,
+// head_dim), k and v in float32 or in float16 (a float16 cache's type).
 enum BlockInputs { kInX, kInNorm, kInQ, kInK = 5, kInV = 8, kInCos = 11, kInSin = 12 };
 
 struct BlockInputsStep {
@@ -998,8 +995,8 @@ void to_half(const mx::array& values, mx::array& out) {
   for (size_t i = 0; i < values.size(); ++i) to[i] = static_cast<Half>(from[i]);
 }
 
-// block_inputs' part of a step: q, k and v of `in` (laid out as BlockInputs) into out[0], out[1], out[2]; k and v in
-// float16 where those arrays are.
+// A step's first part (the attention norm, the q, k, v products, RoPE): q, k and v of `in` (laid out as BlockInputs)
+// into out[0], out[1], out[2]; k and v in float16 where those arrays are.
 void block_inputs_step(const std::vector<mx::array>& in, std::vector<mx::array> out, const BlockInputsStep& s) {
   const bool half_kv = out[1].dtype() == mx::float16;
   mx::array h = scratch(in[kInX].shape());
@@ -1096,7 +1093,8 @@ void quantize_row(const float* x, int D, int group_size, int bits, uint32_t* cod
   }
 }
 
-// block_output's part of a step: x (1, 1, dims) and q (1, heads, 1, head_dim); the cache's buffers (`arrays` of them,
+// A step's last part (attention over the cache, the o product, the residual, the feed-forward norm, the SwiGLU products
+// and the residual): x (1, 1, dims) and q (1, heads, 1, head_dim); the cache's buffers (`arrays` of them,
 // the token's keys and values written at `start`); the o projection's (w, scales, biases), the feed-forward norm's
 // weight, the up, gate and down projections' (w, scales, biases), from weights[0]. out (1, 1, dims).
 void block_output_step(const mx::array& x, const mx::array& q, const mx::array* cache, int arrays, int start,
@@ -1138,12 +1136,12 @@ void check_norm(const std::string& name, const mx::array& weight, int dims) {
     throw std::invalid_argument(name + ": the norm's weight must be float32 (dims,)");
 }
 
-// `block_step`: a pre-norm block's one-token decode step in one op. block_inputs' part (the attention norm, the q, k, v
-// products, RoPE), the token's keys and values written into the cache's buffers at `start`, then block_output's part
-// over them. The buffers are keys and values (float32 or float16), or their codes, scales and biases (quantized as
+// `block_step`: a pre-norm block's one-token decode step in one op. The first part (the attention norm, the q, k, v
+// products, RoPE), the token's keys and values written into the cache's buffers at `start`, then the last part over
+// them. The buffers are keys and values (float32 or float16), or their codes, scales and biases (quantized as
 // mx.quantize does, here); they are written in place where MLX lets the op have them (a compiled step's, which
 // nothing else holds), else copied first, as MLX's slice_update does. Inputs: x, the buffers (2 or 6), start, the
-// 23 weights (block_inputs' 10, block_output's 13), cos, sin; outputs: the block's output and the buffers.
+// 23 weights (the first part's 10, the last part's 13), cos, sin; outputs: the block's output and the buffers.
 struct BlockStepSettings {
   BlockInputsStep inputs;
   float scale, eps;
