@@ -322,7 +322,8 @@ def test_compiled_decoding_over_a_quantized_cache_gives_the_ids_of_eager_decodin
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(x=mx.zeros((2, 1, 64))), "one token of one sequence"),
+        (dict(x=mx.zeros((1, 2, 64))), "one token of each sequence"),
+        (dict(x=mx.zeros((2, 1, 64))), "both of one type and shape (batch,"),
         (dict(cache=[mx.zeros((1, 2, 8, 16)), mx.zeros((1, 2, 8, 16), mx.float16)]), "both of one type and shape"),
         (dict(cache=[mx.zeros((1, 2, 8, 4), mx.uint32)] + [mx.zeros((1, 2, 8, 1))] * 5), "4 or 8 bits in groups"),
         (dict(cache=[mx.zeros((1, 2, 8, 16))]), "the cache must be its keys and values"),
@@ -330,6 +331,7 @@ def test_compiled_decoding_over_a_quantized_cache_gives_the_ids_of_eager_decodin
         (dict(start=mx.array([0.0])), "start must be int32"),
         (dict(layouts=[32, 4] * 5), "layouts must be"),
         (dict(cos=mx.zeros((3,))), "cos and sin must be float32"),
+        (dict(mask=mx.ones((1, 1, 1, 9), mx.bool_)), "keys at most the cache's capacity"),
     ],
 )
 def test_block_step_refuses_what_it_does_not_read(change, message):

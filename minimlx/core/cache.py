@@ -33,19 +33,44 @@ class GrowingBuffer:
 
     def append(self, *new: mx.array) -> list[mx.array]:
         previous, count = self.offset, new[0].shape[-2]
-        if self.arrays is None or previous + count > self.arrays[0].shape[-2]:
-            grow = (count + self.step - 1) // self.step * self.step
-            fresh = [mx.zeros((*a.shape[:-2], grow, a.shape[-1]), dtype=a.dtype) for a in new]
-            if self.arrays is None:
-                self.arrays = fresh
-            else:
-                self.arrays = [
-                    mx.concatenate([old[..., :previous, :], f], axis=-2) for old, f in zip(self.arrays, fresh)
-                ]
+        if self.arrays is None:
+            self.arrays = [mx.zeros((*a.shape[:-2], self.room(count), a.shape[-1]), dtype=a.dtype) for a in new]
+        self.reserve(count)
         self.offset += count
         for buffer, a in zip(self.arrays, new):
             buffer[..., previous : self.offset, :] = a
         return [buffer[..., : self.offset, :] for buffer in self.arrays]
+
+    def room(self, count: int) -> int:
+        """The columns a growth by `count` tokens adds: whole steps."""
+        return (count + self.step - 1) // self.step * self.step
+
+    def reserve(self, count: int) -> None:
+        """Grow the buffers (once they exist) so that `count` more tokens fit."""
+        if self.arrays is not None and self.offset + count > self.arrays[0].shape[-2]:
+            grow = self.room(count)
+            self.arrays = [
+                mx.concatenate(
+                    [a[..., : self.offset, :], mx.zeros((*a.shape[:-2], grow, a.shape[-1]), a.dtype)], axis=-2
+                )
+                for a in self.arrays
+            ]
+
+    @property
+    def buffers(self) -> list[mx.array]:
+        """The arrays the entries are written into (of a fixed capacity until `reserve` grows them)."""
+        return self.arrays
+
+    @property
+    def start(self) -> mx.array:
+        """`offset` as an array of one: where the next token goes."""
+        return mx.array([self.offset])
+
+    def written(self, buffers: list[mx.array], tokens: int) -> None:
+        """Hold the buffers with `tokens` more tokens' entries written at `offset` (by an op that writes them as it
+        computes a layer's step), and move past them."""
+        self.arrays = buffers
+        self.offset += tokens
 
     def trim(self, n: int) -> int:
         n = min(self.offset, n)

@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
-from ..core.cache import FixedKVCache, GrowingBuffer, Quantized
+from ..core.cache import FixedKVCache, GrowingBuffer, KVCache, Quantized, QuantizedKVCache
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
@@ -133,19 +133,20 @@ class NativeOffsetRMSNorm(NativeNorm, OffsetRMSNorm):
 
 
 class NativeBlock(Block):
-    """A pre-norm block whose one-token steps over a `FixedKVCache` (the compiled decode step) run as one native op,
-    `block_step`, which also writes the token's keys and values into the cache's buffers, where its parts are those
-    the op computes (`runs_fused`): the step's 20 MLX ops a layer, each of which MLX schedules onto its CPU thread
-    for several microseconds, become one. The op computes each part as that part's own native op does, so the step
-    gives the same bits. Else the block as core wrote it."""
+    """A pre-norm block whose one-token steps (the compiled decode step over a `FixedKVCache`, a batch's eager step over
+    growing caches) run as one native op, `block_step`, which also writes the tokens' keys and values into the cache's
+    buffers, where its parts are those the op computes (`runs_fused`): the step's 20 MLX ops a layer, each of which
+    MLX schedules onto its CPU thread for several microseconds, become one. The op computes each part as that part's
+    own native op does, so the step gives the same bits. Else the block as core wrote it."""
 
     def __call__(
         self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
     ) -> mx.array:
-        if recorder is not None or not isinstance(cache, FixedKVCache) or not runs_fused(self, x, cache):
+        if recorder is not None or not steps_through(cache) or not runs_fused(self, x, cache):
             return super().__call__(x, cache, recorder, positions)
         attn, ffn = self.attn, self.ffn
         positions = positions or Positions.of(1, cache)
+        mask = positions.mask(cache) if isinstance(cache, GrowingBuffer) else None  # a batch's padding
         projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.up_proj, ffn.down_proj)
         cache.reserve(1)
         y, *buffers = native.kernel.block_step(
@@ -166,9 +167,18 @@ class NativeBlock(Block):
             attn_eps=self.attn_norm.eps,
             ffn_eps=self.ffn_norm.eps,
             exact=exact(),
+            mask=mask,
         )
         cache.written(buffers, 1)
         return y
+
+
+def steps_through(cache) -> bool:
+    """Whether `block_step` can write one token into `cache`: the compiled step's fixed cache, or a plain growing one
+    (one sequence or a batch's, float or quantized) that holds tokens already."""
+    if isinstance(cache, FixedKVCache):
+        return cache.keys is not None
+    return type(cache) in (KVCache, QuantizedKVCache) and cache.arrays is not None
 
 
 def packed(*projections: NativeQuantizedLinear) -> list[mx.array]:
@@ -181,18 +191,18 @@ def layouts(*projections: NativeQuantizedLinear) -> list[int]:
     return [n for p in projections for n in (p.group_size, p.bits)]
 
 
-def runs_fused(block: Block, x: mx.array, cache: FixedKVCache) -> bool:
-    """Whether `block_step` computes `block`'s step of `x` over `cache`: one float32 token over float32 or float16
+def runs_fused(block: Block, x: mx.array, cache) -> bool:
+    """Whether `block_step` computes `block`'s step of `x` over `cache`: one float32 token a row over float32 or float16
     buffers or quantized ones (groups of a multiple of 32 features), RMS norms, attention without biases, query/key
     norms, windows, sinks or capped scores, RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the
     kernel without a bias (gate and up alike)."""
     attn, ffn = block.attn, block.ffn
-    if x.shape[:2] != (1, 1) or x.dtype != mx.float32 or cache.keys is None:
+    if x.shape[1] != 1 or x.dtype != mx.float32:
         return False
     if isinstance(cache, Quantized):
         if cache.group_size % 32 or attn.head_dim % cache.group_size:
             return False
-    elif cache.keys.dtype not in (mx.float32, mx.float16) or cache.values.dtype != cache.keys.dtype:
+    elif any(b.dtype not in (mx.float32, mx.float16) or b.dtype != cache.buffers[0].dtype for b in cache.buffers):
         return False
     if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
         return False

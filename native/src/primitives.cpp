@@ -1025,26 +1025,37 @@ void block_inputs_step(const std::vector<mx::array>& in, std::vector<mx::array> 
   }
 }
 
-// Attention of one token's q (1, heads, 1, head_dim) over the first `seen` positions of a cache's buffers, into out
-// (heads * head_dim): `cache` is keys and values (1, kv_heads, capacity, head_dim; float32 or float16), or their
-// codes, scales and biases as mx.quantize lays them out (`arrays` 6).
-void attend_cache(const mx::array& q, const mx::array* cache, int arrays, int seen, float scale, float* out) {
-  const int heads = q.shape(1), kv_heads = cache[0].shape(1), head_dim = q.shape(3);
+// Attention of one token's q (batch, heads, 1, head_dim) per row over the first `seen` positions of a cache's buffers,
+// into out (batch * heads * head_dim): `cache` is keys and values (batch, kv_heads, capacity, head_dim; float32 or
+// float16), or their codes, scales and biases as mx.quantize lays them out (`arrays` 6); `mask`, where given, hides
+// keys of some rows.
+void attend_cache(const mx::array& q, const mx::array* cache, int arrays, int seen, float scale, const mx::array* mask,
+                  float* out) {
+  const int batch = q.shape(0), heads = q.shape(1), kv_heads = cache[0].shape(1), head_dim = q.shape(3);
   thread_local Floats q_copy;
+  auto hide = [&](auto& a) {  // keys a boolean (batch or 1, 1, 1, keys) mask hides: padding of a batch's rows
+    if (!mask) return;
+    a.mask = mask->data<bool>();
+    a.mask_strides[0] = mask->shape(0) == 1 ? 0 : mask->strides(0);
+    a.mask_strides[1] = 0;
+    a.mask_strides[2] = mask->strides(3);
+  };
   auto run = [&](const auto& a, auto attend) {
-    share_query_blocks(1, heads, kv_heads, 1, seen, head_dim, out,
+    share_query_blocks(batch, heads, kv_heads, 1, seen, head_dim, out,
                        [&](int row, int head, int group, int begin, int end, const KeySegment& segment) {
                          attend(a, row, head, group, begin, end, segment);
                        });
   };
   if (arrays == 2) {
-    Attention a{nullptr, nullptr, nullptr, {}, {}, {}, 1, heads, kv_heads, 1, seen, head_dim, scale, nullptr, {}};
+    Attention a{nullptr, nullptr, nullptr, {}, {}, {}, batch, heads, kv_heads, 1, seen, head_dim, scale, nullptr, {}};
     a.q = rows_of(q, a.q_strides, q_copy);
     set_keys_and_values(a, cache[0], cache[1]);
+    hide(a);
     return run(a, kIsa.attend);
   }
   QuantizedAttention a{};
-  a.batch = 1, a.heads = heads, a.kv_heads = kv_heads, a.queries = 1, a.keys = seen, a.head_dim = head_dim;
+  hide(a);
+  a.batch = batch, a.heads = heads, a.kv_heads = kv_heads, a.queries = 1, a.keys = seen, a.head_dim = head_dim;
   a.group_size = head_dim / cache[1].shape(3), a.bits = cache[0].shape(3) * 32 / head_dim, a.scale = scale;
   a.q = rows_of(q, a.q_strides, q_copy);
   for (auto [rows, first] : {std::pair{&a.k, 0}, std::pair{&a.v, 3}}) {  // row-contiguous buffers (block_step's)
@@ -1094,26 +1105,27 @@ void quantize_row(const float* x, int D, int group_size, int bits, uint32_t* cod
 }
 
 // A step's last part (attention over the cache, the o product, the residual, the feed-forward norm, the SwiGLU products
-// and the residual): x (1, 1, dims) and q (1, heads, 1, head_dim); the cache's buffers (`arrays` of them,
-// the token's keys and values written at `start`); the o projection's (w, scales, biases), the feed-forward norm's
-// weight, the up, gate and down projections' (w, scales, biases), from weights[0]. out (1, 1, dims).
+// and the residual): x (batch, 1, dims) and q (batch, heads, 1, head_dim); the cache's buffers (`arrays` of them,
+// the token's keys and values written at `start`), maybe a mask hiding keys of some rows; the o projection's (w, scales, biases), the feed-forward norm's
+// weight, the up, gate and down projections' (w, scales, biases), from weights[0]. out (batch, 1, dims).
 void block_output_step(const mx::array& x, const mx::array& q, const mx::array* cache, int arrays, int start,
-                       const mx::array* weights, float scale, float eps, bool exact, const std::vector<int>& layouts,
-                       mx::array& out) {
-  const int dims = x.shape(-1), heads = q.shape(1), head_dim = q.shape(3);
-  mx::array attended = scratch({1, 1, heads * head_dim}), o = scratch(x.shape());
-  attend_cache(q, cache, arrays, start + 1, scale, attended.data<float>());
+                       const mx::array* mask, const mx::array* weights, float scale, float eps, bool exact,
+                       const std::vector<int>& layouts, mx::array& out) {
+  const int batch = x.shape(0), heads = q.shape(1), head_dim = q.shape(3);
+  const size_t values = x.size();
+  mx::array attended = scratch({batch, 1, heads * head_dim}), o = scratch(x.shape());
+  attend_cache(q, cache, arrays, start + 1, scale, mask, attended.data<float>());
   const std::vector<mx::array> in(weights, weights + 13);  // o at 0, the norm at 3, up at 4, gate at 7, down at 10
   packed(in, 0, attended, o, layouts.data(), exact);
   mx::array mid = scratch(x.shape()), normed = scratch(x.shape());
-  mx::array gated = scratch({1, 1, in[4].shape(0)}), down = scratch(x.shape());
+  mx::array gated = scratch({batch, 1, in[4].shape(0)}), down = scratch(x.shape());
   const float* xs = x.data<float>();
-  for (int d = 0; d < dims; ++d) mid.data<float>()[d] = xs[d] + o.data<float>()[d];
+  for (size_t d = 0; d < values; ++d) mid.data<float>()[d] = xs[d] + o.data<float>()[d];
   rms_norm_work(eps)({mid, in[3]}, normed);
   packed(in, 4, normed, gated, layouts.data() + 2, exact, 7);
   packed(in, 10, gated, down, layouts.data() + 4, exact);
   float* y = out.data<float>();
-  for (int d = 0; d < dims; ++d) y[d] = mid.data<float>()[d] + down.data<float>()[d];
+  for (size_t d = 0; d < values; ++d) y[d] = mid.data<float>()[d] + down.data<float>()[d];
 }
 
 // Weights w, scales, biases of a packed product of K input features and N outputs, as quantized_matmul takes them.
@@ -1147,6 +1159,7 @@ struct BlockStepSettings {
   float scale, eps;
   std::vector<int> layouts;  // (group_size, bits) of the o, up-and-gate and down products
   int arrays;  // the cache's buffers: 2 (float) or 6 (quantized)
+  bool masked;  // whether a mask follows sin
 };
 
 // `to` (row-contiguous) = `from`, a 4-D array of the same shape and element size, whatever its strides.
@@ -1164,10 +1177,10 @@ void copy_rows(const mx::array& from, mx::array& to) {
       }
 }
 
-// Row `start` of every kv head of a row-contiguous buffer (1, kv_heads, capacity, width), as bytes.
-char* row_at(mx::array& buffer, int head, int start) {
+// Row `start` of kv head `head` of batch row `b` of a row-contiguous buffer (batch, kv_heads, capacity, width), as bytes.
+char* row_at(mx::array& buffer, int b, int head, int start) {
   const size_t row = static_cast<size_t>(buffer.shape(3)) * buffer.itemsize();
-  return buffer.data<char>() + (static_cast<size_t>(head) * buffer.shape(2) + start) * row;
+  return buffer.data<char>() + ((static_cast<size_t>(b) * buffer.shape(1) + head) * buffer.shape(2) + start) * row;
 }
 
 class BlockStepOp : public mx::Primitive {
@@ -1211,28 +1224,33 @@ class BlockStepOp : public mx::Primitive {
       std::vector<mx::array> first{x};
       first.insert(first.end(), in.begin() + weights, in.begin() + weights + 10);
       first.insert(first.end(), {in[weights + 23], in[weights + 24]});
-      const int head_dim = in[weights + 1].shape(0) / s.inputs.heads;
+      const int batch = x.shape(0), head_dim = in[weights + 1].shape(0) / s.inputs.heads;
       const mx::Dtype kv = arrays == 2 ? out[1].dtype() : mx::float32;
-      mx::array q = scratch({1, s.inputs.heads, 1, head_dim});
-      mx::array k(mx::Shape{1, kv_heads, 1, head_dim}, kv, nullptr, {}), v(k.shape(), kv, nullptr, {});
+      mx::array q = scratch({batch, s.inputs.heads, 1, head_dim});
+      mx::array k(mx::Shape{batch, kv_heads, 1, head_dim}, kv, nullptr, {}), v(k.shape(), kv, nullptr, {});
       k.set_data(mx::allocator::malloc(k.nbytes()));
       v.set_data(mx::allocator::malloc(v.nbytes()));
       block_inputs_step(first, {q, k, v}, s.inputs);
-      for (int h = 0; h < kv_heads; ++h) {
-        if (arrays == 2) {
-          const size_t row = static_cast<size_t>(head_dim) * k.itemsize();
-          std::memcpy(row_at(out[1], h, start), k.data<char>() + h * row, row);
-          std::memcpy(row_at(out[2], h, start), v.data<char>() + h * row, row);
-          continue;
+      for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < kv_heads; ++h) {
+          const int at = b * kv_heads + h;  // the token's row of k and v
+          if (arrays == 2) {
+            const size_t row = static_cast<size_t>(head_dim) * k.itemsize();
+            std::memcpy(row_at(out[1], b, h, start), k.data<char>() + at * row, row);
+            std::memcpy(row_at(out[2], b, h, start), v.data<char>() + at * row, row);
+            continue;
+          }
+          const int group_size = head_dim / out[2].shape(3), bits = out[1].shape(3) * 32 / head_dim;
+          for (auto [token, first_buffer] : {std::pair{&k, 1}, std::pair{&v, 4}})
+            quantize_row(token->data<float>() + at * head_dim, head_dim, group_size, bits,
+                         reinterpret_cast<uint32_t*>(row_at(out[first_buffer], b, h, start)),
+                         reinterpret_cast<float*>(row_at(out[first_buffer + 1], b, h, start)),
+                         reinterpret_cast<float*>(row_at(out[first_buffer + 2], b, h, start)));
         }
-        const int group_size = head_dim / out[2].shape(3), bits = out[1].shape(3) * 32 / head_dim;
-        for (auto [token, first_buffer] : {std::pair{&k, 1}, std::pair{&v, 4}})
-          quantize_row(token->data<float>() + h * head_dim, head_dim, group_size, bits,
-                       reinterpret_cast<uint32_t*>(row_at(out[first_buffer], h, start)),
-                       reinterpret_cast<float*>(row_at(out[first_buffer + 1], h, start)),
-                       reinterpret_cast<float*>(row_at(out[first_buffer + 2], h, start)));
-      }
-      block_output_step(x, q, out.data() + 1, arrays, start, in.data() + weights + 10, s.scale, s.eps,
+      const mx::array* mask = s.masked ? &in[weights + 25] : nullptr;
+      if (mask && mask->shape(3) < start + 1)
+        throw std::runtime_error("minimlx_native.block_step: the mask covers fewer keys than the cache holds");
+      block_output_step(x, q, out.data() + 1, arrays, start, mask, in.data() + weights + 10, s.scale, s.eps,
                         s.inputs.exact, s.layouts, out[0]);
     });
   }
@@ -1248,7 +1266,7 @@ class BlockStepOp : public mx::Primitive {
     const auto &a = settings_.inputs, &b = o.inputs;
     return a.eps == b.eps && a.rope_dims == b.rope_dims && a.traditional == b.traditional && a.exact == b.exact &&
            a.heads == b.heads && std::equal(a.layouts, a.layouts + 6, b.layouts) && settings_.scale == o.scale &&
-           settings_.eps == o.eps && settings_.layouts == o.layouts && settings_.arrays == o.arrays;
+           settings_.eps == o.eps && settings_.layouts == o.layouts && settings_.arrays == o.arrays && settings_.masked == o.masked;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -1264,10 +1282,13 @@ class BlockStepOp : public mx::Primitive {
 std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::array>& cache, const mx::array& start,
                                   const std::vector<mx::array>& weights, const mx::array& cos, const mx::array& sin,
                                   const std::vector<int>& layouts, int heads, int kv_heads, int rope_dims,
-                                  bool traditional, float scale, float attn_eps, float ffn_eps, bool exact) {
+                                  bool traditional, float scale, float attn_eps, float ffn_eps, bool exact,
+                                  const std::optional<mx::array>& mask) {
   const std::string name = "minimlx_native.block_step";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
-  check_token(name, x);
+  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(1) != 1)
+    fail("x must be float32 (batch, 1, dims): one token of each sequence");
+  const int batch = x.shape(0);
   if (weights.size() != 23)
     fail("weights must be the attention norm's weight, q's, k's, v's and o's (w, scales, biases), the feed-forward "
          "norm's weight, up's, gate's and down's");
@@ -1275,14 +1296,15 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || weights[1].ndim() != 2 || weights[1].shape(0) % heads)
     fail("bad head counts");
   const int dims = x.shape(2), head_dim = weights[1].shape(0) / heads, arrays = static_cast<int>(cache.size());
-  const mx::Shape buffer{1, kv_heads, cache.empty() ? 0 : cache[0].shape(2), head_dim};
+  const mx::Shape buffer{batch, kv_heads, cache.empty() || cache[0].ndim() != 4 ? 0 : cache[0].shape(2), head_dim};
   auto same = [&](int i, mx::Dtype dtype, int width) {
     return cache[i].dtype() == dtype && cache[i].shape() == mx::Shape{buffer[0], buffer[1], buffer[2], width};
   };
   if (arrays == 2) {
     const mx::Dtype kv = cache[0].dtype();
     if ((kv != mx::float32 && kv != mx::float16) || !same(0, kv, head_dim) || !same(1, kv, head_dim))
-      fail("keys and values must be float32 or float16, both of one type and shape (1, kv_heads, capacity, head_dim)");
+      fail("keys and values must be float32 or float16, both of one type and shape (batch, kv_heads, capacity, "
+           "head_dim)");
   } else if (arrays == 6) {
     const int codes = cache[0].ndim() == 4 ? cache[0].shape(3) : 0, groups = cache[1].ndim() == 4 ? cache[1].shape(3) : 0;
     const int bits = codes * 32 / std::max(1, head_dim), group_size = head_dim / std::max(1, groups);
@@ -1290,8 +1312,8 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
       fail("quantized keys and values must have 4 or 8 bits in groups of a multiple of 32 dividing head_dim");
     for (int first : {0, 3})
       if (!same(first, mx::uint32, codes) || !same(first + 1, mx::float32, groups) || !same(first + 2, mx::float32, groups))
-        fail("the codes (uint32), scales and biases (float32) of the keys and of the values must be (1, kv_heads, "
-             "capacity, ...) as mx.quantize lays them out");
+        fail("the codes (uint32), scales and biases (float32) of the keys and of the values must be (batch, "
+             "kv_heads, capacity, ...) as mx.quantize lays them out");
   } else {
     fail("the cache must be its keys and values, or their codes, scales and biases");
   }
@@ -1314,11 +1336,19 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
   check_product(name, inputs, w + 14, dims, hidden, layouts, 4);
   check_product(name, inputs, w + 17, dims, hidden, layouts, 4);
   check_product(name, inputs, w + 20, hidden, dims, layouts, 5);
-  if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || int(cos.size()) != rope_dims / 2 ||
-      sin.size() != cos.size())
-    fail("cos and sin must be float32, rope_dims / 2 values each");
+  if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || sin.shape() != cos.shape() ||
+      (cos.shape() != mx::Shape{rope_dims / 2} && cos.shape() != mx::Shape{batch, 1, rope_dims / 2}))
+    fail("cos and sin must be float32, (rope_dims / 2,) or (batch, 1, rope_dims / 2): the angles of every row's "
+         "position or of each row's");
+  if (mask.has_value()) {
+    const auto& m = *mask;
+    if (m.dtype() != mx::bool_ || m.ndim() != 4 || (m.shape(0) != 1 && m.shape(0) != batch) || m.shape(1) != 1 ||
+        m.shape(2) != 1 || m.shape(3) > buffer[2])
+      fail("mask must be boolean (batch or 1, 1, 1, keys), keys at most the cache's capacity");
+    inputs.push_back(m);
+  }
   BlockStepSettings settings{{attn_eps, rope_dims, heads, traditional, exact, {}}, scale, ffn_eps,
-                             std::vector<int>(layouts.begin() + 6, layouts.end()), arrays};
+                             std::vector<int>(layouts.begin() + 6, layouts.end()), arrays, mask.has_value()};
   std::copy(layouts.begin(), layouts.begin() + 6, settings.inputs.layouts);
   std::vector<mx::Shape> shapes{x.shape()};
   std::vector<mx::Dtype> dtypes{mx::float32};
@@ -1380,17 +1410,18 @@ NB_MODULE(_ext, m) {
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
   m.def("block_step", &minimlx_native::block_step, "x"_a, "cache"_a, "start"_a, "weights"_a, "cos"_a,
         "sin"_a, "layouts"_a, "heads"_a, "kv_heads"_a, "rope_dims"_a, "traditional"_a, "scale"_a, "attn_eps"_a,
-        "ffn_eps"_a, "exact"_a = false,
-        "A pre-norm block's one-token decode step in one op: h = rms_norm(x) (attn_eps), q, k, v = its products, "
-        "RoPE of q and k by cos, sin (rope_dims / 2 values each), k and v written into the cache's buffers at "
-        "position `start` (int32, one value): `cache` is [keys, values] (1, kv_heads, capacity, head_dim; float32 or "
-        "float16) or the [codes, scales, biases] of the keys and then of the values as mx.quantize gives them (4 or "
-        "8 bits, quantized here as MLX does), attention of "
-        "q over the buffers' first start + 1 positions, mid = x + o(attention), and mid + down(silu(gate(n)) * "
-        "up(n)) for n = rms_norm(mid) (ffn_eps). `weights`: the attention norm's weight, q's, k's, v's and o's (w, "
-        "scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, gate's and down's; "
-        "`layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products. x (1, 1, dims) float32; "
-        "returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
+        "ffn_eps"_a, "exact"_a = false, "mask"_a = nb::none(),
+        "A pre-norm block's one-token decode step in one op, for each row of x (batch, 1, dims) float32: h = "
+        "rms_norm(x) (attn_eps), q, k, v = its products, RoPE of q and k by cos, sin ((rope_dims / 2,), or (batch, 1, "
+        "rope_dims / 2) for a position per row), k and v written into the cache's buffers at position `start` "
+        "(int32, one value): `cache` is [keys, values] (batch, kv_heads, capacity, head_dim; float32 or float16) or "
+        "the [codes, scales, biases] of the keys and then of the values as mx.quantize gives them (4 or 8 bits, "
+        "quantized here as MLX does), attention of q over the buffers' first start + 1 positions (less those a "
+        "boolean `mask` (batch or 1, 1, 1, keys) hides: a batch's padding), mid = x + o(attention), and mid + "
+        "down(silu(gate(n)) * up(n)) for n = rms_norm(mid) (ffn_eps). `weights`: the attention norm's weight, q's, "
+        "k's, v's and o's (w, scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, "
+        "gate's and down's; `layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products. "
+        "Returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("integer_isa") = minimlx_native::kIsa.integer.name;
   m.attr("threads") = minimlx_native::pool().size();
