@@ -64,7 +64,7 @@ def test_attention_refuses_keys_and_values_of_two_types():
 
 def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones(smollm2_packed):
     """`block_step` writes the token's keys and values at `start` of buffers of either type, float16 ones rounded from
-    the float32 ones; buffers something else still holds (here the test) are left as they were."""
+    the float32 ones; buffers something else still holds (here the test), contiguous or not, are left as they were."""
     model, _ = smollm2_packed
     block = model.layers[5]
     attn, ffn = block.attn, block.ffn
@@ -76,7 +76,8 @@ def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones
         *(block.ffn_norm.scale(), *forms.packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj)),
     ]
     shape = (1, attn.kv_heads, 8, attn.head_dim)
-    held = [mx.random.normal(shape), mx.random.normal(shape)]
+    # the second a slice of a wider buffer (as a batch's kept columns are): copied row by row
+    held = [mx.random.normal(shape), mx.random.normal((*shape[:2], 12, shape[3]))[:, :, 2:10]]
 
     def step(dtype):
         buffers = [b.astype(dtype) for b in held]

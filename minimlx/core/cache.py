@@ -425,7 +425,7 @@ class FixedKVCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2] if self.keys is not None else 0
+        return self.buffers[0].shape[2] if self.keys is not None else 0
 
     def capacity_for(self, tokens: int) -> int:
         """The capacity once `tokens` more are written: the current one if they fit, else the next multiple
@@ -440,18 +440,25 @@ class FixedKVCache:
         if self.keys is not None and capacity > self.capacity:
             self.hold([pad(a, 0, capacity - a.shape[2]) for a in self.buffers])
 
-    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def update(self, keys: mx.array, values: mx.array):
         tokens = keys.shape[2]
+        entries = self.entries(keys, values)
         if self.keys is None:
-            shape = (*keys.shape[:2], self.capacity_for(tokens), keys.shape[3])
-            self.keys, self.values = mx.zeros(shape, keys.dtype), mx.zeros((*shape[:3], values.shape[3]), values.dtype)
+            capacity = self.capacity_for(tokens)
+            self.hold([mx.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype) for a in entries])
         self.reserve(tokens)
-        self.written(
-            [mx.slice_update(b, a, self.start, axes=(2,)) for b, a in zip(self.buffers, (keys, values))], tokens
-        )
+        self.written([mx.slice_update(b, a, self.start, axes=(2,)) for b, a in zip(self.buffers, entries)], tokens)
         if tokens > 1:
-            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+            return self.pair([a[..., : self.offset, :] for a in self.buffers])
         return self.keys, self.values
+
+    def entries(self, keys: mx.array, values: mx.array) -> list[mx.array]:
+        """What a step writes into the buffers (as `buffers` lists them) for these keys and values."""
+        return [keys, values]
+
+    def pair(self, buffers: list[mx.array]) -> tuple:
+        """(keys, values) of arrays laid out as `buffers` lists them."""
+        return buffers[0], buffers[1]
 
     @property
     def buffers(self) -> list[mx.array]:
@@ -460,7 +467,7 @@ class FixedKVCache:
 
     def hold(self, buffers: list[mx.array]) -> None:
         """Hold `buffers` (as `buffers` lists them) as the keys and values."""
-        self.keys, self.values = buffers
+        self.keys, self.values = self.pair(buffers)
 
     def written(self, buffers: list[mx.array], tokens: int) -> None:
         """Hold the buffers with `tokens` more tokens' keys and values written at `start` (by `update`, or by an op
@@ -470,9 +477,8 @@ class FixedKVCache:
         self.offset += tokens
 
     def take(self, arrays: list[mx.array], offset: int) -> None:
-        """Hold the first `offset` tokens' keys and values that `arrays` (laid out as `buffers`) hold, with room for
-        more."""
-        self.offset, self.start = 0, mx.array([0])
+        """Hold (this cache being empty) the first `offset` tokens' keys and values that `arrays` (laid out as
+        `buffers`) hold, with room for more."""
         capacity = self.capacity_for(offset)
         self.hold([pad(a[..., :offset, :], 0, capacity - offset) for a in arrays])
         self.offset, self.start = offset, mx.array([offset])
@@ -522,31 +528,12 @@ class FixedQuantizedKVCache(Quantized, FixedKVCache):
     """A `FixedKVCache` of `Quantized` keys and values (`--kv-bits` in the compiled step): `keys` and `values` are
     (codes, scales, biases) triples of buffers."""
 
-    @property
-    def capacity(self) -> int:
-        return self.keys[0].shape[2] if self.keys is not None else 0
+    def entries(self, keys: mx.array, values: mx.array) -> list[mx.array]:
+        return [*self.quantize(keys), *self.quantize(values)]
+
+    def pair(self, buffers: list[mx.array]) -> tuple:
+        return tuple(buffers[:3]), tuple(buffers[3:])
 
     @property
     def buffers(self) -> list[mx.array]:
         return [*self.keys, *self.values]
-
-    def hold(self, buffers: list[mx.array]) -> None:
-        self.keys, self.values = tuple(buffers[:3]), tuple(buffers[3:])
-
-    def reserve(self, tokens: int) -> None:
-        capacity = self.capacity_for(tokens)
-        if self.keys is not None and capacity > self.capacity:
-            self.hold([pad(a, 0, capacity - a.shape[2]) for a in self.buffers])
-
-    def update(self, keys: mx.array, values: mx.array) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
-        tokens = keys.shape[2]
-        quantized = [*self.quantize(keys), *self.quantize(values)]
-        if self.keys is None:
-            capacity = self.capacity_for(tokens)
-            self.hold([mx.zeros((*a.shape[:2], capacity, a.shape[3]), a.dtype) for a in quantized])
-        self.reserve(tokens)
-        self.written([mx.slice_update(b, a, self.start, axes=(2,)) for b, a in zip(self.buffers, quantized)], tokens)
-        if tokens > 1:
-            filled = [a[..., : self.offset, :] for a in self.buffers]
-            return tuple(filled[:3]), tuple(filled[3:])
-        return self.keys, self.values

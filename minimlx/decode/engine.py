@@ -236,9 +236,8 @@ class Engine:
     the compiled step out (`minimlx bench --eager` compares the two). `kv_bits` (8 or 4) holds every plain KV cache
     quantized (`QuantizedKVCache`; `FixedQuantizedKVCache` for the compiled step), and `max_kv_size` bounds it to the
     first tokens and a window of the latest (`SinkKVCache`, one sequence at a time; such caches decode eagerly). The
-    prompt cache keeps `prompt_cache_size`
-    finished sequences (and at most `prompt_cache_bytes` of them), mirrored to the folder `prompt_cache_dir` when
-    given.
+    prompt cache keeps `prompt_cache_size` finished sequences (and at most `prompt_cache_bytes` of them), mirrored to
+    the folder `prompt_cache_dir` when given.
     """
 
     def __init__(

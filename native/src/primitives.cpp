@@ -1173,6 +1173,11 @@ void copy_rows(const mx::array& from, mx::array& to) {
     for (int b = 0; b < shape[1]; ++b)
       for (int c = 0; c < shape[2]; ++c) {
         const char* row = source + (a * strides[0] + b * strides[1] + c * strides[2]) * item;
+        if (strides[3] == 1) {  // a slice of a wider cache: whole rows
+          std::memcpy(target, row, shape[3] * item);
+          target += shape[3] * item;
+          continue;
+        }
         for (int d = 0; d < shape[3]; ++d, target += item) std::memcpy(target, row + d * strides[3] * item, item);
       }
 }
