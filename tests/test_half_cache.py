@@ -67,14 +67,9 @@ def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones
     the float32 ones; buffers something else still holds (here the test), contiguous or not, are left as they were."""
     model, _ = smollm2_packed
     block = model.layers[5]
-    attn, ffn = block.attn, block.ffn
+    attn, plan = block.attn, forms.step_plan(block)
     cos, sin = (a[0] for a in mx.split(mx.random.uniform(shape=(2, attn.rope.dims // 2)), 2))
     x = mx.random.normal((1, 1, 576))
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.up_proj, ffn.down_proj)
-    weights = [
-        *(block.attn_norm.scale(), *forms.packed(*projections[:4])),
-        *(block.ffn_norm.scale(), *forms.packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj)),
-    ]
     shape = (1, attn.kv_heads, 8, attn.head_dim)
     # the second a slice of a wider buffer (as a batch's kept columns are): copied row by row
     held = [mx.random.normal(shape), mx.random.normal((*shape[:2], 12, shape[3]))[:, :, 2:10]]
@@ -83,10 +78,7 @@ def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones
         buffers = [b.astype(dtype) for b in held]
         mx.eval(buffers)
         before = [mx.array(b) for b in buffers]
-        _, keys, values = native.kernel.block_step(
-            x, buffers, mx.array([3]), weights, cos, sin, forms.layouts(*projections), attn.heads, attn.kv_heads,
-            attn.rope.dims, attn.rope.traditional, attn.scale, block.attn_norm.eps, block.ffn_norm.eps,
-        )  # fmt: skip
+        _, keys, values = native.kernel.block_step(x, buffers, mx.array([3]), plan.weights(), cos, sin, **plan.settings)
         assert all(mx.array_equal(b, a).item() for b, a in zip(buffers, before))  # held here: written into copies
         for written, original in zip((keys, values), before):
             others = mx.concatenate([written[:, :, :3], written[:, :, 4:]], axis=2)

@@ -285,7 +285,7 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     prompt = mx.array([tokenizer.encode("Write a short story about a robot who learns to paint.")])
 
     def steps(fused: bool) -> list[mx.array]:
-        monkeypatch.setattr(forms, "runs_fused", forms.runs_fused if fused else lambda *_: False)
+        monkeypatch.setattr(forms, "step_plan", real_step_plan if fused else lambda _: None)
         decoder = CompiledDecoder(model)
         cache = [quantized_cache(c, kv_bits) for c in decoder.make_cache()]
         logits = [decoder(prompt, cache, last_only=True)[0, -1]]
@@ -295,10 +295,9 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
                 mx.eval(logits[-1])
         return logits
 
-    real_runs_fused = forms.runs_fused
+    real_step_plan = forms.step_plan
     fused = steps(True)
     assert len(fused_calls) == len(model.layers)  # once per layer, as the step is traced
-    monkeypatch.setattr(forms, "runs_fused", real_runs_fused)
     alone = steps(False)
     assert len(fused_calls) == len(model.layers)
     assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))

@@ -625,6 +625,29 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
     assert any("a generation failed" in r.message for r in caplog.records)
 
 
+def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path, monkeypatch):
+    """Four requests sent at once reach the engine one by one; the idle server waits while they keep coming
+    (`Server.gather`, its quiet time raised here so that a slow machine's gaps fit) and prefills them in one pass."""
+    from starlette.testclient import TestClient
+
+    import minimlx
+    from minimlx.decode import Engine
+    from minimlx.server import app
+
+    save_hf_model(tmp_path, "llama")
+    model, tokenizer = minimlx.load(tmp_path)
+    monkeypatch.setattr(app, "GATHER_QUIET", 0.2)
+    groups, together, alone = [], Engine.prefill_together, Engine.prefill_alone
+    monkeypatch.setattr(Engine, "prefill_together", lambda self, g: groups.append(len(g)) or together(self, g))
+    monkeypatch.setattr(Engine, "prefill_alone", lambda self, *a: groups.append(1) or alone(self, *a))
+    body = {"prompt": "w3 w4 w5", "max_tokens": 4, "temperature": 0}
+    with TestClient(app.Server(Engine(model, tokenizer, max_batch=4), "tiny").app) as client:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: client.post("/v1/completions", json=body), range(4)))
+    assert [a.status_code for a in answers] == [200] * 4
+    assert groups == [4]
+
+
 @pytest.mark.parametrize(
     "path, body",
     [

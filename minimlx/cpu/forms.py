@@ -135,39 +135,26 @@ class NativeOffsetRMSNorm(NativeNorm, OffsetRMSNorm):
 class NativeBlock(Block):
     """A pre-norm block whose one-token steps (the compiled decode step over a `FixedKVCache`, a batch's eager step over
     growing caches) run as one native op, `block_step`, which also writes the tokens' keys and values into the cache's
-    buffers, where its parts are those the op computes (`runs_fused`): the step's 20 MLX ops a layer, each of which
+    buffers, where its parts are those the op computes (`StepPlan`): the step's 20 MLX ops a layer, each of which
     MLX schedules onto its CPU thread for several microseconds, become one. The op computes each part as that part's
     own native op does, so the step gives the same bits. Else the block as core wrote it."""
 
     def __call__(
         self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
     ) -> mx.array:
-        if recorder is not None or not steps_through(cache) or not runs_fused(self, x, cache):
+        plan = step_plan(self) if recorder is None and steps_through(cache) else None
+        if plan is None or not plan.takes(x, cache):
             return super().__call__(x, cache, recorder, positions)
-        attn, ffn = self.attn, self.ffn
         positions = positions or Positions.of(1, cache)
         mask = positions.mask(cache) if isinstance(cache, GrowingBuffer) else None  # a batch's padding
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.up_proj, ffn.down_proj)
         cache.reserve(1)
         y, *buffers = native.kernel.block_step(
             *(x, cache.buffers, cache.start),
-            [
-                self.attn_norm.scale(),
-                *packed(*projections[:4]),
-                self.ffn_norm.scale(),
-                *packed(ffn.up_proj, ffn.gate_proj, ffn.down_proj),
-            ],
-            *positions.angles(attn.rope),
-            layouts=layouts(*projections),
-            heads=attn.heads,
-            kv_heads=attn.kv_heads,
-            rope_dims=attn.rope.dims,
-            traditional=attn.rope.traditional,
-            scale=attn.scale,
-            attn_eps=self.attn_norm.eps,
-            ffn_eps=self.ffn_norm.eps,
+            plan.weights(),
+            *positions.angles(plan.parts[2]),
             exact=exact(),
             mask=mask,
+            **plan.settings,
         )
         cache.written(buffers, 1)
         return y
@@ -181,41 +168,76 @@ def steps_through(cache) -> bool:
     return type(cache) in (KVCache, QuantizedKVCache) and cache.arrays is not None
 
 
-def packed(*projections: NativeQuantizedLinear) -> list[mx.array]:
-    """The (weight, scales, biases) of each projection, one after another."""
-    return [a for p in projections for a in (p.weight, p.scales, p.biases)]
+def parts_of(block: Block) -> tuple:
+    """The parts of `block` that `block_step` reads: attn_norm, attn, rope, q, k, v, o, ffn_norm, ffn, gate, up, down
+    (None where the block has no such part), read from the modules' own dicts, as a step a layer needs them fast (an
+    MLX module's attribute costs a Python call)."""
+    attn, ffn = block.get("attn"), block.get("ffn")
+    attn_parts = [attn.get(name) for name in ("rope", "q_proj", "k_proj", "v_proj", "o_proj")] if attn else [None] * 5
+    ffn_parts = [ffn.get(name) for name in ("gate_proj", "up_proj", "down_proj")] if ffn else [None] * 3
+    return (block.get("attn_norm"), attn, *attn_parts, block.get("ffn_norm"), ffn, *ffn_parts)
 
 
-def layouts(*projections: NativeQuantizedLinear) -> list[int]:
-    """The (group_size, bits) of each projection, one after another."""
-    return [n for p in projections for n in (p.group_size, p.bits)]
+class StepPlan:
+    """What `block_step` takes of one block: its parts (`parts_of`) and, where the op computes them, the op's settings
+    (None where it does not): RMS norms, attention without biases, query/key norms, windows, sinks or capped scores,
+    RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up alike).
+    Made once per block and kept while its parts are the same modules; the arrays are read at every step
+    (`weights`), so that new weights (`Module.update`) are used."""
 
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self.settings = self.settings_of(*parts)
 
-def runs_fused(block: Block, x: mx.array, cache) -> bool:
-    """Whether `block_step` computes `block`'s step of `x` over `cache`: one float32 token a row over float32 or float16
-    buffers or quantized ones (groups of a multiple of 32 features), RMS norms, attention without biases, query/key
-    norms, windows, sinks or capped scores, RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the
-    kernel without a bias (gate and up alike)."""
-    attn, ffn = block.attn, block.ffn
-    if x.shape[1] != 1 or x.dtype != mx.float32:
-        return False
-    if isinstance(cache, Quantized):
-        if cache.group_size % 32 or attn.head_dim % cache.group_size:
+    @staticmethod
+    def settings_of(attn_norm, attn, rope, q, k, v, o, ffn_norm, ffn, gate, up, down) -> dict | None:
+        if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
+            return None
+        if any(type(n) not in (NativeRMSNorm, NativeOffsetRMSNorm) for n in (attn_norm, ffn_norm)):
+            return None
+        if type(rope) is not CpuRoPE or rope.output_scale != 1.0 or attn.head_dim % 16:
+            return None
+        if "q_norm" in attn or "sinks" in attn or attn.window is not None or attn.logit_cap is not None:
+            return None
+        if any(type(p) is not NativeQuantizedLinear or "bias" in p for p in (q, k, v, o, gate, up, down)):
+            return None
+        if (gate.group_size, gate.bits) != (up.group_size, up.bits):
+            return None
+        return {
+            "layouts": [n for p in (q, k, v, o, up, down) for n in (p.group_size, p.bits)],
+            "heads": attn.heads,
+            "kv_heads": attn.kv_heads,
+            "rope_dims": rope.dims,
+            "traditional": rope.traditional,
+            "scale": attn.scale,
+            "attn_eps": attn_norm.eps,
+            "ffn_eps": ffn_norm.eps,
+        }
+
+    def takes(self, x: mx.array, cache) -> bool:
+        """Whether the op computes this block's step of `x` over `cache`: one float32 token a row over float32 or
+        float16 buffers, or quantized ones in groups of a multiple of 32 features."""
+        if self.settings is None or x.shape[1] != 1 or x.dtype != mx.float32:
             return False
-    elif any(b.dtype not in (mx.float32, mx.float16) or b.dtype != cache.buffers[0].dtype for b in cache.buffers):
-        return False
-    if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
-        return False
-    if any(type(n) not in (NativeRMSNorm, NativeOffsetRMSNorm) for n in (block.attn_norm, block.ffn_norm)):
-        return False
-    if type(attn.rope) is not CpuRoPE or attn.rope.output_scale != 1.0 or attn.head_dim % 16:
-        return False
-    if "q_norm" in attn or "sinks" in attn or attn.window is not None or attn.logit_cap is not None:
-        return False
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, ffn.gate_proj, ffn.up_proj, ffn.down_proj)
-    if any(type(p) is not NativeQuantizedLinear or "bias" in p for p in projections):
-        return False
-    return (ffn.gate_proj.group_size, ffn.gate_proj.bits) == (ffn.up_proj.group_size, ffn.up_proj.bits)
+        if isinstance(cache, Quantized):
+            return cache.group_size % 32 == 0 and self.parts[1].head_dim % cache.group_size == 0
+        buffers = cache.buffers
+        return buffers[0].dtype in (mx.float32, mx.float16) and all(b.dtype == buffers[0].dtype for b in buffers)
+
+    def weights(self) -> list[mx.array]:
+        """The op's 23 weights: the attention norm's, q, k, v and o's (weight, scales, biases), the feed-forward
+        norm's, up, gate and down's."""
+        attn_norm, _, _, q, k, v, o, ffn_norm, _, gate, up, down = self.parts
+        packed = [[p["weight"], p["scales"], p["biases"]] for p in (q, k, v, o, up, gate, down)]
+        return [attn_norm.scale(), *sum(packed[:4], []), ffn_norm.scale(), *sum(packed[4:], [])]
+
+
+def step_plan(block: Block) -> StepPlan:
+    """The block's `StepPlan`, made anew when one of its parts was replaced."""
+    parts, plan = parts_of(block), block.__dict__.get("step_plan")
+    if plan is None or any(a is not b for a, b in zip(parts, plan.parts)):
+        plan = block.step_plan = StepPlan(parts)
+    return plan
 
 
 FORMS = {

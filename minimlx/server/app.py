@@ -47,6 +47,7 @@ from .turns import Piece, TokenLogprob, Turn, Usage, check_tools
 log = logging.getLogger("minimlx.serve")
 DRAINING = object()  # put on every request's queue when the server starts draining
 DEFAULT_MAX_TOKENS = 512
+GATHER_QUIET, GATHER_LIMIT = 0.002, 0.02  # seconds: see Server.gather
 MAX_REQUEST_MB = 8  # a chat of several hundred thousand words: any longer one would not fit a model's context anyway
 
 
@@ -123,6 +124,7 @@ class Server:
             while not self.stopping:
                 self.engine.wake.wait()
                 self.engine.wake.clear()
+                self.gather()
                 self.cancel_dropped()
                 while self.engine.busy and not self.stopping:
                     self.cancel_dropped()
@@ -140,6 +142,18 @@ class Server:
                 mx.clear_cache()  # idle: MLX's freed buffers go back to the system, so memory stays flat
             if self.engine.compiled:  # traces made on this thread's stream must not outlive it (CompiledDecoder.forget)
                 self.engine.decoder.forget()
+
+    def gather(self) -> None:
+        """Before an idle engine starts: wait while requests keep arriving (each within GATHER_QUIET seconds of the
+        last, GATHER_LIMIT at most). Requests sent together reach the engine one by one, as the event loop reads and
+        tokenizes each; gathered, they prefill as one group (one pass over the weights) and their first tokens come
+        together, where the first alone would be prefilled while the others wait for it."""
+        deadline, waiting = time.monotonic() + GATHER_LIMIT, len(self.engine.waiting)
+        while waiting and time.monotonic() < deadline:
+            time.sleep(GATHER_QUIET)
+            if len(self.engine.waiting) == waiting:
+                return
+            waiting = len(self.engine.waiting)
 
     def deliver(self, generation: Generation, item) -> None:
         with self.listening:

@@ -22,6 +22,13 @@ using Half = __fp16;
 using Half = _Float16;
 #endif
 
+// out[i] = x[i] as float16, rounded to nearest (even on ties), for i in [0, n): one instruction each where the file's
+// instruction set has F16C, a library call in plain x86-64. Inlined into each file's own function, so that each keeps
+// its own instructions.
+[[gnu::always_inline]] inline void halves_range(const float* x, Half* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Half>(x[i]);
+}
+
 struct Problem {
   const float* x;        // M x K, laid out as `prepare_inputs` writes it
   const float* xsum;     // M x (K / group_size), rows integer_rows_from(M) on
@@ -200,6 +207,16 @@ void silu_avx512(const float* x, float* out, int64_t begin, int64_t end);
 #endif
 #if defined(__aarch64__)
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end);
+#endif
+
+// out[i] = x[i] as float16 for i in [0, n) (`halves_range`). One function per instruction set.
+void halves_scalar(const float* x, Half* out, int64_t n);
+#if defined(__x86_64__) || defined(_M_X64)
+void halves_avx2(const float* x, Half* out, int64_t n);
+void halves_avx512(const float* x, Half* out, int64_t n);
+#endif
+#if defined(__aarch64__)
+void halves_neon(const float* x, Half* out, int64_t n);
 #endif
 
 // Weight rows [row_begin, row_end) of a packed product, dequantized to float32 into `dst` (K floats a row, each

@@ -102,4 +102,6 @@ void attend_quantized_avx2(const QuantizedAttention& a, int row, int head, int h
 
 void silu_avx2(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
+void halves_avx2(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
 }  // namespace minimlx_native

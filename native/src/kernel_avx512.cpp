@@ -31,4 +31,6 @@ void attend_quantized_avx512(const QuantizedAttention& a, int row, int head, int
 
 void silu_avx512(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
+void halves_avx512(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
 }  // namespace minimlx_native

@@ -141,4 +141,6 @@ void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int
 
 void silu_scalar(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
+void halves_scalar(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
 }  // namespace minimlx_native

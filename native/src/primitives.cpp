@@ -58,6 +58,7 @@ struct Isa {
   void (*attend)(const Attention&, int, int, int, int, int, const KeySegment&);
   void (*attend_quantized)(const QuantizedAttention&, int, int, int, int, int, const KeySegment&);
   void (*silu)(const float*, float*, int64_t, int64_t);
+  void (*halves)(const float*, Half*, int64_t);
   void (*dequantize)(const Problem&, int, int, float*);
   void (*pack)(const float*, int, int, float*, int, int);
   void (*gemm)(const Gemm&, int, int);
@@ -106,11 +107,11 @@ Isa best_isa() {
                              : avx2     ? IntegerIsa{integer_rows_avx2, quantize_inputs_avx2, 64, 32, 8, "avx2"}
                                         : scalar_integer;
   if (avx512)
-    return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, dequantize_avx512, pack_avx512,
-            gemm_avx512, 32, "avx512", integer};
+    return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, halves_avx512, dequantize_avx512,
+            pack_avx512, gemm_avx512, 32, "avx512", integer};
   if (avx2)
-    return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, dequantize_avx2, pack_avx2, gemm_avx2, 16,
-            "avx2", integer};
+    return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, halves_avx2, dequantize_avx2, pack_avx2,
+            gemm_avx2, 16, "avx2", integer};
 #elif defined(__aarch64__)
 #if defined(__APPLE__)
   const bool dotprod = true;  // every Apple arm64 CPU
@@ -118,11 +119,12 @@ Isa best_isa() {
   const bool dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
   if (rank >= 1)
-    return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, dequantize_neon, pack_neon, gemm_neon, 8,
-            "neon", dotprod ? IntegerIsa{integer_rows_neon, quantize_inputs, 32, 32, 4, "neondot"} : scalar_integer};
+    return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, halves_neon, dequantize_neon, pack_neon,
+            gemm_neon, 8, "neon",
+            dotprod ? IntegerIsa{integer_rows_neon, quantize_inputs, 32, 32, 4, "neondot"} : scalar_integer};
 #endif
-  return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, dequantize_scalar, pack_scalar,
-          gemm_scalar, 2, "scalar", scalar_integer};
+  return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, halves_scalar, dequantize_scalar,
+          pack_scalar, gemm_scalar, 2, "scalar", scalar_integer};
 }
 
 const Isa kIsa = best_isa();
@@ -285,12 +287,21 @@ void apply_gate(float* gate, float* out, int M, int N, int begin, int end) {
 // 1.14x; one process alternating, 6 rounds), 1.06x after 4,096 tokens, and batches of 8 the same.
 constexpr int64_t kBlockBytes = 128 * 1024;
 
+// Output rows per block of the product `p` (`gates` 2 for a gated one): at most about kBlockBytes as above, and the
+// rows split evenly into a multiple of the pool's threads blocks, so that no thread waits while another finishes a
+// block the rest cannot share (SmolLM2's o projection came in blocks of 455 and 121 rows, its gated one in 7).
+int block_rows(const Problem& p, int gates) {
+  const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * ((p.M + 7) / 8) * gates;
+  const int most = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work)));
+  const int threads = pool().size(), blocks = ((p.N + most - 1) / most + threads - 1) / threads * threads;
+  return std::max(8, (p.N + blocks - 1) / blocks);
+}
+
 // x @ W.T, or with `gate`, silu(x @ G.T) * (x @ W.T), by the row loop `rows` (the float or the integer one): each
 // block computes the same output rows of both products and combines them, so that the gated product is one pass
 // over the pool.
 void run(const Problem& p, const Problem* gate, void (*rows_of)(const Problem&, int, int)) {
-  const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * ((p.M + 7) / 8) * (gate ? 2 : 1);
-  const int rows = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work)));
+  const int rows = block_rows(p, gate ? 2 : 1);
   const int blocks = (p.N + rows - 1) / rows;
   auto block = [&](int b) {
     const int begin = b * rows, end = std::min(p.N, (b + 1) * rows);
@@ -427,8 +438,7 @@ Problem packed_product(const std::vector<mx::array>& in, int first, int M, float
 void run_together(const std::vector<Problem>& products, void (*rows_of)(const Problem&, int, int)) {
   std::vector<int> first_block{0}, rows;
   for (const Problem& p : products) {
-    const int64_t row_work = static_cast<int64_t>(p.K) * p.bits / 8 * ((p.M + 7) / 8);
-    rows.push_back(static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, row_work))));
+    rows.push_back(block_rows(p, 1));
     first_block.push_back(first_block.back() + (p.N + rows.back() - 1) / rows.back());
   }
   share(first_block.back(), [&](int b) {
@@ -761,6 +771,20 @@ void silu_work(const std::vector<mx::array>& in, mx::array& out) {
   share(blocks, block);
 }
 
+// x[0]^2 + ... + x[n-1]^2 in 16 running sums (value d in sum d % 16), added in a fixed order: sums the compiler keeps
+// in one vector, where one running sum waits on each addition before the next.
+float sum_of_squares(const float* x, int n) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[d + l] * x[d + l];
+  for (; d < n; ++d) lanes[d % kLanes] += x[d] * x[d];
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
 // Inputs x (..., dims) and weight (dims,): each row of x over its root mean square, times the weight.
 Work rms_norm_work(float eps) {
   return [eps](const std::vector<mx::array>& in, mx::array& out) {
@@ -771,8 +795,7 @@ Work rms_norm_work(float eps) {
     const int64_t rows = static_cast<int64_t>(in[0].size()) / dims;
     float* y = out.data<float>();
     for (int64_t r = 0; r < rows; ++r, x += dims, y += dims) {
-      float squares = 0.0f;
-      for (int d = 0; d < dims; ++d) squares += x[d] * x[d];
+      const float squares = sum_of_squares(x, dims);
       const float inverse = 1.0f / std::sqrt(squares / dims + eps);
       for (int d = 0; d < dims; ++d) y[d] = x[d] * inverse * weight[d];
     }
@@ -990,9 +1013,7 @@ struct BlockInputsStep {
 
 // out (float16) = the values of `values` (float32, as many).
 void to_half(const mx::array& values, mx::array& out) {
-  const float* from = values.data<float>();
-  Half* to = out.data<Half>();
-  for (size_t i = 0; i < values.size(); ++i) to[i] = static_cast<Half>(from[i]);
+  kIsa.halves(values.data<float>(), out.data<Half>(), static_cast<int64_t>(values.size()));
 }
 
 // A step's first part (the attention norm, the q, k, v products, RoPE): q, k and v of `in` (laid out as BlockInputs)
@@ -1119,13 +1140,13 @@ void block_output_step(const mx::array& x, const mx::array& q, const mx::array* 
   packed(in, 0, attended, o, layouts.data(), exact);
   mx::array mid = scratch(x.shape()), normed = scratch(x.shape());
   mx::array gated = scratch({batch, 1, in[4].shape(0)}), down = scratch(x.shape());
-  const float* xs = x.data<float>();
-  for (size_t d = 0; d < values; ++d) mid.data<float>()[d] = xs[d] + o.data<float>()[d];
+  const float *xs = x.data<float>(), *os = o.data<float>(), *downs = down.data<float>();
+  float *mids = mid.data<float>(), *y = out.data<float>();  // read once: data() in the loops is a call per value
+  for (size_t d = 0; d < values; ++d) mids[d] = xs[d] + os[d];
   rms_norm_work(eps)({mid, in[3]}, normed);
   packed(in, 4, normed, gated, layouts.data() + 2, exact, 7);
   packed(in, 10, gated, down, layouts.data() + 4, exact);
-  float* y = out.data<float>();
-  for (size_t d = 0; d < values; ++d) y[d] = mid.data<float>()[d] + down.data<float>()[d];
+  for (size_t d = 0; d < values; ++d) y[d] = mids[d] + downs[d];
 }
 
 // Weights w, scales, biases of a packed product of K input features and N outputs, as quantized_matmul takes them.
