@@ -42,8 +42,8 @@ namespace minimlx_native {
 // the median: 99.2%; benchmarks/integer_products.py).
 constexpr float kSecondPart = 1.5f;
 
-// quantize_inputs (kernel.h), with `Block::quantize<NIBBLES>(x, d, first, second)` quantizing the 32 values of one
-// block: d set, the codes written to first[0 .. 32) in order or, NIBBLES, the even values' to first[0 .. 16) and the
+// quantize_inputs (kernel.h), with `Block::largest(x)` the largest |x| of the 32 values of one block and
+// `Block::quantize<NIBBLES>(x, d, first, second)` quantizing them: d set, the codes written to first[0 .. 32) in order or, NIBBLES, the even values' to first[0 .. 16) and the
 // odd values' to second[0 .. 16) (where nibble order puts them), their sum returned. What a block's first part leaves,
 // x - d round(x / d), is computed with one rounding (fma) in every instruction set, so each gives the same codes.
 template <class Block>
@@ -59,13 +59,7 @@ void quantize_rows(const float* x, int M, int K, int group_size, int span, int l
     uint8_t* parts = out.parts + static_cast<int64_t>(m) * steps;
     std::fill(sums, sums + groups, 0.0f);
     std::fill(parts, parts + steps, 0);
-    for (int b = 0; b < blocks; ++b) {  // in 16 lanes, then across them: vector instructions, not a chain of 32
-      float lanes[16];
-      for (int i = 0; i < 16; ++i) lanes[i] = std::max(std::fabs(row[32 * b + i]), std::fabs(row[32 * b + 16 + i]));
-      for (int width = 8; width > 0; width /= 2)
-        for (int i = 0; i < width; ++i) lanes[i] = std::max(lanes[i], lanes[i + width]);
-      largest[b] = lanes[0];
-    }
+    for (int b = 0; b < blocks; ++b) largest[b] = Block::largest(row + 32 * b);
     sorted.assign(largest.begin(), largest.end());
     std::nth_element(sorted.begin(), sorted.begin() + blocks / 2, sorted.end());
     const float threshold = kSecondPart * sorted[blocks / 2];

@@ -32,18 +32,19 @@ struct Maddubs : Avx2Codes {
 // One block of quantize_inputs in four vectors of 8 (the codes as scalar code rounds them: to nearest, even on ties),
 // packed to bytes in order; the even and odd values' apart for nibble order.
 struct Avx2Block {
-  template <bool NIBBLES>
-  static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
-    __m256 v[4], amax = _mm256_setzero_ps();
+  static float largest(const float* x) {
+    __m256 amax = _mm256_setzero_ps();
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(x + 8 * i);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-    }
+    for (int i = 0; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    d = _mm_cvtss_f32(m) / 127.0f;
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  template <bool NIBBLES>
+  static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+    d = largest(x) / 127.0f;
     const __m256 inverse = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     __m256i q[4];
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));

@@ -62,10 +62,14 @@ struct Avx512Vnni {
 
 // One block of quantize_inputs in two vectors of 16 (the codes as scalar code rounds them: to nearest, even on ties).
 struct Avx512Block {
+  static float largest(const float* x) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x)), b = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
+    return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+  }
   template <bool NIBBLES>
   static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
     const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-    d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b))) / 127.0f;
+    d = largest(x) / 127.0f;
     const __m512 inverse = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
     if constexpr (NIBBLES) {

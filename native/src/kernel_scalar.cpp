@@ -38,11 +38,14 @@ int quantized_stride(int K, int span) { return (K + span - 1) / span * span; }
 
 // One block of quantize_inputs in plain C++.
 struct ScalarBlock {
-  template <bool NIBBLES>
-  static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
+  static float largest(const float* x) {
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-    d = amax / 127.0f;
+    return amax;
+  }
+  template <bool NIBBLES>
+  static int quantize(const float* x, float& d, int8_t* first, int8_t* second) {
+    d = largest(x) / 127.0f;
     const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
     int total = 0;
     for (int i = 0; i < 32; ++i) {  // rounded to nearest (even on ties) by adding 1.5 * 2^23 and taking it away
