@@ -135,6 +135,19 @@ def test_own_settings_per_sequence(smollm2):
     assert together[1] == "The capital of France is"
 
 
+def test_greedy_rows_with_logit_biases_of_their_own_batch_as_alone(smollm2):
+    """Greedy rows with their own logit biases (one bans its greedy first token, one favours a word, one has none) take
+    one argmax over the batch's stacked biases, and each gets the ids it gets alone."""
+    model, tokenizer = smollm2
+    ids = smollm2_ids(tokenizer, 3)
+    first = run_batch(model, tokenizer, [Request(ids[0], SamplingSettings(1))])[0][0]
+    biases = [((first, -100.0),), ((tokenizer.encode(" cat")[0], 8.0),), ()]
+    requests = [Request(prompt, SamplingSettings(8, logit_bias=bias)) for prompt, bias in zip(ids, biases)]
+    alone = [run_batch(model, tokenizer, [request])[0] for request in requests]
+    assert run_batch(model, tokenizer, requests) == alone
+    assert alone[0][0] != first
+
+
 def test_prompt_cache_reuses_a_conversation_prefix(smollm2):
     model, tokenizer = smollm2
     first = [{"role": "user", "content": PROMPTS[0]}]

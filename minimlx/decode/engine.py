@@ -114,6 +114,7 @@ class Generation:
         self.stop_ids = request.stop_ids if request.stop_ids is not None else frozenset(tokenizer.eos_token_ids)
         self.sampler = settings.sampler()
         self.greedy = settings.greedy  # its next token is its logits' argmax alone
+        self.argmax = settings.temperature == 0 and settings.repetition_penalty == 1.0  # its biased logits' argmax
         self.seed = settings.seed if settings.seed is not None or settings.temperature == 0 else random.getrandbits(32)
         self.detokenizer = tokenizer.detokenizer() if tokenizer is not None else None
         self.held = ""
@@ -146,10 +147,16 @@ class Generation:
         """`logits` (rows, vocab) with the settings' logit bias added."""
         if not self.request.settings.logit_bias:
             return logits
+        return logits + self.bias_of(logits.shape[-1])
+
+    def bias_of(self, vocab: int) -> mx.array:
+        """(vocab,) the settings' logit bias, zeros without one."""
         if self.bias is None:
-            ids, biases = zip(*self.request.settings.logit_bias)
-            self.bias = mx.zeros(logits.shape[-1]).at[mx.array(ids)].add(mx.array(biases))
-        return logits + self.bias
+            self.bias = mx.zeros(vocab)
+            if self.request.settings.logit_bias:
+                ids, biases = zip(*self.request.settings.logit_bias)
+                self.bias = self.bias.at[mx.array(ids)].add(mx.array(biases))
+        return self.bias
 
     def sample(self, logits: mx.array, fed: mx.array) -> mx.array:
         """The next token (1,) from this generation's logits (1, vocab), `fed` (1,) being the token just read."""
@@ -300,6 +307,7 @@ class Engine:
         self.cache: list | None = None  # one batch cache per layer
         self.tokens: mx.array | None = None  # (rows,) the last sampled token of each row
         self.unread = False  # whether `tokens` is still to be read back (not when they are first tokens)
+        self.biases: tuple[list[Generation], mx.array] | None = None  # `row_biases`: the rows and their biases
         self.lock = threading.Lock()
         self.wake = threading.Event()  # set when there is work
 
@@ -559,10 +567,10 @@ class Engine:
                     except Exception as e:  # this row's grammar alone: it ends at its next read
                         s.failure = e
             logits = mx.where(mx.array(allowed), logits, -mx.inf)
-        if all(s.greedy for s in rows):  # one argmax for the batch, not a slice and one per row
+        if all(s.argmax for s in rows):  # one argmax for the batch, not a slice and one per row
             for s in rows:
                 s.sampled += 1
-            tokens = greedy(logits)
+            tokens = greedy(logits if all(s.greedy for s in rows) else logits + self.row_biases(rows, logits.shape[-1]))
         else:
             tokens = mx.concatenate([self.sample(s, logits[i : i + 1], inputs[i : i + 1]) for i, s in enumerate(rows)])
         if self.agree is not None:
@@ -571,6 +579,13 @@ class Engine:
             if s.asked is not None:
                 s.note_logprobs(raw[i : i + 1], tokens[i : i + 1])
         return tokens
+
+    def row_biases(self, rows: list[Generation], vocab: int) -> mx.array:
+        """(rows, vocab) each row's logit bias, stacked once for as long as the batch's rows stay the same."""
+        held = self.biases[0] if self.biases is not None else []
+        if len(held) != len(rows) or any(a is not b for a, b in zip(held, rows)):
+            self.biases = (list(rows), mx.stack([s.bias_of(vocab) for s in rows]))
+        return self.biases[1]
 
     @staticmethod
     def sample(generation: Generation, logits: mx.array, fed: mx.array) -> mx.array:
@@ -645,7 +660,7 @@ class Engine:
         with self.lock:
             self.waiting.clear()
         self.prefilling.clear()
-        self.rows, self.cache, self.tokens, self.unread = [], None, None, False
+        self.rows, self.cache, self.tokens, self.unread, self.biases = [], None, None, False, None
 
     def run(self) -> None:
         """Step until every submitted sequence has finished."""
