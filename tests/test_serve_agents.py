@@ -133,7 +133,7 @@ def test_json_schema_answers_validate_at_temperature_0_8(server, schema):
         response_format={"type": "json_schema", "json_schema": {"name": "example", "schema": schema}},
         temperature=0.8,
         seed=7,
-        max_tokens=200,
+        max_tokens=400,
         n=2,
     )
     for choice in reply.choices:
