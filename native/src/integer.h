@@ -43,8 +43,9 @@ namespace minimlx_native {
 constexpr float kSecondPart = 1.5f;
 
 // quantize_inputs (kernel.h), with `Block::largest(x)` the largest |x| of the 32 values of one block and
-// `Block::quantize<NIBBLES>(x, d, first, second)` quantizing them: d set, the codes written to first[0 .. 32) in order or, NIBBLES, the even values' to first[0 .. 16) and the
-// odd values' to second[0 .. 16) (where nibble order puts them), their sum returned. What a block's first part leaves,
+// `Block::quantize<NIBBLES>(x, d, first, second)` quantizing them: d set, the codes written to first[0 .. 32) in order
+// or, NIBBLES, the even values' to first[0 .. 16) and the odd values' to second[0 .. 16) (where nibble order puts
+// them), their sum returned. What a block's first part leaves,
 // x - d round(x / d), is computed with one rounding (fma) in every instruction set, so each gives the same codes.
 template <class Block>
 void quantize_rows(const float* x, int M, int K, int group_size, int span, int lanes, bool nibbles,
