@@ -64,8 +64,9 @@ void quantize_rows(const float* x, int M, int K, int group_size, int span, int l
     sorted.assign(largest.begin(), largest.end());
     std::nth_element(sorted.begin(), sorted.begin() + blocks / 2, sorted.end());
     const float threshold = kSecondPart * sorted[blocks / 2];
-    for (int k = 0; k < stride; k += 32) {
-      const int64_t at = static_cast<int64_t>(m) * stride + k / span * span + (nibbles ? k % span / 2 : k % span);
+    // block k / 32 is block j of step t, and of group g (counted along rather than divided out)
+    for (int k = 0, t = 0, j = 0, g = 0, in_group = 0; k < stride; k += 32) {
+      const int64_t at = static_cast<int64_t>(m) * stride + t * span + (nibbles ? 16 : 32) * j;
       const int64_t lane = (static_cast<int64_t>(m) * stride + k) / 32 * lanes_per_block;
       float d = 0.0f, d2 = 0.0f;
       const bool second = k < K && largest[k / 32] > threshold;
@@ -79,7 +80,7 @@ void quantize_rows(const float* x, int M, int K, int group_size, int span, int l
         auto quantize = [&](const float* values, float& scale, int8_t* codes) {
           const int total = nibbles ? Block::template quantize<true>(values, scale, codes, codes + span / 2)
                                     : Block::template quantize<false>(values, scale, codes, codes + span / 2);
-          sums[k / group_size] += scale * static_cast<float>(total);
+          sums[g] += scale * static_cast<float>(total);
         };
         quantize(row + k, d, out.xq + at);
         if (second) {
@@ -87,11 +88,13 @@ void quantize_rows(const float* x, int M, int K, int group_size, int span, int l
           const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
           for (int i = 0; i < 32; ++i) rest[i] = std::fma(-d, std::nearbyint(row[k + i] * inverse), row[k + i]);
           quantize(rest, d2, out.xq2 + at);
-          parts[k / span] = 1;
+          parts[t] = 1;
         }
       }
       std::fill(out.xd + lane, out.xd + lane + lanes_per_block, d);
       std::fill(out.xd2 + lane, out.xd2 + lane + lanes_per_block, d2);
+      if (++j == span / 32) j = 0, ++t;
+      if (++in_group == group_size / 32) in_group = 0, ++g;
     }
   }
 }
