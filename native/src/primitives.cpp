@@ -181,6 +181,13 @@ using Floats = std::vector<float, CacheAligned<float>>;
 // It polls with yield(), so under load it hands its core to whoever needs it.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
+// Blocks that a job runs before its own (`share`), all of them done before any of the job's starts: work each block
+// of the job needs whole, shared out in the same pass over the pool rather than a pass of its own.
+struct Phase {
+  int blocks = 0;
+  const std::function<void(int)>* block = nullptr;
+};
+
 class Pool {
  public:
   explicit Pool(int size) {
@@ -188,9 +195,9 @@ class Pool {
   }
   int size() const { return static_cast<int>(threads_.size()) + 1; }
 
-  void run(int blocks, const std::function<void(int)>& block) {
+  void run(const Phase& first, int blocks, const std::function<void(int)>& block) {
     std::lock_guard<std::mutex> one_job_at_a_time(running_);
-    auto job = std::make_shared<Job>(blocks, block);
+    auto job = std::make_shared<Job>(first, blocks, block);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = job;
@@ -205,16 +212,25 @@ class Pool {
 
  private:
   struct Job {
-    Job(int blocks, const std::function<void(int)>& block) : blocks(blocks), block(block) {}
+    Job(const Phase& first, int blocks, const std::function<void(int)>& block)
+        : first(first), blocks(blocks), block(block) {}
     void help() {
+      if (first.blocks > 0) {
+        for (int b; (b = next_first.fetch_add(1)) < first.blocks;) {
+          (*first.block)(b);
+          done_first.fetch_add(1, std::memory_order_release);
+        }
+        while (done_first.load(std::memory_order_acquire) < first.blocks) std::this_thread::yield();
+      }
       for (int b; (b = next.fetch_add(1)) < blocks;) {
         block(b);
         done.fetch_add(1, std::memory_order_release);
       }
     }
+    const Phase first;
     const int blocks;
     const std::function<void(int)>& block;  // valid while some block is unfinished
-    std::atomic<int> next{0}, done{0};
+    std::atomic<int> next_first{0}, done_first{0}, next{0}, done{0};
   };
 
   // Between jobs: poll for the next for kSpin, then sleep until one is published. A job that is over by the time
@@ -259,13 +275,14 @@ Pool& pool() {
   return *instance;
 }
 
-// Blocks 0 .. blocks - 1 of one job: shared with the pool's workers, or run here when there is one block or
-// one thread.
-void share(int blocks, const std::function<void(int)>& block) {
-  if (blocks <= 1 || pool().size() == 1) {
+// Blocks 0 .. blocks - 1 of one job, after every block of `first`: shared with the pool's workers, or run here when
+// there is one block in all or one thread.
+void share(int blocks, const std::function<void(int)>& block, const Phase& first = {}) {
+  if (first.blocks + blocks <= 1 || pool().size() == 1) {
+    for (int b = 0; b < first.blocks; ++b) (*first.block)(b);
     for (int b = 0; b < blocks; ++b) block(b);
   } else {
-    pool().run(blocks, block);
+    pool().run(first, blocks, block);
   }
 }
 
@@ -300,7 +317,7 @@ int block_rows(const Problem& p, int gates) {
 // x @ W.T, or with `gate`, silu(x @ G.T) * (x @ W.T), by the row loop `rows` (the float or the integer one): each
 // block computes the same output rows of both products and combines them, so that the gated product is one pass
 // over the pool.
-void run(const Problem& p, const Problem* gate, void (*rows_of)(const Problem&, int, int)) {
+void run(const Problem& p, const Problem* gate, void (*rows_of)(const Problem&, int, int), const Phase& first = {}) {
   const int rows = block_rows(p, gate ? 2 : 1);
   const int blocks = (p.N + rows - 1) / rows;
   auto block = [&](int b) {
@@ -310,7 +327,7 @@ void run(const Problem& p, const Problem* gate, void (*rows_of)(const Problem&, 
     rows_of(*gate, begin, end);
     apply_gate(gate->out, p.out, p.M, p.N, begin, end);
   };
-  share(blocks, block);
+  share(blocks, block, first);
 }
 
 // What a CPU op computes: the arrays of one evaluation (its inputs, then its output, allocated) on the CPU
@@ -432,10 +449,11 @@ Problem packed_product(const std::vector<mx::array>& in, int first, int M, float
   return p;
 }
 
-// Products of one input, each by the row loop `rows_of`, in one pass over the pool: their blocks (each product's
-// rows split as `run` splits them) are claimed from one counter, so that the narrow ones (a block's k and v) do not
-// each wait for the pool.
-void run_together(const std::vector<Problem>& products, void (*rows_of)(const Problem&, int, int)) {
+// Products of one input, each by the row loop `rows_of`, in one pass over the pool (after the blocks of `first`):
+// their blocks (each product's rows split as `run` splits them) are claimed from one counter, so that the narrow ones
+// (a block's k and v) do not each wait for the pool.
+void run_together(const std::vector<Problem>& products, void (*rows_of)(const Problem&, int, int),
+                  const Phase& first) {
   std::vector<int> first_block{0}, rows;
   for (const Problem& p : products) {
     rows.push_back(block_rows(p, 1));
@@ -446,11 +464,11 @@ void run_together(const std::vector<Problem>& products, void (*rows_of)(const Pr
     const Problem& p = products[i];
     const int begin = (b - first_block[i]) * rows[i];
     rows_of(p, begin, std::min(p.N, begin + rows[i]));
-  });
+  }, first);
 }
 
-// The integer products of x = in[0] (quantized once, integer.h) by the weights whose (w, scales, biases) start at
-// each of `firsts` (one layout), into `outs`, in one pass over the pool; with `gate` (the first of a gate's weights),
+// The integer products of x = in[0] (quantized once, integer.h, a row a block in the same pass) by the weights whose
+// (w, scales, biases) start at each of `firsts` (one layout), into `outs`, in one pass over the pool; with `gate` (the first of a gate's weights),
 // the one product's SwiGLU form silu(x @ gate.T) * (x @ w.T). For fewer than kIntegerRowsBelow rows of x.
 void integer_products(const std::vector<mx::array>& in, const std::vector<int>& firsts, const std::vector<float*>& outs,
                       int gate, int group_size, int bits) {
@@ -469,7 +487,17 @@ void integer_products(const std::vector<mx::array>& in, const std::vector<int>& 
   sums.resize(static_cast<size_t>(M) * (K / group_size));
   const QuantizedInputs quantized{codes.data(),  block_scales.data(), second_codes.data(), second_scales.data(),
                                   parts.data(), sums.data()};
-  isa.quantize(contiguous(x, copy), M, K, group_size, span, isa.lanes, bits == 4, quantized);
+  // each input row quantized in the products' pass over the pool, before any product block
+  const float* xs = contiguous(x, copy);
+  const int64_t step_lanes = static_cast<int64_t>(stride) / span * isa.lanes, steps = stride / span;
+  const std::function<void(int)> quantize_row = [&, xs, quantized](int m) {
+    const int64_t row_codes = static_cast<int64_t>(m) * stride;
+    const QuantizedInputs row{quantized.xq + row_codes, quantized.xd + m * step_lanes, quantized.xq2 + row_codes,
+                              quantized.xd2 + m * step_lanes, quantized.parts + m * steps,
+                              quantized.xsum + static_cast<int64_t>(m) * (K / group_size)};
+    isa.quantize(xs + static_cast<int64_t>(m) * K, 1, K, group_size, span, isa.lanes, bits == 4, row);
+  };
+  const Phase first{M, &quantize_row};
   auto problem = [&](int first, float* dst) {
     Problem p = packed_product(in, first, M, dst, group_size, bits);
     p.xq = codes.data();
@@ -484,12 +512,12 @@ void integer_products(const std::vector<mx::array>& in, const std::vector<int>& 
   if (gate >= 0) {
     gated.resize(static_cast<size_t>(M) * in[gate].shape(0));
     const Problem gate_product = problem(gate, gated.data());
-    return run(problem(firsts[0], outs[0]), &gate_product, isa.rows);
+    return run(problem(firsts[0], outs[0]), &gate_product, isa.rows, first);
   }
   std::vector<Problem> products;
   for (size_t i = 0; i < firsts.size(); ++i) products.push_back(problem(firsts[i], outs[i]));
-  if (products.size() == 1) return run(products[0], nullptr, isa.rows);
-  run_together(products, isa.rows);
+  if (products.size() == 1) return run(products[0], nullptr, isa.rows, first);
+  run_together(products, isa.rows, first);
 }
 
 // Inputs as `product_work`'s, for fewer than kIntegerRowsBelow rows.
