@@ -432,6 +432,9 @@ constexpr int kDequantizedGemmRows = 28;
 // rows computes as it does alone: a batch's sequences get the tokens each gets alone.
 constexpr int kIntegerRowsBelow = kDequantizedGemmRows;
 
+// Input rows a block of the GEMM's input preparation (`prepare_inputs`) takes: a multiple of 8.
+constexpr int kPreparedRows = 64;
+
 // The product of weight `first` of `in` (its w, scales, biases) for M input rows into dst; the inputs' fields are
 // the caller's to fill.
 Problem packed_product(const std::vector<mx::array>& in, int first, int M, float* dst, int group_size, int bits) {
@@ -541,11 +544,17 @@ Work product_work(int group_size, int bits, bool exact) {
     const float* xs = contiguous(x, copy);
     prepared.resize(x.size());
     sums.resize(static_cast<size_t>(M) * groups);
-    for (auto [first_row, count] : {std::pair{0, gemm_rows}, std::pair{gemm_rows, rows}})  // each part's own layout
-      if (count > 0)
-        prepare_inputs(xs + static_cast<int64_t>(first_row) * K, count, K, group_size, bits,
-                       prepared.data() + static_cast<int64_t>(first_row) * K,
-                       sums.data() + static_cast<int64_t>(first_row) * groups);
+    // Each part in its own layout; the GEMM's rows (a prompt's hundreds) in blocks of kPreparedRows over the pool,
+    // which on one thread took a twentieth of a prefill. The GEMM reads no group sums, and a block of a multiple of 8
+    // rows writes none.
+    auto prepare = [&, xs, to = prepared.data(), row_sums = sums.data()](int first_row, int count) {  // this thread's
+      prepare_inputs(xs + static_cast<int64_t>(first_row) * K, count, K, group_size, bits,
+                     to + static_cast<int64_t>(first_row) * K, row_sums + static_cast<int64_t>(first_row) * groups);
+    };
+    share((gemm_rows + kPreparedRows - 1) / kPreparedRows, [&](int b) {
+      prepare(b * kPreparedRows, std::min(kPreparedRows, gemm_rows - b * kPreparedRows));
+    });
+    if (rows > 0) prepare(gemm_rows, rows);
     // Input rows [first_row, first_row + count) of the product of weight `first` (w, scales, biases), into dst.
     auto problem = [&](int first, int first_row, int count, float* dst) {
       Problem p = packed_product(in, first, count, dst, group_size, bits);
