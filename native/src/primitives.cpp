@@ -822,20 +822,25 @@ float sum_of_squares(const float* x, int n) {
   return total;
 }
 
+// Rows per block of a norm over the pool: a prompt's hundreds are shared out, a decode step's few stay one block.
+constexpr int64_t kNormRows = 64;
+
 // Inputs x (..., dims) and weight (dims,): each row of x over its root mean square, times the weight.
 Work rms_norm_work(float eps) {
   return [eps](const std::vector<mx::array>& in, mx::array& out) {
     thread_local Floats copy, weight_copy;
-    const float* x = contiguous(in[0], copy);
-    const float* weight = contiguous(in[1], weight_copy);
+    const float *xs = contiguous(in[0], copy), *weight = contiguous(in[1], weight_copy);  // this thread's copies
     const int dims = in[0].shape(-1);
     const int64_t rows = static_cast<int64_t>(in[0].size()) / dims;
-    float* y = out.data<float>();
-    for (int64_t r = 0; r < rows; ++r, x += dims, y += dims) {
-      const float squares = sum_of_squares(x, dims);
-      const float inverse = 1.0f / std::sqrt(squares / dims + eps);
-      for (int d = 0; d < dims; ++d) y[d] = x[d] * inverse * weight[d];
-    }
+    float* ys = out.data<float>();
+    share(static_cast<int>((rows + kNormRows - 1) / kNormRows), [&, xs, weight, ys](int b) {
+      for (int64_t r = b * kNormRows; r < std::min(rows, (b + 1) * kNormRows); ++r) {
+        const float* x = xs + r * dims;
+        float* y = ys + r * dims;
+        const float inverse = 1.0f / std::sqrt(sum_of_squares(x, dims) / dims + eps);
+        for (int d = 0; d < dims; ++d) y[d] = x[d] * inverse * weight[d];
+      }
+    });
   };
 }
 
