@@ -15,6 +15,7 @@ measurement is a process of its own (this script with --worker), rounds interlea
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compare import ENVIRONMENT, machine, prompt_ids, timed  # noqa: E402
+from compare import ENVIRONMENT, machine, prompt_ids, smollm2_gguf, timed  # noqa: E402
 
 RUNNERS = ("minimlx", "mlx-lm")
 
@@ -92,12 +93,23 @@ def converted(work: Path) -> Path:
     return folder
 
 
+def at_least(least: int):
+    """An argparse type: a whole number of at least `least`."""
+
+    def whole(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least {least}")
+        return int(text)
+
+    return whole
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--gen-tokens", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--prompt-tokens", type=at_least(1), default=512)
+    parser.add_argument("--gen-tokens", type=at_least(2), default=128, help="decode is timed after the first")
+    parser.add_argument("--batch", type=at_least(1), default=8)
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "minimlx-bench")
     parser.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -107,6 +119,9 @@ def main() -> None:
         worker = minimlx_worker if args.worker == "minimlx" else mlx_lm_worker
         print(json.dumps(worker(args.folder, *shape)))
         return
+    if importlib.util.find_spec("mlx_lm") is None:
+        sys.exit("mlx-lm is not installed: pip install mlx-lm")
+    smollm2_gguf()  # exits with the fix when SmolLM2 is not installed
     folder = converted(args.work)
     results = {name: [] for name in RUNNERS}
     for round_ in range(1, args.rounds + 1):

@@ -471,8 +471,9 @@ void run_together(const std::vector<Problem>& products, void (*rows_of)(const Pr
 }
 
 // The integer products of x = in[0] (quantized once, integer.h, a row a block in the same pass) by the weights whose
-// (w, scales, biases) start at each of `firsts` (one layout), into `outs`, in one pass over the pool; with `gate` (the first of a gate's weights),
-// the one product's SwiGLU form silu(x @ gate.T) * (x @ w.T). For fewer than kIntegerRowsBelow rows of x.
+// (w, scales, biases) start at each of `firsts` (one layout), into `outs`, in one pass over the pool; with `gate` (the
+// first of a gate's weights), the one product's SwiGLU form silu(x @ gate.T) * (x @ w.T). For fewer than
+// kIntegerRowsBelow rows of x.
 void integer_products(const std::vector<mx::array>& in, const std::vector<int>& firsts, const std::vector<float*>& outs,
                       int gate, int group_size, int bits) {
   const IntegerIsa& isa = kIsa.integer;
@@ -547,7 +548,8 @@ Work product_work(int group_size, int bits, bool exact) {
     // Each part in its own layout; the GEMM's rows (a prompt's hundreds) in blocks of kPreparedRows over the pool,
     // which on one thread took a twentieth of a prefill. The GEMM reads no group sums, and a block of a multiple of 8
     // rows writes none.
-    auto prepare = [&, xs, to = prepared.data(), row_sums = sums.data()](int first_row, int count) {  // this thread's
+    // (the buffers by pointer: `prepared` and `sums` name each thread's own thread_local)
+    auto prepare = [&, xs, to = prepared.data(), row_sums = sums.data()](int first_row, int count) {
       prepare_inputs(xs + static_cast<int64_t>(first_row) * K, count, K, group_size, bits,
                      to + static_cast<int64_t>(first_row) * K, row_sums + static_cast<int64_t>(first_row) * groups);
     };
@@ -1169,8 +1171,9 @@ void quantize_row(const float* x, int D, int group_size, int bits, uint32_t* cod
 
 // A step's last part (attention over the cache, the o product, the residual, the feed-forward norm, the SwiGLU products
 // and the residual): x (batch, 1, dims) and q (batch, heads, 1, head_dim); the cache's buffers (`arrays` of them,
-// the token's keys and values written at `start`), maybe a mask hiding keys of some rows; the o projection's (w, scales, biases), the feed-forward norm's
-// weight, the up, gate and down projections' (w, scales, biases), from weights[0]. out (batch, 1, dims).
+// the token's keys and values written at `start`), maybe a mask hiding keys of some rows; the o projection's (w,
+// scales, biases), the feed-forward norm's weight, the up, gate and down projections' (w, scales, biases), from
+// weights[0]. out (batch, 1, dims).
 void block_output_step(const mx::array& x, const mx::array& q, const mx::array* cache, int arrays, int start,
                        const mx::array* mask, const mx::array* weights, float scale, float eps, bool exact,
                        const std::vector<int>& layouts, mx::array& out) {
@@ -1334,7 +1337,8 @@ class BlockStepOp : public mx::Primitive {
     const auto &a = settings_.inputs, &b = o.inputs;
     return a.eps == b.eps && a.rope_dims == b.rope_dims && a.traditional == b.traditional && a.exact == b.exact &&
            a.heads == b.heads && std::equal(a.layouts, a.layouts + 6, b.layouts) && settings_.scale == o.scale &&
-           settings_.eps == o.eps && settings_.layouts == o.layouts && settings_.arrays == o.arrays && settings_.masked == o.masked;
+           settings_.eps == o.eps && settings_.layouts == o.layouts && settings_.arrays == o.arrays &&
+           settings_.masked == o.masked;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
