@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (registration happens on import)
     phi3,
     qwen2,
     qwen3,
+    qwen3_next,
     smollm3,
 )
 from .registry import (

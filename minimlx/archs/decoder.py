@@ -15,6 +15,7 @@ from ..core import (
     Attention,
     Block,
     FourNormBlock,
+    GatedDeltaNet,
     GatedFFN,
     LatentAttention,
     PostNormBlock,
@@ -28,6 +29,22 @@ from .experts import MoEConfig, stack_experts
 from .fused import fuse, split_fused
 from .gguf import llama_config, unpermute_rows
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
+
+
+@dataclass(frozen=True)
+class DeltaNetConfig:
+    """The sizes of a Gated DeltaNet layer, and which layers are one."""
+
+    layers: tuple[int, ...]
+    key_heads: int
+    value_heads: int
+    key_dims: int
+    value_dims: int
+    kernel: int
+
+    def build(self, dims: int, eps: float) -> GatedDeltaNet:
+        return GatedDeltaNet(dims, self.key_heads, self.value_heads, self.key_dims, self.value_dims, self.kernel, eps)
+
 
 BLOCKS = {"before": Block, "after": PostNormBlock, "both": FourNormBlock}  # where a block's norms sit
 
@@ -79,6 +96,8 @@ class DecoderConfig:
     q_lora_rank: int | None = None
     nope_dims: int = 0
     value_dims: int = 0
+    attn_output_gate: bool = False  # attention's output times sigmoid of a gate from q_proj's doubled width
+    delta_net: "DeltaNetConfig | None" = None  # the layers whose token-mixer is a Gated DeltaNet, and its sizes
 
     @classmethod
     def from_config(cls, config: dict):
@@ -130,7 +149,10 @@ class DecoderConfig:
         return RoPE(self.rotary_dims, base, scaling, self.max_positions, self.interleaved_rope)
 
     def attention(self, layer: int) -> nn.Module:
-        """Grouped-query attention (multi-head when `kv_heads == heads`), or latent attention when `latent_dims`."""
+        """Layer `layer`'s token-mixer: grouped-query attention (multi-head when `kv_heads == heads`), latent
+        attention when `latent_dims`, or a Gated DeltaNet in the layers `delta_net` covers."""
+        if self.delta_net is not None and layer in self.delta_net.layers:
+            return self.delta_net.build(self.dims, self.norm_eps)
         if self.latent_dims:
             return LatentAttention(
                 self.dims,
@@ -159,6 +181,7 @@ class DecoderConfig:
             scale=self.query_scale,
             logit_cap=self.attention_cap,
             qk_norm=self.norm_class,
+            output_gate=self.attn_output_gate,
         )
 
     def ffn(self, layer: int) -> nn.Module:

@@ -23,7 +23,7 @@ from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
 from .llama3 import Llama3Config
-from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, text_model_names
 from .registry import register
 
 GEMMA_NAMES = LLAMA_NAMES.extended(
@@ -140,16 +140,7 @@ class Gemma3TextConfig(Gemma2Config):
 
 # Gemma 3's image-text checkpoints: the text model's tensors under `language_model` (transformers 4 and mlx-lm)
 # or `model.language_model` (transformers 5), beside the vision tower's, which a text model leaves out.
-MULTIMODAL_NAMES = NameMap(
-    [
-        (prefix + theirs.removeprefix("model."), ours)
-        for prefix in ("language_model.model.", "model.language_model.")
-        for theirs, ours in GEMMA_NAMES.templates
-        if theirs.startswith("model.")
-    ]
-    + [("language_model.lm_head.", "head."), ("lm_head.", "head.")],
-    drop=[*GEMMA_NAMES.drop_patterns, r"(^|\.)vision_tower\.", r"(^|\.)multi_modal_projector\."],
-)
+MULTIMODAL_NAMES = text_model_names(GEMMA_NAMES, drop=[r"(^|\.)vision_tower\.", r"(^|\.)multi_modal_projector\."])
 
 
 @register("gemma3")

@@ -2,19 +2,27 @@
 
 from .attention import Attention, capped_attention, soft_cap
 from .block import Block, FourNormBlock, PostNormBlock
-from .cache import KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
+from .cache import KVCache, LatentCache, QuantizedKVCache, RecurrentCache, RotatingKVCache
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
 from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
 from .positions import Positions
 from .recorder import Recorder
+from .recurrent import CausalConv, GatedDeltaNet, GatedRMSNorm, causal_conv, gated_delta_chunked, gated_delta_recurrent
 from .rope import RoPE
 from .transformer import Transformer
 
 __all__ = [
     "Attention",
     "Block",
+    "CausalConv",
+    "GatedDeltaNet",
+    "GatedRMSNorm",
+    "RecurrentCache",
+    "causal_conv",
+    "gated_delta_chunked",
+    "gated_delta_recurrent",
     "Experts",
     "FourNormBlock",
     "GatedFFN",

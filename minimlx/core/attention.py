@@ -110,7 +110,8 @@ class Attention(nn.Module):
     With `window`, each token sees only itself and the `window - 1` tokens before it (sliding-window
     attention; its cache keeps just those). With `sinks`, each head has a learned logit `sinks[h]` that
     joins the softmax and soaks up attention without adding any value. With `logit_cap`, scores are
-    soft-capped (`soft_cap`) before the mask and softmax.
+    soft-capped (`soft_cap`) before the mask and softmax. With `output_gate`, q_proj is twice as wide (each head's
+    queries, then its gate) and the heads' output is multiplied by sigmoid(gate) before the output projection.
     """
 
     def __init__(
@@ -129,10 +130,12 @@ class Attention(nn.Module):
         scale: float | None = None,
         logit_cap: float | None = None,
         qk_norm: Callable[[int, float], nn.Module] = RMSNorm,
+        output_gate: bool = False,
     ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(dims, heads * head_dim, bias=qkv_bias)
+        self.output_gate = output_gate
+        self.q_proj = nn.Linear(dims, heads * head_dim * (2 if output_gate else 1), bias=qkv_bias)
         self.k_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * head_dim, dims, bias=out_bias)
@@ -156,6 +159,9 @@ class Attention(nn.Module):
         """x: (batch, tokens, dims), continuing `cache` if given; `positions` are the forward pass's."""
         positions = positions or Positions.of(x.shape[1], cache)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        gate = None
+        if self.output_gate:
+            q, gate = self.split_gate(q)
         if "q_norm" in self and not self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
@@ -169,7 +175,7 @@ class Attention(nn.Module):
         sinks = self.get("sinks")
         if isinstance(cache, Quantized):
             if recorder is None and self.logit_cap is None and sinks is None:
-                return self.o_proj(merge_heads(self.attend_quantized(q, k, v, mask, cache.group_size, cache.bits)))
+                return self.project(self.attend_quantized(q, k, v, mask, cache.group_size, cache.bits), gate)
             k, v = cache.dequantize(k), cache.dequantize(v)  # what a recorder reads, and the capped or sunk forms
         if recorder is not None:
             record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
@@ -177,7 +183,18 @@ class Attention(nn.Module):
             out = self.attend(q, k, v, mask, sinks)
         else:
             out = capped_attention(q, k, v, self.scale, mask, self.logit_cap, sinks)
-        return self.o_proj(merge_heads(out))
+        return self.project(out, gate)
+
+    def split_gate(self, q: mx.array) -> tuple[mx.array, mx.array]:
+        """q_proj's doubled output (batch, tokens, heads * 2 * head_dim) -> the queries and the output gate."""
+        batch, tokens, _ = q.shape
+        q, gate = mx.split(q.reshape(batch, tokens, self.heads, 2 * self.head_dim), 2, axis=-1)
+        return q.reshape(batch, tokens, -1), gate.reshape(batch, tokens, -1)
+
+    def project(self, out: mx.array, gate: mx.array | None) -> mx.array:
+        """The heads' output (batch, heads, tokens, head_dim), gated where the layer has a gate, projected back."""
+        out = merge_heads(out)
+        return self.o_proj(out if gate is None else out * mx.sigmoid(gate))
 
     def cached(self, k: mx.array, v: mx.array, cache) -> tuple[mx.array, mx.array]:
         """This step's keys and values as `cache` is to hold them: as computed. A device form may hold them in fewer

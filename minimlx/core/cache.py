@@ -17,6 +17,8 @@ decode step replays over.
 import mlx.core as mx
 import numpy as np
 
+from ..errors import InvalidSettingError
+
 
 class GrowingBuffer:
     """Arrays of shape (batch, ..., tokens, features) preallocated in steps, so appending is a slice write."""
@@ -537,3 +539,116 @@ class FixedQuantizedKVCache(Quantized, FixedKVCache):
     @property
     def buffers(self) -> list[mx.array]:
         return [*self.keys, *self.values]
+
+
+class RecurrentCache:
+    """What a recurrent token-mixer carries from one pass to the next: a short convolution's last inputs and a
+    recurrent state, each a function of the whole prefix (no token axis).
+
+    Capabilities: snapshot and restore (`prefix` of everything seen, `select`, `merge`), never a cut to a shorter
+    length (`trim` of any token, `prefix` of fewer, raise). `keeps(count)` is true only for the whole prefix, so a
+    prompt cache stores or reuses such a state only where it saw exactly the tokens it stands for.
+
+    Rows of a batch may have seen different numbers of tokens (`lengths`). `padding` is set by whoever left-pads
+    the next pass: that many leading columns of each row hold no token; the layer leaves the state unchanged over
+    them (`valid`), and the pass then consumes it.
+    """
+
+    def __init__(self):
+        self.conv: mx.array | None = None  # (batch, kernel - 1, channels)
+        self.recurrent: mx.array | None = None
+        self.lengths: list[int] = [0]
+        self.padding: list[int] = []
+
+    @property
+    def offset(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def position(self) -> int | mx.array:
+        """Where each row's next token sits in its own sequence (one per row when they differ or a pass is padded)."""
+        pad = self.row_padding()
+        if len(set(self.lengths)) == 1 and not any(self.padding):
+            return self.lengths[0]
+        return mx.array([n - p for n, p in zip(self.lengths, pad)])
+
+    def mask(self, tokens: int) -> str | mx.array | None:
+        return "causal" if tokens > 1 else None
+
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def row_padding(self) -> list[int]:
+        """This pass's leading padding per row (the state itself holds no columns)."""
+        return self.padding or [0] * self.rows()
+
+    def valid(self, tokens: int) -> mx.array | None:
+        """(batch, tokens) bool: which of the next pass's columns hold tokens; None when all do."""
+        if not any(self.padding):
+            return None
+        return mx.arange(tokens)[None, :] >= mx.array(self.padding)[:, None]
+
+    def update(self, conv: mx.array, recurrent: mx.array, tokens: int) -> None:
+        """Hold the states after a pass of `tokens` columns (its padding, now consumed, excluded)."""
+        self.conv, self.recurrent = conv, recurrent
+        self.lengths = [n + tokens - p for n, p in zip(self.lengths, self.row_padding())]
+        self.padding = []
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for a in (self.conv, self.recurrent) if a is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+    def keeps(self, count: int) -> bool:
+        return count == self.offset
+
+    def trim(self, n: int) -> int:
+        if n > 0:
+            raise InvalidSettingError(
+                f"a recurrent layer's state cannot forget its last {n} tokens (it is a function of the whole prefix); "
+                "restore a snapshot taken before them instead"
+            )
+        return 0
+
+    def empty(self) -> "RecurrentCache":
+        return type(self)()
+
+    def prefix(self, count: int) -> "RecurrentCache":
+        """A snapshot of this cache (appending to it leaves this one as it is): only of all the tokens it saw."""
+        self.trim(self.offset - count)
+        fresh = self.empty()
+        fresh.conv, fresh.recurrent, fresh.lengths = self.conv, self.recurrent, list(self.lengths)
+        return fresh
+
+    def select(self, rows: list[int]) -> "RecurrentCache":
+        if rows == list(range(self.rows())):
+            return self
+        picked = self.empty()
+        index = mx.array(rows)
+        picked.lengths = [self.lengths[r] for r in rows]
+        if self.conv is not None:
+            picked.conv, picked.recurrent = self.conv[index], self.recurrent[index]
+        return picked
+
+    @classmethod
+    def merge(cls, caches: list["RecurrentCache"]) -> "RecurrentCache":
+        """One cache holding the rows of `caches` one after another; an empty one starts from zero states."""
+        if len(caches) == 1:
+            return caches[0]
+        filled = [c for c in caches if c.conv is not None]
+        merged = caches[0].empty()
+        merged.lengths = [n for c in caches for n in c.lengths]
+        if filled:
+            like = filled[0]
+
+            def rows_of(c: "RecurrentCache", a: mx.array) -> mx.array:
+                return a if c.conv is not None else mx.zeros((c.rows(), *a.shape[1:]), a.dtype)
+
+            merged.conv = mx.concatenate([rows_of(c, c.conv if c.conv is not None else like.conv) for c in caches])
+            merged.recurrent = mx.concatenate(
+                [rows_of(c, c.recurrent if c.recurrent is not None else like.recurrent) for c in caches]
+            )
+        return merged

@@ -1,0 +1,175 @@
+"""Qwen3-Next and Qwen3.5: Qwen3's block where most layers' token-mixer is a Gated DeltaNet (`layer_types`
+"linear_attention", or all but every `full_attention_interval`-th) and the others attend with an output gate
+(q_proj twice as wide, the second half of each head gating its output) over a quarter of each head turned by RoPE.
+Every norm stores its weight as the difference from 1 (the gated norm inside the DeltaNet excepted).
+
+Qwen3-Next's FFN is a mixture of experts with a gated shared expert (Qwen2-MoE's) and its DeltaNet projections come
+fused and interleaved per key head (`in_proj_qkvz`, `in_proj_ba`); Qwen3.5 keeps them apart, dense (`qwen3_5_text`)
+or with experts (`qwen3_5_moe_text`). The image-text checkpoints (`qwen3_5`, `qwen3_5_moe`) hold the text model under
+`model.language_model` beside a vision tower, which is left out.
+"""
+
+import logging
+from dataclasses import dataclass, replace
+
+import mlx.core as mx
+
+from ..core import OffsetRMSNorm
+from ..errors import CheckpointError
+from .config import number, require
+from .decoder import DecoderConfig, DeltaNetConfig
+from .names import text_model_names
+from .qwen2 import Qwen2MoeConfig
+from .qwen3 import qwen_experts
+from .registry import register
+
+log = logging.getLogger(__name__)
+
+LAYER_KINDS = ("linear_attention", "full_attention")
+NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
+
+
+def delta_net(config: dict, layers: int) -> DeltaNetConfig:
+    """The Gated DeltaNet's sizes and layers: from `layer_types`, else all but every `full_attention_interval`-th."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        every = number(config, "full_attention_interval", 4)
+        kinds = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+    require(
+        isinstance(kinds, list) and len(kinds) == layers, f"layer_types must list a kind for each of {layers} layers"
+    )
+    unknown = sorted({k for k in kinds if k not in LAYER_KINDS}, key=str)
+    if unknown:
+        raise CheckpointError(f"layer_types holds {unknown}, which no minimlx layer computes (known: {LAYER_KINDS})")
+    key_heads, value_heads = number(config, "linear_num_key_heads"), number(config, "linear_num_value_heads")
+    require(
+        value_heads % key_heads == 0,
+        f"linear_num_value_heads ({value_heads}) must be a multiple of linear_num_key_heads ({key_heads})",
+    )
+    return DeltaNetConfig(
+        layers=tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention"),
+        key_heads=key_heads,
+        value_heads=value_heads,
+        key_dims=number(config, "linear_key_head_dim"),
+        value_dims=number(config, "linear_value_head_dim"),
+        kernel=number(config, "linear_conv_kernel_dim", 4),
+    )
+
+
+def conv_weights(weights: dict) -> dict:
+    """Depthwise conv weights as MLX reads them, (channels, kernel, 1): transformers writes (channels, 1, kernel)."""
+    return {
+        k: v.moveaxis(2, 1) if k.endswith("conv1d.weight") and v.ndim == 3 and v.shape[-1] != 1 else v
+        for k, v in weights.items()
+    }
+
+
+@register("qwen3_5_text")
+@dataclass
+class Qwen35TextConfig(DecoderConfig):
+    example_config = {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+    }
+    names = NAMES
+    defaults = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+
+    norm_class: type = OffsetRMSNorm
+    qk_norm: bool = True
+    attn_output_gate: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict):
+        arch = super().from_config(config)
+        return replace(arch, delta_net=delta_net({**cls.defaults, **config}, arch.layers))
+
+    def convert_weights(self, weights: dict) -> dict:
+        return super().convert_weights(conv_weights(weights))
+
+
+@register("qwen3_5_moe_text")
+@dataclass
+class Qwen35MoeTextConfig(Qwen35TextConfig):
+    example_config = {
+        **Qwen35TextConfig.example_config,
+        "model_type": "qwen3_5_moe_text",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24,
+    }
+    defaults = {**Qwen35TextConfig.defaults, "intermediate_size": 1, "norm_topk_prob": True}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        arch = super().from_config(config)
+        c = {**cls.defaults, **config}
+        return replace(arch, moe=qwen_experts(c, number(c, "shared_expert_intermediate_size", 0, low=0)))
+
+
+@register("qwen3_next")
+@dataclass
+class Qwen3NextConfig(Qwen35MoeTextConfig):
+    example_config = {**Qwen35MoeTextConfig.example_config, "model_type": "qwen3_next"}
+
+    def convert_weights(self, weights: dict) -> dict:
+        """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections."""
+        net, split = self.delta_net, {}
+        for name, w in weights.items():
+            prefix = name.removesuffix("in_proj_qkvz.weight").removesuffix("in_proj_ba.weight")
+            if prefix == name:
+                split[name] = w
+                continue
+            grouped = w.reshape(net.key_heads, -1, w.shape[-1])
+            values = net.value_heads // net.key_heads * net.value_dims
+            if name.endswith("in_proj_qkvz.weight"):
+                q, k, v, z = mx.split(grouped, [net.key_dims, 2 * net.key_dims, 2 * net.key_dims + values], axis=1)
+                rows = [a.reshape(-1, w.shape[-1]) for a in (q, k, v, z)]
+                split[prefix + "in_proj_qkv.weight"] = mx.concatenate(rows[:3])
+                split[prefix + "in_proj_z.weight"] = rows[3]
+            else:
+                b, a = mx.split(grouped, 2, axis=1)
+                split[prefix + "in_proj_b.weight"] = b.reshape(-1, w.shape[-1])
+                split[prefix + "in_proj_a.weight"] = a.reshape(-1, w.shape[-1])
+        return super().convert_weights(split)
+
+
+def text_config(config: dict, model_type: str) -> dict:
+    """An image-text config's text model (`text_config`); the vision tower is left out, said once in the log."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"a {config.get('model_type')} config needs its text_config; fix the config")
+    log.info("%s: loading the text model only (the vision tower is skipped)", config.get("model_type"))
+    return {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text, "model_type": model_type}
+
+
+@register("qwen3_5")
+@dataclass
+class Qwen35Config(Qwen35TextConfig):
+    example_config = {"model_type": "qwen3_5", "text_config": Qwen35TextConfig.example_config}
+    names = text_model_names(NAMES, drop=[r"(^|\.)visual\."])
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return super().from_config(text_config(config, "qwen3_5_text"))
+
+
+@register("qwen3_5_moe")
+@dataclass
+class Qwen35MoeConfig(Qwen35MoeTextConfig):
+    example_config = {"model_type": "qwen3_5_moe", "text_config": Qwen35MoeTextConfig.example_config}
+    names = Qwen35Config.names
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return super().from_config(text_config(config, "qwen3_5_moe_text"))

@@ -1,0 +1,210 @@
+"""Recurrent token-mixers: layers that carry a fixed-size state from token to token instead of attending over a
+growing cache. A block holds one where it would hold attention; its cache is a `RecurrentCache`.
+
+- `causal_conv`: a short depthwise convolution over the last `kernel` inputs of each channel, with the last
+  `kernel - 1` inputs kept as state.
+- The gated delta rule: a matrix state S (key features x value features) per head, decayed by exp(g) and then
+  corrected toward v along k with strength beta (S <- e^g S + k beta (v - (e^g S)^T k)^T), read by q. It runs in a
+  recurrent form (one token at a time: decode steps) and in a chunked form (a chunk's updates condensed into a few
+  matrix products: prompts), which compute the same numbers.
+- `GatedDeltaNet`: projections, the convolution over q|k|v, l2-normed q and k, the rule, a gated RMSNorm, the output
+  projection.
+"""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import RecurrentCache
+from .positions import Positions
+from .recorder import Recorder
+
+
+def causal_conv(x: mx.array, weight: mx.array, state: mx.array | None, padding: list[int] | None = None):
+    """Depthwise causal convolution of x (batch, tokens, channels) with weight (channels, kernel, 1), continuing
+    `state` (batch, kernel - 1, channels: the inputs before x; zeros when None). Returns (y, the new state).
+
+    With `padding`, that many leading columns of each row hold no token: each row's state is moved to sit right
+    before its first token, so the padding never enters a window or the new state.
+    """
+    batch, tokens, channels = x.shape
+    kept = weight.shape[1] - 1
+    if state is None:
+        state = mx.zeros((batch, kept, channels), x.dtype)
+    joined = mx.concatenate([state.astype(x.dtype), x], axis=1)
+    if padding is not None and any(padding):
+        j = mx.arange(kept + tokens)[None, :]
+        pad = mx.array(padding)[:, None]
+        source = mx.where(j < pad + kept, j - pad, j)
+        joined = mx.take_along_axis(joined, mx.maximum(source, 0)[..., None], axis=1) * (j >= pad)[..., None]
+    y = mx.conv1d(joined, weight, groups=channels)
+    return y, joined[:, joined.shape[1] - kept :]
+
+
+def l2_normalize(x: mx.array, eps: float = 1e-6) -> mx.array:
+    """x / sqrt(sum(x^2) + eps) over the last axis."""
+    return x * mx.rsqrt((x * x).sum(-1, keepdims=True) + eps)
+
+
+def gated_delta_recurrent(q, k, v, g, beta, state):
+    """The gated delta rule one token at a time. q, k: (batch, heads, tokens, key_dims); v: (..., value_dims);
+    g (log decay), beta: (batch, heads, tokens); state: (batch, heads, key_dims, value_dims).
+    Returns (outputs (batch, heads, tokens, value_dims), the final state)."""
+    outputs = []
+    for t in range(q.shape[2]):
+        state = state * mx.exp(g[:, :, t])[..., None, None]
+        predicted = (state * k[:, :, t, :, None]).sum(-2)
+        delta = (v[:, :, t] - predicted) * beta[:, :, t, None]
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        outputs.append((state * q[:, :, t, :, None]).sum(-2))
+    return mx.stack(outputs, axis=2), state
+
+
+def unit_lower_inverse(a: mx.array) -> mx.array:
+    """(I + a)^-1 for a strictly lower-triangular a (..., n, n): the product of (I + (-a)^(2^j)), since (-a)^n = 0.
+    A few matrix products instead of a triangular solve, so it runs wherever matmul does."""
+    n = a.shape[-1]
+    eye = mx.eye(n, dtype=a.dtype)
+    power = -a
+    inverse = eye + power
+    for _ in range(max(math.ceil(math.log2(n)) - 1, 0)):
+        power = power @ power
+        inverse = inverse @ (eye + power)
+    return inverse
+
+
+def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):
+    """The gated delta rule over chunks of `chunk` tokens; arguments and results as `gated_delta_recurrent`.
+
+    Within a chunk with cumulative log decay G, the corrections the rule writes solve a unit lower-triangular system
+    (I + A) u = beta v with A_ij = beta_i (k_i . k_j) e^(G_i - G_j), j < i; the chunk's outputs are its queries' read
+    of the state it starts from plus their causal, decayed attention over those corrections.
+    """
+    batch, heads, tokens, key_dims = k.shape
+    value_dims = v.shape[-1]
+    size = min(chunk, tokens)
+    padded = -tokens % size
+    if padded:  # zero k, beta and g: the padding neither reads, writes nor decays the state
+        q, k, v = (mx.pad(a, [(0, 0), (0, 0), (0, padded), (0, 0)]) for a in (q, k, v))
+        g, beta = (mx.pad(a, [(0, 0), (0, 0), (0, padded)]) for a in (g, beta))
+    chunks = q.shape[2] // size
+    q, k, v = (a.reshape(batch, heads, chunks, size, -1) for a in (q, k, v))
+    g, beta = (a.reshape(batch, heads, chunks, size) for a in (g, beta))
+    cumulative = mx.cumsum(g, axis=-1)
+    rows, cols = mx.arange(size)[:, None], mx.arange(size)[None, :]
+    gaps = cumulative[..., :, None] - cumulative[..., None, :]
+    decay = mx.exp(mx.where(cols <= rows, gaps, -mx.inf))  # e^(G_i - G_j) for j <= i, else 0
+    k_beta = k * beta[..., None]
+    a = mx.where(cols < rows, (k_beta @ k.swapaxes(-1, -2)) * decay, 0)
+    inverse = unit_lower_inverse(a)
+    corrections = inverse @ (v * beta[..., None])
+    state_keys = inverse @ (k_beta * mx.exp(cumulative)[..., None])
+    intra = (q @ k.swapaxes(-1, -2)) * decay
+    q_decayed = q * mx.exp(cumulative)[..., None]
+    k_decayed = k * mx.exp(cumulative[..., -1:] - cumulative)[..., None]
+    chunk_decay = mx.exp(cumulative[..., -1])[..., None, None]
+    outputs = []
+    for i in range(chunks):
+        new = corrections[:, :, i] - state_keys[:, :, i] @ state
+        outputs.append(q_decayed[:, :, i] @ state + intra[:, :, i] @ new)
+        state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].swapaxes(-1, -2) @ new
+    out = mx.stack(outputs, axis=2).reshape(batch, heads, chunks * size, value_dims)
+    return out[:, :, :tokens], state
+
+
+class GatedRMSNorm(nn.Module):
+    """rms_norm(x) * weight * silu(gate): the norm of a head's output, opened or shut per feature by a gate."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, self.weight, self.eps) * nn.silu(gate.astype(mx.float32)).astype(x.dtype)
+
+
+class CausalConv(nn.Module):
+    """The weight of a depthwise causal convolution: (channels, kernel, 1), as MLX's conv1d reads it."""
+
+    def __init__(self, channels: int, kernel: int, bias: bool = False):
+        super().__init__()
+        self.weight = mx.zeros((channels, kernel, 1))
+        if bias:
+            self.bias = mx.zeros((channels,))
+
+    def __call__(self, x: mx.array, state: mx.array | None, padding: list[int] | None = None):
+        y, state = causal_conv(x, self.weight, state, padding)
+        return (y + self.bias if "bias" in self else y), state
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear attention by the gated delta rule (Gated DeltaNet).
+
+    x -> q|k|v (a short causal convolution, then silu), z (the output gate), b and a (per value head);
+    q, k l2-normed, q over sqrt(key_dims); each key head serves `value_heads // key_heads` consecutive value heads;
+    decay g = -exp(A_log) * softplus(a + dt_bias), strength beta = sigmoid(b); the rule's outputs go through a
+    gated RMSNorm with z, then the output projection. Prompts run the chunked form, single tokens the recurrent one.
+    """
+
+    def __init__(
+        self, dims: int, key_heads: int, value_heads: int, key_dims: int, value_dims: int, kernel: int, eps: float
+    ):
+        super().__init__()
+        self.key_heads, self.value_heads, self.key_dims, self.value_dims = key_heads, value_heads, key_dims, value_dims
+        key_width, value_width = key_heads * key_dims, value_heads * value_dims
+        self.in_proj_qkv = nn.Linear(dims, 2 * key_width + value_width, bias=False)
+        self.in_proj_z = nn.Linear(dims, value_width, bias=False)
+        self.in_proj_b = nn.Linear(dims, value_heads, bias=False)
+        self.in_proj_a = nn.Linear(dims, value_heads, bias=False)
+        self.conv1d = CausalConv(2 * key_width + value_width, kernel)
+        self.dt_bias = mx.ones((value_heads,))
+        self.A_log = mx.zeros((value_heads,))
+        self.norm = GatedRMSNorm(value_dims, eps)
+        self.out_proj = nn.Linear(value_width, dims, bias=False)
+        self.chunk = 64
+
+    def __call__(
+        self,
+        x: mx.array,
+        cache: RecurrentCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        batch, tokens, _ = x.shape
+        valid = cache.valid(tokens) if cache is not None else None
+        padding = cache.row_padding() if valid is not None else None
+        qkv, conv_state = self.conv1d(self.in_proj_qkv(x), cache.conv if cache is not None else None, padding)
+        qkv = nn.silu(qkv)
+        key_width = self.key_heads * self.key_dims
+        q, k, v = mx.split(qkv, [key_width, 2 * key_width], axis=-1)
+        repeat = self.value_heads // self.key_heads
+
+        def heads(a, count, dims):  # (batch, tokens, width) -> (batch, value_heads, tokens, dims), float32
+            a = a.reshape(batch, tokens, count, dims).astype(mx.float32)
+            return (mx.repeat(a, repeat, axis=2) if count != self.value_heads else a).transpose(0, 2, 1, 3)
+
+        q = l2_normalize(heads(q, self.key_heads, self.key_dims)) * self.key_dims**-0.5
+        k = l2_normalize(heads(k, self.key_heads, self.key_dims))
+        v = heads(v, self.value_heads, self.value_dims)
+        a = self.in_proj_a(x).astype(mx.float32) + self.dt_bias.astype(mx.float32)
+        g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a)
+        beta = mx.sigmoid(self.in_proj_b(x).astype(mx.float32))
+        if valid is not None:  # padding leaves the state as it was: no decay, no write
+            g, beta = mx.where(valid[..., None], g, 0), mx.where(valid[..., None], beta, 0)
+        g, beta = g.transpose(0, 2, 1), beta.transpose(0, 2, 1)
+        state = cache.recurrent if cache is not None and cache.recurrent is not None else None
+        if state is None:
+            state = mx.zeros((batch, self.value_heads, self.key_dims, self.value_dims), mx.float32)
+        rule = gated_delta_recurrent if tokens == 1 else gated_delta_chunked
+        out, state = rule(q, k, v, g, beta, state) if tokens == 1 else rule(q, k, v, g, beta, state, self.chunk)
+        if cache is not None:
+            cache.update(conv_state, state, tokens)
+        out = out.transpose(0, 2, 1, 3).astype(x.dtype)
+        z = self.in_proj_z(x).reshape(batch, tokens, self.value_heads, self.value_dims)
+        out = self.norm(out, z).reshape(batch, tokens, -1)
+        return self.out_proj(out)
+
+    def make_cache(self) -> RecurrentCache:
+        return RecurrentCache()

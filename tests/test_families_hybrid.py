@@ -1,0 +1,161 @@
+"""Hybrid families (recurrent token-mixers beside attention) against transformers: qwen3_5_text, qwen3_5_moe_text,
+qwen3_next and the image-text qwen3_5.
+
+Each tiny random transformers model (a recurrent layer and an attention layer among the first layers) is saved,
+loaded by minimlx and compared on float32 logits: the whole sequence at once (longer than the convolution's window
+and than one chunk of the delta rule), a prompt then one token at a time through the cache, and in the
+transformers 4 config layout.
+"""
+
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
+
+import minimlx
+from minimlx.core import RecurrentCache, gated_delta_chunked, gated_delta_recurrent
+from minimlx.errors import CheckpointError, InvalidSettingError
+
+VOCAB = 96
+TOKENS = 80  # over one 64-token chunk of the delta rule
+PROMPT = 70
+LINEAR = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+QWEN3_5 = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    layer_types=LINEAR,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+)
+EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+CONFIGS = {
+    "qwen3_5_text": ("Qwen3_5TextConfig", QWEN3_5),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(QWEN3_5, **EXPERTS)),
+    "qwen3_next": ("Qwen3NextConfig", dict(QWEN3_5, **EXPERTS, norm_topk_prob=True)),
+    "qwen3_5": (
+        "Qwen3_5Config",
+        dict(
+            text_config=QWEN3_5,
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64),
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    config_class, config = CONFIGS[request.param]
+    torch_model = save_reference(folder, config_class, **config)
+    ids = random_ids(VOCAB, tokens=TOKENS)
+    return folder, reference_logits(torch_model, ids), ids
+
+
+def test_whole_sequence_matches_transformers(checkpoint):
+    folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+
+
+def test_prompt_then_steps_through_the_cache_match_transformers(checkpoint):
+    folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    cache = model.make_cache()
+    assert {type(c).__name__ for c in cache} == {"RecurrentCache", "KVCache"}
+    steps = [model(mx.array(ids[:, :PROMPT]), cache)]
+    steps += [model(mx.array(ids[:, t : t + 1]), cache) for t in range(PROMPT, TOKENS)]
+    assert relative_error(np.array(mx.concatenate(steps, axis=1)), reference) <= 1e-4
+
+
+def test_token_by_token_matches_transformers(checkpoint):
+    folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    cache = model.make_cache()
+    steps = [model(mx.array(ids[:, t : t + 1]), cache) for t in range(24)]
+    assert relative_error(np.array(mx.concatenate(steps, axis=1)), reference[:, :24]) <= 1e-4
+
+
+def test_transformers_4_layout(checkpoint, tmp_path):
+    folder, reference, ids = checkpoint
+    shutil.copytree(folder, tmp_path / "v4")
+    to_v4_layout(tmp_path / "v4")
+    model = minimlx.load_model(tmp_path / "v4", dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+
+
+def delta_inputs(tokens: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q, k = (rng.standard_normal((2, 3, tokens, 8)).astype(np.float32) for _ in range(2))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((2, 3, tokens, 5)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((2, 3, tokens))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.standard_normal((2, 3, tokens))))).astype(np.float32)
+    state = rng.standard_normal((2, 3, 8, 5)).astype(np.float32)
+    return [mx.array(a) for a in (q, k, v, g, beta, state)]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64])
+def test_chunked_and_recurrent_delta_rule_agree(chunk):
+    """From a nonzero state, over a length that leaves a partial last chunk: the same outputs and final state."""
+    inputs = delta_inputs(37)
+    out, state = gated_delta_recurrent(*inputs)
+    chunked_out, chunked_state = gated_delta_chunked(*inputs, chunk=chunk)
+    assert relative_error(np.array(chunked_out), np.array(out)) <= 1e-5
+    assert relative_error(np.array(chunked_state), np.array(state)) <= 1e-5
+
+
+def test_left_padding_leaves_the_state_unchanged(checkpoint):
+    """A row left-padded inside a batched pass ends with the state and logits it has alone."""
+    folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    alone = model.make_cache()
+    short = ids[1:, :20]
+    expected = np.array(model(mx.array(short), alone)[:, -1])
+    caches = [model.make_cache(), model.make_cache()]
+    batch = [type(layer[0]).merge(list(layer)) for layer in zip(*caches)]
+    for layer in batch:
+        layer.padding = [0, 10]
+    rows = np.concatenate([ids[:1, :30], np.concatenate([np.zeros((1, 10), int), short], axis=1)])
+    logits = np.array(model(mx.array(rows), batch)[:, -1])
+    assert relative_error(logits[1:], expected) <= 1e-4
+    after = [c.select([1]) for c in batch]
+    for got, want in zip(after, alone):
+        if isinstance(want, RecurrentCache):
+            assert relative_error(np.array(got.recurrent), np.array(want.recurrent)) <= 1e-4
+            assert relative_error(np.array(got.conv), np.array(want.conv)) <= 1e-5
+
+
+def test_recurrent_cache_refuses_to_forget_tokens(checkpoint):
+    folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    cache = model.make_cache()
+    model(mx.array(ids[:, :10]), cache)
+    recurrent = next(c for c in cache if isinstance(c, RecurrentCache))
+    assert recurrent.keeps(10) and not recurrent.keeps(9)
+    snapshot = recurrent.prefix(10)
+    with pytest.raises(InvalidSettingError, match="whole prefix"):
+        recurrent.trim(1)
+    model(mx.array(ids[:, 10:12]), cache)
+    assert snapshot.offset == 10 and recurrent.offset == 12
+
+
+def test_unknown_layer_kind_is_refused_before_any_tensor(tmp_path):
+    import json
+
+    config = {"model_type": "qwen3_5_text", **QWEN3_5, "layer_types": ["mamba", *LINEAR[1:]]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="mamba"):
+        minimlx.load_model(tmp_path)
