@@ -17,6 +17,7 @@ from ..core import (
     FourNormBlock,
     GatedDeltaNet,
     GatedFFN,
+    GatedShortConv,
     LatentAttention,
     PostNormBlock,
     RMSNorm,
@@ -31,8 +32,29 @@ from .gguf import llama_config, unpermute_rows
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 
 
+class RecurrentMixer:
+    """A recurrent token-mixer's settings: the layers that have one in attention's place, and how to build it."""
+
+    layers: tuple[int, ...]
+
+    def build(self, dims: int, eps: float) -> nn.Module:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class DeltaNetConfig:
+class ShortConvConfig(RecurrentMixer):
+    """A gated short convolution's kernel (and whether its projections have biases), and which layers are one."""
+
+    layers: tuple[int, ...]
+    kernel: int
+    bias: bool = False
+
+    def build(self, dims: int, eps: float) -> GatedShortConv:
+        return GatedShortConv(dims, self.kernel, self.bias)
+
+
+@dataclass(frozen=True)
+class DeltaNetConfig(RecurrentMixer):
     """The sizes of a Gated DeltaNet layer, and which layers are one."""
 
     layers: tuple[int, ...]
@@ -44,6 +66,15 @@ class DeltaNetConfig:
 
     def build(self, dims: int, eps: float) -> GatedDeltaNet:
         return GatedDeltaNet(dims, self.key_heads, self.value_heads, self.key_dims, self.value_dims, self.kernel, eps)
+
+
+def conv_weights(weights: dict) -> dict:
+    """Depthwise convolution weights as MLX reads them, (channels, kernel, 1): transformers writes (channels, 1,
+    kernel)."""
+    return {
+        k: v.moveaxis(2, 1) if k.endswith(("conv.weight", "conv1d.weight")) and v.ndim == 3 and v.shape[-1] != 1 else v
+        for k, v in weights.items()
+    }
 
 
 BLOCKS = {"before": Block, "after": PostNormBlock, "both": FourNormBlock}  # where a block's norms sit
@@ -97,7 +128,7 @@ class DecoderConfig:
     nope_dims: int = 0
     value_dims: int = 0
     attn_output_gate: bool = False  # attention's output times sigmoid of a gate from q_proj's doubled width
-    delta_net: "DeltaNetConfig | None" = None  # the layers whose token-mixer is a Gated DeltaNet, and its sizes
+    recurrent: "RecurrentMixer | None" = None  # the layers whose token-mixer is recurrent, and its kind and sizes
 
     @classmethod
     def from_config(cls, config: dict):
@@ -150,9 +181,9 @@ class DecoderConfig:
 
     def attention(self, layer: int) -> nn.Module:
         """Layer `layer`'s token-mixer: grouped-query attention (multi-head when `kv_heads == heads`), latent
-        attention when `latent_dims`, or a Gated DeltaNet in the layers `delta_net` covers."""
-        if self.delta_net is not None and layer in self.delta_net.layers:
-            return self.delta_net.build(self.dims, self.norm_eps)
+        attention when `latent_dims`, or a recurrent mixer in the layers `recurrent` covers."""
+        if self.recurrent is not None and layer in self.recurrent.layers:
+            return self.recurrent.build(self.dims, self.norm_eps)
         if self.latent_dims:
             return LatentAttention(
                 self.dims,
@@ -218,6 +249,8 @@ class DecoderConfig:
         """Hugging Face or mlx-lm tensors -> the model's: renamed, a tied model's stray lm_head dropped, experts
         stacked, fused projections split."""
         weights = self.names.to_ours(weights)
+        if self.recurrent is not None:
+            weights = conv_weights(weights)
         weights = {k: v for k, v in weights.items() if not (self.tied_head and k.startswith("head."))}
         if self.moe is not None:
             weights = stack_experts(weights)

@@ -56,14 +56,6 @@ def delta_net(config: dict, layers: int) -> DeltaNetConfig:
     )
 
 
-def conv_weights(weights: dict) -> dict:
-    """Depthwise conv weights as MLX reads them, (channels, kernel, 1): transformers writes (channels, 1, kernel)."""
-    return {
-        k: v.moveaxis(2, 1) if k.endswith("conv1d.weight") and v.ndim == 3 and v.shape[-1] != 1 else v
-        for k, v in weights.items()
-    }
-
-
 @register("qwen3_5_text")
 @dataclass
 class Qwen35TextConfig(DecoderConfig):
@@ -91,10 +83,7 @@ class Qwen35TextConfig(DecoderConfig):
     @classmethod
     def from_config(cls, config: dict):
         arch = super().from_config(config)
-        return replace(arch, delta_net=delta_net({**cls.defaults, **config}, arch.layers))
-
-    def convert_weights(self, weights: dict) -> dict:
-        return super().convert_weights(conv_weights(weights))
+        return replace(arch, recurrent=delta_net({**cls.defaults, **config}, arch.layers))
 
 
 @register("qwen3_5_moe_text")
@@ -124,7 +113,7 @@ class Qwen3NextConfig(Qwen35MoeTextConfig):
 
     def convert_weights(self, weights: dict) -> dict:
         """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections."""
-        net, split = self.delta_net, {}
+        net, split = self.recurrent, {}
         for name, w in weights.items():
             prefix = name.removesuffix("in_proj_qkvz.weight").removesuffix("in_proj_ba.weight")
             if prefix == name:

@@ -9,7 +9,15 @@ from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
 from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
 from .positions import Positions
 from .recorder import Recorder
-from .recurrent import CausalConv, GatedDeltaNet, GatedRMSNorm, causal_conv, gated_delta_chunked, gated_delta_recurrent
+from .recurrent import (
+    CausalConv,
+    GatedDeltaNet,
+    GatedRMSNorm,
+    GatedShortConv,
+    causal_conv,
+    gated_delta_chunked,
+    gated_delta_recurrent,
+)
 from .rope import RoPE
 from .transformer import Transformer
 
@@ -19,6 +27,7 @@ __all__ = [
     "CausalConv",
     "GatedDeltaNet",
     "GatedRMSNorm",
+    "GatedShortConv",
     "RecurrentCache",
     "causal_conv",
     "gated_delta_chunked",

@@ -588,7 +588,7 @@ class RecurrentCache:
             return None
         return mx.arange(tokens)[None, :] >= mx.array(self.padding)[:, None]
 
-    def update(self, conv: mx.array, recurrent: mx.array, tokens: int) -> None:
+    def update(self, conv: mx.array, recurrent: mx.array | None, tokens: int) -> None:
         """Hold the states after a pass of `tokens` columns (its padding, now consumed, excluded)."""
         self.conv, self.recurrent = conv, recurrent
         self.lengths = [n + tokens - p for n, p in zip(self.lengths, self.row_padding())]
@@ -630,7 +630,8 @@ class RecurrentCache:
         index = mx.array(rows)
         picked.lengths = [self.lengths[r] for r in rows]
         if self.conv is not None:
-            picked.conv, picked.recurrent = self.conv[index], self.recurrent[index]
+            picked.conv = self.conv[index]
+            picked.recurrent = self.recurrent[index] if self.recurrent is not None else None
         return picked
 
     @classmethod
@@ -643,12 +644,13 @@ class RecurrentCache:
         merged.lengths = [n for c in caches for n in c.lengths]
         if filled:
             like = filled[0]
-
-            def rows_of(c: "RecurrentCache", a: mx.array) -> mx.array:
-                return a if c.conv is not None else mx.zeros((c.rows(), *a.shape[1:]), a.dtype)
-
-            merged.conv = mx.concatenate([rows_of(c, c.conv if c.conv is not None else like.conv) for c in caches])
-            merged.recurrent = mx.concatenate(
-                [rows_of(c, c.recurrent if c.recurrent is not None else like.recurrent) for c in caches]
+            merged.conv, merged.recurrent = (
+                None if getattr(like, part) is None else mx.concatenate([c.held(part, like) for c in caches])
+                for part in ("conv", "recurrent")
             )
         return merged
+
+    def held(self, part: str, like: "RecurrentCache") -> mx.array:
+        """This cache's `part` state ("conv" or "recurrent"), zeros shaped as `like`'s where it has seen nothing."""
+        a = getattr(like, part)
+        return getattr(self, part) if self.conv is not None else mx.zeros((self.rows(), *a.shape[1:]), a.dtype)

@@ -208,3 +208,31 @@ class GatedDeltaNet(nn.Module):
 
     def make_cache(self) -> RecurrentCache:
         return RecurrentCache()
+
+
+class GatedShortConv(nn.Module):
+    """A gated short convolution: x -> b, c, h (in_proj); out_proj(c * causal_conv(b * h)). Its only state is the
+    convolution's last inputs."""
+
+    def __init__(self, dims: int, kernel: int, bias: bool = False):
+        super().__init__()
+        self.in_proj = nn.Linear(dims, 3 * dims, bias=bias)
+        self.conv = CausalConv(dims, kernel, bias)
+        self.out_proj = nn.Linear(dims, dims, bias=bias)
+
+    def __call__(
+        self,
+        x: mx.array,
+        cache: RecurrentCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        b, c, h = mx.split(self.in_proj(x), 3, axis=-1)
+        padding = cache.row_padding() if cache is not None and cache.valid(x.shape[1]) is not None else None
+        y, state = self.conv(b * h, cache.conv if cache is not None else None, padding)
+        if cache is not None:
+            cache.update(state, None, x.shape[1])
+        return self.out_proj(c * y)
+
+    def make_cache(self) -> RecurrentCache:
+        return RecurrentCache()

@@ -1,0 +1,81 @@
+"""LFM2: LLaMA's block where most layers' token-mixer is a gated short convolution (`layer_types` "conv", or every
+layer not in `full_attn_idxs`) and the others attend with each query and key head RMS-normed. Its FFN's width is
+adjusted from `intermediate_size` (two thirds, times `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`)
+when `block_auto_adjust_ff_dim`; its final norm is called `embedding_norm`.
+"""
+
+from dataclasses import dataclass, replace
+
+from ..errors import CheckpointError
+from .config import flag, number
+from .decoder import DecoderConfig, ShortConvConfig
+from .names import LLAMA_NAMES
+from .registry import register
+
+LAYER_KINDS = ("conv", "full_attention")
+
+
+def ffn_dims(config: dict) -> int:
+    """transformers' Lfm2MLP width."""
+    dims = number(config, "intermediate_size")
+    if not flag(config, "block_auto_adjust_ff_dim", True):
+        return dims
+    dims = int(2 * dims / 3)
+    multiplier = number(config, "block_ffn_dim_multiplier", None, float)
+    if multiplier is not None:
+        multiple = number(config, "block_multiple_of", 256)
+        dims = (int(multiplier * dims) + multiple - 1) // multiple * multiple
+    return dims
+
+
+def conv_layers(config: dict, layers: int) -> tuple[int, ...]:
+    kinds = config.get("layer_types")
+    if kinds is None:
+        attention = config.get("full_attn_idxs")
+        attention = range(layers) if attention is None else attention
+        kinds = ["full_attention" if i in attention else "conv" for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers:
+        raise CheckpointError(f"layer_types must name a kind for each of the {layers} layers; fix the config")
+    unknown = sorted({k for k in kinds if k not in LAYER_KINDS}, key=str)
+    if unknown:
+        raise CheckpointError(f"layer_types holds {unknown}, which no minimlx layer computes (known: {LAYER_KINDS})")
+    return tuple(i for i, kind in enumerate(kinds) if kind == "conv")
+
+
+@register("lfm2")
+@dataclass
+class Lfm2Config(DecoderConfig):
+    example_config = {
+        "model_type": "lfm2",
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "layer_types": ["conv", "full_attention", "conv", "conv"],
+    }
+    names = LLAMA_NAMES.extended(
+        [
+            ("model.embedding_norm.", "norm."),
+            ("model.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
+            ("model.layers.{i}.self_attn.q_layernorm.", "layers.{i}.attn.q_norm."),
+            ("model.layers.{i}.self_attn.k_layernorm.", "layers.{i}.attn.k_norm."),
+            ("model.layers.{i}.conv.", "layers.{i}.attn."),
+            ("model.layers.{i}.operator_norm.", "layers.{i}.attn_norm."),
+            ("model.layers.{i}.ffn_norm.", "layers.{i}.ffn_norm."),
+            ("model.layers.{i}.feed_forward.w1.", "layers.{i}.ffn.gate_proj."),
+            ("model.layers.{i}.feed_forward.w3.", "layers.{i}.ffn.up_proj."),
+            ("model.layers.{i}.feed_forward.w2.", "layers.{i}.ffn.down_proj."),
+        ]
+    )
+    defaults = {"rope_theta": 1000000.0, "tie_word_embeddings": True}
+
+    qk_norm: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict):
+        c = {**cls.defaults, **config, "rms_norm_eps": config.get("norm_eps", 1e-5)}
+        arch = super().from_config(c)
+        mixer = ShortConvConfig(conv_layers(c, arch.layers), number(c, "conv_L_cache", 3), flag(c, "conv_bias"))
+        return replace(arch, ffn_dims=ffn_dims(c), recurrent=mixer)
