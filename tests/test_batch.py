@@ -13,7 +13,7 @@ import pytest
 from reference import save_reference
 
 import minimlx
-from minimlx.core import KVCache, RotatingKVCache
+from minimlx.core import KVCache, RecurrentCache, RotatingKVCache
 from minimlx.cpu import blas
 from minimlx.decode import Engine, Request, SamplingSettings, encode_prompt, generate_tokens, stream_generate
 from minimlx.errors import QueueFullError
@@ -80,6 +80,24 @@ TINY = {
             first_k_dense_replace=1,
             routed_scaling_factor=2.5,
         ),
+    ),
+    "qwen3_5_text": (  # a recurrent layer first (its cache gives the positions), then gated attention
+        "Qwen3_5TextConfig",
+        dict(
+            SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
+    "lfm2": (
+        "Lfm2Config",
+        dict(SMALL, num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"]),
     ),
 }
 
@@ -276,8 +294,8 @@ def test_every_architecture_gives_cached_joiners_their_own_tokens(tiny):
     for sequence in [running, *joined]:
         prompt, budget = sequence.request.prompt, sequence.request.settings.max_tokens
         assert sequence.tokens == list(generate_tokens(tiny, prompt, tiny.make_cache(), SamplingSettings(budget)))
-    windowed = any(isinstance(c, RotatingKVCache) for c in tiny.make_cache())
-    assert windowed or all(s.cached_tokens == len(s.request.prompt) - 1 for s in joined[:3])
+    uncut = any(isinstance(c, (RotatingKVCache, RecurrentCache)) for c in tiny.make_cache())  # reused only whole
+    assert uncut or all(s.cached_tokens == len(s.request.prompt) - 1 for s in joined[:3])
 
 
 @pytest.mark.parametrize("tiny", ["gemma2"], indirect=True)

@@ -172,3 +172,16 @@ def test_unknown_layer_kind_is_refused_before_any_tensor(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="mamba"):
         minimlx.load_model(tmp_path)
+
+
+def test_engine_refuses_what_would_rewind_a_recurrent_state(checkpoint, tmp_path):
+    """Speculation (which cuts rejected drafts off the cache) and a prompt cache folder (key/value caches only) are
+    refused in one line; the engine's batching and in-memory prompt cache run them (tests/test_batch.py)."""
+    from minimlx.decode import Engine
+
+    folder, _, _ = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    with pytest.raises(InvalidSettingError, match="speculative decoding rewinds"):
+        Engine(model, None, max_batch=1, prompt_lookup=2)
+    with pytest.raises(InvalidSettingError, match="prompt cache folder"):
+        Engine(model, None, prompt_cache_size=2, prompt_cache_dir=str(tmp_path))

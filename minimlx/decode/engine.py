@@ -44,7 +44,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..core.cache import SINKS, LatentCache, quantized_cache, sink_cache
+from ..core.cache import SINKS, LatentCache, RecurrentCache, quantized_cache, sink_cache
 from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
 from ..core.steps import decode_steps
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
@@ -228,6 +228,27 @@ def check_max_kv_size(model: nn.Module, max_kv_size: int | None, kv_bits: int | 
         raise InvalidSettingError("max_kv_size bounds key and value caches, not latent attention's; drop it")
 
 
+def recurrent(model: nn.Module) -> bool:
+    """Whether some layer of `model` carries a recurrent state (which can be restored, never cut back)."""
+    return any(isinstance(c, RecurrentCache) for c in model.make_cache())
+
+
+def check_recurrent(model: nn.Module, draft_model: nn.Module | None, speculative: bool, prompt_folder: bool) -> None:
+    """Refuse, in one line, what would rewind a recurrent state: speculation cuts rejected drafts off both models'
+    caches, and a prompt cache folder holds keys and values only. (The prompt cache in memory reuses a recurrent
+    state only for exactly the tokens it saw.)"""
+    if speculative and (recurrent(model) or (draft_model is not None and recurrent(draft_model))):
+        raise InvalidSettingError(
+            "speculative decoding rewinds rejected drafts, which a recurrent layer's state cannot (it is a function "
+            "of every token seen); drop the draft model / prompt lookup for this model"
+        )
+    if prompt_folder and recurrent(model):
+        raise InvalidSettingError(
+            "a prompt cache folder holds key/value caches, not a recurrent layer's state; drop the prompt cache "
+            "folder for this model (the prompt cache in memory works)"
+        )
+
+
 # Prompt tokens a prefill group may spend beyond what its members need (re-fed cached tokens, padding):
 # about what one more forward pass costs in overhead on a small model.
 WASTED_TOKENS = 32
@@ -268,6 +289,9 @@ class Engine:
         check_kv_bits(kv_bits)
         check_max_kv_size(model, max_kv_size, kv_bits, max_batch)
         check_speculation((draft_model is not None) + bool(prompt_lookup))
+        check_recurrent(
+            model, draft_model, draft_model is not None or bool(prompt_lookup), prompt_cache_dir is not None
+        )
         self.model, self.tokenizer = model, tokenizer
         self.step_guard = getattr(model, "step_guard", contextlib.nullcontext)
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
