@@ -233,10 +233,11 @@ def recurrent(model: nn.Module) -> bool:
     return any(isinstance(c, RecurrentCache) for c in model.make_cache())
 
 
-def check_recurrent(model: nn.Module, draft_model: nn.Module | None, speculative: bool, prompt_folder: bool) -> None:
+def check_recurrent(model: nn.Module, draft_model: nn.Module | None, prompt_lookup: bool, prompt_folder: bool) -> None:
     """Refuse, in one line, what would rewind a recurrent state: speculation cuts rejected drafts off both models'
     caches, and a prompt cache folder holds keys and values only. (The prompt cache in memory reuses a recurrent
     state only for exactly the tokens it saw.)"""
+    speculative = draft_model is not None or prompt_lookup
     if speculative and (recurrent(model) or (draft_model is not None and recurrent(draft_model))):
         raise InvalidSettingError(
             "speculative decoding rewinds rejected drafts, which a recurrent layer's state cannot (it is a function "
