@@ -1,5 +1,5 @@
 """Hybrid families (recurrent token-mixers beside attention) against transformers: qwen3_5_text, qwen3_5_moe_text,
-qwen3_next, the image-text qwen3_5, and lfm2.
+qwen3_next, the image-text qwen3_5, lfm2 and granitemoehybrid (dense and with experts).
 
 Each tiny random transformers model (a recurrent layer and an attention layer among the first layers) is saved,
 loaded by minimlx and compared on float32 logits: the whole sequence at once (longer than the convolution's window
@@ -15,7 +15,13 @@ import pytest
 from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 import minimlx
-from minimlx.core import RecurrentCache, gated_delta_chunked, gated_delta_recurrent
+from minimlx.core import (
+    RecurrentCache,
+    decayed_scan_chunked,
+    decayed_scan_recurrent,
+    gated_delta_chunked,
+    gated_delta_recurrent,
+)
 from minimlx.errors import CheckpointError, InvalidSettingError
 
 VOCAB = 96
@@ -56,6 +62,30 @@ CONFIGS = {
             block_ffn_dim_multiplier=1.5,
             block_multiple_of=16,
         ),
+    ),
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        GRANITE := dict(
+            {k: v for k, v in QWEN3_5.items() if not k.startswith(("linear_", "head_dim", "intermediate"))},
+            layer_types=["mamba", "attention", "mamba", "mamba"],
+            position_embedding_type="rope",
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            num_local_experts=0,
+            shared_intermediate_size=96,
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_n_groups=2,
+            mamba_d_conv=4,
+            embedding_multiplier=1.5,
+            attention_multiplier=0.2,
+            residual_multiplier=0.7,
+            logits_scaling=2.0,
+        ),
+    ),
+    "granitemoehybrid_moe": (
+        "GraniteMoeHybridConfig",
+        dict(GRANITE, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, position_embedding_type="nope"),
     ),
     "qwen3_5": (
         "Qwen3_5Config",
@@ -127,6 +157,15 @@ def test_chunked_and_recurrent_delta_rule_agree(chunk):
     chunked_out, chunked_state = gated_delta_chunked(*inputs, chunk=chunk)
     assert relative_error(np.array(chunked_out), np.array(out)) <= 1e-5
     assert relative_error(np.array(chunked_state), np.array(state)) <= 1e-5
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64])
+def test_chunked_and_recurrent_state_space_scan_agree(chunk):
+    q, k, v, g, _, state = delta_inputs(37, seed=1)
+    out, final = decayed_scan_recurrent(q, k, v, g, state)
+    chunked_out, chunked_final = decayed_scan_chunked(q, k, v, g, state, chunk=chunk)
+    assert relative_error(np.array(chunked_out), np.array(out)) <= 1e-5
+    assert relative_error(np.array(chunked_final), np.array(final)) <= 1e-5
 
 
 def test_left_padding_leaves_the_state_unchanged(checkpoint):

@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (registration happens on import)
     glm4,
     gpt2,
     gpt_oss,
+    granite_hybrid,
     lfm2,
     llama3,
     mistral,

@@ -22,6 +22,7 @@ from ..core import (
     PostNormBlock,
     RMSNorm,
     RoPE,
+    SelectiveStateSpace,
     SwiGLU,
     Transformer,
 )
@@ -51,6 +52,35 @@ class ShortConvConfig(RecurrentMixer):
 
     def build(self, dims: int, eps: float) -> GatedShortConv:
         return GatedShortConv(dims, self.kernel, self.bias)
+
+
+@dataclass(frozen=True)
+class StateSpaceConfig(RecurrentMixer):
+    """The sizes of a Mamba2 selective state-space layer, and which layers are one."""
+
+    layers: tuple[int, ...]
+    heads: int
+    head_dims: int
+    state_dims: int
+    groups: int
+    kernel: int
+    conv_bias: bool = True
+    bias: bool = False
+    dt_limits: tuple[float, float] = (0.0, float("inf"))
+
+    def build(self, dims: int, eps: float) -> SelectiveStateSpace:
+        return SelectiveStateSpace(
+            dims,
+            self.heads,
+            self.head_dims,
+            self.state_dims,
+            self.groups,
+            self.kernel,
+            eps,
+            self.conv_bias,
+            self.bias,
+            self.dt_limits,
+        )
 
 
 @dataclass(frozen=True)
@@ -120,6 +150,8 @@ class DecoderConfig:
     query_scale: float | None = None  # scores are q k^T times it, not over sqrt(head_dim)
     attention_cap: float | None = None  # attention scores soft-capped at it
     logit_cap: float | None = None  # logits soft-capped at it
+    logit_divisor: float | None = None  # logits divided by it
+    residual_scale: float | None = None  # each sub-layer's output multiplied by it before it joins the residual
     embed_scale: float | None = None  # embedded tokens multiplied by it
     activation: str = "silu"  # of the dense FFN's gate: a SwiGLU, or a GatedFFN with another activation
     moe: MoEConfig | None = None
@@ -227,6 +259,8 @@ class DecoderConfig:
         """Layer `layer`'s attention and FFN, wired to the residual stream with their norms where `norms` puts them."""
         attn, ffn = self.attention(layer), self.ffn(layer)
         norms = [self.norm_class(self.dims, self.norm_eps) for _ in range(4 if self.norms == "both" else 2)]
+        if self.residual_scale is not None:
+            return BLOCKS[self.norms](attn, ffn, *norms, residual_scale=self.residual_scale)
         return BLOCKS[self.norms](attn, ffn, *norms)
 
     def build(self) -> Transformer:
@@ -234,7 +268,15 @@ class DecoderConfig:
         head = None if self.tied_head else nn.Linear(self.dims, self.vocab_size, bias=False)
         norm = self.norm_class(self.dims, self.norm_eps)
         embed = nn.Embedding(self.vocab_size, self.dims)
-        return Transformer(embed, blocks, norm, head, embed_scale=self.embed_scale, logit_cap=self.logit_cap)
+        return Transformer(
+            embed,
+            blocks,
+            norm,
+            head,
+            embed_scale=self.embed_scale,
+            logit_cap=self.logit_cap,
+            logit_divisor=self.logit_divisor,
+        )
 
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
         """The checkpoint's fused modules (`fused`), each with the projections it stacks and their rows."""

@@ -8,12 +8,24 @@ from .recorder import Recorder
 
 
 class Block(nn.Module):
-    """x + attn(attn_norm(x)), then + ffn(ffn_norm(.)): the pre-norm residual wiring."""
+    """x + attn(attn_norm(x)), then + ffn(ffn_norm(.)): the pre-norm residual wiring. With `residual_scale`, each
+    sub-layer's output is multiplied by it before it is added (Granite's residual multiplier)."""
 
-    def __init__(self, attn: nn.Module, ffn: nn.Module, attn_norm: nn.Module, ffn_norm: nn.Module):
+    def __init__(
+        self,
+        attn: nn.Module,
+        ffn: nn.Module,
+        attn_norm: nn.Module,
+        ffn_norm: nn.Module,
+        residual_scale: float | None = None,
+    ):
         super().__init__()
         self.attn_norm, self.attn = attn_norm, attn
         self.ffn_norm, self.ffn = ffn_norm, ffn
+        self.residual_scale = residual_scale
+
+    def scaled(self, out: mx.array) -> mx.array:
+        return out if self.residual_scale is None else out * self.residual_scale
 
     def attn_branch(self, x: mx.array, cache=None, recorder: Recorder | None = None, positions=None) -> mx.array:
         return self.attn(self.attn_norm(x), cache, recorder, positions)
@@ -28,9 +40,9 @@ class Block(nn.Module):
     def __call__(
         self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
     ) -> mx.array:
-        attn_out = self.attn_branch(x, cache, recorder, positions)
+        attn_out = self.scaled(self.attn_branch(x, cache, recorder, positions))
         mid = x + attn_out
-        mlp_out = self.ffn_branch(mid)
+        mlp_out = self.scaled(self.ffn_branch(mid))
         out = mid + mlp_out
         if recorder is not None:
             recorder(resid_pre=x, attn_out=attn_out, resid_mid=mid, mlp_out=mlp_out, resid_post=out)

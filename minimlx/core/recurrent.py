@@ -113,16 +113,61 @@ def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):
     return out[:, :, :tokens], state
 
 
-class GatedRMSNorm(nn.Module):
-    """rms_norm(x) * weight * silu(gate): the norm of a head's output, opened or shut per feature by a gate."""
+def decayed_scan_recurrent(q, k, v, g, state):
+    """Linear attention with a decaying state, one token at a time: S <- e^g S + k v^T, out = S^T q.
+    q, k: (batch, heads, tokens, key_dims); v: (..., value_dims); g: (batch, heads, tokens); state: (batch, heads,
+    key_dims, value_dims). Returns (outputs (batch, heads, tokens, value_dims), the final state)."""
+    outputs = []
+    for t in range(q.shape[2]):
+        state = state * mx.exp(g[:, :, t])[..., None, None] + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outputs.append((state * q[:, :, t, :, None]).sum(-2))
+    return mx.stack(outputs, axis=2), state
 
-    def __init__(self, dims: int, eps: float = 1e-6):
+
+def decayed_scan_chunked(q, k, v, g, state, chunk: int = 64):
+    """`decayed_scan_recurrent` over chunks of `chunk` tokens: each chunk's outputs are its queries' read of the
+    state it starts from plus their causal attention over its own keys, decayed by e^(G_i - G_j)."""
+    batch, heads, tokens, _ = k.shape
+    size = min(chunk, tokens)
+    padded = -tokens % size
+    if padded:  # zero keys and no decay: the padding leaves the state as it is
+        q, k, v = (mx.pad(a, [(0, 0), (0, 0), (0, padded), (0, 0)]) for a in (q, k, v))
+        g = mx.pad(g, [(0, 0), (0, 0), (0, padded)])
+    chunks = q.shape[2] // size
+    q, k, v = (a.reshape(batch, heads, chunks, size, -1) for a in (q, k, v))
+    cumulative = mx.cumsum(g.reshape(batch, heads, chunks, size), axis=-1)
+    rows, cols = mx.arange(size)[:, None], mx.arange(size)[None, :]
+    gaps = cumulative[..., :, None] - cumulative[..., None, :]
+    intra = (q @ k.swapaxes(-1, -2)) * mx.exp(mx.where(cols <= rows, gaps, -mx.inf))
+    q_decayed = q * mx.exp(cumulative)[..., None]
+    k_decayed = k * mx.exp(cumulative[..., -1:] - cumulative)[..., None]
+    chunk_decay = mx.exp(cumulative[..., -1])[..., None, None]
+    outputs = []
+    for i in range(chunks):
+        outputs.append(q_decayed[:, :, i] @ state + intra[:, :, i] @ v[:, :, i])
+        state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].swapaxes(-1, -2) @ v[:, :, i]
+    out = mx.stack(outputs, axis=2).reshape(batch, heads, chunks * size, -1)
+    return out[:, :, :tokens], state
+
+
+class GatedRMSNorm(nn.Module):
+    """rms_norm(x) * weight * silu(gate): a head's output normed, then opened or shut per feature by a gate.
+
+    With `gate_first`, rms_norm(x * silu(gate)) * weight instead, normed over `groups` equal slices of the features.
+    """
+
+    def __init__(self, dims: int, eps: float = 1e-6, gate_first: bool = False, groups: int = 1):
         super().__init__()
         self.weight = mx.ones((dims,))
-        self.eps = eps
+        self.eps, self.gate_first, self.groups = eps, gate_first, groups
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
-        return mx.fast.rms_norm(x, self.weight, self.eps) * nn.silu(gate.astype(mx.float32)).astype(x.dtype)
+        gate = nn.silu(gate.astype(mx.float32))
+        if not self.gate_first:
+            return mx.fast.rms_norm(x, self.weight, self.eps) * gate.astype(x.dtype)
+        gated = (x.astype(mx.float32) * gate).reshape(*x.shape[:-1], self.groups, -1)
+        normed = mx.fast.rms_norm(gated, None, self.eps).reshape(x.shape).astype(x.dtype)
+        return self.weight * normed
 
 
 class CausalConv(nn.Module):
@@ -233,6 +278,84 @@ class GatedShortConv(nn.Module):
         if cache is not None:
             cache.update(state, None, x.shape[1])
         return self.out_proj(c * y)
+
+    def make_cache(self) -> RecurrentCache:
+        return RecurrentCache()
+
+
+class SelectiveStateSpace(nn.Module):
+    """Mamba2's selective state-space layer.
+
+    x -> z (the output gate), x|B|C (a short causal convolution, then silu), dt (per head). Per head, the state
+    (state_dims x head_dims) decays by exp(dt * A), A = -exp(A_log), and takes in dt * x B^T; the output reads it
+    with C and adds D * x: a decayed linear attention with C as queries, B as keys (each of `groups` shared by
+    heads / groups consecutive heads) and dt * x as values. dt = softplus(dt + dt_bias), clipped to `dt_limits`.
+    The output goes through a gated RMSNorm (gate first, per group), then the output projection.
+    """
+
+    def __init__(
+        self,
+        dims: int,
+        heads: int,
+        head_dims: int,
+        state_dims: int,
+        groups: int,
+        kernel: int,
+        eps: float,
+        conv_bias: bool = True,
+        bias: bool = False,
+        dt_limits: tuple[float, float] = (0.0, float("inf")),
+    ):
+        super().__init__()
+        self.heads, self.head_dims, self.state_dims, self.groups = heads, head_dims, state_dims, groups
+        inner = heads * head_dims
+        conv_width = inner + 2 * groups * state_dims
+        self.in_proj = nn.Linear(dims, inner + conv_width + heads, bias=bias)
+        self.conv1d = CausalConv(conv_width, kernel, conv_bias)
+        self.dt_bias = mx.ones((heads,))
+        self.A_log = mx.zeros((heads,))
+        self.D = mx.ones((heads,))
+        self.norm = GatedRMSNorm(inner, eps, gate_first=True, groups=groups)
+        self.out_proj = nn.Linear(inner, dims, bias=bias)
+        self.dt_limits = dt_limits
+        self.chunk = 64
+
+    def __call__(
+        self,
+        x: mx.array,
+        cache: RecurrentCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        batch, tokens, _ = x.shape
+        inner, width = self.heads * self.head_dims, self.groups * self.state_dims
+        z, xbc, dt = mx.split(self.in_proj(x), [inner, 2 * inner + 2 * width], axis=-1)
+        valid = cache.valid(tokens) if cache is not None else None
+        padding = cache.row_padding() if valid is not None else None
+        xbc, conv_state = self.conv1d(xbc, cache.conv if cache is not None else None, padding)
+        h, b, c = mx.split(nn.silu(xbc), [inner, inner + width], axis=-1)
+        dt = mx.clip(nn.softplus(dt.astype(mx.float32) + self.dt_bias.astype(mx.float32)), *self.dt_limits)
+        if valid is not None:  # padding leaves the state as it was: no decay, nothing taken in
+            dt = mx.where(valid[..., None], dt, 0)
+        repeat = self.heads // self.groups
+
+        def per_head(a, count, dims):  # (batch, tokens, count * dims) -> (batch, heads, tokens, dims), float32
+            a = a.reshape(batch, tokens, count, dims).astype(mx.float32)
+            return (mx.repeat(a, repeat, axis=2) if count != self.heads else a).transpose(0, 2, 1, 3)
+
+        values = per_head(h, self.heads, self.head_dims)
+        g = (dt * -mx.exp(self.A_log.astype(mx.float32))).transpose(0, 2, 1)
+        q, k = per_head(c, self.groups, self.state_dims), per_head(b, self.groups, self.state_dims)
+        state = cache.recurrent if cache is not None and cache.recurrent is not None else None
+        if state is None:
+            state = mx.zeros((batch, self.heads, self.state_dims, self.head_dims), mx.float32)
+        inputs = (q, k, values * dt.transpose(0, 2, 1)[..., None], g, state)
+        out, state = decayed_scan_recurrent(*inputs) if tokens == 1 else decayed_scan_chunked(*inputs, self.chunk)
+        if cache is not None:
+            cache.update(conv_state, state, tokens)
+        out = out + values * self.D.astype(mx.float32)[:, None, None]
+        out = out.transpose(0, 2, 1, 3).reshape(batch, tokens, inner).astype(x.dtype)
+        return self.out_proj(self.norm(out, z))
 
     def make_cache(self) -> RecurrentCache:
         return RecurrentCache()

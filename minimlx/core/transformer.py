@@ -14,7 +14,7 @@ class Transformer(nn.Module):
     `head=None` ties the output projection to the token embedding (its transpose scores tokens).
     `positions` is a learned position embedding (GPT-2); rotary models leave it None.
     `embed_scale` multiplies the embedded tokens (Gemma: sqrt(dims), rounded to the embedding's dtype as
-    transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap).
+    transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap); `logit_divisor` divides them.
     """
 
     def __init__(
@@ -26,6 +26,7 @@ class Transformer(nn.Module):
         positions: nn.Module | None = None,
         embed_scale: float | None = None,
         logit_cap: float | None = None,
+        logit_divisor: float | None = None,
     ):
         super().__init__()
         self.embed = embed
@@ -35,7 +36,7 @@ class Transformer(nn.Module):
         self.norm = norm
         if head is not None:
             self.head = head
-        self.embed_scale, self.logit_cap = embed_scale, logit_cap
+        self.embed_scale, self.logit_cap, self.logit_divisor = embed_scale, logit_cap, logit_divisor
 
     @property
     def tied_head(self) -> bool:
@@ -74,6 +75,8 @@ class Transformer(nn.Module):
     def unembed(self, x: mx.array) -> mx.array:
         """Token scores from final-normed hidden states: the lm_head, or the tied embedding's transpose."""
         logits = self.embed.as_linear(x) if self.tied_head else self.head(x)
+        if self.logit_divisor is not None:
+            logits = logits / self.logit_divisor
         return logits if self.logit_cap is None else soft_cap(logits, self.logit_cap)
 
     def make_cache(self) -> list:

@@ -142,7 +142,7 @@ class NativeBlock(Block):
     def __call__(
         self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
     ) -> mx.array:
-        plan = step_plan(self) if recorder is None and steps_through(cache) else None
+        plan = step_plan(self) if recorder is None and self.residual_scale is None and steps_through(cache) else None
         if plan is None or not plan.takes(x, cache):
             return super().__call__(x, cache, recorder, positions)
         positions = positions or Positions.of(1, cache)
@@ -198,6 +198,8 @@ class StepPlan:
         if type(rope) is not CpuRoPE or rope.output_scale != 1.0 or attn.head_dim % 16:
             return None
         if "q_norm" in attn or "sinks" in attn or attn.window is not None or attn.logit_cap is not None:
+            return None
+        if attn.output_gate:
             return None
         if any(type(p) is not NativeQuantizedLinear or "bias" in p for p in (q, k, v, o, gate, up, down)):
             return None
