@@ -61,6 +61,7 @@ class Lfm2Config(DecoderConfig):
             ("model.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
             ("model.layers.{i}.self_attn.q_layernorm.", "layers.{i}.attn.q_norm."),
             ("model.layers.{i}.self_attn.k_layernorm.", "layers.{i}.attn.k_norm."),
+            ("model.layers.{i}.conv.conv.", "layers.{i}.attn.conv1d."),
             ("model.layers.{i}.conv.", "layers.{i}.attn."),
             ("model.layers.{i}.operator_norm.", "layers.{i}.attn_norm."),
             ("model.layers.{i}.ffn_norm.", "layers.{i}.ffn_norm."),

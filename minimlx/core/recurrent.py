@@ -184,7 +184,50 @@ class CausalConv(nn.Module):
         return (y + self.bias if "bias" in self else y), state
 
 
-class GatedDeltaNet(nn.Module):
+def spread_heads(a: mx.array, count: int, dims: int, heads: int) -> mx.array:
+    """(batch, tokens, count * dims) -> (batch, heads, tokens, dims) in float32, each of the `count` heads serving
+    heads / count consecutive ones."""
+    batch, tokens, _ = a.shape
+    a = a.reshape(batch, tokens, count, dims).astype(mx.float32)
+    return (mx.repeat(a, heads // count, axis=2) if count != heads else a).transpose(0, 2, 1, 3)
+
+
+class RecurrentLayer(nn.Module):
+    """What the recurrent token-mixers share: called as attention is, a `RecurrentCache` per layer, a causal
+    convolution (`conv1d`) that continues the cache's and skips a padded pass's padding, and the state a pass
+    starts from."""
+
+    def __call__(
+        self,
+        x: mx.array,
+        cache: RecurrentCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        return self.mix(x, cache)
+
+    def mix(self, x: mx.array, cache: RecurrentCache | None) -> mx.array:
+        raise NotImplementedError
+
+    def convolve(self, x: mx.array, cache: RecurrentCache | None) -> tuple[mx.array, mx.array, mx.array | None]:
+        """(conv1d over x continuing the cache, the new conv state, which columns hold tokens: None when all)."""
+        valid = cache.valid(x.shape[1]) if cache is not None else None
+        padding = cache.row_padding() if valid is not None else None
+        y, state = self.conv1d(x, cache.conv if cache is not None else None, padding)
+        return y, state, valid
+
+    @staticmethod
+    def start_state(cache: RecurrentCache | None, shape: tuple) -> mx.array:
+        """The recurrent state a pass continues: the cache's, or zeros of `shape`."""
+        if cache is not None and cache.recurrent is not None:
+            return cache.recurrent
+        return mx.zeros(shape, mx.float32)
+
+    def make_cache(self) -> RecurrentCache:
+        return RecurrentCache()
+
+
+class GatedDeltaNet(RecurrentLayer):
     """Linear attention by the gated delta rule (Gated DeltaNet).
 
     x -> q|k|v (a short causal convolution, then silu), z (the output gate), b and a (per value head);
@@ -210,38 +253,21 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(value_width, dims, bias=False)
         self.chunk = 64
 
-    def __call__(
-        self,
-        x: mx.array,
-        cache: RecurrentCache | None = None,
-        recorder: Recorder | None = None,
-        positions: Positions | None = None,
-    ) -> mx.array:
+    def mix(self, x: mx.array, cache: RecurrentCache | None) -> mx.array:
         batch, tokens, _ = x.shape
-        valid = cache.valid(tokens) if cache is not None else None
-        padding = cache.row_padding() if valid is not None else None
-        qkv, conv_state = self.conv1d(self.in_proj_qkv(x), cache.conv if cache is not None else None, padding)
-        qkv = nn.silu(qkv)
+        qkv, conv_state, valid = self.convolve(self.in_proj_qkv(x), cache)
         key_width = self.key_heads * self.key_dims
-        q, k, v = mx.split(qkv, [key_width, 2 * key_width], axis=-1)
-        repeat = self.value_heads // self.key_heads
-
-        def heads(a, count, dims):  # (batch, tokens, width) -> (batch, value_heads, tokens, dims), float32
-            a = a.reshape(batch, tokens, count, dims).astype(mx.float32)
-            return (mx.repeat(a, repeat, axis=2) if count != self.value_heads else a).transpose(0, 2, 1, 3)
-
-        q = l2_normalize(heads(q, self.key_heads, self.key_dims)) * self.key_dims**-0.5
-        k = l2_normalize(heads(k, self.key_heads, self.key_dims))
-        v = heads(v, self.value_heads, self.value_dims)
+        q, k, v = mx.split(nn.silu(qkv), [key_width, 2 * key_width], axis=-1)
+        q = l2_normalize(spread_heads(q, self.key_heads, self.key_dims, self.value_heads)) * self.key_dims**-0.5
+        k = l2_normalize(spread_heads(k, self.key_heads, self.key_dims, self.value_heads))
+        v = spread_heads(v, self.value_heads, self.value_dims, self.value_heads)
         a = self.in_proj_a(x).astype(mx.float32) + self.dt_bias.astype(mx.float32)
         g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a)
         beta = mx.sigmoid(self.in_proj_b(x).astype(mx.float32))
         if valid is not None:  # padding leaves the state as it was: no decay, no write
             g, beta = mx.where(valid[..., None], g, 0), mx.where(valid[..., None], beta, 0)
         g, beta = g.transpose(0, 2, 1), beta.transpose(0, 2, 1)
-        state = cache.recurrent if cache is not None and cache.recurrent is not None else None
-        if state is None:
-            state = mx.zeros((batch, self.value_heads, self.key_dims, self.value_dims), mx.float32)
+        state = self.start_state(cache, (batch, self.value_heads, self.key_dims, self.value_dims))
         rule = gated_delta_recurrent if tokens == 1 else gated_delta_chunked
         out, state = rule(q, k, v, g, beta, state) if tokens == 1 else rule(q, k, v, g, beta, state, self.chunk)
         if cache is not None:
@@ -251,39 +277,26 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(out, z).reshape(batch, tokens, -1)
         return self.out_proj(out)
 
-    def make_cache(self) -> RecurrentCache:
-        return RecurrentCache()
 
-
-class GatedShortConv(nn.Module):
+class GatedShortConv(RecurrentLayer):
     """A gated short convolution: x -> b, c, h (in_proj); out_proj(c * causal_conv(b * h)). Its only state is the
     convolution's last inputs."""
 
     def __init__(self, dims: int, kernel: int, bias: bool = False):
         super().__init__()
         self.in_proj = nn.Linear(dims, 3 * dims, bias=bias)
-        self.conv = CausalConv(dims, kernel, bias)
+        self.conv1d = CausalConv(dims, kernel, bias)
         self.out_proj = nn.Linear(dims, dims, bias=bias)
 
-    def __call__(
-        self,
-        x: mx.array,
-        cache: RecurrentCache | None = None,
-        recorder: Recorder | None = None,
-        positions: Positions | None = None,
-    ) -> mx.array:
+    def mix(self, x: mx.array, cache: RecurrentCache | None) -> mx.array:
         b, c, h = mx.split(self.in_proj(x), 3, axis=-1)
-        padding = cache.row_padding() if cache is not None and cache.valid(x.shape[1]) is not None else None
-        y, state = self.conv(b * h, cache.conv if cache is not None else None, padding)
+        y, state, _ = self.convolve(b * h, cache)
         if cache is not None:
             cache.update(state, None, x.shape[1])
         return self.out_proj(c * y)
 
-    def make_cache(self) -> RecurrentCache:
-        return RecurrentCache()
 
-
-class SelectiveStateSpace(nn.Module):
+class SelectiveStateSpace(RecurrentLayer):
     """Mamba2's selective state-space layer.
 
     x -> z (the output gate), x|B|C (a short causal convolution, then silu), dt (per head). Per head, the state
@@ -320,35 +333,19 @@ class SelectiveStateSpace(nn.Module):
         self.dt_limits = dt_limits
         self.chunk = 64
 
-    def __call__(
-        self,
-        x: mx.array,
-        cache: RecurrentCache | None = None,
-        recorder: Recorder | None = None,
-        positions: Positions | None = None,
-    ) -> mx.array:
+    def mix(self, x: mx.array, cache: RecurrentCache | None) -> mx.array:
         batch, tokens, _ = x.shape
         inner, width = self.heads * self.head_dims, self.groups * self.state_dims
         z, xbc, dt = mx.split(self.in_proj(x), [inner, 2 * inner + 2 * width], axis=-1)
-        valid = cache.valid(tokens) if cache is not None else None
-        padding = cache.row_padding() if valid is not None else None
-        xbc, conv_state = self.conv1d(xbc, cache.conv if cache is not None else None, padding)
+        xbc, conv_state, valid = self.convolve(xbc, cache)
         h, b, c = mx.split(nn.silu(xbc), [inner, inner + width], axis=-1)
         dt = mx.clip(nn.softplus(dt.astype(mx.float32) + self.dt_bias.astype(mx.float32)), *self.dt_limits)
         if valid is not None:  # padding leaves the state as it was: no decay, nothing taken in
             dt = mx.where(valid[..., None], dt, 0)
-        repeat = self.heads // self.groups
-
-        def per_head(a, count, dims):  # (batch, tokens, count * dims) -> (batch, heads, tokens, dims), float32
-            a = a.reshape(batch, tokens, count, dims).astype(mx.float32)
-            return (mx.repeat(a, repeat, axis=2) if count != self.heads else a).transpose(0, 2, 1, 3)
-
-        values = per_head(h, self.heads, self.head_dims)
+        values = spread_heads(h, self.heads, self.head_dims, self.heads)
         g = (dt * -mx.exp(self.A_log.astype(mx.float32))).transpose(0, 2, 1)
-        q, k = per_head(c, self.groups, self.state_dims), per_head(b, self.groups, self.state_dims)
-        state = cache.recurrent if cache is not None and cache.recurrent is not None else None
-        if state is None:
-            state = mx.zeros((batch, self.heads, self.state_dims, self.head_dims), mx.float32)
+        q, k = (spread_heads(a, self.groups, self.state_dims, self.heads) for a in (c, b))
+        state = self.start_state(cache, (batch, self.heads, self.state_dims, self.head_dims))
         inputs = (q, k, values * dt.transpose(0, 2, 1)[..., None], g, state)
         out, state = decayed_scan_recurrent(*inputs) if tokens == 1 else decayed_scan_chunked(*inputs, self.chunk)
         if cache is not None:
@@ -356,6 +353,3 @@ class SelectiveStateSpace(nn.Module):
         out = out + values * self.D.astype(mx.float32)[:, None, None]
         out = out.transpose(0, 2, 1, 3).reshape(batch, tokens, inner).astype(x.dtype)
         return self.out_proj(self.norm(out, z))
-
-    def make_cache(self) -> RecurrentCache:
-        return RecurrentCache()
