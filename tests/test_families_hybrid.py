@@ -224,3 +224,13 @@ def test_engine_refuses_what_would_rewind_a_recurrent_state(checkpoint, tmp_path
         Engine(model, None, max_batch=1, prompt_lookup=2)
     with pytest.raises(InvalidSettingError, match="prompt cache folder"):
         Engine(model, None, prompt_cache_size=2, prompt_cache_dir=str(tmp_path))
+
+
+def test_convert_refuses_recurrent_models(checkpoint, tmp_path):
+    """Writing an mlx-lm folder is refused in one line rather than written under names mlx-lm would misread."""
+    from minimlx.errors import UnsupportedArchitectureError
+
+    folder, _, _ = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
+        model.config.export_weights({})

@@ -26,6 +26,7 @@ from ..core import (
     SwiGLU,
     Transformer,
 )
+from ..errors import UnsupportedArchitectureError
 from .config import MAX_LAYERS, flag, number, require, rope_scaling
 from .experts import MoEConfig, stack_experts
 from .fused import fuse, split_fused
@@ -302,6 +303,11 @@ class DecoderConfig:
 
     def export_weights(self, weights: dict) -> dict:
         """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes)."""
+        if self.recurrent is not None:
+            raise UnsupportedArchitectureError(
+                "minimlx convert cannot write models with recurrent layers yet (their mlx-lm names and layouts are "
+                "not mapped); load the Hugging Face folder directly"
+            )
         for fused, parts in self.fused_parts().items():
             weights = fuse(weights, fused, [part for part, _ in parts])
         return self.names.to_theirs(weights)
