@@ -31,22 +31,26 @@ from dataclasses import replace
 import mlx.core as mx
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
 from ..decode.grammar import Constraint
-from ..decode.settings import NAMES as SETTING_NAMES
-from ..errors import MinimlxError, PromptTooLongError, QueueFullError
+from ..errors import InvalidSettingError, MinimlxError, PromptTooLongError, QueueFullError
 from ..text.replies import Delta, ReplyParser, tool_format
 from . import chat, messages, responses
+from .access_log import AccessLog, current_request, log_to_stderr
 from .fields import APIError, Body, bad, sampling_settings
+from .hangups import ClientGone
 from .openapi import OPENAPI
-from .turns import Piece, TokenLogprob, Turn, Usage, check_tools
+from .turns import ForcedCall, Piece, TokenLogprob, Turn, Usage, check_tools
 
 log = logging.getLogger("minimlx.serve")
 DRAINING = object()  # put on every request's queue when the server starts draining
-DEFAULT_MAX_TOKENS = 512
+UNBOUNDED_MAX_TOKENS = (
+    32_768  # an answer's length when neither the request, --max-tokens nor the model's context bound it
+)
+HEARTBEAT_SECONDS = 5.0  # the longest a stream stays silent (a long prefill) before a keep-alive is sent
 GATHER_QUIET, GATHER_LIMIT = 0.002, 0.02  # seconds: see Server.gather
 MAX_REQUEST_MB = 8  # a chat of several hundred thousand words: any longer one would not fit a model's context anyway
 
@@ -70,6 +74,8 @@ class Server:
         chat_template: str | None = None,
         reasoning: bool = True,
         request_timeout: float | None = None,
+        max_tokens: int | None = None,
+        forced_call: "ForcedCall | None" = None,
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
         self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
@@ -79,6 +85,8 @@ class Server:
         self.reasoning = reasoning
         self.max_body = int(max_request_mb * 1e6)
         self.request_timeout = request_timeout
+        self.max_tokens = max_tokens  # the longest answer, whatever a request asks (llama-server's --n-predict)
+        self.forced_call = forced_call
         self.draining = False  # set on SIGTERM/SIGINT: new requests are answered 503
         self.cutoff: float | None = None  # then, when the running ones are ended
         # Every array the model holds, private ones too (RoPE's frequencies), evaluated here: an unevaluated
@@ -99,6 +107,7 @@ class Server:
             routes=[Route("/health", self.health), Route("/openapi.json", self.openapi), *api, *bare],
             exception_handlers={
                 APIError: self.api_error,
+                ClientGone: self.client_gone,
                 Exception: self.internal_error,
                 404: self.not_found,
                 405: self.not_allowed,
@@ -163,14 +172,14 @@ class Server:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def submit(
-        self, prompt: list[int], settings: SamplingSettings, n: int, param: str
+        self, prompt: list[int], settings: SamplingSettings, n: int, param: str, cache_key: str | None = None
     ) -> tuple[list[Generation], asyncio.Queue]:
         """Start `n` generations of `prompt` (the request's field `param`); their outputs come on the returned queue."""
         queue, generations = asyncio.Queue(), []
         try:
             for _ in range(n):
                 with self.listening:
-                    generation = self.engine.submit(Request(prompt, settings))
+                    generation = self.engine.submit(Request(prompt, settings, cache_key=cache_key))
                     self.listeners[generation] = (asyncio.get_running_loop(), queue)
                 generations.append(generation)
         except QueueFullError as e:
@@ -179,10 +188,9 @@ class Server:
         except PromptTooLongError as e:
             self.cancel(generations)
             raise APIError(400, str(e), param, "context_length_exceeded") from e
-        except MinimlxError as e:  # a setting only the engine can check (a logit_bias id past the vocabulary)
+        except InvalidSettingError as e:  # a setting only the engine can check (a logit_bias id past the vocabulary)
             self.cancel(generations)
-            name = str(e).split(" ", 1)[0]
-            raise bad(name if name in SETTING_NAMES else None, str(e)) from e
+            raise bad(e.field, str(e)) from e
         return generations, queue
 
     def drain(self, grace: float) -> None:
@@ -203,18 +211,26 @@ class Server:
             with self.listening:
                 self.listeners.pop(generation, None)
 
-    async def outputs(self, generations: list[Generation], queue: asyncio.Queue) -> AsyncIterator[Output]:
+    async def outputs(
+        self, generations: list[Generation], queue: asyncio.Queue, heartbeat: float | None = None
+    ) -> AsyncIterator[Output | None]:
         """Every output of `generations` until all have finished; cancels them if the consumer stops early. At
-        `request_timeout` the ones still running end with finish_reason "length", as at their token limit."""
+        `request_timeout` the ones still running end with finish_reason "length", as at their token limit. With a
+        `heartbeat` (seconds), None comes whenever that long passed without an output (a long prefill): streams
+        send a keep-alive then, so that clients and proxies do not take the silence for a dead connection."""
         running = len(generations)
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         try:
             while running:
                 ends = [t for t in (deadline, self.cutoff) if t is not None]
+                left = max(min(ends) - time.monotonic(), 0) if ends else None
+                wait = left if heartbeat is None else heartbeat if left is None else min(left, heartbeat)
                 try:
-                    left = max(min(ends) - time.monotonic(), 0) if ends else None
-                    item = await asyncio.wait_for(queue.get(), left)
+                    item = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
+                    if left is None or wait < left:
+                        yield None
+                        continue
                     log.warning("a request ran past --request-timeout or --shutdown-timeout; ended")
                     for generation in generations:
                         if generation.finish_reason is None:
@@ -239,14 +255,21 @@ class Server:
 
     def render(self, turn: Turn) -> str:
         """The prompt text of a chat turn: the template over its messages and tools. A final assistant message is
-        continued (its text ends the prompt, after the generation prompt)."""
+        continued (its text ends the prompt, after the generation prompt). System messages after the first message
+        (Claude Code sends them mid-conversation) go to the template as they are; a template that refuses them gets
+        them merged, in order, into one leading system message."""
+        param = turn.messages_param
         if self.tokenizer.chat_template is None:
-            raise APIError(400, "this model has no chat template; use /v1/completions", "messages", "no_chat_template")
+            message = (
+                "this model has no chat template: start the server with --chat-template FILE (a Jinja chat "
+                "template), or send raw text to /v1/completions"
+            )
+            raise APIError(400, message, param, "no_chat_template")
         messages, prefill = turn.messages, ""
         if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
             if len(messages) > 1 and messages[-2]["role"] == "assistant":
                 raise bad(
-                    "messages",
+                    param,
                     "the messages end with two assistant messages; the last one is continued, so "
                     "send at most one at the end",
                 )
@@ -255,7 +278,13 @@ class Server:
         try:
             text = self.tokenizer.apply_chat_template(messages, tools=tools, **turn.template_kwargs)
         except MinimlxError as e:
-            raise bad("messages", str(e)) from None
+            merged = merged_system(messages)
+            if merged is None:
+                raise bad(param, str(e)) from None
+            try:
+                text = self.tokenizer.apply_chat_template(merged, tools=tools, **turn.template_kwargs)
+            except MinimlxError:
+                raise bad(param, str(e)) from None
         return text + prefill
 
     def count_tokens(self, turn: Turn) -> int:
@@ -263,16 +292,18 @@ class Server:
 
     async def start(self, turn: Turn) -> "Answer":
         """Start the turn's choices: its template, its tool choice or answer grammar, its settings."""
+        if self.forced_call is not None:
+            turn = self.forced_call.applied(turn)
         tools = check_tools(turn.tools, turn.tool_choice) if turn.tool_choice != "none" else None
-        constraint = turn.constraint
-        if tools and turn.tool_choice != "auto":
+        constraint, forced = turn.constraint, bool(tools) and turn.tool_choice != "auto"
+        if forced:
             grammar = self.tool_format.grammar(tools, turn.tool_choice, turn.parallel_tool_calls)
             constraint = Constraint.lark(grammar)
         text = self.render(turn)
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
-        answer = await self.start_raw(prompt, replace(turn, constraint=constraint), "messages")
+        answer = await self.start_raw(prompt, replace(turn, constraint=constraint), turn.messages_param)
         answer.parsers = [
-            ReplyParser(self.tokenizer.chat_template, tools=bool(tools), reasoning=self.reasoning, prompt=text)
+            ReplyParser(self.tokenizer.chat_template, bool(tools), self.reasoning, text, forced=forced)
             for _ in answer.generations
         ]
         return answer
@@ -282,10 +313,19 @@ class Server:
         settings; their text is content alone."""
         if turn.n > self.engine.max_batch:
             raise bad("n", f"'n' is {turn.n} but this server decodes at most {self.engine.max_batch} (--max-batch)")
-        fields = {"max_tokens": DEFAULT_MAX_TOKENS, **turn.settings}
-        settings = sampling_settings(**fields, constraint=turn.constraint, logprobs=turn.logprobs)
-        generations, queue = self.submit(prompt, settings, turn.n, param)
-        return Answer(self, generations, queue)
+        asked = turn.settings.get("max_tokens")
+        limit = self.max_tokens or self.engine.context or UNBOUNDED_MAX_TOKENS
+        fields = {**turn.settings, "max_tokens": limit if asked is None else min(asked, limit)}
+        settings = sampling_settings(turn.params, **fields, constraint=turn.constraint, logprobs=turn.logprobs)
+        generations, queue = self.submit(prompt, settings, turn.n, param, turn.cache_key)
+        answer = Answer(self, generations, queue)
+        given = generations[0].max_tokens
+        if asked is not None and given < asked:  # llama-server's rule: the answer is capped, and this says so
+            answer.capped = (asked, given)
+        record = current_request.get()
+        if record is not None:
+            record.answer = answer
+        return answer
 
     def token_logprob(self, token: int, logprob: float, top) -> TokenLogprob:
         """A token's logprob with its text and bytes, and its alternatives' (`top`: (id, logprob) pairs)."""
@@ -299,8 +339,7 @@ class Server:
         """Up, and how many answers are being decoded and how many wait for a slot (503 while shutting down)."""
         if self.draining:
             return await self.api_error(request, self.shutting_down())
-        waiting = len(self.engine.waiting)  # the rest of the generations listened to run (or prefill) in the batch
-        return JSONResponse({"status": "ok", "running": len(self.listeners) - waiting, "waiting": waiting})
+        return JSONResponse({"status": "ok", "running": self.engine.running, "waiting": len(self.engine.waiting)})
 
     def shutting_down(self) -> APIError:
         return APIError(503, "the server is shutting down; try another", code="shutting_down", kind="server_error")
@@ -364,6 +403,9 @@ class Server:
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
         """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+        record = current_request.get()
+        if record is not None:
+            record.error = error.message
         if request.url.path.removeprefix("/v1").startswith("/messages"):
             return JSONResponse(messages.error_body(error), status_code=error.status)
         return error.response()
@@ -375,6 +417,13 @@ class Server:
             request, APIError(500, f"internal error: {kind}", code="internal_error", kind="server_error")
         )
 
+    async def client_gone(self, request: HTTPRequest, error: ClientGone) -> Response:
+        """Nobody reads this answer: its generations are cancelled; 499 is what the log line says (nginx's code)."""
+        record = current_request.get()
+        if record is not None:
+            record.error = str(error)
+        return Response(status_code=499)
+
     async def not_found(self, request: HTTPRequest, error: Exception) -> JSONResponse:
         error = APIError(404, f"no such endpoint: {request.url.path}", code="not_found", kind="not_found_error")
         return await self.api_error(request, error)
@@ -382,6 +431,19 @@ class Server:
     async def not_allowed(self, request: HTTPRequest, error: Exception) -> JSONResponse:
         message = f"{request.method} is not allowed on {request.url.path}"
         return await self.api_error(request, APIError(405, message, code="method_not_allowed"))
+
+
+def merged_system(messages: list[dict]) -> list[dict] | None:
+    """`messages` with every system message joined, in order, into one leading system message; None when there
+    is no system message after the first message (nothing to merge)."""
+    if not any(m["role"] == "system" for m in messages[1:]):
+        return None
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
+    rest = [m for m in messages if m["role"] != "system"]
+    return ([{"role": "system", "content": system}] if system else []) + rest
+
+
+CAPPED_HEADER = "x-minimlx-max-tokens"  # the answer's token limit, sent when it is below what the request asked
 
 
 class Answer:
@@ -394,13 +456,30 @@ class Answer:
         self.index = {generation: i for i, generation in enumerate(generations)}
         self.parsers: list[ReplyParser] | None = None  # a chat's; a raw prompt's text is content alone
         self.called = [False] * len(generations)
+        self.capped: tuple[int, int] | None = None  # (max_tokens asked, max_tokens given) when the room left capped it
+        self.first_output_at: float | None = None  # time.monotonic() of the first token out
 
     @property
     def prompt_tokens(self) -> int:
         return self.generations[0].prompt_tokens
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        async for output in self.server.outputs(self.generations, self.queue):
+    def headers(self, body: Body) -> dict[str, str]:
+        """The response's headers: the request's ignored fields and the cap on the answer's length, if any."""
+        headers = body.headers()
+        if self.capped is not None:
+            headers[CAPPED_HEADER] = f"{self.capped[1]}"
+        return headers
+
+    async def pieces(self, heartbeat: bool = False) -> AsyncIterator[Piece | None]:
+        """The answer's pieces; with `heartbeat`, None too whenever HEARTBEAT_SECONDS pass without one (a stream
+        sends its keep-alive then)."""
+        every = HEARTBEAT_SECONDS if heartbeat else None
+        async for output in self.server.outputs(self.generations, self.queue, every):
+            if output is None:
+                yield None
+                continue
+            if self.first_output_at is None:
+                self.first_output_at = time.monotonic()
             yield self.piece(output)
 
     def piece(self, output: Output) -> Piece:
@@ -439,12 +518,16 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     shutdown_timeout: float = SHUTDOWN_SECONDS,
+    log_format: str = "text",
     **options,
 ):
-    """Serve until SIGTERM or SIGINT, then exit cleanly; `options` are Server's (api_key, max_request_mb, ...)."""
+    """Serve until SIGTERM or SIGINT, then exit cleanly; `options` are Server's (api_key, max_request_mb, ...).
+    Each request leaves one line on stderr (`log_format` "text", uvicorn's access-log style, or "json")."""
     import uvicorn
 
     server = Server(engine, model_name, **options)
+    app = AccessLog(server.app, json_lines=log_format == "json")
+    log_to_stderr(log_format)
 
     class Uvicorn(uvicorn.Server):
         """uvicorn, but a signal also turns new requests away (503) and ends the running ones at the cutoff, and
@@ -465,7 +548,7 @@ def serve(
                     signal.signal(sig, handler)
 
     config = uvicorn.Config(
-        server.app,
+        app,
         host=host,
         port=port,
         log_level="warning",
