@@ -125,6 +125,14 @@ def loopback(host: str) -> bool:
     'under a grammar: for testing agents with a model that would not call tools (e.g. \'Bash={"command": "ls"}\').',
 )
 @click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5,
+    show_default=True,
+    help="Seconds a stream may stay silent (a long prompt being read) before a keep-alive goes out: Anthropic's "
+    "ping event, a comment in OpenAI's streams.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",
@@ -160,6 +168,7 @@ def serve(
     shutdown_timeout,
     max_tokens,
     force_tool_call,
+    heartbeat,
     log_format,
     chat_template,
     reasoning_format,
@@ -225,5 +234,6 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         max_tokens=max_tokens,
         forced_call=forced_call,
+        heartbeat=heartbeat,
         log_format=log_format,
     )

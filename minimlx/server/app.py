@@ -76,6 +76,7 @@ class Server:
         request_timeout: float | None = None,
         max_tokens: int | None = None,
         forced_call: "ForcedCall | None" = None,
+        heartbeat: float = HEARTBEAT_SECONDS,
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
         self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
@@ -87,6 +88,7 @@ class Server:
         self.request_timeout = request_timeout
         self.max_tokens = max_tokens  # the longest answer, whatever a request asks (llama-server's --n-predict)
         self.forced_call = forced_call
+        self.heartbeat = heartbeat  # seconds a stream may stay silent (a long prefill) before a keep-alive goes out
         self.draining = False  # set on SIGTERM/SIGINT: new requests are answered 503
         self.cutoff: float | None = None  # then, when the running ones are ended
         # Every array the model holds, private ones too (RoPE's frequencies), evaluated here: an unevaluated
@@ -471,9 +473,9 @@ class Answer:
         return headers
 
     async def pieces(self, heartbeat: bool = False) -> AsyncIterator[Piece | None]:
-        """The answer's pieces; with `heartbeat`, None too whenever HEARTBEAT_SECONDS pass without one (a stream
-        sends its keep-alive then)."""
-        every = HEARTBEAT_SECONDS if heartbeat else None
+        """The answer's pieces; with `heartbeat`, None too whenever the server's heartbeat passes without one (a
+        stream sends its keep-alive then)."""
+        every = self.server.heartbeat if heartbeat else None
         async for output in self.server.outputs(self.generations, self.queue, every):
             if output is None:
                 yield None

@@ -63,7 +63,9 @@ class ReplyParser:
             markers = self._markers()
             found = [(self.buffer.find(m), -len(m), m) for m in markers if m in self.buffer]
             if not found:
-                held = 0 if final else marker_start(self.buffer, markers)
+                held = marker_start(self.buffer, markers)
+                if final and not (self.forced and self.tools):  # a forced call's cut marker is no answer text
+                    held = 0
                 self._write(out, self.buffer[: len(self.buffer) - held])
                 self.buffer = self.buffer[len(self.buffer) - held :]
                 if final:
