@@ -640,16 +640,17 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
 
 def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path, monkeypatch):
     """Four requests sent at once reach the engine one by one; the idle server waits while they keep coming
-    (`Server.gather`, its quiet time raised here so that a slow machine's gaps fit) and prefills them in one pass."""
+    (`EngineBridge.gather`, its quiet time raised here so that a slow machine's gaps fit) and prefills them in one
+    pass."""
     from starlette.testclient import TestClient
 
     import minimlx
     from minimlx.decode import Engine
-    from minimlx.server import app
+    from minimlx.server import app, bridge
 
     save_hf_model(tmp_path, "llama")
     model, tokenizer = minimlx.load(tmp_path)
-    monkeypatch.setattr(app, "GATHER_QUIET", 0.2)
+    monkeypatch.setattr(bridge, "GATHER_QUIET", 0.2)
     groups, together, alone = [], Engine.prefill_together, Engine.prefill_alone
     monkeypatch.setattr(Engine, "prefill_together", lambda self, g: groups.append(len(g)) or together(self, g))
     monkeypatch.setattr(Engine, "prefill_alone", lambda self, *a: groups.append(1) or alone(self, *a))

@@ -4,6 +4,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
@@ -27,11 +28,14 @@ from .fields import (
 from .hangups import until_disconnected
 from .turns import Piece, TokenLogprob, Turn, Usage
 
+if TYPE_CHECKING:
+    from .protocol import TurnServer
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
 
 
-def routes(server) -> list[Route]:
+def routes(server: "TurnServer") -> list[Route]:
     async def chat_completions(request: HTTPRequest):
         body = await server.read(request)
         turn, stream = chat_turn(body), streaming(body)

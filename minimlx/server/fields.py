@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 
 from starlette.responses import JSONResponse
 
@@ -64,10 +65,14 @@ class Body(dict):
         return super().__contains__(name)
 
     def ignore(self, name: str, api: str) -> None:
-        """Note the field `name` as ignored: logged once per API and name, and named in the response header."""
-        if name not in self.ignored:
+        """Note the field `name` as ignored: logged once per API and name, and named in the response header (cut
+        short, and quoted as JSON unless plain: a hostile body's field names are anything, a header's are ASCII)."""
+        name = (
+            name[:MAX_NAME] if PLAIN_NAME.fullmatch(name[:MAX_NAME]) else json.dumps(name[:MAX_NAME])
+        )  # ASCII, quoted
+        if name not in self.ignored and len(self.ignored) < MAX_NAMED:
             self.ignored.append(name)
-        if (api, name) not in LOGGED:
+        if (api, name) not in LOGGED and len(LOGGED) < MAX_LOGGED:
             LOGGED.add((api, name))
             log.info("ignoring the %s field '%s' (not implemented by this server)", api, name)
 
@@ -76,6 +81,8 @@ class Body(dict):
 
 
 IGNORED_HEADER = "x-minimlx-ignored"
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\[\]=-]+")
+MAX_NAME, MAX_NAMED, MAX_LOGGED = 64, 32, 1024  # a name's length, names in one header, distinct names ever logged
 LOGGED: set[tuple[str, str]] = set()  # (api, field) pairs already logged as ignored
 
 

@@ -21,7 +21,8 @@ from .hangups import until_disconnected
 from .turns import Turn
 
 if TYPE_CHECKING:
-    from .app import Answer, Server
+    from .answer import Answer
+    from .protocol import TurnServer
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -40,7 +41,7 @@ ROLES = ("user", "assistant", "system")
 IGNORED_BLOCKS = ("server_tool_use", "web_search_tool_result", "code_execution_tool_result", "container_upload")
 
 
-def routes(server: "Server") -> list[Route]:
+def routes(server: "TurnServer") -> list[Route]:
     async def create(request: HTTPRequest):
         body = await server.read(request)
         turn = read_turn(body)

@@ -35,7 +35,8 @@ from .hangups import until_disconnected
 from .turns import Turn
 
 if TYPE_CHECKING:
-    from .app import Answer, Server
+    from .answer import Answer
+    from .protocol import TurnServer
 
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")  # reasoning items' too
@@ -50,7 +51,7 @@ IGNORED_ITEMS = ("web_search_call", "file_search_call", "code_interpreter_call",
                  "compaction", "tool_search_call", "tool_search_output")  # fmt: skip
 
 
-def routes(server: "Server") -> list[Route]:
+def routes(server: "TurnServer") -> list[Route]:
     async def create(request: HTTPRequest):
         body = await server.read(request)
         turn, echo, namespaces = read_request(body)
