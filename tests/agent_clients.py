@@ -15,8 +15,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from doc_pages import ROOT, blocks
 
 AGENTS = Path(__file__).parent / "agents"
+SERVE_MD = ROOT / "docs" / "serve.md"
+DOCUMENTED_URL = "http://127.0.0.1:8080"  # the address docs/serve.md's recipes give
 MANIFEST = AGENTS / "package.json"
 PACKAGES = {"claude-code": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
 
@@ -159,21 +162,32 @@ def responses_output(exchange: Exchange) -> list[dict]:
     return exchange.events()[-1]["response"]["output"]
 
 
+def documented_block(language: str, holding: str) -> str:
+    """The ```language block of docs/serve.md that holds `holding`."""
+    [body] = [body for body, _, _ in blocks(SERVE_MD, language) if holding in body]
+    return body
+
+
+def documented_claude_code_env(url: str) -> dict[str, str]:
+    """The environment docs/serve.md's Claude Code recipe exports, pointed at `url`."""
+    lines = documented_block("bash", "ANTHROPIC_BASE_URL").splitlines()
+    settings = [word for line in lines if line.startswith("export ") for word in line.split("#")[0].split()[1:]]
+    return {name: value.replace(DOCUMENTED_URL, url) for name, _, value in (s.partition("=") for s in settings)}
+
+
+def documented_codex_config(url: str) -> str:
+    """The config.toml of docs/serve.md's Codex recipe, pointed at `url`."""
+    config = documented_block("toml", "model_provider")
+    assert DOCUMENTED_URL in config, f"docs/serve.md's Codex config names no {DOCUMENTED_URL}"
+    return config.replace(DOCUMENTED_URL, url)
+
+
 def claude_code(version: str, url: str, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run Claude Code `version` in print mode with `args` in `cwd` against `url`, offline: a home of its own (no
-    login, settings or history of the user's), no telemetry, updates or other traffic than the model's."""
+    """Run Claude Code `version` with `args` in `cwd` against `url`, set up as docs/serve.md says, with a home of its
+    own (none of the user's login, settings or history)."""
     home = cwd.parent / f"{cwd.name}-home"
     home.mkdir(exist_ok=True)
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(home),
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "ANTHROPIC_BASE_URL": url,
-        "ANTHROPIC_AUTH_TOKEN": "none",
-        "ANTHROPIC_MODEL": "local",
-    }
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), **documented_claude_code_env(url)}
     binary = AGENTS / "node_modules" / f"claude-code-{version}" / "bin" / "claude.exe"
     return subprocess.run(
         [str(binary), *args],
@@ -186,23 +200,12 @@ def claude_code(version: str, url: str, cwd: Path, *args: str, timeout: float = 
     )
 
 
-CODEX_CONFIG = """\
-model = "local"
-model_provider = "minimlx"
-
-[model_providers.minimlx]
-name = "minimlx"
-base_url = "{url}/v1"
-wire_api = "responses"
-"""
-
-
 def codex(version: str, url: str, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run Codex CLI `version` (`codex exec` with `args`) in `cwd` against `url` with the provider docs/serve.md
-    documents, in a CODEX_HOME of its own."""
+    """Run Codex CLI `version` (`codex exec` with `args`) in `cwd` against `url`, configured as docs/serve.md says,
+    in a CODEX_HOME of its own."""
     home = cwd.parent / f"{cwd.name}-codex-home"
     home.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(CODEX_CONFIG.format(url=url))
+    (home / "config.toml").write_text(documented_codex_config(url))
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home)}
     script = AGENTS / "node_modules" / f"codex-{version}" / "bin" / "codex.js"
     return subprocess.run(

@@ -125,7 +125,7 @@ def test_claude_code_runs_a_tool_call_and_the_server_answers_its_result(bash_ser
 
 @pytest.mark.parametrize("version", pinned("codex"))
 def test_codex_runs_a_tool_call_and_the_server_answers_its_result(exec_server, workdir, version):
-    with RecordingProxy(exec_server.url) as proxy:
+    with RecordingProxy(exec_server.url) as proxy:  # no sandbox: bubblewrap needs user namespaces, which CI may lack
         done = codex(
             version, proxy.url, workdir, "--dangerously-bypass-approvals-and-sandbox", "-C", str(workdir), PROOF
         )
