@@ -208,12 +208,11 @@ def codex(version: str, url: str, cwd: Path, *args: str, timeout: float = 300) -
     (home / "config.toml").write_text(documented_codex_config(url))
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home)}
     script = AGENTS / "node_modules" / f"codex-{version}" / "bin" / "codex.js"
+    return run_agent(["node", str(script), "exec", "--skip-git-repo-check", *args], cwd, env, timeout)
+
+
+def run_agent(command: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """An agent's run, with nothing on its stdin (it would wait for more input) and its output kept."""
     return subprocess.run(
-        ["node", str(script), "exec", "--skip-git-repo-check", *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
     )
