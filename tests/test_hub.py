@@ -94,3 +94,23 @@ def test_ls_rm_and_offline_reading_of_the_cache(standin, monkeypatch):
     assert removed.returncode == 0 and "removed org/tiny-GGUF" in removed.stdout
     assert [line.split()[0] for line in minimlx_cli("ls").stdout.splitlines()] == ["org/tiny"]
     assert minimlx_cli("rm", "org/tiny-GGUF").returncode == 2
+
+
+@pytest.mark.slow
+def test_the_ollama_clients_pull_downloads_through_the_server(standin):
+    """`ollama.Client.pull` against `minimlx serve`: the server pulls from the (stand-in) Hub into its cache."""
+    from reference import require
+    from test_serve import Served
+
+    ollama = require("ollama")
+    served, root, cache = standin
+    server = Served("--model", str(root / "org" / "tiny"))
+    try:
+        client = ollama.Client(host=server.url)
+        progress = list(client.pull("org/tiny-GGUF:Q8_0", stream=True))
+        assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
+        assert (cache / "models--org--tiny-GGUF").is_dir()
+        with pytest.raises(ollama.ResponseError, match="gated"):
+            client.pull("org/secret")
+    finally:
+        server.stop()

@@ -18,8 +18,7 @@ def pull(spec):
 @main.command(name="ls")
 def list_models():
     """The models in the Hugging Face cache: repo, size on disk, folder."""
-    from ..io.hub import downloaded
-    from ..io.resolve import hub_cache
+    from ..io.hub import downloaded, hub_cache
 
     found = downloaded(hub_cache())
     if not found:
@@ -34,8 +33,7 @@ def list_models():
 @click.argument("repo", metavar="ORG/NAME")
 def rm(repo):
     """Delete a model from the Hugging Face cache."""
-    from ..io.hub import remove
-    from ..io.resolve import hub_cache
+    from ..io.hub import hub_cache, remove
 
     entry = remove(hub_cache(), repo)
     click.echo(f"removed {entry.repo} ({entry.size / 1e9:.2f} GB) from {entry.path.parent}")

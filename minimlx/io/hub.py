@@ -48,8 +48,6 @@ def pull(spec: str) -> Path:
     wanted = Wanted.parse(spec)
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return cached(wanted)
-    from .resolve import hub_cache
-
     # the endpoint and cache as the environment says now (huggingface_hub reads them once, when imported)
     where = {"endpoint": os.environ.get("HF_ENDPOINT") or None}
 
@@ -65,10 +63,25 @@ def pull(spec: str) -> Path:
         return fetch(wanted.filename or gguf_file(wanted, files))
 
 
+def hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home) / "hub"
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot of `repo_id`: the one `refs/main` names, else the newest."""
+    repo = hub_cache() / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+        return repo / "snapshots" / ref.read_text().strip()
+    snapshots = sorted((repo / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1] if snapshots else None
+
+
 def cached(wanted: Wanted) -> Path:
     """What `wanted` names in the Hugging Face cache (an offline machine's pull)."""
-    from .resolve import cached_snapshot
-
     snapshot = cached_snapshot(wanted.repo)
     files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")] if snapshot is not None else []
     if snapshot is None or not files:
@@ -127,13 +140,13 @@ def explained(error: Exception, repo: str) -> str | None:
         return f"{repo} is gated: accept its terms on the Hub, then {TOKEN_HINT}"
     if isinstance(error, errors.RepositoryNotFoundError):
         return f"{repo} is not on the Hub, or is private: check the name, or {TOKEN_HINT}"
-    if isinstance(error, (errors.EntryNotFoundError, errors.RevisionNotFoundError)):
-        return f"{repo} has no such file or revision: {str(error).splitlines()[0]}"
     if isinstance(error, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)):
         return (
             f"{repo} is not in the Hugging Face cache and this machine is offline (HF_HUB_OFFLINE=1, or the Hub at "
             f"{endpoint} does not answer); `minimlx ls` lists what is downloaded"
         )
+    if isinstance(error, (errors.EntryNotFoundError, errors.RevisionNotFoundError)):
+        return f"{repo} has no such file or revision: {str(error).splitlines()[0]}"
     if isinstance(error, errors.HfHubHTTPError) and error.response is not None:
         status = error.response.status_code
         return f"the Hub at {endpoint} answered {status} for {repo}" + (

