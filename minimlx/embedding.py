@@ -201,3 +201,47 @@ def embed(model: "str | Path | Embedder", texts: str | list, dimensions: int | N
     (loaded with `Embedder.load(model, **load)`: `pooling=`, `dtype=`)."""
     embedder = model if isinstance(model, Embedder) else Embedder.load(model, **load)
     return embedder([texts] if isinstance(texts, str) else list(texts), dimensions)
+
+
+RERANK_SYSTEM = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. "
+    'Note that the answer can only be "yes" or "no".'
+)
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+class Reranker:
+    """Scores documents against a query as Qwen3-Reranker's model card defines it: the query and a document in its
+    prompt, and the probability of "yes" against "no" as the next token."""
+
+    PREFIX = f"<|im_start|>system\n{RERANK_SYSTEM}<|im_end|>\n<|im_start|>user\n"
+    SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+    def __init__(self, model: nn.Module, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        ids = [tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no")]
+        if any(len(word) != 1 for word in ids):
+            raise InvalidSettingError("this model's vocabulary has no single 'yes' and 'no' tokens to rerank with")
+        self.yes, self.no = ids[0][0], ids[1][0]
+
+    def prompt(self, query: str, document: str, instruction: str | None = None) -> list[int]:
+        text = f"<Instruct>: {instruction or RERANK_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+        return self.tokenizer.encode(self.PREFIX + text + self.SUFFIX, add_special_tokens=False)
+
+    def __call__(self, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
+        """(documents,) relevance scores in [0, 1]."""
+        scores = []
+        for document in documents:
+            ids = mx.array([self.prompt(query, document, instruction)], dtype=mx.int32)
+            logits = self.model(ids, last_only=True)[0, -1].astype(mx.float32)
+            pair = mx.stack([logits[self.no], logits[self.yes]])
+            scores.append(mx.softmax(pair)[1])
+        return np.array(mx.stack(scores))
+
+
+def reranker(model: nn.Module, tokenizer) -> Reranker | None:
+    """The model's Reranker, or None when its vocabulary cannot score yes against no."""
+    try:
+        return Reranker(model, tokenizer)
+    except InvalidSettingError:
+        return None

@@ -140,3 +140,74 @@ def test_a_chat_model_without_pooling_refuses_embeddings(tmp_path):
         assert status == 200 and reply["pooling"] == "mean" and len(reply["data"]) == 2
     finally:
         pooled.stop()
+
+
+@pytest.fixture(scope="module")
+def reranker_folder(tmp_path_factory):
+    """A tiny random Qwen3 language model with SmolLM2's tokenizer (which has `yes`, `no` and the chat markers)."""
+    torch, transformers = require("torch"), require("transformers")
+    folder = tmp_path_factory.mktemp("reranker")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer(Path(smollm2_path())))
+    config = transformers.Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+    )
+    torch.manual_seed(1)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+QUERY, DOCUMENTS = "What is the capital of France?", ["Paris is the capital of France.", "The sea is blue.", "w"]
+
+
+def model_card_scores(folder: Path, query: str, documents: list[str]) -> np.ndarray:
+    """Qwen3-Reranker's model card formula, computed with transformers."""
+    torch, transformers = require("torch"), require("transformers")
+    from minimlx.embedding import Reranker
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    scores = []
+    for document in documents:
+        text = f"<Instruct>: {minimlx.embedding.RERANK_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+        ids = tokenizer(Reranker.PREFIX + text + Reranker.SUFFIX, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        scores.append(torch.stack([logits[no], logits[yes]]).log_softmax(0)[1].exp().item())
+    return np.array(scores)
+
+
+def test_rerank_scores_are_the_model_cards(reranker_folder):
+    from minimlx.embedding import Reranker
+
+    model, tokenizer = minimlx.load(reranker_folder, dtype="float32")
+    ours = Reranker(model, tokenizer)(QUERY, DOCUMENTS)
+    assert np.abs(ours - model_card_scores(reranker_folder, QUERY, DOCUMENTS)).max() <= 1e-4
+
+
+@pytest.mark.slow
+def test_the_servers_rerank_ranks_as_the_model_card_scores(reranker_folder):
+    reference = model_card_scores(reranker_folder, QUERY, DOCUMENTS)
+    served = Served("--model", str(reranker_folder))
+    try:
+        body = {"query": QUERY, "documents": [DOCUMENTS[0], {"text": DOCUMENTS[1]}, DOCUMENTS[2]], "top_n": 2}
+        status, reply = served.post("/v1/rerank", body | {"return_documents": True})
+        assert status == 200
+        best = np.argsort(-reference)[:2]
+        assert [r["index"] for r in reply["results"]] == list(best)
+        for result in reply["results"]:
+            assert abs(result["relevance_score"] - reference[result["index"]]) <= 1e-4
+            assert result["document"]["text"] == DOCUMENTS[result["index"]]
+        for bad_body in ({"query": QUERY}, {"query": QUERY, "documents": []}, {"documents": DOCUMENTS}):
+            status, refusal = served.post("/v1/rerank", bad_body)
+            assert status == 400 and refusal["error"]["param"] in ("documents", "query"), refusal
+    finally:
+        served.stop()

@@ -152,3 +152,19 @@ def test_metrics_parse_and_count_what_was_asked(server):
     )
     assert value(after, "minimlx_requests_running") == 0 and value(after, "minimlx_models_loaded") == 1
     assert value(after, "minimlx_prompt_cache_bytes") > 0
+
+
+def test_langchains_chat_ollama_chats_and_answers_in_a_schema(server):
+    langchain_ollama = require("langchain_ollama")
+    pydantic = require("pydantic")
+
+    class City(pydantic.BaseModel):
+        city: str
+        country: str
+
+    llm = langchain_ollama.ChatOllama(model="smollm2-135m", base_url=server.url, temperature=0, num_predict=16)
+    reply = llm.invoke("What is the capital of France?")
+    assert reply.content == "The capital of France is Paris." and reply.usage_metadata["output_tokens"] == 7
+    assert "".join(chunk.content for chunk in llm.stream("What is the capital of France?")) == reply.content
+    city = llm.with_structured_output(City, method="json_schema").invoke("Describe the capital of France.")
+    assert (city.city, city.country) == ("Paris", "France")

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..decode import Engine
-from ..embedding import Embedder
+from ..embedding import Embedder, reranker
 from . import chat, embeddings, messages, ollama, responses
 from .access_log import AccessLog, current_request, log_to_stderr
 from .answer import Answer
@@ -78,7 +78,7 @@ class Server:
         self.card = ollama.ModelCard.of(engine.model, self.model_name, model_name, capabilities)
         self.metrics = Metrics(engine, self.model_name, self.card.size)
         api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
-        api += embeddings.routes(self, self.bridge, embedder, engine.context)
+        api += embeddings.routes(self, self.bridge, embedder, reranker(engine.model, self.tokenizer), engine.context)
         # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
         bare = [
             Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")

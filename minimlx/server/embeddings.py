@@ -11,7 +11,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..embedding import Embedder
+from ..embedding import Embedder, Reranker
 from ..errors import InvalidSettingError
 from .fields import APIError, bad, ignore_unread, integer, optional
 
@@ -22,7 +22,13 @@ if TYPE_CHECKING:
 MAX_INPUTS = 2048  # texts in one request (OpenAI's limit)
 
 
-def routes(server: "TurnServer", bridge: "EngineBridge", embedder: Embedder | None, context: int | None) -> list[Route]:
+def routes(
+    server: "TurnServer",
+    bridge: "EngineBridge",
+    embedder: Embedder | None,
+    reranker: Reranker | None,
+    context: int | None,
+) -> list[Route]:
     def texts_of(body, param: str) -> list:
         given = body.get(param)
         texts = [given] if isinstance(given, str) or is_ids(given) else given
@@ -81,9 +87,45 @@ def routes(server: "TurnServer", bridge: "EngineBridge", embedder: Embedder | No
         reply |= {"load_duration": 0, "prompt_eval_count": tokens, "pooling": embedder.pooling.mode}
         return JSONResponse(reply, headers=body.headers())
 
+    async def rerank(request: HTTPRequest):
+        """The Cohere/Jina shape llama-server and vLLM answer: `query`, `documents` (strings or {"text"}),
+        `top_n`, `return_documents`, `instruction`; results best first, scored as Qwen3-Reranker's card defines."""
+        body = await server.read(request)
+        query = optional(body, "query", str, "a string")
+        if not query:
+            raise bad("query", "'query' must be a non-empty string")
+        documents = body.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise bad("documents", "'documents' must be a non-empty list of strings or {\"text\": ...} objects")
+        if len(documents) > MAX_INPUTS:
+            raise bad("documents", f"'documents' holds {len(documents)}; this server ranks at most {MAX_INPUTS}")
+        texts = [d.get("text") if isinstance(d, dict) else d for d in documents]
+        if not all(isinstance(t, str) for t in texts):
+            raise bad("documents", 'each document must be a string or {"text": ...}')
+        top_n = integer(body, "top_n", len(texts))
+        if top_n < 1:
+            raise bad("top_n", f"'top_n' must be at least 1, got {top_n}")
+        instruction = optional(body, "instruction", str, "a string")
+        given_documents = body.get("return_documents", False) is True
+        ignore_unread(body, "rerank")
+        if reranker is None:
+            message = "this model's vocabulary has no single 'yes' and 'no' tokens, which reranking scores with"
+            raise APIError(400, message, "model", "model_not_supported")
+        scores = await bridge.run(lambda: reranker(query, texts, instruction))
+        best = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
+        results = [
+            {"index": i, "relevance_score": float(scores[i])}
+            | ({"document": {"text": texts[i]}} if given_documents else {})
+            for i in best
+        ]
+        tokens = sum(len(reranker.prompt(query, t, instruction)) for t in texts)
+        reply = {"model": server.model_name, "results": results, "usage": {"total_tokens": tokens}}
+        return JSONResponse(reply, headers=body.headers())
+
     return [
         Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
         Route("/api/embed", ollama_embed, methods=["POST"]),
+        Route("/v1/rerank", rerank, methods=["POST"]),
     ]
 
 
