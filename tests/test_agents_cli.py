@@ -2,7 +2,8 @@
 installed by `npm ci` there) complete their turns against `minimlx serve`, set up as docs/serve.md says.
 
 The model is the agents' test model (tests/agent_model.py), whose answers are short and end by themselves; the
-server's `--max-tokens` bounds them with room to spare, since both agents fail a turn whose answer was cut. Each agent
+server's `--max-tokens` bounds them with room to spare, since both agents fail a turn whose answer was cut; the plain
+turns' streams carry keep-alives (Anthropic's ping events, comments in OpenAI's) while the prompt is read. Each agent
 talks to the server through a recording proxy that passes every byte on unchanged, so that a test can check that what
 the agent printed is the text the server sent. A tool turn uses the server's `--force-tool-call`: the agent runs the
 call (a shell command writing proof.txt in the agent's working directory), sends back its result, and prints the
@@ -44,7 +45,8 @@ def serve(*args: str):
 
 @pytest.fixture(scope="module")
 def server():
-    yield from serve()
+    """A server whose streams send keep-alives while the prompt is read (a long prompt's, shortened to 10 ms here)."""
+    yield from serve("--heartbeat", "0.01")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,9 @@ def test_claude_code_prints_the_servers_answer(server, workdir, version, output)
         done = claude_code(version, proxy.url, workdir, "-p", HELLO, "--output-format", output[0], *output[1:])
     assert_ran(done, f"Claude Code {version}")
     assert_answered(proxy, "/v1/messages")
-    assert result_event(done)["result"] == anthropic_text(proxy.posts("/v1/messages")[-1])
+    answer = proxy.posts("/v1/messages")[-1]
+    assert b"event: ping\n" in answer.answer
+    assert result_event(done)["result"] == anthropic_text(answer)
     if output[0] == "stream-json":  # the assistant's message event carries the same text
         events = [json.loads(line) for line in done.stdout.splitlines()]
         said = [b["text"] for e in events if e["type"] == "assistant" for b in e["message"]["content"] if "text" in b]
@@ -101,7 +105,9 @@ def test_codex_prints_the_servers_answer(server, workdir, version):
         done = codex(version, proxy.url, workdir, HELLO)
     assert_ran(done, f"Codex {version}")
     assert_answered(proxy, "/v1/responses")
-    assert done.stdout.strip() == responses_text(proxy.posts("/v1/responses")[-1]).strip()
+    answer = proxy.posts("/v1/responses")[-1]
+    assert b"\n: keep-alive\n" in answer.answer
+    assert done.stdout.strip() == responses_text(answer).strip()
 
 
 @pytest.mark.parametrize("version", pinned("claude-code"))
