@@ -114,3 +114,11 @@ def test_the_ollama_clients_pull_downloads_through_the_server(standin):
             client.pull("org/secret")
     finally:
         server.stop()
+
+
+def test_a_repo_id_downloads_on_first_use(standin):
+    served, root, cache = standin
+    model, tokenizer = minimlx.load("org/tiny")  # nothing in the cache yet: run and serve fetch it the same way
+    assert (cache / "models--org--tiny").is_dir() and tokenizer.encode("w3 w4")
+    path = minimlx.io.resolve.resolve("org/tiny-GGUF:Q8_0")
+    assert path.name == "tiny-Q8_0.gguf"

@@ -134,8 +134,9 @@ def loopback(host: str) -> bool:
 @click.option(
     "--force-tool-call",
     metavar="NAME=JSON",
-    help="Answer every turn that ends with a user message and offers the tool NAME with exactly this call, decoded "
-    'under a grammar: for testing agents with a model that would not call tools (e.g. \'Bash={"command": "ls"}\').',
+    help="Answer a turn that ends with a user message, offers the tool NAME and made no call yet with exactly this "
+    "call, decoded under a grammar: for testing agents with a model that would not call tools "
+    '(e.g. \'Bash={"command": "ls"}\').',
 )
 @click.option(
     "--pooling",

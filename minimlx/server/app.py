@@ -117,19 +117,19 @@ class Server:
 
     async def start(self, turn: Turn) -> Answer:
         """Start the turn's choices: its template, its tool choice or answer grammar, its settings."""
-        turn, prompt, parser = self.renderer.prepare(turn)
-        answer = await self.start_raw(prompt, turn, turn.messages_param)
+        turn, prompt, parser, switched = self.renderer.prepare(turn)
+        answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched)
         answer.parsers = [parser() for _ in answer.generations]
         return answer
 
-    async def start_raw(self, prompt: list[int], turn: Turn, param: str) -> Answer:
+    async def start_raw(self, prompt: list[int], turn: Turn, param: str, bounded: bool = True) -> Answer:
         """Start `turn.n` generations of the token ids `prompt` (the request's field `param`) with the turn's
         settings; their text is content alone. Without a max_tokens the answer may use the room left in the
         context (or --max-tokens); one above that is capped, and the answer says so."""
         if turn.n > self.engine.max_batch:
             raise bad("n", f"'n' is {turn.n} but this server decodes at most {self.engine.max_batch} (--max-batch)")
         asked = turn.settings.get("max_tokens")
-        limit = self.max_tokens or self.engine.context or UNBOUNDED_MAX_TOKENS
+        limit = (self.max_tokens if bounded else None) or self.engine.context or UNBOUNDED_MAX_TOKENS
         fields = {**turn.settings, "max_tokens": limit if asked is None else min(asked, limit)}
         settings = sampling_settings(turn.params, **fields, constraint=turn.constraint, logprobs=turn.logprobs)
         generations, queue = self.bridge.submit(prompt, settings, turn.n, param, turn.cache_key)

@@ -51,6 +51,7 @@ class ModelCard:
     parameters, family, file format, quantization, context and a digest of its weights."""
 
     name: str
+    source: str  # the model as the server was given it (a path, a repo id, a short name)
     size: int
     parameters: int
     family: str
@@ -77,8 +78,10 @@ class ModelCard:
         dtype = next((a.dtype for a in arrays if mx.issubdtype(a.dtype, mx.floating)), mx.float32)
         quantization = f"Q{max(bits)}" if bits else str(dtype).removeprefix("mlx.core.").upper().replace("LOAT", "")
         digest = hashlib.sha256(repr(config).encode() + str(sum(a.nbytes for a in arrays)).encode()).hexdigest()
+        short = Path(name).name.removesuffix(".gguf") if Path(name).exists() else name  # a path: its own name
         return cls(
-            name=name if ":" in name else f"{name}:latest",
+            name=short if ":" in short else f"{short}:latest",
+            source=name,
             size=sum(a.nbytes for a in arrays),
             parameters=ledger(model).total,
             family=type(config).__name__.removesuffix("Config").lower(),
@@ -107,7 +110,7 @@ class ModelCard:
 
     def answers_to(self, name: str | None) -> bool:
         """Whether a request naming `name` (`model`, with or without `:latest`) is for this model."""
-        return name is None or name == self.name or f"{name}:latest" == self.name
+        return name is None or name in (self.name, self.source) or f"{name}:latest" == self.name
 
 
 def parameter_size(count: int) -> str:
