@@ -77,7 +77,9 @@ def as_language_model(config: dict, raw: dict[str, mx.array]) -> tuple[dict, dic
     prefix added, and the head tied to the embedding (whose scores mean nothing there: such a model is for its
     hidden states, `minimlx.Embedder`)."""
     architectures = config.get("architectures") or []
-    if not any(name.endswith("Model") for name in architectures) or any(k.startswith("model.") for k in raw):
+    base = any(name.endswith("Model") and not name.endswith("LMHeadModel") for name in architectures)
+    stack = any(k.startswith(("embed_tokens.", "layers.")) for k in raw)  # a decoder's stack, unprefixed
+    if not (base and stack) or any(k.startswith("model.") for k in raw):
         return config, raw
     raw = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in raw.items()}
     if not any(k.startswith("lm_head.") for k in raw):
