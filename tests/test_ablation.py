@@ -4,7 +4,7 @@ is never chosen and the FFN output is rebuilt from the routing the trace records
 
 import mlx.core as mx
 import pytest
-from test_trace import IDS, random_model
+from traced_models import IDS, random_model
 
 import minimlx
 from minimlx.anatomy.ablation import Ablation, Patch

@@ -10,6 +10,7 @@ import ctypes
 import mlx.core as mx
 import numpy as np
 import pytest
+from models import PROMPTS, run_batch, smollm2_ids
 from reference import save_reference
 
 import minimlx
@@ -18,16 +19,6 @@ from minimlx.cpu import blas
 from minimlx.decode import Engine, Request, SamplingSettings, encode_prompt, generate_tokens, stream_generate
 from minimlx.errors import QueueFullError
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List three prime numbers.",
-    "Hi",
-    "Explain gravity in one sentence.",
-    "What is 2+2?",
-    "Name a color.",
-    "Tell me a joke about cats, please, a long one.",
-]
 VOCAB = 96
 SMALL = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2, max_position_embeddings=128)
 TINY = {
@@ -96,17 +87,6 @@ def one_blas_thread():
     mkl.MKL_Set_Num_Threads(1)
     yield
     mkl.MKL_Set_Num_Threads(before)
-
-
-def smollm2_ids(tokenizer, count=None):
-    return [encode_prompt(tokenizer, prompt) for prompt in PROMPTS[:count]]
-
-
-def run_batch(model, tokenizer, requests, **engine_options):
-    engine = Engine(model, tokenizer, **engine_options)
-    sequences = [engine.submit(request) for request in requests]
-    engine.run()
-    return [s.tokens for s in sequences]
 
 
 def test_batch_greedy_tokens_equal_each_prompt_alone(smollm2):

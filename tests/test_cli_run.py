@@ -7,8 +7,9 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from test_generate import smollm2_path
-from test_gguf import write_gguf
+from command_line import one_line_error
+from gguf_files import write_gguf
+from models import smollm2_path
 
 from minimlx.cli import main
 
@@ -33,15 +34,6 @@ def test_run_reads_the_prompt_from_stdin():
     result = CliRunner().invoke(main, ["run", "-", "--max-tokens", "12"], input="What is the capital of France?")
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
-
-
-def one_line_error(result, *fragments):
-    assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 @pytest.fixture

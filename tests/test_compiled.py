@@ -3,27 +3,18 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+from models import TINY_LLAMA
 from reference import save_reference
 
 import minimlx
 from minimlx.decode import SamplingSettings, encode_prompt, generate_tokens, stream_generate
 from minimlx.decode.compiled import CompiledDecoder, FixedKVCache, compiled_decoder
 
-LLAMA = dict(
-    vocab_size=96,
-    hidden_size=48,
-    intermediate_size=80,
-    num_hidden_layers=2,
-    max_position_embeddings=512,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
-    save_reference(folder, "LlamaConfig", **LLAMA)
+    save_reference(folder, "LlamaConfig", **TINY_LLAMA)
     return minimlx.load_model(folder)
 
 

@@ -4,32 +4,10 @@ import subprocess
 import sys
 
 import mlx.core as mx
-from mlx_lm_reference import save_tokenizer
-from reference import save_reference
+from models import chat_model
 
 import minimlx
 from minimlx.decode import Conversation
-
-TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}assistant "
-
-
-def chat_model(folder, context: int, config_class: str = "LlamaConfig", **config):
-    """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template."""
-    save_reference(
-        folder,
-        config_class,
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        **config,
-    )
-    save_tokenizer(folder)
-    (folder / "chat_template.jinja").write_text(TEMPLATE)
-    return folder
 
 
 def test_a_chat_that_fills_the_context_drops_its_oldest_turns(tmp_path):

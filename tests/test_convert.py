@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_logits
+from models import smollm2_path
 from reference import random_ids, relative_error, require
-from test_generate import smollm2_path
 
 import minimlx
 from minimlx.cli import main

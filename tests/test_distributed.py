@@ -216,7 +216,7 @@ def test_cli_run_under_mlx_launch_prints_once_what_one_process_prints(models):
 def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
     import urllib.request
 
-    from test_serve import wait_until_serving
+    from servers import wait_until_serving
 
     args = ["-m", models["qwen3_moe"]]
     alone = subprocess.run(
@@ -247,7 +247,7 @@ def test_a_grammar_ends_an_answer_on_every_rank(smollm2, tmp_path):
     (its collectives) would hang."""
     import urllib.request
 
-    from test_serve import wait_until_serving
+    from servers import wait_until_serving
 
     port = free_ports(1)
     ranks = start_ranks([minimlx("serve", "-m", str(smollm2), "--port", str(port), "--pipeline")] * 2, tmp_path)

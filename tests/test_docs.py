@@ -9,7 +9,7 @@ import io
 import mlx.core as mx
 import pytest
 from doc_pages import ROOT, bash_commands, blocks, console_commands, matches, shell
-from test_generate import smollm2_path
+from models import smollm2_path
 
 PAGES = ["README.md", "docs/anatomy.md", "docs/python-api.md"]
 COMMANDS = [(page, command, output) for page in PAGES for command, output in console_commands(ROOT / page)]

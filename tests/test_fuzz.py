@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_generate import smollm2_path
+from models import smollm2_path
 
 from minimlx.archs.registry import plugin_config
 from minimlx.errors import MinimlxError

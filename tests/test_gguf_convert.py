@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from llamacpp import llamacpp_sources
+from llamacpp_models import LLAMA3_ROPE, VOCAB
 from mlx_lm_reference import mlx_lm_logits
 from reference import random_ids, relative_error
-from test_gguf_llamacpp import LLAMA3_ROPE, VOCAB
 
 import minimlx
 from minimlx.cli import main

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from gguf_quantize import FTYPES, quantize
 from llamacpp import TOOLS, Reader
+from llamacpp_models import IDS, MODELS, SENTENCEPIECE, SP_VOCAB, convert_models, logits_of
 from reference import reference_logits, relative_error, require
-from test_gguf_llamacpp import IDS, MODELS, SENTENCEPIECE, SP_VOCAB, convert_models, logits_of
 
 from minimlx import loading
 from minimlx.io.gguf_file import GGUFFile

@@ -2,13 +2,13 @@
 (`gguf.quants.dequantize`) on the same raw blocks; metadata against `mx.load`; unreadable files."""
 
 import re
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_files import write_tensors
+from models import smollm2_path
 from reference import require
-from test_generate import smollm2_path
 
 from minimlx.errors import CheckpointError
 from minimlx.io.gguf_file import read_gguf
@@ -72,24 +72,14 @@ def raw_tensor(kind: str, rng) -> np.ndarray:
     return blocks.reshape(SHAPE[0], -1)
 
 
-def write(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> Path:
-    """A GGUF file holding `tensors`: name -> (data as stored, type name)."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for name, (data, kind) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=T[kind] if data.dtype == np.uint8 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """One GGUF holding a tensor of every type, its raw data, and what read_gguf returns for it."""
     rng = np.random.default_rng(0)
     raw = {kind: raw_tensor(kind, rng) for kind in ["F32", "F16", *QUANTIZABLE, *SCALES_AT]}
-    path = write(tmp_path_factory.mktemp("gguf") / "all_types.gguf", {f"{k}.weight": (d, k) for k, d in raw.items()})
+    path = write_tensors(
+        tmp_path_factory.mktemp("gguf") / "all_types.gguf", {f"{k}.weight": (d, k) for k, d in raw.items()}
+    )
     return path, raw, read_gguf(path)[0]
 
 
@@ -209,7 +199,7 @@ def test_files_llama_quantize_wrote(kquant_llama, recipe, kinds):
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_stacked_experts_keep_their_leading_dimensions(tmp_path, kind):
     data = raw_tensor(kind, np.random.default_rng(1)).reshape(2, 2, -1)  # (experts, rows, bytes per row)
-    tensors = read_gguf(write(tmp_path / "experts.gguf", {"experts.weight": (data, kind)}))[0]
+    tensors = read_gguf(write_tensors(tmp_path / "experts.gguf", {"experts.weight": (data, kind)}))[0]
     assert tensors["experts.weight"].shape[:2] == (2, 2)
     assert_reads_as(tensors, "experts.weight", kind, dequantize(data, T[kind]))
 
@@ -217,7 +207,7 @@ def test_stacked_experts_keep_their_leading_dimensions(tmp_path, kind):
 def test_mx_load_types_are_bit_identical_to_mx_load(written, tmp_path):
     _, raw, _ = written
     kinds = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]  # what mx.load reads right (BF16 it turns into float16)
-    path = write(tmp_path / "mx_load_types.gguf", {f"{kind}.weight": (raw[kind], kind) for kind in kinds})
+    path = write_tensors(tmp_path / "mx_load_types.gguf", {f"{kind}.weight": (raw[kind], kind) for kind in kinds})
     theirs = mx.load(str(path))
     ours = read_gguf(path)[0]
     assert ours.keys() == theirs.keys()
@@ -240,7 +230,7 @@ def test_metadata_matches_mx_load():
 
 
 def test_unreadable_tensor_type(tmp_path):
-    path = write(tmp_path / "q8_k.gguf", {"blk.0.attn_q.weight": (np.zeros((2, 292), np.uint8), "Q8_K")})
+    path = write_tensors(tmp_path / "q8_k.gguf", {"blk.0.attn_q.weight": (np.zeros((2, 292), np.uint8), "Q8_K")})
     with pytest.raises(CheckpointError) as error:
         read_gguf(path)
     assert str(error.value) == (

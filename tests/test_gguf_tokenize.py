@@ -21,8 +21,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from corpus import CORPUS
 from llamacpp import llama_tokenize, llamacpp_tool
-from test_text import CORPUS, smollm2_gguf
+from models import smollm2_gguf
 
 from minimlx.errors import UnsupportedArchitectureError
 from minimlx.text import Tokenizer

@@ -7,8 +7,9 @@ and transformers read a name differently, minimlx follows llama.cpp, which wrote
 
 import mlx.core as mx
 import pytest
+from corpus import CORPUS
+from models import smollm2_gguf
 from reference import require
-from test_text import CORPUS, smollm2_gguf
 
 from minimlx.errors import UnsupportedArchitectureError
 from minimlx.text import Tokenizer

@@ -6,7 +6,7 @@ import os
 
 import mlx.core as mx
 import pytest
-from test_generate import smollm2_path
+from models import smollm2_path
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native  # noqa: F401

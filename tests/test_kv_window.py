@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from command_line import one_line_error
 from reference import relative_error, require
-from test_cli_run import one_line_error
 
 import minimlx
 from minimlx.cli import main

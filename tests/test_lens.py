@@ -8,9 +8,9 @@ import mlx.core as mx
 import pytest
 from click.testing import CliRunner
 from reference import require, save_reference
-from test_trace import IDS, VOCAB, random_model
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
+from traced_models import IDS, VOCAB, random_model
 
 from minimlx.anatomy.similarity import compare_word, embedding_similarity
 from minimlx.cli import main

@@ -125,7 +125,7 @@ def outcomes(junit: Path) -> dict[str, str | None]:
 
 def test_llamacpp_server(tmp_path):
     """At least PASSING of llama.cpp's selected server tests pass against `minimlx serve`."""
-    from test_generate import smollm2_path
+    from models import smollm2_path
 
     smollm2_path()
     missing = [name for name in ("requests", "wget", "openai") if importlib.util.find_spec(name) is None]

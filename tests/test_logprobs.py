@@ -5,7 +5,7 @@ import math
 
 import mlx.core as mx
 import pytest
-from test_generate import chat_ids
+from models import chat_ids
 
 from minimlx import Constraint, generate, stream_generate
 from minimlx.decode import Engine, Request, SamplingSettings

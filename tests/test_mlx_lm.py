@@ -126,8 +126,8 @@ def test_gpt2_folder_from_mlx_lm(tmp_path, variant):
 def test_bad_quantized_files_give_one_line_and_exit_2(mlx_lm_folder, tmp_path):
     """The command line's side of the errors above, and of a GGUF tensor type nothing can read."""
     from click.testing import CliRunner
-    from test_cli_run import one_line_error
-    from test_gguf_tensors import write
+    from command_line import one_line_error
+    from gguf_files import write_tensors
 
     from minimlx.cli import main
 
@@ -139,7 +139,7 @@ def test_bad_quantized_files_give_one_line_and_exit_2(mlx_lm_folder, tmp_path):
         tmp_path / "eight",
         lambda c: c.update(quantization={"group_size": 64, "bits": 8}),
     )
-    q8_k = write(tmp_path / "q8_k.gguf", {"blk.0.attn_q.weight": (np.zeros((2, 292), np.uint8), "Q8_K")})
+    q8_k = write_tensors(tmp_path / "q8_k.gguf", {"blk.0.attn_q.weight": (np.zeros((2, 292), np.uint8), "Q8_K")})
     runner = CliRunner()
     one_line_error(runner.invoke(main, ["run", "w2", "--model", str(seven)]), "bits=7", "re-convert the model")
     one_line_error(runner.invoke(main, ["run", "w2", "--model", str(eight)]), "does not fit 8-bit affine")

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from test_generate import smollm2_path
+from models import smollm2_path
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native
@@ -474,7 +474,7 @@ def test_smollm2_quantized_batch_greedy_tokens_equal_each_prompt_alone(monkeypat
     all of them; alone, its one-row loop sums the packed integers per group. 16 greedy tokens of each prompt are
     the same."""
     monkeypatch.setattr(native, "exact_products", True)
-    from test_batch import PROMPTS, run_batch, smollm2_ids
+    from models import PROMPTS, run_batch, smollm2_ids
 
     model, tokenizer = load("smollm2-135m", "quantized")
     alone = [[r.token for r in stream_generate(model, tokenizer, p, max_tokens=16)] for p in PROMPTS]

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, settings
 from mlx_lm_reference import save_hf_model
-from test_serve import Served
+from servers import Served
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import negative_data_rejection, not_a_server_error  # noqa: E402

@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from test_generate import chat_ids, greedy_ids
+from models import chat_ids, greedy_ids
 
 import minimlx.cpu.attention as attention
 from minimlx.cpu import elementwise

@@ -7,9 +7,9 @@ import logging
 import mlx.core as mx
 import pytest
 from click.testing import CliRunner
-from test_cli_run import one_line_error
-from test_conversation import chat_model
-from test_serve import Served
+from command_line import one_line_error
+from models import chat_model
+from servers import Served
 
 import minimlx
 from minimlx.cli import main

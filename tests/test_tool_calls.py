@@ -6,6 +6,8 @@ import json
 import llguidance
 import mlx.core as mx
 import pytest
+from llamacpp import llamacpp_template
+from models import smollm2_path
 
 from minimlx.errors import InvalidSettingError
 from minimlx.text import Tokenizer
@@ -21,8 +23,6 @@ from minimlx.text.tool_formats import (
     ToolFormat,
     tool_format,
 )
-from tests.llamacpp import llamacpp_template
-from tests.test_generate import smollm2_path
 
 WEATHER = {
     "type": "object",
