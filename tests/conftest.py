@@ -45,7 +45,7 @@ def served():
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
-    """The tiny models of test_gguf_llamacpp.py and the GGUF files llama.cpp's converter made of them, once."""
+    """The tiny models of test_io_gguf_llamacpp.py and the GGUF files llama.cpp's converter made of them, once."""
     return convert_all(tmp_path_factory)
 
 

@@ -259,7 +259,7 @@ def needed(what: str, why: str):
 
 def convert_all(tmp_path_factory):
     """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf" (conftest.py's
-    `converted` makes them once per session, for this module and test_gguf_tokenize.py)."""
+    `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
     root = tmp_path_factory.mktemp("llamacpp")
     convert_models(root, MODELS, SENTENCEPIECE, TYPES)
     return root

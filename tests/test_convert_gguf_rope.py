@@ -1,7 +1,7 @@
 """A Llama 3.1-style GGUF converted to an MLX folder: llama.cpp's converter keeps the llama3 RoPE scaling only as a
 `rope_freqs` tensor of per-frequency factors, and `minimlx convert` writes the `rope_scaling` that gives them.
 
-The file is test_gguf_llamacpp.py's `llama3_scaled` model (llama3 scaling over an original context of 16 of its
+The file is test_io_gguf_llamacpp.py's `llama3_scaled` model (llama3 scaling over an original context of 16 of its
 128 positions), converted by llama.cpp's `convert_hf_to_gguf.py`; mlx-lm reads the MLX folder.
 """
 

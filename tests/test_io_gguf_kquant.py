@@ -2,12 +2,12 @@
 from F32 files of llama.cpp's converter as llama-quantize makes them (tests/gguf_quantize.py; the last test proves
 the files equal llama-quantize's where a llama-quantize binary is at hand).
 
-The models are test_gguf_llamacpp.py's, made wide enough for the K-quants to apply (hidden 256, 16 heads of 16: rows
+The models are test_io_gguf_llamacpp.py's, made wide enough for the K-quants to apply (hidden 256, 16 heads of 16: rows
 of whole blocks of 256); gemma2's and glm4's ffn_down rows of 384 fall back to Q5_0/Q5_1/Q8_0, as in many published
 files. deepseek and smollm3 get a tiny SentencePiece vocabulary (their converters take one), the others the one
-test_gguf_llamacpp.py gives them. Each file's logits, minimlx reading it in float32, must be within 1e-4 (the
+test_io_gguf_llamacpp.py gives them. Each file's logits, minimlx reading it in float32, must be within 1e-4 (the
 acceptance asks 5e-3; `relative_error`: the norm of the difference over the reference's norm, as in
-test_gguf_llamacpp.py) of transformers reading the same file where it reads the architecture, and otherwise of the
+test_io_gguf_llamacpp.py) of transformers reading the same file where it reads the architecture, and otherwise of the
 file's tensors dequantized by gguf-py, llama.cpp's reference code.
 """
 
@@ -92,7 +92,7 @@ EQUALLED = [name for name in MODELS if name != "deepseek_v2_lite"]
 @pytest.mark.parametrize("ftype", FTYPES)
 def test_files_equal_llama_quantize(request, ftype, tmp_path):
     """The files are llama-quantize's, byte for byte: for the seven families' wide models, for the F32 files of
-    test_gguf_llamacpp.py's models of every family, whose rows of 64 and 96 make every K-quant fall back, and for
+    test_io_gguf_llamacpp.py's models of every family, whose rows of 64 and 96 make every K-quant fall back, and for
     kquant_llama.py's llama. Runs where a llama-quantize binary is at hand: built into the test cache
     (tests/llamacpp.py's `llamacpp_tool`, about 25 minutes) or named by $MINIMLX_LLAMA_QUANTIZE; skipped otherwise."""
     if not LLAMA_QUANTIZE.is_file():

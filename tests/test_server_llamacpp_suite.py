@@ -5,8 +5,8 @@ turns those into `python -m minimlx serve -m smollm2-135m ...`. The selected tes
 those marked slow) run unchanged but for RELAXED, in a pytest subprocess from a copy of their folder with our
 conftest (tests/fixtures/llamacpp_server_conftest.py); at least PASSING of them must pass.
 
-    PYTHONPATH=$PWD python -m pytest -q tests/test_llamacpp_server.py    # the gate (or -k llamacpp_server)
-    PYTHONPATH=$PWD python tests/test_llamacpp_server.py [PYTEST_ARGS]    # each test's outcome, e.g. -k anthropic
+    PYTHONPATH=$PWD python -m pytest -q tests/test_server_llamacpp_suite.py    # the gate (or -k llamacpp_server)
+    PYTHONPATH=$PWD python tests/test_server_llamacpp_suite.py [PYTEST_ARGS]    # each test's outcome, e.g. -k anthropic
 """
 
 import importlib.util

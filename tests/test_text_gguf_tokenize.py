@@ -9,7 +9,7 @@ text is tokenized with and without the BOS the file asks for, special tokens emb
 parses them.
 
 llama.cpp's ids come from tests/fixtures/llama_tokenize_ids.json: building `llama-tokenize` takes minutes, too long
-for every CI run. `MINIMLX_LLAMA_TOKENIZE=1 python -m pytest tests/test_gguf_tokenize.py` builds it (once, into the
+for every CI run. `MINIMLX_LLAMA_TOKENIZE=1 python -m pytest tests/test_text_gguf_tokenize.py` builds it (once, into the
 test cache), asks it again and rewrites the file. Each vocabulary's entry keeps a fingerprint of its tokens, so a
 vocabulary that came out differently (a converter or trainer that changed) fails as such, not as wrong ids.
 """
