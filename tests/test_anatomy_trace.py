@@ -121,6 +121,7 @@ def test_attention_weights_are_the_ones_used(traced):
 PROMPT = "The capital of France is"
 
 
+@pytest.mark.slow
 def test_smollm2_attention_weights(smollm2):
     """On SmolLM2 (30 layers, 9 query heads sharing 3 key/value heads): the acceptance checks, and the
     recorded queries and keys are the projections after RoPE."""
@@ -138,6 +139,7 @@ def test_smollm2_attention_weights(smollm2):
     assert mx.allclose(mx.array(pattern.weights), values["layers.5.attn_weights"][0].mean(axis=0), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_attention_command_prints_the_pattern_and_draws_it(smollm2, tmp_path):
     model, tokenizer = smollm2
     png = tmp_path / "attention.png"
@@ -163,6 +165,7 @@ def test_attention_command_errors_are_one_line(monkeypatch):
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_attention_pattern_checks_layer_and_head(smollm2):
     model, tokenizer = smollm2
     with pytest.raises(InvalidSettingError, match="layer must be between 0 and 29"):

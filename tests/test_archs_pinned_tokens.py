@@ -69,6 +69,7 @@ def test_greedy_tokens_stay_pinned(model_type, tmp_path):
     assert list(generate_tokens(model, prompt, model.make_cache(), SamplingSettings(12))) == PINNED[model_type]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [None, "float32"])
 def test_smollm2_answer_stays_pinned(dtype):
     model, tokenizer = minimlx.load("smollm2-135m", dtype=dtype)

@@ -828,6 +828,7 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_run_within_a_second():
     path = smollm2()
     child = subprocess.Popen(
@@ -844,6 +845,7 @@ def test_ctrl_c_stops_run_within_a_second():
     refused(Finished(child.returncode, "", stderr.decode()), "interrupted", status=130)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_bench_measures_ends_in_one_line():
     path = smollm2()
     child = subprocess.Popen(
@@ -968,6 +970,7 @@ def bounded(*args, seconds=30, gigabytes=2):
     return result
 
 
+@pytest.mark.slow
 def test_bench_with_a_billion_tokens_refuses_at_once():
     refused(bounded("bench", smollm2(), "--gen-tokens", 10**9), "--gen-tokens 1000000000", "context of 8192")
 

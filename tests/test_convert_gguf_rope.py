@@ -26,6 +26,7 @@ from minimlx.errors import CheckpointError
 SCALING = {key: value for key, value in LLAMA3_ROPE.items() if key != "rope_theta"}
 
 
+@pytest.mark.slow
 def test_a_llama_3_1_gguf_converts_to_the_scaling_mlx_lm_reads(converted, tmp_path):
     """The folder's config holds the source's llama3 scaling, its frequencies are the file's, and mlx-lm's logits on
     the folder are minimlx's on the GGUF over 40 positions (past the original context of 16)."""

@@ -187,6 +187,7 @@ def test_converting_a_gguf_holds_about_one_tensor_at_a_time(tmp_path):
 FAMILIES = ["llama", "gpt2", "qwen2_moe", "deepseek_v2_lite", "gemma3", "phi3", "gpt_oss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_streamed_gguf_tensors_are_the_whole_models(converted, name, tmp_path, monkeypatch):
     """q8_0 files converted as stored, and the llama file also quantized and cast, each tensor in a group of its

@@ -72,6 +72,7 @@ def test_the_native_kernel_reads_the_codes_as_mlx_does(
     assert mx.abs(out - masked).max().item() < 1e-5
 
 
+@pytest.mark.slow
 def test_smollm2_logits_over_an_8_bit_cache_stay_near_float32s(smollm2):
     model, tokenizer = smollm2
     ids = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
@@ -85,6 +86,7 @@ def test_smollm2_logits_over_an_8_bit_cache_stay_near_float32s(smollm2):
         assert (logits.argmax(-1) == mx.array(answer)).mean().item() >= 0.95
 
 
+@pytest.mark.slow
 def test_batched_and_plain_decoding_over_8_bit_caches_give_the_same_ids(smollm2):
     model, tokenizer = smollm2
     plain = [generate(model, tokenizer, p, chat_template=False, max_tokens=24, kv_bits=8) for p in PROMPTS]

@@ -62,6 +62,7 @@ def test_attention_refuses_keys_and_values_of_two_types():
         native.kernel.causal_attention(q, k.astype(mx.bfloat16), k.astype(mx.bfloat16), 1.0)
 
 
+@pytest.mark.slow
 def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones(smollm2_packed):
     """`block_step` writes the token's keys and values at `start` of buffers of either type, float16 ones rounded from
     the float32 ones; buffers something else still holds (here the test), contiguous or not, are left as they were."""
@@ -90,6 +91,7 @@ def test_block_step_writes_float16_keys_and_values_rounded_from_its_float32_ones
     assert mx.array_equal(k16, k32.astype(mx.float16)).item() and mx.array_equal(v16, v32.astype(mx.float16)).item()
 
 
+@pytest.mark.slow
 def test_a_packed_model_caches_in_float16_unless_exact(smollm2_packed, monkeypatch):
     """SmolLM2's Q4_1 weights cache their keys and values in float16, half the bytes; `--exact` keeps float32."""
     model, tokenizer = smollm2_packed
@@ -104,6 +106,7 @@ def test_a_packed_model_caches_in_float16_unless_exact(smollm2_packed, monkeypat
     assert nbytes[False] * 2 == nbytes[True]
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_ids_over_a_float16_cache_equal_a_float32_caches(smollm2_packed, monkeypatch):
     """With float32 inputs to every product, 96 greedy tokens through the compiled step (its fused blocks reading the
     float16 cache) are those of a float32 cache, and the logits stay within 0.05 (2,048 of 2,048 teacher-forced steps

@@ -246,6 +246,7 @@ def smollm2_quantized():
     return load("smollm2-135m", "quantized")
 
 
+@pytest.mark.slow
 def test_smollm2_integer_products_follow_the_float_path(smollm2_quantized, monkeypatch):
     """Decoding SmolLM2's Q4_1 GGUF greedily with float32 inputs, the integer products' logits at each step (fed the
     same tokens) are within 1.0 of the float path's (logits of magnitude ~40; 0.34-0.60 over these 64 steps with
@@ -270,6 +271,7 @@ def test_smollm2_integer_products_follow_the_float_path(smollm2_quantized, monke
     assert agree >= 62 and 0 < largest <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exact, kv_bits", [(False, None), (True, None), (False, 8), (False, 4)])
 def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized, monkeypatch, exact, kv_bits):
     """The compiled step runs each SmolLM2 block as one `block_step` (30 per step); its logits
@@ -303,6 +305,7 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_bits", [8, 4])
 def test_compiled_decoding_over_a_quantized_cache_gives_the_ids_of_eager_decoding(smollm2_quantized, kv_bits):
     """`--kv-bits` decodes through the compiled step (its blocks as `block_step` over the codes) and gives the ids of
@@ -398,6 +401,7 @@ def test_linear_and_tied_head_forms_equal_mlx():
     assert_float32_close(kernel.as_linear(x), reference.as_linear(x), x, weight)
 
 
+@pytest.mark.slow
 def test_quantized_runs_through_the_kernel_unless_switched_off(monkeypatch):
     """By default on the CPU (the kernel decodes SmolLM2 3.4-3.7x faster than float32 BLAS) and with `--dtype
     quantized`, the packed linear maps run on the kernel; MINIMLX_NATIVE=off puts `--dtype quantized` on MLX's
@@ -412,6 +416,7 @@ def test_quantized_runs_through_the_kernel_unless_switched_off(monkeypatch):
     assert type(model.layers[0].attn.q_proj) is nn.QuantizedLinear
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_tokens_equal_float32_blas(monkeypatch):
     """Quantized, the GGUF's packed weights run through the kernel (float32 inputs); in float32 they are
     dequantized, and its products run on BLAS for one row and the kernel's float32 GEMM for the prompt. 32 greedy
@@ -469,6 +474,7 @@ def test_smollm2_greedy_tokens_equal_float32_blas(monkeypatch):
     assert ids["quantized"] == ids["float32"] and len(ids["float32"]) == 32
 
 
+@pytest.mark.slow
 def test_smollm2_quantized_batch_greedy_tokens_equal_each_prompt_alone(monkeypatch):
     """With float32 inputs, batched, the kernel's blocks of 8 and 4 input rows dequantize each weight chunk once for
     all of them; alone, its one-row loop sums the packed integers per group. 16 greedy tokens of each prompt are
@@ -516,6 +522,7 @@ def test_causal_attention_refuses_shapes_it_does_not_read(q_shape, k_shape, mess
         minimlx_native.causal_attention(mx.zeros(q_shape), mx.zeros(k_shape), mx.zeros(k_shape), 1.0)
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_tokens_equal_with_and_without_native_ops(monkeypatch, smollm2):
     """Prefill products and attention, decode attention, norms and rotary embeddings through the kernel (float32
     weights, a 130-token prompt in chunks of 64 so that the second and third continue the cache) give the same 16 greedy

@@ -46,6 +46,7 @@ def test_causal_attention_matches_mlx(heads, kv_heads, queries, past):
     assert mx.allclose(causal_attention(q, k, v, 0.125), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_greedy_ids_unchanged_on_smollm2(smollm2, monkeypatch):
     """A 200-token prompt (4 attention blocks, two prefill chunks of 128): the same 12 greedy tokens with MLX's
     attention and silu as with minimlx's CPU paths."""

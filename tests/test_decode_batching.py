@@ -89,6 +89,7 @@ def one_blas_thread():
     mkl.MKL_Set_Num_Threads(before)
 
 
+@pytest.mark.slow
 def test_batch_greedy_tokens_equal_each_prompt_alone(smollm2):
     model, tokenizer = smollm2
     alone = [[r.token for r in stream_generate(model, tokenizer, p, max_tokens=8)] for p in PROMPTS]
@@ -99,6 +100,7 @@ def test_batch_greedy_tokens_equal_each_prompt_alone(smollm2):
     assert "Paris" in texts[0]
 
 
+@pytest.mark.slow
 def test_own_settings_per_sequence(smollm2):
     """Seeded sampling, stop strings and budgets stay each sequence's own in a batch smaller than the queue."""
     model, tokenizer = smollm2
@@ -115,6 +117,7 @@ def test_own_settings_per_sequence(smollm2):
     assert together[1] == "The capital of France is"
 
 
+@pytest.mark.slow
 def test_greedy_rows_with_logit_biases_of_their_own_batch_as_alone(smollm2):
     """Greedy rows with their own logit biases (one bans its greedy first token, one favours a word, one has none) take
     one argmax over the batch's stacked biases, and each gets the ids it gets alone."""
@@ -128,6 +131,7 @@ def test_greedy_rows_with_logit_biases_of_their_own_batch_as_alone(smollm2):
     assert alone[0][0] != first
 
 
+@pytest.mark.slow
 def test_prompt_cache_reuses_a_conversation_prefix(smollm2):
     model, tokenizer = smollm2
     first = [{"role": "user", "content": PROMPTS[0]}]
@@ -144,6 +148,7 @@ def test_prompt_cache_reuses_a_conversation_prefix(smollm2):
     assert "Berlin" in tokenizer.decode(follow_up.tokens)
 
 
+@pytest.mark.slow
 def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
     """Joiners that arrive together prefill in one pass: chat prompts whose start the prompt cache holds (cached
     tokens before the pass kept, those inside it fed again) and short raw prompts left-padded inside the pass.
@@ -177,6 +182,7 @@ def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
     assert fed_again and padded
 
 
+@pytest.mark.slow
 def test_a_joiner_with_one_token_to_feed_prefills_it(smollm2):
     """A prompt the prompt cache holds but for its last token joins a running batch through a prefill pass of that
     one token (a prompt's pass, not a row of the next decode step, whose products may be computed less exactly).
@@ -291,6 +297,7 @@ def test_padded_rows_see_only_their_own_tokens():
     assert alone.offset == 3 and not any(alone.padding) and alone.position == 3
 
 
+@pytest.mark.slow
 def test_a_full_queue_refuses(smollm2):
     model, tokenizer = smollm2
     engine = Engine(model, tokenizer, max_queue=1)
@@ -299,6 +306,7 @@ def test_a_full_queue_refuses(smollm2):
         engine.submit(Request([1, 2, 3]))
 
 
+@pytest.mark.slow
 def test_a_cancelled_request_gives_its_place_in_the_queue_back(smollm2):
     """One running, one waiting, the waiting one cancelled: the queue has room again at once, before any step."""
     model, tokenizer = smollm2

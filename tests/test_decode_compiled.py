@@ -22,6 +22,7 @@ def eager_ids(model, prompt, count):
     return list(generate_tokens(model, prompt, model.make_cache(), SamplingSettings(count)))
 
 
+@pytest.mark.slow
 def test_compiled_smollm2_greedy_tokens_equal_eager(smollm2):
     model, tokenizer = smollm2
     prompt = encode_prompt(tokenizer, "Write a haiku about the sea.")

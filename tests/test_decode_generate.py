@@ -11,6 +11,7 @@ from minimlx.errors import InvalidSettingError
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 
 
+@pytest.mark.slow
 def test_greedy_tokens_match_transformers(smollm2):
     """Same GGUF, same prompt ids, both dequantized to float32: the same 32 greedy tokens.
 
@@ -31,6 +32,7 @@ def test_greedy_tokens_match_transformers(smollm2):
         assert len(ours) == 32 or ours[-1] in tokenizer.eos_token_ids
 
 
+@pytest.mark.slow
 def test_answer_stops_at_end_of_sequence(smollm2):
     model, tokenizer = smollm2
     responses = list(stream_generate(model, tokenizer, PROMPTS[0], max_tokens=64))
@@ -41,6 +43,7 @@ def test_answer_stops_at_end_of_sequence(smollm2):
     assert last.prompt_tps > 0 and last.generation_tps > 0 and last.peak_memory_gb > 0
 
 
+@pytest.mark.slow
 def test_length_limit_and_stop_strings(smollm2):
     model, tokenizer = smollm2
     responses = list(stream_generate(model, tokenizer, PROMPTS[0], max_tokens=3))
@@ -56,6 +59,7 @@ def test_split_at_stop_holds_back_a_possible_start():
     assert split_at_stop("abc", ["xyz"]) == ("abc", "", None)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_and_token_prompts_agree(smollm2):
     model, tokenizer = smollm2
     ids = chat_ids(tokenizer, PROMPTS[1])
@@ -63,6 +67,7 @@ def test_chunked_prefill_and_token_prompts_agree(smollm2):
     assert greedy_ids(model, tokenizer, ids, max_tokens=4, prefill_step=5) == whole
 
 
+@pytest.mark.slow
 def test_seeded_sampling_reproduces(smollm2):
     model, tokenizer = smollm2
     settings = dict(max_tokens=6, temperature=1.0, top_p=0.95, seed=11)
@@ -71,6 +76,7 @@ def test_seeded_sampling_reproduces(smollm2):
     assert greedy_ids(model, tokenizer, PROMPTS[1], **{**settings, "seed": 12}) != first
 
 
+@pytest.mark.slow
 def test_conversation_prefills_only_the_new_turn(smollm2):
     model, tokenizer = smollm2
     conversation = Conversation(model, tokenizer)
@@ -86,12 +92,14 @@ def test_conversation_prefills_only_the_new_turn(smollm2):
     assert [r.token for r in again] == [r.token for r in first]
 
 
+@pytest.mark.slow
 def test_prompt_longer_than_the_context(smollm2):
     model, tokenizer = smollm2
     with pytest.raises(InvalidSettingError, match="context holds 8192"):
         generate(model, tokenizer, [1] * 8192)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [{"temperature": -1}, {"top_p": 2.0}, {"max_tokens": 0}, {"min_p": -0.1}])
 def test_nonsense_settings(smollm2, settings):
     model, tokenizer = smollm2

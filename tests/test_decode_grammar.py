@@ -15,6 +15,7 @@ from minimlx.errors import InvalidSettingError
 from minimlx.text.tokenizer import Tokenizer
 
 
+@pytest.mark.slow
 def test_sampled_answers_validate_against_their_schemas(smollm2):
     model, tokenizer = smollm2
     for i, schema in enumerate(SCHEMAS):
@@ -31,6 +32,7 @@ def test_sampled_answers_validate_against_their_schemas(smollm2):
             jsonschema.validate(json.loads(answer), schema)
 
 
+@pytest.mark.slow
 def test_strict_closes_objects_and_json_object_is_any_object(smollm2):
     model, tokenizer = smollm2
     open_schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -45,6 +47,7 @@ def test_strict_closes_objects_and_json_object_is_any_object(smollm2):
     assert any_object.startswith("{") and " " not in any_object.split('"')[0]  # compact: no whitespace before keys
 
 
+@pytest.mark.slow
 def test_regex_lark_and_gbnf_answers_match(smollm2):
     model, tokenizer = smollm2
     for seed in (1, 2, 3):
@@ -61,6 +64,7 @@ def test_regex_lark_and_gbnf_answers_match(smollm2):
     )
 
 
+@pytest.mark.slow
 def test_lark_with_a_json_schema_and_a_special_token(smollm2):
     model, tokenizer = smollm2
     grammar = (
@@ -71,6 +75,7 @@ def test_lark_with_a_json_schema_and_a_special_token(smollm2):
     assert isinstance(json.loads(answer[len("Data: ") :]), dict)
 
 
+@pytest.mark.slow
 def test_batch_mixes_constrained_and_free_rows(smollm2):
     model, tokenizer = smollm2
     prompts = ["Give a person as JSON.", "Write a haiku about the sea.", "Name a colour.", "List three primes."]
@@ -83,6 +88,7 @@ def test_batch_mixes_constrained_and_free_rows(smollm2):
         assert answers[i] == generate(model, tokenizer, prompts[i], max_tokens=24)
 
 
+@pytest.mark.slow
 def test_speculative_rounds_keep_to_the_grammar(smollm2):
     model, tokenizer = smollm2
     constraint = Constraint.json_schema(PERSON)
@@ -100,6 +106,7 @@ def test_speculative_rounds_keep_to_the_grammar(smollm2):
     )
 
 
+@pytest.mark.slow
 def test_the_end_of_sequence_id_waits_for_the_grammar(smollm2):
     """Biased towards ending, the answer still runs until the grammar accepts: 'stop', and the end id is not text."""
     model, tokenizer = smollm2
@@ -115,6 +122,7 @@ def test_the_end_of_sequence_id_waits_for_the_grammar(smollm2):
     assert outputs[-1].finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_one_llguidance_tokenizer_per_tokenizer_from_gguf_or_folder(smollm2, tmp_path):
     _, tokenizer = smollm2
     assert guidance_tokenizer(tokenizer) is guidance_tokenizer(tokenizer)
@@ -126,6 +134,7 @@ def test_one_llguidance_tokenizer_per_tokenizer_from_gguf_or_folder(smollm2, tmp
     assert (ll.vocab_size, ll.eos_tokens) == (guidance_tokenizer(tokenizer).vocab_size, [2])
 
 
+@pytest.mark.slow
 def test_a_model_vocabulary_wider_than_the_tokenizer_pads_the_mask(smollm2):
     from minimlx.decode.grammar import Matcher
 
@@ -175,6 +184,7 @@ def _deep(levels):
     return schema
 
 
+@pytest.mark.slow
 def test_run_constrains_the_answer_and_refuses_two_constraints(tmp_path):
     from click.testing import CliRunner
     from command_line import one_line_error

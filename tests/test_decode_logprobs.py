@@ -43,6 +43,7 @@ def run(engine, requests):
     return [outputs[id(g)] for g in generations]
 
 
+@pytest.mark.slow
 def test_prefill_and_decode_logprobs_match_a_plain_forward_pass(smollm2):
     model, tokenizer = smollm2
     prompt = chat_ids(tokenizer, PROMPTS[0])
@@ -52,6 +53,7 @@ def test_prefill_and_decode_logprobs_match_a_plain_forward_pass(smollm2):
     assert all(r.logprob is None for r in stream_generate(model, tokenizer, prompt, max_tokens=2))
 
 
+@pytest.mark.slow
 def test_batched_rows_each_get_their_own_logprobs(smollm2):
     model, tokenizer = smollm2
     prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
@@ -68,6 +70,7 @@ def test_batched_rows_each_get_their_own_logprobs(smollm2):
             check(model, prompt, outputs, k)
 
 
+@pytest.mark.slow
 def test_logprobs_are_the_models_own_under_bias_and_grammar(smollm2):
     model, tokenizer = smollm2
     prompt = chat_ids(tokenizer, "Give a number.")
@@ -76,6 +79,7 @@ def test_logprobs_are_the_models_own_under_bias_and_grammar(smollm2):
     check(model, prompt, outputs, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
 def test_speculative_rounds_report_the_models_logprobs(smollm2, drafter):
     model, tokenizer = smollm2
@@ -88,6 +92,7 @@ def test_speculative_rounds_report_the_models_logprobs(smollm2, drafter):
     check(model, prompt, outputs, 4)
 
 
+@pytest.mark.slow
 def test_logit_bias_bans_and_forces_tokens(smollm2):
     model, tokenizer = smollm2
     prompt = chat_ids(tokenizer, PROMPTS[0])
@@ -120,6 +125,7 @@ def test_bad_logprobs_and_biases_are_refused(settings, fragment):
         SamplingSettings(**settings)
 
 
+@pytest.mark.slow
 def test_a_bias_outside_the_vocabulary_is_refused_at_submit(smollm2):
     model, tokenizer = smollm2
     engine = Engine(model, tokenizer)

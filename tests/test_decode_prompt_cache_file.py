@@ -180,6 +180,7 @@ def test_the_folder_holds_the_entries_least_recently_used_out_first(models, tmp_
     assert {p.name for p in tmp_path.iterdir()} == {folder.file(second).name, "another-model.safetensors"}
 
 
+@pytest.mark.slow
 def test_a_restarted_server_reuses_the_prompt_cache_it_saved(folders, tmp_path):
     folder, kept = str(folders("llama")), str(tmp_path / "prompts")
     prompt = " ".join(f"w{i % 7 + 3}" for i in range(150))  # a token each

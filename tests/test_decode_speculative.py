@@ -59,6 +59,7 @@ def test_greedy_tiny_model_equals_plain_decoding(tiny):
     assert drafted_by_itself[-1].accepted_tokens == drafted_by_itself[-1].drafted_tokens > 0
 
 
+@pytest.mark.slow
 def test_greedy_smollm2_prompt_lookup_equals_plain_decoding(smollm2):
     model, tokenizer = smollm2
     prompt = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank."

@@ -13,6 +13,8 @@ import minimlx
 from minimlx.anatomy.ablation import Ablation
 from minimlx.explainer.walk import MAX_TOKENS
 
+pytestmark = pytest.mark.slow  # SmolLM2 in headless Chromium
+
 PROMPT = "The capital of France is"
 
 

@@ -150,6 +150,7 @@ HOSTILE_MESSAGE = st.one_of(
 )
 
 
+@pytest.mark.slow
 @given(st.lists(HOSTILE_MESSAGE, max_size=5), st.none() | st.lists(JSON, max_size=2), st.booleans())
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_chat_rendering_renders_or_refuses_hostile_messages(tokenizer, messages, tools, generation_prompt):

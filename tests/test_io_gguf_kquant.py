@@ -60,6 +60,7 @@ def quantized(root: Path, name: str, ftype: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ftype", FTYPES)
 @pytest.mark.parametrize("name", FAMILIES)
 def test_k_quant_file_matches_its_reference(wide, name, ftype):

@@ -30,6 +30,7 @@ from minimlx.errors import UnsupportedArchitectureError
 from minimlx.io.gguf_file import read_gguf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_f32_file_matches_the_source_model(converted, name):
     *_, architecture, markers, _ = MODELS[name]
@@ -43,6 +44,7 @@ def test_f32_file_matches_the_source_model(converted, name):
     assert relative_error(logits, np.array(source(mx.array(ids)))) <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name, spec in MODELS.items() if spec[-1] is not None])
 def test_q8_0_file_matches_transformers_reading_it(converted, name):
     torch, transformers, gguf = require("torch"), require("transformers"), require("gguf")
@@ -58,6 +60,7 @@ def test_q8_0_file_matches_transformers_reading_it(converted, name):
     assert relative_error(np.array(model(mx.array(ids))), reference_logits(reference, ids)) <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name, spec in MODELS.items() if spec[-1] is None])
 def test_q8_0_file_matches_its_reference_dequantization(converted, name):
     """Packed weights (experts, per-head key and value maps) run as the floats llama.cpp's own code unpacks."""
@@ -72,6 +75,7 @@ def test_q8_0_file_matches_its_reference_dequantization(converted, name):
     assert relative_error(logits, logits_of(path, reference, metadata, ids)[0]) <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True], ids=["float", "q8_0"])
 def test_deepseek2_file_with_a_fused_kv_b_loads(converted, packed):
     """Files converted before llama.cpp split attn_kv_b into attn_k_b and attn_v_b (and before the *_length_mla
@@ -108,6 +112,7 @@ def test_gguf_architecture_without_a_plugin_lists_the_supported_ones():
     assert {"deepseek2", "gpt2", "llama", "qwen3", "qwen3moe"} <= set(listed)
 
 
+@pytest.mark.slow
 def test_mxfp4_experts_are_mlx_mxfp4_bit_for_bit(converted):
     """gpt-oss's MXFP4 experts stay packed, as MLX's mxfp4 (uint8 exponents, no biases), and unpack to exactly the
     values llama.cpp's reference code gives."""

@@ -216,6 +216,7 @@ def test_mx_load_types_are_bit_identical_to_mx_load(written, tmp_path):
         assert np.array_equal(np.array(ours[name]).view(np.uint8), np.array(theirs[name]).view(np.uint8)), name
 
 
+@pytest.mark.slow
 def test_metadata_matches_mx_load():
     """Same keys and values as `mx.load` after `.item()` on its scalars. Numeric arrays (token types, scores)
     are lists here, mx.arrays there: the tokenizer reads both through `list`/`tolist`."""

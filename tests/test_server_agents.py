@@ -17,6 +17,8 @@ from reference import require
 from schemas import SCHEMAS  # the engine's tests of the same 11 schemas, here through the server
 from servers import QUESTION, Served
 
+pytestmark = pytest.mark.slow  # SmolLM2 behind a `minimlx serve` process
+
 WEATHER = {
     "type": "function",
     "function": {

@@ -37,6 +37,7 @@ def tokenizer():
     return Tokenizer.from_gguf(mx.load(str(path), return_metadata=True)[1])
 
 
+@pytest.mark.slow
 def test_chat_answers_paris_with_the_tokenizers_counts(smollm2_server, tokenizer):
     reply = smollm2_server.client().chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
     answer = reply.choices[0].message.content
@@ -47,6 +48,7 @@ def test_chat_answers_paris_with_the_tokenizers_counts(smollm2_server, tokenizer
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
+@pytest.mark.slow
 def test_streamed_deltas_make_the_whole_answer(smollm2_server):
     client = smollm2_server.client()
     whole = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
@@ -65,6 +67,7 @@ def test_streamed_deltas_make_the_whole_answer(smollm2_server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.slow
 def test_a_resent_conversation_reuses_its_cached_prefix(smollm2_server):
     client = smollm2_server.client()
     first = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, temperature=0)
@@ -77,6 +80,7 @@ def test_a_resent_conversation_reuses_its_cached_prefix(smollm2_server):
     assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
 
 
+@pytest.mark.slow
 def test_completions_and_models(smollm2_server):
     client = smollm2_server.client()
     assert [m.id for m in client.models.list()] == ["smollm2-135m"]
@@ -202,6 +206,7 @@ BAD_REQUESTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
 def test_bad_requests_get_an_openai_error(smollm2_server, case):
     path, body, status, param = BAD_REQUESTS[case]
@@ -213,6 +218,7 @@ def test_bad_requests_get_an_openai_error(smollm2_server, case):
     assert reply["error"]["param"] == param
 
 
+@pytest.mark.slow
 def test_a_disconnected_stream_frees_its_slot_and_a_full_queue_answers_429(smollm2_server):
     """One slot and one queue place: a long stream holds the slot, one request waits, the next is refused;
     closing the stream lets the waiting request through."""
@@ -246,6 +252,7 @@ def tiny_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.mark.slow
 def test_the_api_key_is_required(tiny_server):
     openai = require("openai")
     with pytest.raises(openai.AuthenticationError):
@@ -254,6 +261,7 @@ def test_the_api_key_is_required(tiny_server):
     assert code == 401 and reply["error"]["code"] == "invalid_api_key"
 
 
+@pytest.mark.slow
 def test_many_requests_no_errors_and_flat_memory(tiny_server):
     """500 requests from 16 clients: a third are streams cut off after their first event, a tenth bad bodies, the
     rest whole answers. No 5xx, every bad one a 400 with an OpenAI body, and the server's RSS at the end within
@@ -289,6 +297,7 @@ def test_many_requests_no_errors_and_flat_memory(tiny_server):
     assert server.memory_info().rss <= 1.1 * after_20, (after_20, server.memory_info().rss)
 
 
+@pytest.mark.slow
 def test_an_idle_connection_outlives_the_clients_pool_expiry(tiny_server):
     """httpx drops pooled connections after 5 s idle: the server must not close them first, or a client
     reusing one at that moment gets "Server disconnected without sending a response"."""
@@ -354,6 +363,7 @@ WRONG_TYPES = {  # every field a chat body may carry, given a value of the wrong
 }
 
 
+@pytest.mark.slow
 def test_hostile_requests_are_4xx_in_time_and_leave_memory_as_it_was(smollm2_server):
     """A 100 MB body, JSON nested 100,000 deep, 200,000 messages, a schema nested 5,000 deep, 10,000 stop strings
     and every field given a wrong type: each a 4xx with an OpenAI error body within 2 s, and the server's RSS
@@ -382,6 +392,7 @@ def test_hostile_requests_are_4xx_in_time_and_leave_memory_as_it_was(smollm2_ser
     assert server.memory_info().rss <= 1.1 * before, (before, server.memory_info().rss)
 
 
+@pytest.mark.slow
 def test_a_body_over_the_limit_is_refused_from_its_length_before_it_is_read(smollm2_server):
     """A client announcing 100 MB gets a 413 with an OpenAI body at once, having sent a few bytes of it."""
     import http.client
@@ -399,6 +410,7 @@ def test_a_body_over_the_limit_is_refused_from_its_length_before_it_is_read(smol
     assert set(reply["error"]) == {"message", "type", "param", "code"} and "8 MB" in reply["error"]["message"]
 
 
+@pytest.mark.slow
 def test_a_grammar_over_a_tokenizer_llguidance_cannot_read_is_a_400(tiny_server):
     """The tiny model's word-level vocabulary has no byte-level or SentencePiece decoder to map ids to bytes."""
     headers = {"Authorization": "Bearer secret"}
@@ -406,6 +418,7 @@ def test_a_grammar_over_a_tokenizer_llguidance_cannot_read_is_a_400(tiny_server)
     assert code == 400 and "cannot be constrained by a grammar" in reply["error"]["message"]
 
 
+@pytest.mark.slow
 def test_a_request_refused_after_its_prompt_was_read_leaves_nothing_running(smollm2_server):
     """A bad field read last (`stream`) is refused before anything starts: no generation runs on for nobody."""
     code, _ = smollm2_server.post(CHAT, {"messages": QUESTION, "stream": "yes"})
@@ -427,6 +440,7 @@ def stream_lines(server: Served, body: dict):
     return urllib.request.urlopen(request, timeout=60)
 
 
+@pytest.mark.slow
 def test_health_answers_during_a_long_stream_which_the_request_timeout_ends():
     smollm2_path()
     server = Served("--request-timeout", "3")
@@ -447,6 +461,7 @@ def test_health_answers_during_a_long_stream_which_the_request_timeout_ends():
         server.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_lets_a_running_stream_finish_refuses_new_requests_and_exits_0():
     import http.client
     import signal
@@ -472,6 +487,7 @@ def test_sigterm_lets_a_running_stream_finish_refuses_new_requests_and_exits_0()
     assert server.process.wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_sigint_ends_a_stream_at_the_shutdown_timeout_and_exits_0():
     import signal
 
@@ -488,6 +504,7 @@ def test_sigint_ends_a_stream_at_the_shutdown_timeout_and_exits_0():
     assert "Traceback" not in server.process.stderr.read()
 
 
+@pytest.mark.slow
 def test_a_public_host_without_an_api_key_warns(tmp_path):
     folder = tmp_path / "tiny"
     save_hf_model(folder, "llama")
@@ -496,6 +513,7 @@ def test_a_public_host_without_an_api_key_warns(tmp_path):
     assert server.process.stderr.read().count("without --api-key") == 1
 
 
+@pytest.mark.slow
 def test_llamacpps_extension_fields_are_accepted_and_ignored(smollm2_server):
     body = {"messages": QUESTION, "max_tokens": 2, "cache_prompt": True, "id_slot": 0, "timings_per_token": False}
     code, reply = smollm2_server.post(CHAT, body)

@@ -123,6 +123,7 @@ def outcomes(junit: Path) -> dict[str, str | None]:
     return found
 
 
+@pytest.mark.slow
 def test_llamacpp_server(tmp_path):
     """At least PASSING of llama.cpp's selected server tests pass against `minimlx serve`."""
     from models import smollm2_path

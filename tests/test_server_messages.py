@@ -277,6 +277,7 @@ def client(served):
     return anthropic.Anthropic(base_url=served.url, api_key="x", timeout=60, max_retries=0)
 
 
+@pytest.mark.slow
 def test_a_streamed_message_equals_the_whole_one_and_count_tokens_agrees(served):
     messages = client(served).messages
     greedy = {"temperature": 0}  # a field the client no longer takes, so sent as it is
@@ -294,6 +295,7 @@ def test_a_streamed_message_equals_the_whole_one_and_count_tokens_agrees(served)
     assert counted.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_forced_tool_use_matches_its_schema_and_its_result_is_answered(served, stream):
     jsonschema = pytest.importorskip("jsonschema")
@@ -322,6 +324,7 @@ def test_a_forced_tool_use_matches_its_schema_and_its_result_is_answered(served,
     assert answer.content[0].type == "text" and answer.content[0].text
 
 
+@pytest.mark.slow
 def test_bad_requests_are_anthropic_errors(served):
     anthropic = pytest.importorskip("anthropic")
     messages = client(served).messages

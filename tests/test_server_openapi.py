@@ -15,6 +15,8 @@ from servers import Served
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import negative_data_rejection, not_a_server_error  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a `minimlx serve` process
+
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", 40))  # per operation and phase; benchmarks/fuzz_server.py sets more
 SENT: Counter = Counter()  # examples sent per operation, printed at the end (pytest -s)
 

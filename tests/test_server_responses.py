@@ -263,6 +263,7 @@ def test_a_generation_failing_midway_ends_the_stream_with_an_error_and_a_failed_
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.slow
 def test_a_streamed_response_equals_the_whole_one(served):
     client = served.client()
     request = dict(model="smollm2-135m", input=QUESTION, instructions="Answer briefly.", max_output_tokens=24)
@@ -281,6 +282,7 @@ def test_a_streamed_response_equals_the_whole_one(served):
         assert accumulated.get_final_response().output_text == whole.output_text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_forced_function_call_matches_its_schema_and_its_output_is_answered(served, stream):
     jsonschema = pytest.importorskip("jsonschema")
@@ -304,6 +306,7 @@ def test_a_forced_function_call_matches_its_schema_and_its_output_is_answered(se
     assert answer.output_text
 
 
+@pytest.mark.slow
 def test_a_json_schema_format_is_followed(served):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -316,6 +319,7 @@ def test_a_json_schema_format_is_followed(served):
     jsonschema.validate(json.loads(response.output_text), schema)
 
 
+@pytest.mark.slow
 def test_bad_requests_are_openai_errors(served):
     openai = pytest.importorskip("openai")
     client = served.client()

@@ -5,10 +5,13 @@ RSS at the end within 10% of its RSS after the first seconds, and a clean exit o
 import sys
 from pathlib import Path
 
+import pytest
 from mlx_lm_reference import save_hf_model
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from soak import KINDS, Soak  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a `minimlx serve` process, 30 seconds
 
 
 def test_a_30_second_soak_answers_everything_as_expected_with_flat_memory(tmp_path):

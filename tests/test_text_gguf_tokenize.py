@@ -106,6 +106,7 @@ def texts_for(tokenizer: Tokenizer) -> list[str]:
     return [*CORPUS, *MORE, *embedded]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("add_bos", [True, False], ids=["with_bos", "without"])
 def test_ids_match_llama_tokenize(vocab, add_bos):
     entry, tokenizer = vocab
@@ -116,6 +117,7 @@ def test_ids_match_llama_tokenize(vocab, add_bos):
         assert tokenizer.encode(text, add_special_tokens=add_bos) == ids, text
 
 
+@pytest.mark.slow
 def test_decode_inverts_encode(vocab):
     _, tokenizer = vocab
     for text in [*CORPUS, *MORE]:

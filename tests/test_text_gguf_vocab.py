@@ -79,6 +79,7 @@ def pieces(pre: str, text: str) -> list[str]:
     return [token_bytes(piece).decode() for piece, _ in vocab.backend.pre_tokenizer.pre_tokenize_str(text)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "qwen35", "tekken", "gpt-4o"])
 def test_gguf_ids_match_transformers(tmp_path, smollm2, pre):
     """One file for each split transformers knows. `tokenizer_type` spares it parsing the whole file for a model
@@ -145,6 +146,7 @@ def test_every_name_builds_and_round_trips():
             assert tokenizer.decode(tokenizer.encode(text)) == text, (pre, text)
 
 
+@pytest.mark.slow
 def test_whole_tokens_first_where_llama_cpp_looks_them_up(smollm2):
     """llama.cpp's `ignore_merges`: a pre-token the vocabulary holds is one token even when no merge builds it."""
     vocab = {

@@ -47,6 +47,7 @@ def stream(tokenizer, ids, **options) -> list[str]:
     return [detokenizer.add(token_id) for token_id in ids] + [detokenizer.finalize()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", CORPUS)
 def test_gguf_ids_match_transformers(ours, reference, text):
     ids = ours.encode(text)
@@ -55,6 +56,7 @@ def test_gguf_ids_match_transformers(ours, reference, text):
     assert ours.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_gguf_special_tokens_match_transformers(metadata, ours, reference):
     assert ours.bos_token_id == reference.bos_token_id == 1
     assert ours.eos_token_ids == {reference.eos_token_id} == {2}
@@ -64,6 +66,7 @@ def test_gguf_special_tokens_match_transformers(metadata, ours, reference):
     assert with_end_of_turn.eos_token_ids == {0, 2}  # generation stops on any end token llama.cpp would stop on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages", [MESSAGES, WITH_SYSTEM])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_chat_template_renders_as_transformers(ours, reference, messages, add_generation_prompt):
@@ -71,6 +74,7 @@ def test_chat_template_renders_as_transformers(ours, reference, messages, add_ge
     assert ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", STREAMED)
 def test_streaming_detokenizer_equals_decode_token_by_token(ours, text):
     ids = ours.encode(text)
@@ -81,12 +85,14 @@ def test_streaming_detokenizer_equals_decode_token_by_token(ours, text):
     assert isinstance(ours.detokenizer(), ByteDetokenizer)
 
 
+@pytest.mark.slow
 def test_streaming_detokenizer_skips_special_tokens(ours):
     ids = ours.encode(ours.apply_chat_template(MESSAGES) + "Paris 🇫🇷<|im_end|>")
     assert "".join(stream(ours, ids, skip_special_tokens=True)) == ours.decode(ids, skip_special_tokens=True)
     assert "".join(stream(ours, ids)) == ours.decode(ids)
 
 
+@pytest.mark.slow
 def test_invalid_utf8_streams_as_decode(ours):
     ids = ours.encode("😀")[:1] + ours.encode(" ok")  # a lone leading byte of a four-byte character
     assert "".join(stream(ours, ids)) == ours.decode(ids) == "\ufffd ok"
@@ -103,6 +109,7 @@ def with_pre(metadata: dict, pre: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre", ["gpt-2", "default", "llama-bpe", "qwen2"])
 def test_pre_tokenizers_match_transformers(metadata, pre):
     require("transformers")
@@ -118,6 +125,7 @@ def test_pre_tokenizers_match_transformers(metadata, pre):
         assert ours.decode(ours.encode(text)) == text
 
 
+@pytest.mark.slow
 def test_pre_tokenizers_split_digits_their_own_way(metadata):
     digits = {
         pre: Tokenizer.from_gguf(with_pre(metadata, pre)).encode("4123") for pre in ("smollm", "gpt-2", "llama-bpe")
@@ -181,6 +189,7 @@ def smollm2_folder(reference, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_folder_tokenizer_matches_transformers(smollm2_folder, reference):
     (smollm2_folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     ours = Tokenizer.from_folder(smollm2_folder)
@@ -191,6 +200,7 @@ def test_folder_tokenizer_matches_transformers(smollm2_folder, reference):
     assert ours.apply_chat_template(WITH_SYSTEM) == expected
 
 
+@pytest.mark.slow
 def test_folder_add_bos_token_and_config_template(smollm2_folder, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((smollm2_folder / name).read_bytes())

@@ -94,6 +94,7 @@ def test_format_is_read_from_the_template(name):
     assert type(tool_format(llamacpp_template(name))) is expected
 
 
+@pytest.mark.slow
 def test_templates_without_tools_get_the_generic_format():
     metadata = mx.load(str(smollm2_path()), return_metadata=True)[1]
     assert type(tool_format(metadata["tokenizer.chat_template"])) is GenericFormat
@@ -164,6 +165,7 @@ def test_an_unterminated_call_keeps_what_was_written():
     assert content is None and tool_calls[0]["function"] == {"name": "get_weather", "arguments": '{"city":"Pa'}
 
 
+@pytest.mark.slow
 def test_generic_format_describes_tools_and_writes_earlier_calls():
     metadata = mx.load(str(smollm2_path()), return_metadata=True)[1]
     tokenizer = Tokenizer.from_gguf(metadata)
@@ -210,6 +212,7 @@ def accepts(smollm2, grammar, text):
     return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_grammars_force_valid_calls(name, smollm2):
     format = tool_format(llamacpp_template(name))
@@ -229,6 +232,7 @@ def test_grammar_for_an_unknown_tool_is_refused():
         ToolFormat().grammar(TOOLS, "get_news")
 
 
+@pytest.mark.slow
 def test_a_final_assistant_message_is_continued():
     tokenizer = Tokenizer.from_gguf(mx.load(str(smollm2_path()), return_metadata=True)[1])
     messages = [*QUESTION, {"role": "assistant", "content": "It will be"}]
