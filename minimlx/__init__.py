@@ -8,7 +8,6 @@ from .convert import convert
 from .decode import Constraint, batch_generate, generate, load_prompt_cache, save_prompt_cache, stream_generate
 from .anatomy import ledger, trace
 from .explainer import explain
-from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -18,7 +17,6 @@ __all__ = [
     "explain",
     "generate",
     "ledger",
-    "lens",
     "list_archs",
     "load",
     "load_model",

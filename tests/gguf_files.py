@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 from reference import require
 
+from minimlx import loading
+
 gguf = require("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
@@ -95,3 +97,10 @@ def write_tensors(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> Pat
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def load_gguf(path, dtype: str | None = None):
+    """A GGUF file as a model, and the file's metadata: what `minimlx.load` reads of it, less the tokenizer. Through
+    `loading.read_checkpoint`, so that a test can stand in for `loading.read_gguf`."""
+    checkpoint = loading.read_checkpoint(Path(path), dtype)
+    return loading.assemble(checkpoint, dtype), checkpoint.metadata

@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf_files import load_gguf
 from llamacpp import convert, llamacpp_sources, sentencepiece_model, smollm2_tokenizer
 from reference import require, save_deepseek_moe_reference, save_mxfp4_experts, save_reference, to_v4_layout
 
@@ -320,5 +321,5 @@ def logits_of(path, tensors: dict, metadata: dict, ids=IDS) -> tuple[np.ndarray,
     test's own reading of the file, or something made of it)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loading, "read_gguf", lambda *_: (dict(tensors), metadata))
-        model, _ = loading.load_gguf(path, "float32")
+        model, _ = load_gguf(path, "float32")
     return np.array(model(mx.array(ids))), model

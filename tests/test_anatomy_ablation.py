@@ -91,7 +91,7 @@ def test_the_lens_takes_the_same_ablation(llama):
             return f"w{ids[0]}"
 
     ablate = Ablation(heads=((0, 1),), blocks=(2,))
-    lens = minimlx.lens.logit_lens(llama, Words(), "", top_k=3, ablate=ablate)
+    lens = minimlx.anatomy.lens.logit_lens(llama, Words(), "", top_k=3, ablate=ablate)
     probs = mx.softmax(logits(llama, ablate)[0, -1], axis=-1)
     assert lens.top_ids[-1][-1][0] == mx.argmax(probs).item()
     assert lens.top_probs[-1][-1][0] == pytest.approx(probs.max().item(), abs=1e-6)

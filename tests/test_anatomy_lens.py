@@ -12,12 +12,12 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
 from traced_models import IDS, VOCAB, random_model
 
+from minimlx.anatomy.lens import layer_distributions, logit_lens
 from minimlx.anatomy.similarity import compare_word, embedding_similarity
 from minimlx.cli import main
 from minimlx.cli.lens import draw
 from minimlx.cli.plots import pyplot
 from minimlx.errors import InvalidSettingError
-from minimlx.lens import layer_distributions, logit_lens
 from minimlx.text import Tokenizer
 
 WORDS = ["<s>", "[UNK]", "we", "sat", "on", "the", "river", "bank", "i", "put", "money", "in", "a", "near", "is"]

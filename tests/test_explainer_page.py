@@ -54,7 +54,7 @@ def test_the_page_shows_the_walk_the_python_api_computes(page, served, smollm2):
     ids = tokenizer.encode(PROMPT)
     tokens = page.page.locator(".mx-tokens .mx-token").evaluate_all("t => t.map(e => Number(e.dataset.id))")
     assert tokens == ids
-    lens = minimlx.lens.logit_lens(model, tokenizer, PROMPT)
+    lens = minimlx.anatomy.lens.logit_lens(model, tokenizer, PROMPT)
     shown = page.lens_tokens()
     assert len(shown) == (len(model.layers) + 1) * len(ids)
     assert all(shown[r, p] == lens.top_tokens[r][p][0] for r, p in shown)
@@ -125,7 +125,7 @@ def test_the_moe_view_shows_the_routers_choices_and_expert_ablation_matches(brow
 def test_the_standalone_file_and_the_notebook_show_the_same_walk_offline(browser, smollm2, tmp_path):
     model, tokenizer = smollm2
     explanation = minimlx.explain(model, tokenizer, PROMPT, title="smollm2-135m")
-    lens = minimlx.lens.logit_lens(model, tokenizer, PROMPT)
+    lens = minimlx.anatomy.lens.logit_lens(model, tokenizer, PROMPT)
     ids = tokenizer.encode(PROMPT)
     path = tmp_path / "walk.html"
     explanation.save(path)

@@ -5,11 +5,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from gguf_files import CONFIG, write_gguf
+from gguf_files import CONFIG, load_gguf, write_gguf
 from reference import reference_logits, relative_error, require
 
 from minimlx.errors import CheckpointError, UnsupportedArchitectureError
-from minimlx.loading import load_gguf
 
 
 def transformers_from_gguf(path):

@@ -19,12 +19,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_files import load_gguf
 from gguf_quantize import FTYPES, quantize
 from llamacpp import TOOLS, Reader
 from llamacpp_models import IDS, MODELS, SENTENCEPIECE, SP_VOCAB, convert_models, logits_of
 from reference import reference_logits, relative_error, require
 
-from minimlx import loading
 from minimlx.io.gguf_file import GGUFFile
 
 FAMILIES = ("gemma2", "gemma3", "phi3", "glm4", "gpt_oss", "deepseek", "smollm3")
@@ -68,7 +68,7 @@ def test_k_quant_file_matches_its_reference(wide, name, ftype):
     path, kwargs = quantized(wide, name, ftype), KQUANT_MODELS[name][-1]
     assert FTYPES[ftype][1] in {t.tensor_type for t in read(path).tensors}
     ids = IDS % KQUANT_MODELS[name][1]["vocab_size"]
-    model, _ = loading.load_gguf(path, "float32")
+    model, _ = load_gguf(path, "float32")
     logits = np.array(model(mx.array(ids)))
     if kwargs is not None:
         require("accelerate")

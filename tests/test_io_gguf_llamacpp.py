@@ -15,6 +15,7 @@ import re
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_files import load_gguf
 from llamacpp import Reader
 from llamacpp_models import MODELS, ids_of, logits_of
 from reference import (
@@ -24,7 +25,6 @@ from reference import (
 )
 
 import minimlx
-from minimlx import loading
 from minimlx.archs import get_arch, get_gguf_arch
 from minimlx.errors import UnsupportedArchitectureError
 from minimlx.io.gguf_file import read_gguf
@@ -55,7 +55,7 @@ def test_q8_0_file_matches_transformers_reading_it(converted, name):
         reference = transformers.AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32, **MODELS[name][-1]
         )
-    model, _ = loading.load_gguf(path, "float32")
+    model, _ = load_gguf(path, "float32")
     ids = ids_of(name)
     assert relative_error(np.array(model(mx.array(ids))), reference_logits(reference, ids)) <= 1e-4
 

@@ -2,10 +2,11 @@
 (gpt-oss), in replies rendered by the real templates, whole, per character and with tags split across pieces."""
 
 import pytest
+from deltas import joined_reply
 from llamacpp import llamacpp_template
 
 from minimlx.text.chat import chat_messages_for_template, render_chat
-from minimlx.text.replies import ReplyParser, joined_reply
+from minimlx.text.replies import ReplyParser
 
 QUESTION = [{"role": "user", "content": "Capital of France?"}]
 ANSWER = {"role": "assistant", "content": "Paris.", "reasoning_content": "France's capital is Paris."}

@@ -6,13 +6,14 @@ import json
 import llguidance
 import mlx.core as mx
 import pytest
+from deltas import joined_reply
 from llamacpp import llamacpp_template
 from models import smollm2_path
 
 from minimlx.errors import InvalidSettingError
 from minimlx.text import Tokenizer
 from minimlx.text.chat import chat_messages_for_template, render_chat
-from minimlx.text.replies import ReplyParser, joined_reply
+from minimlx.text.replies import ReplyParser
 from minimlx.text.tool_formats import (
     DeepSeekFormat,
     GenericFormat,

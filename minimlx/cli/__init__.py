@@ -141,7 +141,7 @@ exact_option = click.option(
     expose_value=False,
     callback=keep_float_products,
     help="On the CPU's native kernel, keep decode steps' inputs in float32 (default: quantized to 8 bits per block "
-    "of 32 for integer dot products, as llama.cpp does: about 1.3x faster decoding, and a greedy token now and then "
+    "of 32 for integer dot products, as llama.cpp does: faster decoding, and a greedy token now and then "
     "other than float32's).",
 )
 """The `--exact` option of the commands that generate (run, chat, serve, bench)."""

@@ -25,7 +25,7 @@ def one_blas_thread() -> None:
 
     A batched decode step is hundreds of small matmuls (a few rows each). With a second MKL thread
     each one waits for that thread to be scheduled, which on a busy machine makes batches slower and a
-    lone request no faster (measured: benchmarks/RESULTS.md).
+    lone request no faster (benchmarks/RESULTS.md).
     """
     from ..cpu import blas
 
