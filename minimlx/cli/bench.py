@@ -16,7 +16,7 @@ from ..decode import Engine, Generation, Request, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
-from . import cpu_notes, dtype_option, exact_option, kv_bits_option, main, max_kv_size_option, parallel_options
+from .group import cpu_notes, dtype_option, exact_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import speculation_options, whole_option
 
 

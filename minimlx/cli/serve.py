@@ -8,7 +8,7 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import (
+from .group import (
     chat_template_option,
     dtype_option,
     exact_option,
