@@ -74,7 +74,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], set[str]]
 def cycle_through(graph: dict[str, set[str]], group: set[str]) -> list[str]:
     """The shortest path from the group's first module back to itself, within the group (breadth first)."""
     start = min(group)
-    paths = {target: [start, target] for target in graph[start] if target in group}
+    paths = {target: [start, target] for target in sorted(graph[start]) if target in group}
     frontier = list(paths)
     while start not in paths:
         following = []
