@@ -1,5 +1,6 @@
 """The package's shape, as the design asks for it: no import cycle between minimlx's modules (imports inside
-functions count too), no function over 80 lines, and the modules that grow fastest kept under 300 lines."""
+functions count too), dependencies that point the way docs/architecture.md says, no function over 80 lines, and the
+modules that grow fastest kept under 300 lines."""
 
 import ast
 from pathlib import Path
@@ -10,6 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minimlx"
 LONGEST_FUNCTION = 80
 LONGEST_MODULE = 300
 KEPT_SHORT = ["decode/engine.py", "server/app.py", "distributed/*.py"]
+# docs/architecture.md: "core/ imports nothing of minimlx but itself, archs/ imports core/, io/ and archs/ never import
+# each other ... decode/ takes a built model and token ids and knows nothing of files" (None: nothing outside itself)
+NEVER_IMPORTS = {"core": None, "io": {"archs"}, "archs": {"io"}, "decode": {"io", "loading", "convert"}}
 
 
 def module_name(path: Path) -> str:
@@ -102,6 +106,24 @@ def test_no_import_cycle():
     graph = {name: imported(name, path) for name, path in MODULES.items()}
     cycles = [f"{' -> '.join(path)} (a cycle among {', '.join(sorted(group))})" for path, group in import_cycles(graph)]
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def part(module: str) -> str:
+    """The top-level package or module of minimlx that `module` belongs to."""
+    return module.split(".")[1] if "." in module else module
+
+
+@pytest.mark.parametrize("package", sorted(NEVER_IMPORTS))
+def test_dependencies_point_one_way(package):
+    refused = NEVER_IMPORTS[package] or {part(name) for name in MODULES} - {package}
+    found = [
+        f"{name} imports {target}"
+        for name, path in MODULES.items()
+        if part(name) == package
+        for target in sorted(imported(name, path))
+        if part(target) in refused
+    ]
+    assert not found, f"minimlx.{package} imports none of {', '.join(sorted(refused))}:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("package", sorted({path.relative_to(PACKAGE).parts[0] for path in MODULES.values()}))
