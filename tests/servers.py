@@ -4,6 +4,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,8 +21,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_serving(url: str, process: subprocess.Popen, seconds: float = 120) -> None:
-    """Return once `url`/health answers; fail with the server's stderr if `process` exits or time runs out."""
+def wait_until_serving(url: str, process: subprocess.Popen, log=None, seconds: float = 120) -> None:
+    """Return once `url`/health answers; fail with the server's stderr (the file `log`, else its pipe) if `process`
+    exits or time runs out."""
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -29,27 +31,36 @@ def wait_until_serving(url: str, process: subprocess.Popen, seconds: float = 120
             return
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the server did not start: {process.stderr.read()}")
+                if log is not None:
+                    log.seek(0)
+                pytest.fail(f"the server did not start: {(log or process.stderr).read()}")
             time.sleep(0.2)
 
 
 class Served:
-    """A `minimlx serve` process and how to reach it."""
+    """A `minimlx serve` process and how to reach it. Its stderr (a line per request) goes to a file, which
+    `log()` reads: a pipe nobody reads would fill up and stop the server."""
 
     def __init__(self, *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.stderr = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "minimlx", "serve", "--port", str(self.port), *args],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
         )
         try:
-            wait_until_serving(self.url, self.process)
+            wait_until_serving(self.url, self.process, self.stderr)
         except BaseException:
             self.stop()
             raise
+
+    def log(self) -> str:
+        """What the server wrote on stderr so far."""
+        self.stderr.seek(0)
+        return self.stderr.read()
 
     def client(self, api_key: str = "none"):
         openai = require("openai")

@@ -112,6 +112,33 @@ def loopback(host: str) -> bool:
     show_default=True,
     help="Seconds running requests get to finish after SIGTERM or Ctrl-C; new ones are answered 503.",
 )
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    help="The most tokens an answer takes, whatever a request asks (larger asks are capped, and the answer says so). "
+    "Default: the room left in the model's context.",
+)
+@click.option(
+    "--force-tool-call",
+    metavar="NAME=JSON",
+    help="Answer every turn that ends with a user message and offers the tool NAME with exactly this call, decoded "
+    'under a grammar: for testing agents with a model that would not call tools (e.g. \'Bash={"command": "ls"}\').',
+)
+@click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5,
+    show_default=True,
+    help="Seconds a stream may stay silent (a long prompt being read) before a keep-alive goes out: Anthropic's "
+    "ping event, a comment in OpenAI's streams.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per request on stderr: uvicorn's access-log style, or JSON objects for machines.",
+)
 @chat_template_option
 @click.option(
     "--reasoning-format",
@@ -139,6 +166,10 @@ def serve(
     served_model_name,
     request_timeout,
     shutdown_timeout,
+    max_tokens,
+    force_tool_call,
+    heartbeat,
+    log_format,
     chat_template,
     reasoning_format,
     **options,
@@ -150,6 +181,9 @@ def serve(
     from ..decode import Engine
     from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server
+    from ..server.turns import ForcedCall
+
+    forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
         from ..distributed import Mirrored as Engine
@@ -179,6 +213,12 @@ def serve(
         entries = engine.prompt_cache.entries
         held = sum(c.nbytes for _, cache in entries for c in cache)
         click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
+    if chat_template is None and tokenizer is not None and tokenizer.chat_template is None:
+        click.echo(
+            "warning: this model has no chat template, so chat requests (chat completions, Responses, Messages) "
+            "are refused; give one with --chat-template FILE, or send raw text to /v1/completions",
+            err=True,
+        )
     click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(
         engine,
@@ -192,4 +232,8 @@ def serve(
         reasoning=reasoning_format != "none",
         request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout,
+        max_tokens=max_tokens,
+        forced_call=forced_call,
+        heartbeat=heartbeat,
+        log_format=log_format,
     )

@@ -302,12 +302,16 @@ class PromptCache:
     def __init__(self, size: int, max_bytes: int | None = None, folder: "PromptFolder | None" = None):
         self.size, self.max_bytes, self.folder = size, max_bytes, folder
         self.entries: list[tuple[list[int], list]] = folder.read(size, max_bytes) if folder is not None else []
+        self.latest: dict[str, list[int]] = {}  # a conversation's key -> the ids of its newest entry
 
     def fits(self, entries: list) -> bool:
         within = self.max_bytes is None or sum(nbytes(c) for _, c in entries) <= self.max_bytes
         return len(entries) <= self.size and within
 
-    def store(self, ids: list[int], cache: list) -> None:
+    def store(self, ids: list[int], cache: list, key: str | None = None) -> None:
+        """Keep `cache` (holding `ids`) as an entry. With a conversation's `key`, the entry replaces that
+        conversation's previous one (its history may have been edited since: the old entry would only push other
+        conversations' entries out)."""
         count = min(len(ids), cache[0].offset)
         if count == 0 or not all(c.keeps(count) for c in cache):
             return  # a sliding-window layer has dropped tokens it would need
@@ -316,8 +320,13 @@ class PromptCache:
         ids = ids[:count]
         if not self.fits([(ids, cache)]):
             return
-        kept = [entry for entry in self.entries if ids[: len(entry[0])] != entry[0]]  # not those the new one holds
+        superseded = self.latest.get(key) if key is not None else None
+        kept = [  # not those the new one holds, nor its conversation's previous entry
+            entry for entry in self.entries if ids[: len(entry[0])] != entry[0] and entry[0] is not superseded
+        ]
         kept.append((ids, cache))
+        if key is not None:
+            self.latest[key] = ids
         while not self.fits(kept):
             kept.pop(0)
         if self.folder is not None:
