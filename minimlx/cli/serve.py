@@ -207,18 +207,7 @@ def serve(
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL
-    if api_key is None and not loopback(host):
-        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
-    if prompt_cache_dir is not None:
-        entries = engine.prompt_cache.entries
-        held = sum(c.nbytes for _, cache in entries for c in cache)
-        click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
-    if chat_template is None and tokenizer is not None and tokenizer.chat_template is None:
-        click.echo(
-            "warning: this model has no chat template, so chat requests (chat completions, Responses, Messages) "
-            "are refused; give one with --chat-template FILE, or send raw text to /v1/completions",
-            err=True,
-        )
+    startup_notes(engine, tokenizer, chat_template, host, api_key, prompt_cache_dir)
     click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(
         engine,
@@ -237,3 +226,20 @@ def serve(
         heartbeat=heartbeat,
         log_format=log_format,
     )
+
+
+def startup_notes(engine, tokenizer, chat_template, host: str, api_key: str | None, prompt_cache_dir) -> None:
+    """What the operator should know before the first request: an open server without a key, the prompts read back
+    from `prompt_cache_dir`, a model without a chat template and none given."""
+    if api_key is None and not loopback(host):
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    if prompt_cache_dir is not None:
+        entries = engine.prompt_cache.entries
+        held = sum(c.nbytes for _, cache in entries for c in cache)
+        click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
+    if chat_template is None and tokenizer is not None and tokenizer.chat_template is None:
+        click.echo(
+            "warning: this model has no chat template, so chat requests (chat completions, Responses, Messages) "
+            "are refused; give one with --chat-template FILE, or send raw text to /v1/completions",
+            err=True,
+        )
