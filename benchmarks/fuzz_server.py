@@ -1,5 +1,5 @@
-"""A longer fuzzing run than CI's: schemathesis against the server (tests/test_server_openapi.py) and Hypothesis over the
-readers (tests/test_io_fuzz.py), with many more examples, unseeded.
+"""A longer fuzzing run than CI's: schemathesis against the server (tests/test_server_openapi.py) and Hypothesis over
+the readers (tests/test_io_fuzz.py), with many more examples, unseeded.
 
     python benchmarks/fuzz_server.py [EXAMPLES]    # default 1000 per operation and phase
 """

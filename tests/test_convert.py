@@ -311,6 +311,7 @@ def test_a_failed_write_leaves_the_target_as_it_was(hf_folder, tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_conversion_killed_at_any_point_leaves_no_half_written_folder(sharded, tmp_path):
     """Killed (SIGKILL, no cleanup) at ten seeded random points from start to end: the folder is absent, or whole
     and loadable."""

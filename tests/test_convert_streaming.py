@@ -162,6 +162,7 @@ def peak_rss(command: list[str]) -> int:
     return int(peak)
 
 
+@pytest.mark.slow
 def test_converting_a_gguf_holds_about_one_tensor_at_a_time(tmp_path):
     """Three 42 MB FFN matrices of 140 MB of tensors: converting them all at once would hold 3.3 times the largest
     over the runtime (the whole model), this holds 1.1 times it (measured)."""
