@@ -62,10 +62,12 @@ def text_line(line: dict) -> str:
 
 class AccessLog:
     """ASGI middleware writing one line per HTTP request once its response is over (a stream's last event sent,
-    or its client gone); `json` writes each line as a JSON object, for machines."""
+    or its client gone); `json_lines` writes each line as a JSON object, for machines. `observers` are called with
+    each finished request's record too (the metrics)."""
 
-    def __init__(self, app, json_lines: bool = False):
+    def __init__(self, app, json_lines: bool = False, observers: tuple = ()):
         self.app, self.json_lines = app, json_lines
+        self.observers = observers  # called with each finished request's record (the metrics)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -90,6 +92,8 @@ class AccessLog:
             current_request.reset(token)
             line = record.fields()
             log.info(json.dumps(line) if self.json_lines else text_line(line))
+            for observe in self.observers:
+                observe(record)
 
 
 class JSONFormatter(logging.Formatter):

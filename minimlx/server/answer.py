@@ -39,6 +39,7 @@ class Answer:
         self.called = [False] * len(generations)
         self.capped: tuple[int, int] | None = None  # (max_tokens asked, max_tokens given) when the room left capped it
         self.first_output_at: float | None = None  # time.monotonic() of the first token out
+        self.token_gaps: list[float] = []  # seconds between one output and the next (the metrics' inter-token latency)
 
     @property
     def prompt_tokens(self) -> int:
@@ -59,8 +60,12 @@ class Answer:
             if output is None:
                 yield None
                 continue
+            now = time.monotonic()
             if self.first_output_at is None:
-                self.first_output_at = time.monotonic()
+                self.first_output_at = now
+            else:
+                self.token_gaps.append(now - self.last_output_at)
+            self.last_output_at = now
             yield self.piece(output)
 
     def piece(self, output: Output) -> Piece:

@@ -17,17 +17,19 @@ import logging
 import signal
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..decode import Engine
-from . import chat, messages, responses
+from . import chat, messages, ollama, responses
 from .access_log import AccessLog, current_request, log_to_stderr
 from .answer import Answer
 from .bridge import EngineBridge
 from .fields import APIError, Body, bad, sampling_settings
 from .hangups import ClientGone
+from .metrics import Metrics
 from .openapi import OPENAPI
 from .rendering import Renderer
 from .turns import ForcedCall, Turn
@@ -44,7 +46,8 @@ class Server:
 
     `model_name` is what responses report; with `served_model_name` given, it is also the only `model` a request
     may name (404 otherwise), else any name is answered by the one model loaded. `max_tokens` bounds every answer
-    (serve's --max-tokens; else the room left in the context); `heartbeat` is the longest a stream stays silent.
+    (serve's --max-tokens; else the room left in the context); `heartbeat` is the longest a stream stays silent;
+    each request leaves a log line (`log_format` "text" or "json") and its counts in the metrics.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class Server:
         max_tokens: int | None = None,
         forced_call: ForcedCall | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
+        log_format: str = "text",
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
         self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
@@ -67,13 +71,22 @@ class Server:
         self.renderer = Renderer(engine.tokenizer, chat_template, reasoning, forced_call)
         self.max_body = int(max_request_mb * 1e6)
         self.max_tokens, self.heartbeat = max_tokens, heartbeat
+        self.card = ollama.ModelCard.of(engine.model, self.model_name, model_name, self.renderer.capabilities())
+        self.metrics = Metrics(engine, self.model_name, self.card.size)
         api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
         # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
         bare = [
             Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
         ]
         self.app = Starlette(
-            routes=[Route("/health", self.health), Route("/openapi.json", self.openapi), *api, *bare],
+            routes=[
+                Route("/health", self.health),
+                Route("/openapi.json", self.openapi),
+                Route("/metrics", self.metrics.endpoint),
+                *api,
+                *bare,
+                *ollama.routes(self, self.card),
+            ],
             exception_handlers={
                 APIError: self.api_error,
                 ClientGone: self.client_gone,
@@ -82,6 +95,7 @@ class Server:
                 405: self.not_allowed,
             },
             lifespan=self.bridge.lifespan,
+            middleware=[Middleware(AccessLog, json_lines=log_format == "json", observers=(self.metrics.observe,))],
         )
 
     @property
@@ -159,7 +173,8 @@ class Server:
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         body = Body(body)
         model = body.get("model")
-        if self.served_model_name is not None and model is not None and model != self.served_model_name:
+        named = model if not isinstance(model, str) else model.removesuffix(":latest")  # Ollama's clients add a tag
+        if self.served_model_name is not None and model is not None and named != self.served_model_name:
             message = f"the model '{model}' is not served here; this server answers to '{self.served_model_name}'"
             raise APIError(404, message, "model", "model_not_found", kind="not_found_error")
         return body
@@ -192,12 +207,15 @@ class Server:
             raise APIError(401, message, code="invalid_api_key", kind="authentication_error")
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
-        """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+        """The error in the shape of the API asked: Anthropic's under /v1/messages, Ollama's under /api, OpenAI's
+        elsewhere."""
         record = current_request.get()
         if record is not None:
             record.error = error.message
         if request.url.path.removeprefix("/v1").startswith("/messages"):
             return JSONResponse(messages.error_body(error), status_code=error.status)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse(ollama.error_body(error), status_code=error.status)
         return error.response()
 
     async def internal_error(self, request: HTTPRequest, error: Exception) -> JSONResponse:
@@ -243,8 +261,7 @@ def serve(
     Each request leaves one line on stderr (`log_format` "text", uvicorn's access-log style, or "json")."""
     import uvicorn
 
-    server = Server(engine, model_name, **options)
-    app = AccessLog(server.app, json_lines=log_format == "json")
+    server = Server(engine, model_name, log_format=log_format, **options)
     log_to_stderr(log_format)
 
     class Uvicorn(uvicorn.Server):
@@ -266,7 +283,7 @@ def serve(
                     signal.signal(sig, handler)
 
     config = uvicorn.Config(
-        app,
+        server.app,
         host=host,
         port=port,
         log_level="warning",

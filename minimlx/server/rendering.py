@@ -72,6 +72,13 @@ class Renderer:
                 raise bad(param, str(e)) from None
         return text + prefill
 
+    def capabilities(self) -> tuple[str, ...]:
+        """What the model can do, as Ollama's /api/show names it: every model completes and calls tools (in its
+        template's format, or the generic one); thinking where its template thinks."""
+        template = self.tokenizer.chat_template or ""
+        thinks = "enable_thinking" in template or any(marker in template for marker in self.tool_format.reasoning)
+        return ("completion", "tools", *(("thinking",) if thinks else ()))
+
     def count_tokens(self, turn: Turn) -> int:
         return len(self.tokenizer.encode(self.render(turn), add_special_tokens=False))
 
