@@ -5,9 +5,9 @@ import json
 import urllib.request
 
 import pytest
+from models import smollm2_path
 from reference import require
-from test_generate import smollm2_path
-from test_serve import Served
+from servers import Served
 
 pytestmark = pytest.mark.slow
 
