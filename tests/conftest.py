@@ -2,11 +2,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from llamacpp_models import convert_all
-from models import smollm2_path
-from servers import Served
 
 import minimlx  # noqa: F401  (before any test module imports mlx.core: minimlx.cpu.blas can then put MKL under MLX)
+
+# The fixtures import the support modules (models, servers, ...) when they run: those import mlx.core.
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -14,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of SmolLM2-135M-Instruct in float32, loaded once for every module that generates with it."""
+    from models import smollm2_path
+
     smollm2_path()
     return minimlx.load("smollm2-135m", dtype="float32")
 
@@ -37,6 +38,9 @@ def hf_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served():
     """A `minimlx serve` process on SmolLM2 with the default options, one per test module that asks for it."""
+    from models import smollm2_path
+    from servers import Served
+
     smollm2_path()
     server = Served()
     yield server
@@ -46,6 +50,8 @@ def served():
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
     """The tiny models of test_io_gguf_llamacpp.py and the GGUF files llama.cpp's converter made of them, once."""
+    from llamacpp_models import convert_all
+
     return convert_all(tmp_path_factory)
 
 
