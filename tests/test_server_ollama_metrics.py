@@ -152,3 +152,43 @@ def test_metrics_parse_and_count_what_was_asked(server):
     )
     assert value(after, "minimlx_requests_running") == 0 and value(after, "minimlx_models_loaded") == 1
     assert value(after, "minimlx_prompt_cache_bytes") > 0
+
+
+def test_langchains_chat_ollama_chats_and_answers_in_a_schema(server):
+    langchain_ollama = require("langchain_ollama")
+    pydantic = require("pydantic")
+
+    class City(pydantic.BaseModel):
+        city: str
+        country: str
+
+    llm = langchain_ollama.ChatOllama(model="smollm2-135m", base_url=server.url, temperature=0, num_predict=16)
+    reply = llm.invoke("What is the capital of France?")
+    assert reply.content == "The capital of France is Paris." and reply.usage_metadata["output_tokens"] == 7
+    assert "".join(chunk.content for chunk in llm.stream("What is the capital of France?")) == reply.content
+    city = llm.with_structured_output(City, method="json_schema").invoke("Describe the capital of France.")
+    assert (city.city, city.country) == ("Paris", "France")
+
+
+def test_a_tool_call_through_ollamas_chat():
+    """The model's call (forced here: SmolLM2 answers in words when it may choose) comes back as Ollama writes it,
+    its arguments an object, and the tool's result sent back is answered."""
+    from agent_model import agent_model
+
+    client_module = require("ollama")
+    served = Served("--model", str(agent_model()), "--force-tool-call", 'get_weather={"city": "Paris"}')
+    try:
+        client = client_module.Client(host=served.url)
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        reply = client.chat("agent-model", messages=ask, tools=[WEATHER], options={"temperature": 0})
+        [call] = reply.message.tool_calls
+        assert (call.function.name, dict(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+        streamed = [
+            c for c in client.chat("agent-model", messages=ask, tools=[WEATHER], stream=True) if c.message.tool_calls
+        ]
+        assert [c.function.name for c in streamed[0].message.tool_calls] == ["get_weather"]
+        result = {"role": "tool", "content": '{"temperature": 21}', "tool_name": "get_weather"}
+        after = client.chat("agent-model", messages=[*ask, reply.message, result], tools=[WEATHER])
+        assert after.done and not after.message.tool_calls
+    finally:
+        served.stop()

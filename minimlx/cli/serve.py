@@ -61,6 +61,19 @@ def check_address(host: str, port: int) -> None:
         raise InvalidSettingError(f"cannot listen on {host}:{port} ({reason}); pick another --port or --host") from None
 
 
+def embedder_of(model, tokenizer, name: str, pooling: str | None):
+    """The model's Embedder: with the pooling named, or the one its sentence-transformers files describe; None for a
+    model with neither (it makes no embeddings)."""
+    from ..embedding import Embedder, Pooling
+    from ..io.resolve import resolve
+
+    path = resolve(name)
+    found = Pooling.read(path) if path.is_dir() else None
+    if pooling is not None:
+        found = Pooling.named(pooling, normalize=found.normalize if found is not None else True)
+    return Embedder(model, tokenizer, found) if found is not None else None
+
+
 def loopback(host: str) -> bool:
     """Whether only this machine can reach `host` (an address, or the name localhost)."""
     try:
@@ -121,8 +134,15 @@ def loopback(host: str) -> bool:
 @click.option(
     "--force-tool-call",
     metavar="NAME=JSON",
-    help="Answer every turn that ends with a user message and offers the tool NAME with exactly this call, decoded "
-    'under a grammar: for testing agents with a model that would not call tools (e.g. \'Bash={"command": "ls"}\').',
+    help="Answer a turn that ends with a user message, offers the tool NAME and made no call yet with exactly this "
+    "call, decoded under a grammar: for testing agents with a model that would not call tools "
+    '(e.g. \'Bash={"command": "ls"}\').',
+)
+@click.option(
+    "--pooling",
+    type=click.Choice(["mean", "lasttoken", "cls", "max"]),
+    help="Answer /v1/embeddings and /api/embed with the model's final hidden states pooled this way (normalized). "
+    "Default: the pooling of the model's sentence-transformers files, if it has them.",
 )
 @click.option(
     "--heartbeat",
@@ -168,6 +188,7 @@ def serve(
     shutdown_timeout,
     max_tokens,
     force_tool_call,
+    pooling,
     heartbeat,
     log_format,
     chat_template,
@@ -225,6 +246,7 @@ def serve(
         forced_call=forced_call,
         heartbeat=heartbeat,
         log_format=log_format,
+        embedder=embedder_of(model, tokenizer, name, pooling),
     )
 
 

@@ -44,7 +44,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..core.cache import SINKS, LatentCache, quantized_cache, sink_cache
+from ..core.cache import SINKS, Can, quantized_cache, sink_cache
 from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
 from ..core.steps import decode_steps
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
@@ -54,7 +54,7 @@ from .prefill import prefill, prefill_prompt
 from .prompt import vocab_size
 from .prompt_cache import PromptCache, PromptFolder
 from .settings import SamplingSettings, check_kv_bits, check_whole
-from .speculative import DraftModel, PromptLookup, Verifier, check_speculation
+from .speculative import DraftModel, PromptLookup, Rollback, Verifier, check_speculation
 
 
 @dataclass
@@ -221,12 +221,13 @@ def check_max_kv_size(model: nn.Module, max_kv_size: int | None, kv_bits: int | 
     check_whole("max_kv_size", max_kv_size, SINKS + 1)
     if kv_bits is not None:
         raise InvalidSettingError("max_kv_size bounds a float cache; drop kv_bits (or max_kv_size)")
-    if max_batch != 1:
+    bounded = [sink_cache(c, max_kv_size) for c in model.make_cache()]
+    if max_batch != 1 and not all(c.can(Can.ROWS) for c in bounded):
         raise InvalidSettingError(
             "max_kv_size keeps each sequence's first tokens, which batched sequences of other lengths cannot share; "
             "decode one at a time (--max-batch 1)"
         )
-    if any(isinstance(c, LatentCache) for c in model.make_cache()):
+    if not all(c.can(Can.WINDOW) for c in bounded):
         raise InvalidSettingError("max_kv_size bounds key and value caches, not latent attention's; drop it")
 
 
@@ -630,6 +631,7 @@ class Engine:
         if matcher is not None and drafts:
             drafts = drafts[: matcher.checked(drafts)]
             q = q[: len(drafts)] if q is not None else None
+        rollback = Rollback(cache)
         with decode_steps():  # the check of each draft computes as the decode step it stands for
             raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
         logits = raw
@@ -637,8 +639,7 @@ class Engine:
             mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position
             logits = mx.where(mx.array(matcher.masks(drafts)), raw, -mx.inf)
         accepted, token = generation.verifier.verify(generation.biased(logits), drafts, q)
-        for c in cache:
-            c.trim(len(drafts) - accepted)
+        rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
         generation.drafted += len(drafts)
         generation.accepted += accepted
         new = drafts[:accepted] + [token]

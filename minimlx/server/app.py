@@ -23,7 +23,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..decode import Engine
-from . import chat, messages, ollama, responses
+from ..embedding import Embedder, reranker
+from . import chat, embeddings, messages, ollama, responses
 from .access_log import AccessLog, current_request, log_to_stderr
 from .answer import Answer
 from .bridge import EngineBridge
@@ -47,7 +48,8 @@ class Server:
     `model_name` is what responses report; with `served_model_name` given, it is also the only `model` a request
     may name (404 otherwise), else any name is answered by the one model loaded. `max_tokens` bounds every answer
     (serve's --max-tokens; else the room left in the context); `heartbeat` is the longest a stream stays silent;
-    each request leaves a log line (`log_format` "text" or "json") and its counts in the metrics.
+    each request leaves a log line (`log_format` "text" or "json") and its counts in the metrics; `embedder` (the
+    model with a pooling) answers /v1/embeddings and /api/embed.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class Server:
         forced_call: ForcedCall | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
         log_format: str = "text",
+        embedder: Embedder | None = None,
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
         self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
@@ -71,9 +74,11 @@ class Server:
         self.renderer = Renderer(engine.tokenizer, chat_template, reasoning, forced_call)
         self.max_body = int(max_request_mb * 1e6)
         self.max_tokens, self.heartbeat = max_tokens, heartbeat
-        self.card = ollama.ModelCard.of(engine.model, self.model_name, model_name, self.renderer.capabilities())
+        capabilities = self.renderer.capabilities() + (("embedding",) if embedder is not None else ())
+        self.card = ollama.ModelCard.of(engine.model, self.model_name, model_name, capabilities)
         self.metrics = Metrics(engine, self.model_name, self.card.size)
         api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
+        api += embeddings.routes(self, self.bridge, embedder, reranker(engine.model, self.tokenizer), engine.context)
         # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
         bare = [
             Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
@@ -112,19 +117,19 @@ class Server:
 
     async def start(self, turn: Turn) -> Answer:
         """Start the turn's choices: its template, its tool choice or answer grammar, its settings."""
-        turn, prompt, parser = self.renderer.prepare(turn)
-        answer = await self.start_raw(prompt, turn, turn.messages_param)
+        turn, prompt, parser, switched = self.renderer.prepare(turn)
+        answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched)
         answer.parsers = [parser() for _ in answer.generations]
         return answer
 
-    async def start_raw(self, prompt: list[int], turn: Turn, param: str) -> Answer:
+    async def start_raw(self, prompt: list[int], turn: Turn, param: str, bounded: bool = True) -> Answer:
         """Start `turn.n` generations of the token ids `prompt` (the request's field `param`) with the turn's
         settings; their text is content alone. Without a max_tokens the answer may use the room left in the
         context (or --max-tokens); one above that is capped, and the answer says so."""
         if turn.n > self.engine.max_batch:
             raise bad("n", f"'n' is {turn.n} but this server decodes at most {self.engine.max_batch} (--max-batch)")
         asked = turn.settings.get("max_tokens")
-        limit = self.max_tokens or self.engine.context or UNBOUNDED_MAX_TOKENS
+        limit = (self.max_tokens if bounded else None) or self.engine.context or UNBOUNDED_MAX_TOKENS
         fields = {**turn.settings, "max_tokens": limit if asked is None else min(asked, limit)}
         settings = sampling_settings(turn.params, **fields, constraint=turn.constraint, logprobs=turn.logprobs)
         generations, queue = self.bridge.submit(prompt, settings, turn.n, param, turn.cache_key)

@@ -11,8 +11,9 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import mlx.core as mx
 
@@ -22,6 +23,7 @@ from .fields import APIError, bad
 
 log = logging.getLogger("minimlx.serve")
 DRAINING = object()  # put on every request's queue when the server starts draining
+T = TypeVar("T")
 GATHER_QUIET, GATHER_LIMIT = 0.002, 0.02  # seconds: see EngineBridge.gather
 
 
@@ -43,6 +45,7 @@ class EngineBridge:
         # generations of answers dropped unread, cancelled by the engine thread: a finalizer runs wherever a garbage
         # collection happens, maybe inside this lock or the engine's, so it only queues them (deque.append is atomic)
         self.dropped = collections.deque()
+        self.jobs: collections.deque = collections.deque()  # (function, its future, the future's loop): `run`
         self.stopping = False
 
     @asynccontextmanager
@@ -61,10 +64,12 @@ class EngineBridge:
             while not self.stopping:
                 self.engine.wake.wait()
                 self.engine.wake.clear()
+                self.run_jobs()
                 self.gather()
                 self.cancel_dropped()
                 while self.engine.busy and not self.stopping:
                     self.cancel_dropped()
+                    self.run_jobs()
                     try:
                         outputs = self.engine.step()
                     except Exception as e:  # a bug: fail the requests in flight, keep serving the next ones
@@ -79,6 +84,25 @@ class EngineBridge:
                 mx.clear_cache()  # idle: MLX's freed buffers go back to the system, so memory stays flat
             if self.engine.compiled:  # traces made on this thread's stream must not outlive it (CompiledDecoder.forget)
                 self.engine.decoder.forget()
+
+    async def run(self, function: Callable[[], T]) -> T:
+        """`function()` computed on the engine's thread between two steps (embeddings: the model's other use), so
+        that it never runs beside a step; its result or exception comes back to the event loop."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.jobs.append((function, future, loop))
+        self.engine.wake.set()
+        return await future
+
+    def run_jobs(self) -> None:
+        while self.jobs:
+            function, future, loop = self.jobs.popleft()
+            try:
+                result = function()
+            except Exception as e:
+                loop.call_soon_threadsafe(settle, future, None, e)
+            else:
+                loop.call_soon_threadsafe(settle, future, result, None)
 
     def gather(self) -> None:
         """Before an idle engine starts: wait while requests keep arriving (each within GATHER_QUIET seconds of the
@@ -178,3 +202,13 @@ class EngineBridge:
                 yield item
         finally:
             self.cancel(generations)
+
+
+def settle(future: asyncio.Future, result, error: Exception | None) -> None:
+    """Resolve `future` (on its loop), unless its awaiter has gone (a client that hung up)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

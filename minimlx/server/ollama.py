@@ -4,10 +4,12 @@ official `ollama` client speak.
 A translation, like the OpenAI and Anthropic endpoints: `/api/chat` and `/api/generate` read their body into a
 `Turn` (Ollama's `options` into sampling settings, `format` into a grammar, `think` into the template's variables)
 and write the `Answer`'s pieces as Ollama's NDJSON stream (or one object with `stream: false`); `/api/tags`,
-`/api/show`, `/api/ps` and `/api/version` describe the loaded model (`ModelCard`). Errors are Ollama's
+`/api/show`, `/api/ps` and `/api/version` describe the loaded model (`ModelCard`); `/api/pull` downloads from the
+Hugging Face Hub (minimlx/io/hub.py). Errors are Ollama's
 `{"error": "..."}`.
 """
 
+import asyncio
 import hashlib
 import json
 import time
@@ -26,6 +28,7 @@ from starlette.routing import Route
 
 from ..decode.grammar import Constraint
 from ..errors import MinimlxError
+from ..io import hub
 from .fields import APIError, Body, bad, checked_schema, flag, ignore_unread, optional, text_content
 from .hangups import until_disconnected
 from .turns import Turn
@@ -48,6 +51,7 @@ class ModelCard:
     parameters, family, file format, quantization, context and a digest of its weights."""
 
     name: str
+    source: str  # the model as the server was given it (a path, a repo id, a short name)
     size: int
     parameters: int
     family: str
@@ -60,7 +64,6 @@ class ModelCard:
 
     @classmethod
     def of(cls, model: nn.Module, name: str, source: str, capabilities: tuple[str, ...]) -> "ModelCard":
-        from ..anatomy.ledger import ledger
         from ..io.resolve import resolve
 
         try:
@@ -74,10 +77,12 @@ class ModelCard:
         dtype = next((a.dtype for a in arrays if mx.issubdtype(a.dtype, mx.floating)), mx.float32)
         quantization = f"Q{max(bits)}" if bits else str(dtype).removeprefix("mlx.core.").upper().replace("LOAT", "")
         digest = hashlib.sha256(repr(config).encode() + str(sum(a.nbytes for a in arrays)).encode()).hexdigest()
+        short = Path(name).name.removesuffix(".gguf") if Path(name).exists() else name  # a path: its own name
         return cls(
-            name=name if ":" in name else f"{name}:latest",
+            name=short if ":" in short else f"{short}:latest",
+            source=name,
             size=sum(a.nbytes for a in arrays),
-            parameters=ledger(model).total,
+            parameters=parameter_count(model),
             family=type(config).__name__.removesuffix("Config").lower(),
             format="gguf" if str(path).endswith(".gguf") else "safetensors",
             quantization=quantization,
@@ -104,7 +109,20 @@ class ModelCard:
 
     def answers_to(self, name: str | None) -> bool:
         """Whether a request naming `name` (`model`, with or without `:latest`) is for this model."""
-        return name is None or name == self.name or f"{name}:latest" == self.name
+        return name is None or name in (self.name, self.source) or f"{name}:latest" == self.name
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The parameters `model` holds, a packed weight counted as the values it stands for (its scales not counted)."""
+    count = 0
+    for _, module in model.named_modules():
+        own = module.parameters()
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            rows, packed = own["weight"].shape[-2:]
+            count += rows * packed * 32 // module.bits + (own["bias"].size if "bias" in own else 0)
+            continue
+        count += sum(a.size for a in own.values() if isinstance(a, mx.array))  # its own arrays, not its children's
+    return count
 
 
 def parameter_size(count: int) -> str:
@@ -178,6 +196,33 @@ def routes(server: "TurnServer", card: ModelCard) -> list[Route]:
         on_device = mx.default_device() == mx.gpu
         return JSONResponse({"models": [running | {"size_vram": card.size if on_device else 0}]})
 
+    async def pull(request: HTTPRequest):
+        """Ollama's pull, through the Hugging Face Hub (`minimlx pull`): `model` is a repo id, with a :QUANT tag
+        for a GGUF repo. Its statuses stream as NDJSON (or the last alone with `stream: false`)."""
+        body = await server.read(request)
+        name = optional(body, "model", str, "a repo id such as 'org/name:Q4_K_M'") or body.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad("model", "'model' is required: the Hugging Face repo id to pull, as org/name[:QUANT]")
+        stream = body.get("stream") is None or flag(body, "stream")
+        body.get("insecure")
+        ignore_unread(body, "ollama")
+
+        async def statuses() -> AsyncIterator[dict]:
+            yield {"status": "pulling manifest"}
+            try:
+                path = await asyncio.to_thread(hub.pull, name)
+            except MinimlxError as e:
+                yield {"error": str(e)}
+                return
+            size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+            yield {"status": f"pulled {path}", "total": size, "completed": size}
+            yield {"status": "success"}
+
+        if stream:
+            return StreamingResponse((json.dumps(s) + "\n" async for s in statuses()), media_type=NDJSON)
+        last = [s async for s in statuses()][-1]
+        return JSONResponse(last, status_code=400 if "error" in last else 200)
+
     async def version(request: HTTPRequest):
         return JSONResponse({"version": VERSION})
 
@@ -188,6 +233,7 @@ def routes(server: "TurnServer", card: ModelCard) -> list[Route]:
         Route("/api/show", show, methods=["POST"]),
         Route("/api/ps", ps, methods=["GET"]),
         Route("/api/version", version, methods=["GET"]),
+        Route("/api/pull", pull, methods=["POST"]),
     ]
 
 

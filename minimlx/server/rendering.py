@@ -22,9 +22,11 @@ class Renderer:
             tokenizer.chat_template = chat_template
         self.tool_format = tool_format(tokenizer.chat_template)
 
-    def prepare(self, turn: Turn) -> tuple[Turn, list[int], "callable"]:
-        """(the turn with its tool choice as its constraint, its prompt ids, a maker of one reply parser)."""
-        if self.forced_call is not None:
+    def prepare(self, turn: Turn) -> tuple[Turn, list[int], "callable", bool]:
+        """(the turn with its tool choice as its constraint, its prompt ids, a maker of one reply parser, whether
+        the --force-tool-call switch made its answer)."""
+        switched = self.forced_call is not None and self.forced_call.applies(turn)
+        if switched:
             turn = self.forced_call.applied(turn)
         tools = check_tools(turn.tools, turn.tool_choice) if turn.tool_choice != "none" else None
         constraint, forced = turn.constraint, bool(tools) and turn.tool_choice != "auto"
@@ -36,7 +38,7 @@ class Renderer:
         def parser() -> ReplyParser:
             return ReplyParser(self.tokenizer.chat_template, bool(tools), self.reasoning, text, forced=forced)
 
-        return replace(turn, constraint=constraint), prompt, parser
+        return replace(turn, constraint=constraint), prompt, parser, switched
 
     def render(self, turn: Turn) -> str:
         """The prompt text of a chat turn: the template over its messages and tools. A final assistant message is

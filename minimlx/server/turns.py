@@ -48,8 +48,8 @@ class Turn:
 @dataclass(frozen=True)
 class ForcedCall:
     """A tool call the server makes the model write (`serve --force-tool-call NAME=JSON`, for testing agents with a
-    model that would not call tools by itself): on a turn whose last message (system messages aside) is the user's and
-    whose tools include NAME, the answer is decoded under a grammar that allows exactly this call."""
+    model that would not call tools by itself): on a turn that `applies`, the answer is decoded under a grammar that
+    allows exactly this call, whatever --max-tokens says (the call is the switch's own text)."""
 
     name: str
     arguments: dict
@@ -69,11 +69,18 @@ class ForcedCall:
             )
         return cls(name, value)
 
+    def applies(self, turn: "Turn") -> bool:
+        """Whether `turn` gets the call: its tools include NAME, its last message (system messages aside: Claude Code
+        ends with one) is the user's, and no call was made yet (an agent that resends the conversation after the
+        call's result, with a reminder of its own as a user message, gets an answer, not the call again)."""
+        names = [tool["function"]["name"] for tool in turn.tools or ()]
+        spoken = [m["role"] for m in turn.messages if m["role"] != "system"]
+        called = any(m.get("tool_calls") for m in turn.messages) or "tool" in spoken
+        return self.name in names and bool(spoken) and spoken[-1] == "user" and not called
+
     def applied(self, turn: "Turn") -> "Turn":
         """`turn` with this call forced, where it applies (else `turn` itself)."""
-        names = [tool["function"]["name"] for tool in turn.tools or ()]
-        spoken = [m["role"] for m in turn.messages if m["role"] != "system"]  # Claude Code ends with a system message
-        if self.name not in names or not spoken or spoken[-1] != "user":
+        if not self.applies(turn):
             return turn
         exact = {
             "type": "object",
