@@ -73,6 +73,7 @@ def test_an_interrupted_download_resumes(standin):
     assert 0 < int(resumed.removeprefix("bytes=").split("-")[0]) <= 12_000_000
 
 
+@pytest.mark.slow
 def test_refusals_are_one_line_and_exit_2(standin, monkeypatch):
     for spec, words in (("org/secret", "gated"), ("org/none", "not on the Hub"), ("nonsense", "repo id")):
         result = minimlx_cli("pull", spec)
@@ -83,6 +84,7 @@ def test_refusals_are_one_line_and_exit_2(standin, monkeypatch):
     assert result.returncode == 2 and "offline" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_ls_rm_and_offline_reading_of_the_cache(standin, monkeypatch):
     hub.pull("org/tiny")
     hub.pull("org/tiny-GGUF:Q8_0")
