@@ -204,13 +204,17 @@ def test_recurrent_cache_refuses_to_forget_tokens(checkpoint):
     assert snapshot.offset == 10 and recurrent.offset == 12
 
 
-def test_unknown_layer_kind_is_refused_before_any_tensor(tmp_path):
-    import json
+def test_unknown_layer_kind_is_refused_before_any_tensor():
+    from minimlx.archs import build_model
 
-    config = {"model_type": "qwen3_5_text", **QWEN3_5, "layer_types": ["mamba", *LINEAR[1:]]}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="mamba"):
-        minimlx.load_model(tmp_path)
+    for model_type, config, kind in (
+        ("qwen3_5_text", QWEN3_5, "mamba"),
+        ("lfm2", CONFIGS["lfm2"][1], "linear_attention"),
+        ("granitemoehybrid", GRANITE, "conv"),
+    ):
+        kinds = [kind, *config["layer_types"][1:]]
+        with pytest.raises(CheckpointError, match=f"layer_types holds \\['{kind}'\\]"):
+            build_model({**config, "model_type": model_type, "layer_types": kinds})
 
 
 def test_engine_refuses_what_would_rewind_a_recurrent_state(checkpoint, tmp_path):
