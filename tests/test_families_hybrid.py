@@ -204,6 +204,29 @@ def test_recurrent_cache_refuses_to_forget_tokens(checkpoint):
     assert snapshot.offset == 10 and recurrent.offset == 12
 
 
+def test_snapshot_restores_a_recurrent_state(checkpoint):
+    """A snapshot taken after a prompt, restored into fresh caches after the cache went on, continues exactly as the
+    cache did from that point; caches of different lengths merged into rows decode as each alone."""
+    folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    cache = model.make_cache()
+    model(mx.array(ids[:1, :12]), cache)
+    snapshots = [c.snapshot() for c in cache]
+    expected = np.array(model(mx.array(ids[:1, 12:14]), cache))
+    restored = [c.empty() for c in cache]
+    for c, snapshot in zip(restored, snapshots):
+        c.restore(snapshot)
+    assert np.array_equal(np.array(model(mx.array(ids[:1, 12:14]), restored)), expected)
+    shorter = model.make_cache()
+    model(mx.array(ids[1:, :5]), shorter)
+    both = [type(a).merge([a.copy(), b.copy()]) for a, b in zip(restored, shorter)]
+    step = np.array([[ids[0, 14]], [ids[1, 5]]])
+    together = np.array(model(mx.array(step), both))
+    for row, alone in enumerate((restored, shorter)):
+        own = np.array(model(mx.array(step[row : row + 1]), alone))
+        assert relative_error(together[row : row + 1], own) <= 1e-5
+
+
 def test_unknown_layer_kind_is_refused_before_any_tensor():
     from minimlx.archs import build_model
 
