@@ -104,7 +104,7 @@ KINDS = {
 }
 CONCRETE = sorted(KINDS, key=lambda cls: cls.__name__)
 # Kinds whose entries are no keys and values, tested through the layers that fill them.
-TESTED_WITH_THEIR_LAYERS = {RecurrentCache}  # tests/test_families_hybrid.py
+TESTED_WITH_THEIR_LAYERS = {RecurrentCache}  # tests/test_archs_families_hybrid.py
 
 
 def arrays(cache: Cache) -> list[np.ndarray]:
