@@ -150,3 +150,18 @@ def global_layers(config: dict, layers: int, pattern: int) -> tuple[int, ...]:
         f"layer_types must list 'sliding_attention' or 'full_attention' for each of the {layers} layers",
     )
     return tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
+
+
+def recurrent_layers(kinds, layers: int, recurrent: tuple[str, ...], attention: tuple[str, ...]) -> tuple[int, ...]:
+    """The layers whose kind (of a hybrid's `layer_types`, one per layer) is in `recurrent`; a kind in neither
+    `recurrent` nor `attention` is refused, naming it, before any tensor is read."""
+    require(
+        isinstance(kinds, list) and len(kinds) == layers, f"layer_types must name a kind for each of {layers} layers"
+    )
+    known = recurrent + attention
+    unknown = sorted({k for k in kinds if k not in known}, key=str)
+    if unknown:
+        raise CheckpointError(
+            f"layer_types holds {unknown}, which no minimlx layer computes (known: {', '.join(known)})"
+        )
+    return tuple(i for i, kind in enumerate(kinds) if kind in recurrent)

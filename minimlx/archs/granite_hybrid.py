@@ -9,7 +9,7 @@ by `residual_multiplier`, the logits divided by `logits_scaling`.
 from dataclasses import dataclass, replace
 
 from ..errors import CheckpointError
-from .config import flag, number, require
+from .config import flag, number, recurrent_layers, require
 from .decoder import DecoderConfig, StateSpaceConfig
 from .experts import MoEConfig
 from .names import LLAMA_NAMES
@@ -22,15 +22,7 @@ def mamba_layers(config: dict, layers: int) -> tuple[int, ...]:
     kinds = config.get("layer_types") or config.get("layers_block_type")
     if kinds is None:
         return tuple(range(layers))
-    require(
-        isinstance(kinds, list) and len(kinds) == layers, f"layer_types must name a kind for each of {layers} layers"
-    )
-    unknown = sorted({k for k in kinds if k not in RECURRENT_KINDS + ATTENTION_KINDS}, key=str)
-    if unknown:
-        raise CheckpointError(
-            f"layer_types holds {unknown}, which no minimlx layer computes (known: {RECURRENT_KINDS + ATTENTION_KINDS})"
-        )
-    return tuple(i for i, kind in enumerate(kinds) if kind in RECURRENT_KINDS)
+    return recurrent_layers(kinds, layers, RECURRENT_KINDS, ATTENTION_KINDS)
 
 
 def float_value(value) -> float:

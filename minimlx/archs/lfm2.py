@@ -6,13 +6,10 @@ when `block_auto_adjust_ff_dim`; its final norm is called `embedding_norm`.
 
 from dataclasses import dataclass, replace
 
-from ..errors import CheckpointError
-from .config import flag, number
+from .config import flag, number, recurrent_layers
 from .decoder import DecoderConfig, ShortConvConfig
 from .names import LLAMA_NAMES
 from .registry import register
-
-LAYER_KINDS = ("conv", "full_attention")
 
 
 def ffn_dims(config: dict) -> int:
@@ -34,12 +31,7 @@ def conv_layers(config: dict, layers: int) -> tuple[int, ...]:
         attention = config.get("full_attn_idxs")
         attention = range(layers) if attention is None else attention
         kinds = ["full_attention" if i in attention else "conv" for i in range(layers)]
-    if not isinstance(kinds, list) or len(kinds) != layers:
-        raise CheckpointError(f"layer_types must name a kind for each of the {layers} layers; fix the config")
-    unknown = sorted({k for k in kinds if k not in LAYER_KINDS}, key=str)
-    if unknown:
-        raise CheckpointError(f"layer_types holds {unknown}, which no minimlx layer computes (known: {LAYER_KINDS})")
-    return tuple(i for i, kind in enumerate(kinds) if kind == "conv")
+    return recurrent_layers(kinds, layers, ("conv",), ("full_attention",))
 
 
 @register("lfm2")

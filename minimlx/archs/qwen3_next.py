@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from ..core import OffsetRMSNorm
 from ..errors import CheckpointError
-from .config import number, require
+from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
 from .names import text_model_names
 from .qwen2 import Qwen2MoeConfig
@@ -25,7 +25,6 @@ from .registry import register
 
 log = logging.getLogger(__name__)
 
-LAYER_KINDS = ("linear_attention", "full_attention")
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
 
 
@@ -35,19 +34,13 @@ def delta_net(config: dict, layers: int) -> DeltaNetConfig:
     if kinds is None:
         every = number(config, "full_attention_interval", 4)
         kinds = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
-    require(
-        isinstance(kinds, list) and len(kinds) == layers, f"layer_types must list a kind for each of {layers} layers"
-    )
-    unknown = sorted({k for k in kinds if k not in LAYER_KINDS}, key=str)
-    if unknown:
-        raise CheckpointError(f"layer_types holds {unknown}, which no minimlx layer computes (known: {LAYER_KINDS})")
     key_heads, value_heads = number(config, "linear_num_key_heads"), number(config, "linear_num_value_heads")
     require(
         value_heads % key_heads == 0,
         f"linear_num_value_heads ({value_heads}) must be a multiple of linear_num_key_heads ({key_heads})",
     )
     return DeltaNetConfig(
-        layers=tuple(i for i, kind in enumerate(kinds) if kind == "linear_attention"),
+        layers=recurrent_layers(kinds, layers, ("linear_attention",), ("full_attention",)),
         key_heads=key_heads,
         value_heads=value_heads,
         key_dims=number(config, "linear_key_head_dim"),
