@@ -16,6 +16,7 @@ import minimlx
 from minimlx.core import KVCache, RotatingKVCache
 from minimlx.cpu import blas
 from minimlx.decode import Engine, Request, SamplingSettings, encode_prompt, generate_tokens, stream_generate
+from minimlx.decode.runner import Runner
 from minimlx.errors import QueueFullError
 
 PROMPTS = [
@@ -170,9 +171,9 @@ def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
     Each gets the greedy tokens it gets alone."""
     model, tokenizer = smollm2
     groups = []
-    prefill_together = Engine.prefill_together
+    prefill_together = Runner.prefill_together
     monkeypatch.setattr(
-        Engine,
+        Runner,
         "prefill_together",
         lambda self, group: (
             groups.append([(len(s.request.prompt), s.cached_tokens) for s, _ in group]) or prefill_together(self, group)

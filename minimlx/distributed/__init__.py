@@ -42,6 +42,7 @@ from ..core.latent_attention import LatentAttention
 from ..core.moe import MoE
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
 from ..decode.grammar import Constraint
+from ..decode.runner import SharedSteps
 from ..errors import CheckpointError, InvalidSettingError
 from .placement import BEFORE, balance, section_bytes
 
@@ -179,7 +180,7 @@ class ExpertRange(nn.Module):
         return out * held[..., None].astype(out.dtype)
 
 
-class Distributed(nn.Module):
+class Distributed(nn.Module, SharedSteps):
     """This rank's part of a model split across a group; called, cached and sampled like the whole model.
 
     An earlier pipeline rank has no scores to give: it returns zeros that depend on its send, and `agree`
