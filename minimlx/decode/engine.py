@@ -124,7 +124,7 @@ class Engine:
                 if prompt_lookup
                 else DraftModel(decoder(draft_model, compiled), draft_tokens, prefill_step)
             )
-        self.context = getattr(getattr(model, "config", None), "max_positions", None)
+        self.context = model.config.max_positions if model.config is not None else None  # (`Transformer.config`)
         if prompt_cache_dir is not None and not prompt_cache_size:
             raise InvalidSettingError("a prompt cache folder needs a prompt cache to keep; give --prompt-cache above 0")
         folder = None
