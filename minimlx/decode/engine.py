@@ -1,4 +1,6 @@
-"""The one decode engine: many sequences, one forward pass per step.
+"""The one decode engine: many sequences, one forward pass per step. Each step is schedule -> run -> emit: the
+`Scheduler` (no model) plans which rows go on, which leave and what prefills, the `Runner` executes the plan on the
+model, and each `Generation` turns the tokens read back into `Output`s.
 
 `run`, `chat`, `generate`, `batch_generate` and `serve` all drive an `Engine`; a single sequence
 is a batch of one. Sequences join and leave at any step (continuous batching), each with its own
