@@ -167,9 +167,9 @@ def splitter(parallel: str | None):
     (see minimlx.distributed), or None to hold it whole."""
     if parallel is None:
         return None
-    from .distributed import Split
+    from .distributed import split_for
 
-    return Split(parallel)
+    return split_for(parallel)
 
 
 def assemble(checkpoint: Checkpoint, dtype: str | None, parallel: str | None = None) -> nn.Module:

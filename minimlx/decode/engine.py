@@ -40,7 +40,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core.cache import SINKS, LatentCache, quantized_cache, sink_cache
+from ..core.cache import SINKS, Can, quantized_cache, sink_cache
 from ..errors import InvalidSettingError
 from .compiled import decoder
 from .generation import Generation, Request
@@ -61,12 +61,13 @@ def check_max_kv_size(model: nn.Module, max_kv_size: int | None, kv_bits: int | 
     check_whole("max_kv_size", max_kv_size, SINKS + 1)
     if kv_bits is not None:
         raise InvalidSettingError("max_kv_size bounds a float cache; drop kv_bits (or max_kv_size)")
-    if max_batch != 1:
+    bounded = [sink_cache(c, max_kv_size) for c in model.make_cache()]
+    if max_batch != 1 and not all(c.can(Can.ROWS) for c in bounded):
         raise InvalidSettingError(
             "max_kv_size keeps each sequence's first tokens, which batched sequences of other lengths cannot share; "
             "decode one at a time (--max-batch 1)"
         )
-    if any(isinstance(c, LatentCache) for c in model.make_cache()):
+    if not all(c.can(Can.WINDOW) for c in bounded):
         raise InvalidSettingError("max_kv_size bounds key and value caches, not latent attention's; drop it")
 
 

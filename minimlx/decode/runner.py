@@ -16,7 +16,7 @@ from .output import Output
 from .prefill import prefill, prefill_prompt
 from .prompt_cache import PromptCache
 from .scheduler import Chunk, Prefill
-from .speculative import Verifier
+from .speculative import Rollback, Verifier
 
 
 class SharedSteps:
@@ -189,6 +189,7 @@ class Runner:
         if matcher is not None and drafts:
             drafts = drafts[: matcher.checked(drafts)]
             q = q[: len(drafts)] if q is not None else None
+        rollback = Rollback(cache)
         with decode_steps():  # the check of each draft computes as the decode step it stands for
             raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
         logits = raw
@@ -196,8 +197,7 @@ class Runner:
             mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position
             logits = mx.where(mx.array(matcher.masks(drafts)), raw, -mx.inf)
         accepted, token = speculation.verifier.verify(sampling.biased(logits), drafts, q)
-        for c in cache:
-            c.trim(len(drafts) - accepted)
+        rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
         speculation.drafted += len(drafts)
         speculation.accepted += accepted
         new = drafts[:accepted] + [token]
