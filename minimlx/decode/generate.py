@@ -121,8 +121,8 @@ def stream_generate(
 
 
 def responses(engine: Engine, generation, prompt_tokens: int, cached: int) -> Iterator[GenerationResponse]:
-    """`generation`'s tokens as responses, stepping `engine` (which runs it alone) until it ends or the caller
-    stops reading; then it is cancelled and leaves the batch."""
+    """Step `engine` until `generation` (its only one) ends, one response per token with the speeds so far; the
+    prompt's `cached` tokens were reused, not prefilled."""
     start = time.perf_counter()
     n = 0
     try:
