@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration happens on import)
     gpt_oss,
     llama3,
     mistral,
+    olmo3,
     phi3,
     qwen2,
     qwen3,

@@ -18,6 +18,7 @@ from ..core import (
     GatedFFN,
     LatentAttention,
     PostNormBlock,
+    QueryTemperature,
     RMSNorm,
     RoPE,
     SwiGLU,
@@ -73,6 +74,8 @@ class DecoderConfig:
     attention_cap: float | None = None  # attention scores soft-capped at it
     logit_cap: float | None = None  # logits soft-capped at it
     embed_scale: float | None = None  # embedded tokens multiplied by it
+    query_temperature: tuple | None = None  # (beta, span, shift): queries scaled with their position (QueryTemperature)
+    temperature_layers: tuple[int, ...] | None = None  # the layers that scale them (None: every layer)
     activation: str = "silu"  # of the dense FFN's gate: a SwiGLU, or a GatedFFN with another activation
     moe: MoEConfig | None = None
     latent_dims: int = 0  # set: multi-head latent attention (DeepSeek) with these four sizes
@@ -159,7 +162,13 @@ class DecoderConfig:
             scale=self.query_scale,
             logit_cap=self.attention_cap,
             qk_norm=self.norm_class,
+            query_temperature=self.temperature(layer),
         )
+
+    def temperature(self, layer: int) -> QueryTemperature | None:
+        """Layer `layer`'s position-dependent query scale, where it has one."""
+        scaled = self.temperature_layers is None or layer in self.temperature_layers
+        return QueryTemperature(*self.query_temperature) if self.query_temperature and scaled else None
 
     def ffn(self, layer: int) -> nn.Module:
         """The dense gated FFN, or a mixture of experts in the layers `moe` covers."""

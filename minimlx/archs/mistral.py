@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from .config import number, require, sliding_window
 from .decoder import DecoderConfig
 from .experts import MoEConfig
+from .image_text import ImageText, text_model_names
 from .llama3 import Llama3Config
 from .names import LLAMA_NAMES
 from .registry import register
@@ -57,3 +58,47 @@ class MixtralConfig(MistralConfig):
                 name = name.replace(theirs, ours) if ".experts." in name else name
             renamed[name] = w
         return super().convert_weights(renamed)
+
+
+@register("ministral3")
+@dataclass
+class Ministral3Config(MistralConfig):
+    """Ministral 3 and Mistral's 2025-26 dense models: Mistral's block, yarn RoPE, and queries scaled up with their
+    position past the pre-yarn context (`llama_4_scaling_beta` in `rope_parameters`, a `QueryTemperature`)."""
+
+    example_config = {
+        **MistralConfig.example_config,
+        "model_type": "ministral3",
+        "head_dim": 16,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4,
+            "llama_4_scaling_beta": 0.1,
+        },
+    }
+
+    @classmethod
+    def from_config(cls, config: dict):
+        arch = super().from_config(config)
+        scaling = arch.rope_scaling or {}
+        beta = number(scaling, "llama_4_scaling_beta", None, float, label="rope_parameters.llama_4_scaling_beta")
+        if beta is None:
+            return arch
+        span = number(
+            scaling, "original_max_position_embeddings", label="rope_parameters.original_max_position_embeddings"
+        )
+        return replace(arch, query_temperature=(beta, span, 0))
+
+
+@register("mistral3")
+@dataclass
+class Mistral3Config(ImageText, Ministral3Config):
+    """The text model of Mistral 3's image-text checkpoints (Ministral 3, Mistral Small 3.1+): `text_config` is a
+    `ministral3` or a `mistral` model's."""
+
+    example_config = {"model_type": "mistral3", "text_config": Ministral3Config.example_config}
+    names = text_model_names(LLAMA_NAMES)
+    image_text_type = "mistral3"
+    inherited = {"tie_word_embeddings": True}

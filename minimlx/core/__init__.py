@@ -10,6 +10,7 @@ from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
+from .temperature import QueryTemperature
 from .transformer import Transformer
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "MoE",
     "OffsetRMSNorm",
     "Positions",
+    "QueryTemperature",
     "PostNormBlock",
     "RMSNorm",
     "Recorder",

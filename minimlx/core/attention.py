@@ -14,6 +14,7 @@ from .norms import RMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
+from .temperature import QueryTemperature
 
 
 def split_heads(x: mx.array, heads: int) -> mx.array:
@@ -110,7 +111,8 @@ class Attention(nn.Module):
     With `window`, each token sees only itself and the `window - 1` tokens before it (sliding-window
     attention; its cache keeps just those). With `sinks`, each head has a learned logit `sinks[h]` that
     joins the softmax and soaks up attention without adding any value. With `logit_cap`, scores are
-    soft-capped (`soft_cap`) before the mask and softmax.
+    soft-capped (`soft_cap`) before the mask and softmax. With `query_temperature`, queries are scaled by a
+    factor of their position (`QueryTemperature`) after RoPE.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class Attention(nn.Module):
         scale: float | None = None,
         logit_cap: float | None = None,
         qk_norm: Callable[[int, float], nn.Module] = RMSNorm,
+        query_temperature: QueryTemperature | None = None,
     ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -144,6 +147,7 @@ class Attention(nn.Module):
         self.qk_norm_per_head = qk_norm_per_head
         self.rope = rope
         self.window, self.logit_cap = window, logit_cap
+        self.query_temperature = query_temperature
         self.scale = head_dim**-0.5 if scale is None else scale
 
     def __call__(
@@ -164,6 +168,8 @@ class Attention(nn.Module):
         mask = positions.mask(cache, self.window)
         if self.rope is not None:
             q, k = self.rope.rotate(q, positions), self.rope.rotate(k, positions)
+        if self.query_temperature is not None:
+            q = self.query_temperature(q, positions)
         if cache is not None:
             k, v = cache.update(*self.cached(k, v, cache))
         sinks = self.get("sinks")

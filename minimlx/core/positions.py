@@ -39,6 +39,13 @@ class Positions:
             self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window)
         return self.masks[kind]
 
+    def indices(self) -> mx.array:
+        """Each new token's position: (tokens,), or (batch, tokens) for a position per row."""
+        start = self.offset
+        if isinstance(start, mx.array) and start.size > 1:
+            return start[:, None] + mx.arange(self.tokens)
+        return start + mx.arange(self.tokens)
+
     def angles(self, rope) -> tuple[mx.array, mx.array]:
         """cos and sin of `rope`'s angles at these positions (see `RoPE.angles`)."""
         if rope.settings not in self.angle_pairs:

@@ -1,0 +1,125 @@
+"""The 2025-26 families: olmo3, ministral3 (and mistral3's text model), glm4_moe, minimax_m2, ...
+
+Each tiny random transformers model (every layer kind among its first layers, windows shorter than the 16 test
+tokens) is saved, loaded by minimlx and compared on float32 logits: the whole sequence at once, token by token
+through the cache from the start, and a 9-token prompt then single steps.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import random_ids, reference_checkpoint, relative_error
+
+import minimlx
+from minimlx.archs import plugin_config
+from minimlx.errors import CheckpointError
+
+VOCAB = 96
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+MINISTRAL3 = dict(
+    BASE,
+    head_dim=16,
+    sliding_window=6,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=1000000.0,
+        factor=16.0,
+        original_max_position_embeddings=4,  # the query temperature rises every 4 positions
+        beta_fast=32.0,
+        beta_slow=1.0,
+        mscale=1.0,
+        mscale_all_dim=1.0,
+        llama_4_scaling_beta=0.1,
+    ),
+)
+CONFIGS = {
+    "olmo3": (
+        "Olmo3Config",
+        dict(
+            BASE,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=100.0),
+                full_attention=dict(rope_type="linear", factor=2.0, rope_theta=500000.0),
+            ),
+        ),
+    ),
+    "ministral3": ("Ministral3Config", MINISTRAL3),
+    "mistral3": (
+        "Mistral3Config",
+        dict(
+            text_config=dict(MINISTRAL3, model_type="ministral3"),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+                head_dim=8,
+            ),
+            image_token_index=95,
+        ),
+        "Mistral3ForConditionalGeneration",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    config_class, config, *model_class = CONFIGS[request.param]
+    return reference_checkpoint(tmp_path_factory, request.param, config_class, config, VOCAB, *model_class)
+
+
+def errors(model, ids, reference) -> tuple[float, float, float]:
+    """Relative errors of the whole sequence at once, token by token from an empty cache, and a 9-token prompt then
+    single steps."""
+    full = np.array(model(mx.array(ids)))
+    cache = model.make_cache()
+    stepped = np.array(mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(ids.shape[1])], 1))
+    cache = model.make_cache()
+    prompt = [model(mx.array(ids[:, :9]), cache)]
+    continued = mx.concatenate(prompt + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, ids.shape[1])], 1)
+    return tuple(relative_error(a, reference) for a in (full, stepped, np.array(continued)))
+
+
+def test_logits_match_transformers(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert max(errors(model, ids, reference)) <= 1e-4
+
+
+@pytest.mark.parametrize("checkpoint", ["olmo3"], indirect=True)
+def test_olmo3_windows_and_norms_matter(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert [layer.attn.window for layer in model.layers] == [4, None, 4, 4]
+    model.layers[0].attn.window = None
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-2
+
+
+@pytest.mark.parametrize("checkpoint", ["ministral3"], indirect=True)
+def test_ministral3_query_temperature_matters(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    for layer in model.layers:
+        layer.attn.query_temperature = None
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+def test_image_text_config_without_its_text_config_is_refused_in_one_line():
+    with pytest.raises(CheckpointError, match="mistral3 config needs its text_config"):
+        plugin_config({"model_type": "mistral3", "vision_config": {}})
