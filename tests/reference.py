@@ -98,12 +98,10 @@ def random_ids(vocab: int, batch: int = 2, tokens: int = 16, seed: int = 0) -> n
     return np.random.default_rng(seed).integers(0, vocab, size=(batch, tokens))
 
 
-def reference_checkpoint(
-    tmp_path_factory, name: str, config_class: str, config: dict, vocab: int, model_class: str | None = None
-):
+def reference_checkpoint(tmp_path_factory, name: str, config_class: str, config: dict, vocab: int):
     """(name, folder, transformers' logits, ids): the random model `config` saved, with its reference logits."""
     folder = tmp_path_factory.mktemp(name)
-    torch_model = save_reference(folder, config_class, model_class=model_class, **config)
+    torch_model = save_reference(folder, config_class, **config)
     ids = random_ids(vocab)
     return name, folder, reference_logits(torch_model, ids), ids
 

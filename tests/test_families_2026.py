@@ -8,7 +8,7 @@ through the cache from the start, and a 9-token prompt then single steps.
 import mlx.core as mx
 import numpy as np
 import pytest
-from reference import random_ids, reference_checkpoint, relative_error
+from reference import random_ids, reference_logits, relative_error, save_reference
 
 import minimlx
 from minimlx.archs import plugin_config
@@ -73,15 +73,38 @@ CONFIGS = {
             ),
             image_token_index=95,
         ),
-        "Mistral3ForConditionalGeneration",
+        dict(model_class="Mistral3ForConditionalGeneration"),
+    ),
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        dict(
+            BASE,
+            head_dim=16,
+            attention_bias=True,
+            use_qk_norm=True,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            first_k_dense_replace=1,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        ),
+        dict(random_buffers=("e_score_correction_bias",)),
     ),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def checkpoint(request, tmp_path_factory):
-    config_class, config, *model_class = CONFIGS[request.param]
-    return reference_checkpoint(tmp_path_factory, request.param, config_class, config, VOCAB, *model_class)
+    """(name, folder, transformers' logits, ids); a config's third entry holds `save_reference`'s options."""
+    config_class, config, *options = CONFIGS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    torch_model = save_reference(folder, config_class, **(options[0] if options else {}), **config)
+    ids = random_ids(VOCAB)
+    return request.param, folder, reference_logits(torch_model, ids), ids
 
 
 def errors(model, ids, reference) -> tuple[float, float, float]:
@@ -123,3 +146,15 @@ def test_ministral3_query_temperature_matters(checkpoint):
 def test_image_text_config_without_its_text_config_is_refused_in_one_line():
     with pytest.raises(CheckpointError, match="mistral3 config needs its text_config"):
         plugin_config({"model_type": "mistral3", "vision_config": {}})
+
+
+@pytest.mark.parametrize("checkpoint", ["glm4_moe"], indirect=True)
+def test_glm4_moe_routes_by_corrected_sigmoid_scores_within_groups(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    moe = model.layers[1].ffn
+    assert (moe.router.scoring, moe.router.groups, moe.router.scale) == ("sigmoid", 2, 2.5)
+    assert model.layers[0].attn.rope.dims == 8 and not model.layers[0].attn.rope.traditional
+    for layer in model.layers[1:]:
+        layer.ffn.router.score_bias = mx.zeros_like(layer.ffn.router.score_bias)
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3

@@ -16,7 +16,7 @@ from ..errors import UnsupportedArchitectureError
 from .config import flag, number
 from .deepseek import DeepseekConfig
 from .gguf import Metadata, llama_config, unpacked
-from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, within_stack
 from .registry import register
 
 # Latent attention's names; mlx-lm stores kv_b_proj already split per head as embed_q / unembed_out.
@@ -46,7 +46,6 @@ GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
 )
 GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
-LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 KV_B_PROJ = re.compile(r"^(layers\.\d+\.attn\.)kv_b_proj\.weight$")
 
 
@@ -90,8 +89,7 @@ class DeepseekV2Config(DeepseekConfig):
         )
 
     def convert_weights(self, weights: dict) -> dict:
-        kept = {k: v for k, v in weights.items() if not self._beyond_last_layer(k)}
-        return self.split_kv_b_proj(super().convert_weights(kept))
+        return self.split_kv_b_proj(super().convert_weights(within_stack(weights, self.layers)))
 
     def split_kv_b_proj(self, weights: dict) -> dict:
         """Hugging Face's `kv_b_proj` (heads * (nope + value), latent) -> the per-head W_uk^T and W_uv."""
@@ -104,10 +102,6 @@ class DeepseekV2Config(DeepseekConfig):
             else:
                 out[name] = w
         return out
-
-    def _beyond_last_layer(self, name: str) -> bool:
-        match = LAYER_INDEX.match(name)
-        return match is not None and int(match[1]) >= self.layers
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
