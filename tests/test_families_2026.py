@@ -94,6 +94,18 @@ CONFIGS = {
         ),
         dict(random_buffers=("e_score_correction_bias",)),
     ),
+    "minimax_m2": (
+        "MiniMaxM2Config",
+        dict(
+            BASE,
+            intermediate_size=32,
+            head_dim=16,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            rotary_dim=8,  # the published key for RoPE on half of each head
+        ),
+        dict(random_buffers=("e_score_correction_bias",)),
+    ),
 }
 
 
@@ -156,5 +168,15 @@ def test_glm4_moe_routes_by_corrected_sigmoid_scores_within_groups(checkpoint):
     assert (moe.router.scoring, moe.router.groups, moe.router.scale) == ("sigmoid", 2, 2.5)
     assert model.layers[0].attn.rope.dims == 8 and not model.layers[0].attn.rope.traditional
     for layer in model.layers[1:]:
+        layer.ffn.router.score_bias = mx.zeros_like(layer.ffn.router.score_bias)
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+@pytest.mark.parametrize("checkpoint", ["minimax_m2"], indirect=True)
+def test_minimax_m2_rotates_rotary_dim_and_routes_by_corrected_scores(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert model.layers[0].attn.rope.dims == 8 and model.layers[0].attn.q_norm.weight.shape == (64,)
+    for layer in model.layers:
         layer.ffn.router.score_bias = mx.zeros_like(layer.ffn.router.score_bias)
     assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3

@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (registration happens on import)
     gpt2,
     gpt_oss,
     llama3,
+    minimax,
     mistral,
     olmo3,
     phi3,
