@@ -44,6 +44,24 @@ MINISTRAL3 = dict(
         llama_4_scaling_beta=0.1,
     ),
 )
+MISTRAL4 = dict(
+    BASE,
+    num_key_value_heads=4,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=8,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=1.5,
+    first_k_dense_replace=1,
+    rope_parameters=dict(MINISTRAL3["rope_parameters"], rope_theta=10000.0, partial_rotary_factor=0.5),
+)
 CONFIGS = {
     "olmo3": (
         "Olmo3Config",
@@ -75,6 +93,7 @@ CONFIGS = {
         ),
         dict(model_class="Mistral3ForConditionalGeneration"),
     ),
+    "mistral4": ("Mistral4Config", MISTRAL4, dict(model_class="Mistral4ForCausalLM")),
     "glm4_moe": (
         "Glm4MoeConfig",
         dict(
@@ -179,4 +198,16 @@ def test_minimax_m2_rotates_rotary_dim_and_routes_by_corrected_scores(checkpoint
     assert model.layers[0].attn.rope.dims == 8 and model.layers[0].attn.q_norm.weight.shape == (64,)
     for layer in model.layers:
         layer.ffn.router.score_bias = mx.zeros_like(layer.ffn.router.score_bias)
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+@pytest.mark.parametrize("checkpoint", ["mistral4"], indirect=True)
+def test_mistral4_latent_attention_temperature_and_grouped_routing(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    router = model.layers[1].ffn.router
+    assert (router.scoring, router.groups, router.groups_kept, router.group_top) == ("softmax", 2, 1, 2)
+    assert model.layers[0].attn.query_temperature is not None
+    for layer in model.layers:
+        layer.attn.query_temperature = None
     assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3

@@ -146,6 +146,7 @@ class DecoderConfig:
                 self.rope(layer),
                 self.query_scale,
                 self.qkv_bias,
+                query_temperature=self.temperature(layer),
             )
         return Attention(
             self.dims,

@@ -21,6 +21,7 @@ from .positions import Positions
 from .quantized import QuantizedWeight
 from .recorder import Recorder
 from .rope import RoPE
+from .temperature import QueryTemperature
 
 
 class HeadLinear(nn.Module):
@@ -48,7 +49,8 @@ class QuantizedHeadLinear(QuantizedWeight):
 
 
 class LatentAttention(nn.Module):
-    """Queries (nope_dims + rope_dims per head), optionally from a normed low-rank `q_lora_rank` code."""
+    """Queries (nope_dims + rope_dims per head), optionally from a normed low-rank `q_lora_rank` code, scaled with their
+    position after RoPE by `query_temperature` where given."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class LatentAttention(nn.Module):
         scale: float,
         bias: bool = False,
         norm_eps: float = 1e-6,
+        query_temperature: QueryTemperature | None = None,
     ):
         super().__init__()
         self.heads, self.latent_dims = heads, latent_dims
@@ -81,6 +84,7 @@ class LatentAttention(nn.Module):
         self.o_proj = nn.Linear(heads * value_dims, dims, bias=bias)
         self.rope = rope
         self.scale = scale
+        self.query_temperature = query_temperature
 
     def __call__(
         self,
@@ -96,6 +100,8 @@ class LatentAttention(nn.Module):
         latent, k_rope = mx.split(self.kv_a_proj(x)[:, None], [self.latent_dims], axis=-1)
         mask = positions.mask(cache)
         q_rope, k_rope = self.rope.rotate(q_rope, positions), self.rope.rotate(k_rope, positions)
+        if self.query_temperature is not None:
+            q_nope, q_rope = self.query_temperature(q_nope, positions), self.query_temperature(q_rope, positions)
         latent_keys = mx.concatenate([self.kv_a_norm(latent), k_rope], axis=-1)  # (batch, 1, tokens, latent + rope)
         if cache is not None:
             latent_keys = cache.update(latent_keys)
