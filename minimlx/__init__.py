@@ -8,13 +8,16 @@ from .convert import convert
 from .decode import Constraint, batch_generate, generate, load_prompt_cache, save_prompt_cache, stream_generate
 from .anatomy import ledger, trace
 from .explainer import explain
+from .embedding import Embedder, embed
 from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
 __all__ = [
     "Constraint",
+    "Embedder",
     "batch_generate",
     "convert",
+    "embed",
     "explain",
     "generate",
     "ledger",

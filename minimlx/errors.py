@@ -22,7 +22,12 @@ class CheckpointError(MinimlxError):
 
 
 class InvalidSettingError(MinimlxError):
-    """A setting is out of range (sampling parameters, dtype, device, prompt length)."""
+    """A setting is out of range (sampling parameters, dtype, device, prompt length); `field` names the setting
+    when one is to blame (the server's 400 names the request field it came from)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class QueueFullError(MinimlxError):

@@ -58,8 +58,9 @@ def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None =
     file's as they are converted, here: with `parallel`, only those of this rank's share (`rank_share`)."""
     if path.is_dir():
         config = read_config(path)
-        arch = plugin_config(config, str(path / "config.json"))
         raw = read_safetensors(path)
+        config, raw = as_language_model(config, raw)
+        arch = plugin_config(config, str(path / "config.json"))
         entry = config.get("quantization") or config.get("quantization_config")
         return Checkpoint(arch, config, arch.convert_weights(raw), {id(w): name for name, w in raw.items()}, entry)
     if path.suffix.lower() != ".gguf":
@@ -68,6 +69,22 @@ def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None =
         return rank_share(path, dtype, parallel)
     tensors, metadata = read_gguf(path, DTYPES.get(dtype))
     return gguf_checkpoint(path, metadata, tensors, tensors)
+
+
+def as_language_model(config: dict, raw: dict[str, mx.array]) -> tuple[dict, dict[str, mx.array]]:
+    """A base model's checkpoint (`Qwen3Model`, as embedding models such as Qwen3-Embedding are saved: the stack
+    without the language-model head, its tensors without the `model.` prefix) read as its language model: the
+    prefix added, and the head tied to the embedding (whose scores mean nothing there: such a model is for its
+    hidden states, `minimlx.Embedder`)."""
+    architectures = config.get("architectures") or []
+    base = any(name.endswith("Model") and not name.endswith("LMHeadModel") for name in architectures)
+    stack = any(k.startswith(("embed_tokens.", "layers.")) for k in raw)  # a decoder's stack, unprefixed
+    if not (base and stack) or any(k.startswith("model.") for k in raw):
+        return config, raw
+    raw = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in raw.items()}
+    if not any(k.startswith("lm_head.") for k in raw):
+        config = {**config, "tie_word_embeddings": True}
+    return config, raw
 
 
 def gguf_checkpoint(path: Path, metadata: dict, tensors, weights: dict[str, mx.array]) -> Checkpoint:

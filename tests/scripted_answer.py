@@ -14,9 +14,12 @@ class ScriptedAnswer:
         self.scripted, self.failure, self.final = pieces, failure, usage
         self.prompt_tokens = usage.prompt_tokens
 
-    async def pieces(self):
+    async def pieces(self, heartbeat: bool = False):
+        """The scripted pieces; a None among them stands for a heartbeat (a long silence), passed on only to a
+        consumer that asked for heartbeats, as the server's Answer does."""
         for piece in self.scripted:
-            yield piece
+            if piece is not None or heartbeat:
+                yield piece
         if self.failure is not None:
             raise self.failure
 
@@ -56,6 +59,8 @@ def collect(events) -> list[dict]:
 
     parsed = []
     for chunk in asyncio.run(gather()):
+        if chunk.startswith(":"):  # a comment (keep-alive): clients skip it
+            continue
         name, data = chunk.removesuffix("\n\n").split("\n")
         assert name.startswith("event: ") and data.startswith("data: ")
         event = json.loads(data.removeprefix("data: "))

@@ -13,6 +13,7 @@ import minimlx
 from minimlx.cli import main
 from minimlx.core.cache import KVCache, SinkKVCache
 from minimlx.decode import SamplingSettings, generate_tokens, make_cache
+from minimlx.decode.engine import Engine, Generation, Request
 from minimlx.errors import InvalidSettingError
 
 IDS = [int(i) for i in np.random.default_rng(0).integers(2, 128, 80)]
@@ -74,3 +75,24 @@ def test_what_a_bounded_cache_cannot_do_is_refused_in_one_line(llama, hf_folder)
         make_cache(minimlx.load(hf_folder("deepseek_v3"), "float32")[0], max_kv_size=32)
     serve = ["serve", "--model", str(hf_folder("llama")), "--max-kv-size", "32", "--port", "0"]
     one_line_error(CliRunner().invoke(main, serve), "--max-batch 1")
+
+
+def test_speculation_past_the_bound_takes_rejected_drafts_back(llama):
+    """A bounded cache cannot trim back past what its window dropped: a speculative round restores the snapshot taken
+    before its pass and feeds the kept tokens (`Rollback`), so greedy tokens stay plain decoding's."""
+    model, _ = llama
+
+    def decode(prompt: list[int], **options) -> tuple[list[int], Generation]:
+        engine = Engine(model, max_batch=1, max_kv_size=16, **options)
+        generation = engine.submit(Request(prompt, SamplingSettings(max_tokens=24), stop_ids=frozenset()))
+        tokens = []
+        while engine.busy:
+            tokens += [output.token for output in engine.step()]
+        return tokens, generation
+
+    # the model drafts for itself, over a cache that keeps every token: where what the bound dropped matters, the
+    # model rejects the draft
+    plain, _ = decode(IDS[:40])
+    speculative, generation = decode(IDS[:40], draft_model=model, draft_tokens=3)
+    assert generation.drafted > generation.accepted > 0
+    assert speculative == plain

@@ -108,7 +108,8 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
     [
         ({"max_tokens": 5}, "messages"),
         ({"max_tokens": 5, "messages": {"role": "user"}}, "messages"),
-        ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"max_tokens": 5, "messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
+        ({"max_tokens": 5, "messages": [{"role": "system", "content": 5}]}, "messages[0].content"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}, "messages[0].content[0]"),
         (
@@ -124,7 +125,7 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
             {"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]}, "messages[0].content[0].input"),
         ({"max_tokens": 5, "messages": [], "system": 5}, "system"),
         ({"max_tokens": 5, "messages": [], "tools": [{"name": "f"}]}, "tools[0]"),
-        ({"max_tokens": 5, "messages": [], "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0]"),
+        ({"max_tokens": 5, "messages": [], "tools": ["bash"]}, "tools[0]"),
         ({"max_tokens": 5, "messages": [], "tools": [{"name": "f", "input_schema": []}]}, "tools[0].input_schema"),
         ({"max_tokens": 5, "messages": [], "tool_choice": "auto"}, "tool_choice"),
         ({"max_tokens": 5, "messages": [], "tool_choice": {"type": "tool"}}, "tool_choice"),
@@ -137,7 +138,9 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ({"max_tokens": 5, "messages": [], "stop_sequences": ["x"] * 17}, "stop_sequences"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}] * 10_001}, "messages"),
         ({"max_tokens": 5, "messages": [], "metadata": "tag"}, "metadata"),
-        ({"max_tokens": 5, "messages": [], "mcp_servers": [{"type": "url", "url": "http://x"}]}, "mcp_servers"),
+        ({"max_tokens": 5, "messages": [], "mcp_servers": {"type": "url"}}, "mcp_servers"),
+        ({"max_tokens": 5, "messages": [], "context_management": []}, "context_management"),
+        ({"max_tokens": 5, "messages": [], "output_config": {"effort": 3}}, "output_config.effort"),
     ],
 )  # fmt: skip
 def test_bad_bodies_are_400s_naming_the_field(body, param):
@@ -147,14 +150,33 @@ def test_bad_bodies_are_400s_naming_the_field(body, param):
     assert (refused.value.status, refused.value.param) == (400, param)
 
 
-def test_a_field_no_reader_knows_is_refused_naming_it():
-    from minimlx.server.fields import Body, flag, refuse_unread
+def test_fields_no_reader_knows_and_server_tools_are_ignored_and_named():
+    """What Claude Code sends beside the conversation (context_management, output_config, metadata, a server tool,
+    a mid-conversation system message) is read or ignored, never refused; the ignored names are listed."""
+    from minimlx.server.fields import Body, flag, ignore_unread
 
-    body = Body({"max_tokens": 5, "messages": [], "stream": False, "max_token": 3, "metadata": {"user_id": "u"}})
-    read_turn(body), sampling(body), flag(body, "stream")
-    with pytest.raises(APIError) as refused:
-        refuse_unread(body)
-    assert (refused.value.status, refused.value.param, refused.value.code) == (400, "max_token", "unknown_parameter")
+    body = Body(
+        {
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "be brief"}],
+            "stream": False,
+            "max_token": 3,
+            "metadata": {"user_id": "u"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high", "format": None},
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}, {"name": "f", "input_schema": {}}],
+        }
+    )
+    turn = read_turn(body)
+    sampling(body), flag(body, "stream")
+    ignore_unread(body, "messages")
+    assert turn.messages[-1] == {"role": "system", "content": "be brief"}
+    assert turn.template_kwargs == {"reasoning_effort": "high"}
+    assert [tool["function"]["name"] for tool in turn.tools] == ["f"]
+    assert set(body.ignored) == {
+        "metadata", "context_management", "output_config.format", "tools[].type=web_search_20250305", "max_token"
+    }  # fmt: skip
+    assert body.headers() == {"x-minimlx-ignored": ", ".join(body.ignored)}
 
 
 def test_images_are_refused_as_unsupported():

@@ -2,7 +2,6 @@
 files gives one, named or alone, and only a named one is downloaded."""
 
 import json
-from fnmatch import fnmatch
 
 import numpy as np
 import pytest
@@ -75,7 +74,7 @@ def test_repo_id_loads_and_greedy_ids_match_transformers(hub):
 
 def test_repo_id_missing_from_the_cache(hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the download attempt must fail at once, not wait on a network
-    with pytest.raises(ModelNotFoundError, match="neither a folder nor in the Hugging Face cache"):
+    with pytest.raises(ModelNotFoundError, match="not in the Hugging Face cache and this machine is offline"):
         resolve("org/absent")
 
 
@@ -121,7 +120,7 @@ def test_named_gguf_missing_from_the_cache_downloads_alone(cache, monkeypatch):
     monkeypatch.setattr(
         huggingface_hub,
         "hf_hub_download",
-        lambda repo_id, filename: asked.append((repo_id, filename)) or str(cache / filename),
+        lambda repo_id, filename, **where: asked.append((repo_id, filename)) or str(cache / filename),
     )
     cached_repo(cache, "org/tiny-GGUF", "tiny.Q8_0.gguf")
     assert resolve("org/tiny-GGUF/tiny.Q4_K_M.gguf") == cache / "tiny.Q4_K_M.gguf"
@@ -131,28 +130,27 @@ def test_named_gguf_missing_from_the_cache_downloads_alone(cache, monkeypatch):
 def test_named_gguf_that_cannot_be_downloaded(cache, monkeypatch):
     huggingface_hub = require("huggingface_hub")
 
-    def offline(repo_id, filename):
+    def offline(repo_id, filename, **where):
         raise huggingface_hub.errors.LocalEntryNotFoundError("offline, and not in the cache")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(ModelNotFoundError, match="tiny.Q4_K_M.gguf is not in the Hugging Face cache of org/absent"):
+    with pytest.raises(ModelNotFoundError, match="org/absent is not in the Hugging Face cache and this machine is"):
         resolve("org/absent/tiny.Q4_K_M.gguf")
 
 
 def test_repo_download_leaves_ggufs_out(cache, monkeypatch):
+    """A folder repo that also holds GGUF files: only the checkpoint's files are fetched."""
     huggingface_hub = require("huggingface_hub")
-    patterns = []
-    monkeypatch.setattr(
-        huggingface_hub,
-        "snapshot_download",
-        lambda repo_id, allow_patterns: (
-            patterns.extend(allow_patterns) or str(cached_repo(cache, repo_id, "config.json"))
-        ),
-    )
-    assert resolve("org/remote") == cache / "models--org--remote" / "snapshots" / "0123abc"
-    fetched = [
-        name
-        for name in ("config.json", "model.safetensors", "tiny.Q4_K_M.gguf")
-        if any(fnmatch(name, pattern) for pattern in patterns)
-    ]
-    assert fetched == ["config.json", "model.safetensors"]
+    listed = ["README.md", "config.json", "model.safetensors", "tiny.Q4_K_M.gguf", "tokenizer.json"]
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, repo_id: listed)
+    fetched, snapshot = [], cache / "models--org--remote" / "snapshots" / "0123abc"
+
+    def download(repo_id, filename, **where):
+        fetched.append(filename)
+        (snapshot / filename).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / filename).touch()
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    assert resolve("org/remote") == snapshot
+    assert fetched == ["config.json", "model.safetensors", "tokenizer.json"]

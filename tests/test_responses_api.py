@@ -28,7 +28,7 @@ WEATHER = {
 
 
 def test_a_string_input_with_instructions_is_a_system_and_a_user_message():
-    turn, echo = read_request(
+    turn, echo, _ = read_request(
         {"input": "Hi", "instructions": "Be brief", "max_output_tokens": 9, "temperature": 0, "store": True}
     )
     assert turn.messages == [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]
@@ -40,7 +40,7 @@ def test_a_string_input_with_instructions_is_a_system_and_a_user_message():
 
 def test_input_items_become_chat_messages_with_tool_calls_and_results():
     arguments = '{"city": "Paris"}'
-    turn, _ = read_request(
+    turn, *_ = read_request(
         {
             "input": [
                 {"role": "developer", "content": "Use tools"},
@@ -72,7 +72,7 @@ def test_input_items_become_chat_messages_with_tool_calls_and_results():
 
 
 def test_a_reasoning_item_joins_the_assistant_message_after_it():
-    turn, _ = read_request(
+    turn, *_ = read_request(
         {
             "input": [
                 {"role": "user", "content": "2+2?"},
@@ -85,7 +85,7 @@ def test_a_reasoning_item_joins_the_assistant_message_after_it():
 
 
 def test_function_tools_tool_choice_and_text_format():
-    turn, echo = read_request(
+    turn, echo, _ = read_request(
         {
             "input": "Weather?",
             "tools": [WEATHER],
@@ -101,7 +101,7 @@ def test_function_tools_tool_choice_and_text_format():
     assert turn.constraint == Constraint.json_object()
     assert echo["tools"] == [WEATHER] and echo["tool_choice"] == {"type": "function", "name": "get_weather"}
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    turn, _ = read_request(
+    turn, *_ = read_request(
         {"input": "n?", "text": {"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": True}}}
     )
     assert turn.constraint == Constraint.json_schema(schema, True)
@@ -119,12 +119,16 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": [{"role": {}, "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0]"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"input": [{"type": "message_of_another_kind", "id": "msg_1"}]}, "input[0].type"),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "input[0].output"),
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": "x", "instructions": ["x"]}, "instructions"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"input": "x", "tools": [{"type": "robot"}]}, "tools[0]"),
+        ({"input": "x", "tools": [{"type": "namespace", "name": "n", "tools": {}}]}, "tools[0].tools"),
+        ({"input": "x", "prompt_cache_key": 5}, "prompt_cache_key"),
+        ({"input": "x", "reasoning": {"effort": 1}}, "reasoning.effort"),
+        ({"input": "x", "client_metadata": "x"}, "client_metadata"),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
         ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": []}]}, "tools[0].parameters"),
         ({"input": "x", "tool_choice": "always"}, "tool_choice"),
@@ -138,7 +142,7 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": [{"role": "user", "content": "x"}] * 10_001}, "input"),
         ({"input": "x", "metadata": 5}, "metadata"),
         ({"input": "x", "store": "no"}, "store"),
-        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "background": "yes"}, "background"),
         ({"input": "x", "tools": [{"type": "function", "name": "f"}] * 129}, "tools"),
     ],
 )
@@ -273,12 +277,13 @@ def test_a_streamed_response_equals_the_whole_one(served):
     assert whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
     events = list(client.responses.create(**request, temperature=0, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[0].type == "response.created" and events[-1].type == f"response.{whole.status}"
     streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed == whole.output_text == events[-1].response.output_text
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
     with client.responses.stream(**request, temperature=0) as accumulated:  # the client's own event accumulator
-        assert accumulated.get_final_response().output_text == whole.output_text
+        final = list(accumulated)[-1]  # response.incomplete when cut: get_final_response() waits for completed only
+    assert final.type == f"response.{whole.status}" and final.response.output_text == whole.output_text
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -320,9 +325,9 @@ def test_bad_requests_are_openai_errors(served):
     openai = pytest.importorskip("openai")
     client = served.client()
     bad_requests = [
-        (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input[0].type"),
+        (dict(input=[{"type": "robot_call", "id": "msg_1"}]), "input[0].type"),
         (dict(input="x", previous_response_id="resp_1"), "previous_response_id"),
-        (dict(input="x", tools=[{"type": "web_search"}]), "tools[0]"),
+        (dict(input="x", tools=[{"type": "robot"}]), "tools[0]"),
         (dict(input="x", tool_choice={"type": "function", "name": "nowhere"}), "tool_choice"),
         (dict(input="x", text={"format": {"type": "json_schema", "name": "n", "schema": {"type": 5}}}), None),
     ]

@@ -196,4 +196,4 @@ def main():
     """Run transformer language models with MLX and look inside them."""
 
 
-from . import anatomy, archs, attention, bench, cache_prompt, chat, compare, convert, explain, lens, run, serve  # noqa: E402, F401  (each adds its command to `main`)
+from . import anatomy, archs, attention, bench, cache_prompt, chat, compare, convert, explain, hub, lens, run, serve  # noqa: E402, F401, I001  (each adds its command to `main`)

@@ -61,6 +61,19 @@ def check_address(host: str, port: int) -> None:
         raise InvalidSettingError(f"cannot listen on {host}:{port} ({reason}); pick another --port or --host") from None
 
 
+def embedder_of(model, tokenizer, name: str, pooling: str | None):
+    """The model's Embedder: with the pooling named, or the one its sentence-transformers files describe; None for a
+    model with neither (it makes no embeddings)."""
+    from ..embedding import Embedder, Pooling
+    from ..io.resolve import resolve
+
+    path = resolve(name)
+    found = Pooling.read(path) if path.is_dir() else None
+    if pooling is not None:
+        found = Pooling.named(pooling, normalize=found.normalize if found is not None else True)
+    return Embedder(model, tokenizer, found) if found is not None else None
+
+
 def loopback(host: str) -> bool:
     """Whether only this machine can reach `host` (an address, or the name localhost)."""
     try:
@@ -112,6 +125,40 @@ def loopback(host: str) -> bool:
     show_default=True,
     help="Seconds running requests get to finish after SIGTERM or Ctrl-C; new ones are answered 503.",
 )
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    help="The most tokens an answer takes, whatever a request asks (larger asks are capped, and the answer says so). "
+    "Default: the room left in the model's context.",
+)
+@click.option(
+    "--force-tool-call",
+    metavar="NAME=JSON",
+    help="Answer a turn that ends with a user message, offers the tool NAME and made no call yet with exactly this "
+    "call, decoded under a grammar: for testing agents with a model that would not call tools "
+    '(e.g. \'Bash={"command": "ls"}\').',
+)
+@click.option(
+    "--pooling",
+    type=click.Choice(["mean", "lasttoken", "cls", "max"]),
+    help="Answer /v1/embeddings and /api/embed with the model's final hidden states pooled this way (normalized). "
+    "Default: the pooling of the model's sentence-transformers files, if it has them.",
+)
+@click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5,
+    show_default=True,
+    help="Seconds a stream may stay silent (a long prompt being read) before a keep-alive goes out: Anthropic's "
+    "ping event, a comment in OpenAI's streams.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per request on stderr: uvicorn's access-log style, or JSON objects for machines.",
+)
 @chat_template_option
 @click.option(
     "--reasoning-format",
@@ -139,6 +186,11 @@ def serve(
     served_model_name,
     request_timeout,
     shutdown_timeout,
+    max_tokens,
+    force_tool_call,
+    pooling,
+    heartbeat,
+    log_format,
     chat_template,
     reasoning_format,
     **options,
@@ -150,6 +202,9 @@ def serve(
     from ..decode import Engine
     from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server
+    from ..server.turns import ForcedCall
+
+    forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
         from ..distributed import Mirrored as Engine
@@ -179,6 +234,12 @@ def serve(
         entries = engine.prompt_cache.entries
         held = sum(c.nbytes for _, cache in entries for c in cache)
         click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
+    if chat_template is None and tokenizer is not None and tokenizer.chat_template is None:
+        click.echo(
+            "warning: this model has no chat template, so chat requests (chat completions, Responses, Messages) "
+            "are refused; give one with --chat-template FILE, or send raw text to /v1/completions",
+            err=True,
+        )
     click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(
         engine,
@@ -192,4 +253,9 @@ def serve(
         reasoning=reasoning_format != "none",
         request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout,
+        max_tokens=max_tokens,
+        forced_call=forced_call,
+        heartbeat=heartbeat,
+        log_format=log_format,
+        embedder=embedder_of(model, tokenizer, name, pooling),
     )

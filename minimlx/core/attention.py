@@ -9,7 +9,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import KVCache, Quantized, RotatingKVCache, visible
+from .cache import Can, KVCache, RotatingKVCache, visible
 from .norms import RMSNorm
 from .positions import Positions
 from .recorder import Recorder
@@ -173,7 +173,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(*self.cached(k, v, cache))
         sinks = self.get("sinks")
-        if isinstance(cache, Quantized):
+        if cache is not None and cache.can(Can.QUANTIZED):
             if recorder is None and self.logit_cap is None and sinks is None:
                 return self.o_proj(merge_heads(self.attend_quantized(q, k, v, mask, cache.group_size, cache.bits)))
             k, v = cache.dequantize(k), cache.dequantize(v)  # what a recorder reads, and the capped or sunk forms

@@ -12,15 +12,169 @@ for RoPE) and `mask(tokens)` (which cached columns each query may see). `merge` 
 such caches from others and take rows out of them, which is how sequences join and leave a batch.
 `FixedKVCache` holds one sequence in buffers of a fixed capacity, written at an array position: what a compiled
 decode step replays over.
+
+The protocol is `Cache`. What a kind can do is declared on its class as `capabilities` (a `Can` flag set), and
+whoever reuses, shortens or batches caches asks `cache.can(...)`, never the class: a kind whose state is a function
+of the whole prefix (a recurrent layer's) declares no `CUT`, and is reused whole through `snapshot`/`restore`.
 """
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import mlx.core as mx
 import numpy as np
 
 
-class GrowingBuffer:
+class Can(enum.Flag):
+    """What a cache kind can do (`Cache.capabilities`)."""
+
+    SNAPSHOT = enum.auto()
+    """`snapshot()` copies the whole state and `restore()` puts it back (every kind)."""
+    CUT = enum.auto()
+    """Per-token entries: `trim` and `prefix` go back to any count `keeps` allows (every count up to `offset`, unless
+    `WINDOW`). A kind without it keeps only all its tokens or none."""
+    ROWS = enum.auto()
+    """Several sequences as left-padded rows: `merge` joins caches, `select` takes rows out (batching). A kind without
+    it holds one sequence."""
+    WINDOW = enum.auto()
+    """Bounded memory: drops old tokens, after which `keeps` refuses to go back before them."""
+    SINKS = enum.auto()
+    """Keeps the text's first tokens (attention sinks) beside the window."""
+    QUANTIZED = enum.auto()
+    """Entries held as `Quantized` (codes, scales, biases) triples, which `update` returns."""
+    BUFFERS = enum.auto()
+    """Keys and values in `buffers` that an op writes one token into at `start` (`reserve`, then `written`): the
+    compiled step and the native `block_step`."""
+    FIXED = enum.auto()
+    """A fixed capacity written at an array position (`FixedKVCache`): what the compiled step replays over. It stands
+    for the growing kind `saved_as` names."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A cache's whole state: the arrays of the columns it holds (as a prompt cache file keeps them), the tokens seen,
+    and each row's padding. Taking one leaves the cache as it is; restoring one leaves the snapshot as it is."""
+
+    arrays: list[mx.array]
+    offset: int
+    padding: list[int] = field(default_factory=list)
+
+
+class Cache(ABC):
+    """One layer's memory of the tokens seen so far: the protocol every cache kind follows.
+
+    `update(...)` adds a step's entries and returns what the step attends over; `offset` counts the tokens seen;
+    `position` and `mask(tokens)` are what attention reads of them; `nbytes` and `state` are the memory held and the
+    arrays to evaluate. `snapshot()`/`restore()` copy the whole state out and back (every kind). `keeps(count)` says
+    whether the first `count` tokens can be had back (`trim` to them, or `prefix` a new cache of them): any count
+    for a kind that can be `CUT` (until a `WINDOW` drops them), else only all or none. `select`/`merge` take rows out
+    of a batch and join caches into one (`ROWS`; else a single sequence only).
+    """
+
+    capabilities: ClassVar[Can] = Can.SNAPSHOT
+    offset: int
+
+    def can(self, capability: Can) -> bool:
+        """Whether this kind declares `capability` (every one of several)."""
+        return capability in self.capabilities
+
+    @abstractmethod
+    def update(self, *entries: mx.array):
+        """Add this step's entries; return everything the step attends over."""
+
+    @property
+    @abstractmethod
+    def position(self) -> int | mx.array:
+        """Where the next token sits in its own sequence (one per row when rows are padded)."""
+
+    @abstractmethod
+    def mask(self, tokens: int) -> str | mx.array | None:
+        """The attention mask of `tokens` new queries over the cache once they are added."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """The bytes held."""
+
+    @property
+    @abstractmethod
+    def state(self) -> list[mx.array]:
+        """The arrays to evaluate for the cache to be computed."""
+
+    @abstractmethod
+    def empty(self) -> "Cache":
+        """A new cache of this kind (same settings), holding nothing."""
+
+    @abstractmethod
+    def snapshot(self) -> Snapshot:
+        """The whole state, as arrays that later updates of this cache leave as they are."""
+
+    @abstractmethod
+    def restore(self, snapshot: Snapshot) -> None:
+        """Hold `snapshot` (taken from a cache of this kind, or of the kind it is `saved_as`)."""
+
+    def settings(self) -> dict:
+        """What the kind is made with besides its tokens (a window, sinks, bits), as a prompt cache file records it."""
+        return {}
+
+    @classmethod
+    def saved_as(cls) -> type:
+        """The kind whose entries this one holds, as a prompt cache file names it: this one, or the growing kind a
+        fixed cache stands for."""
+        return cls
+
+    def copy(self) -> "Cache":
+        """A new cache holding what this one holds; updating either leaves the other as it is."""
+        fresh = self.empty()
+        fresh.restore(self.snapshot())
+        return fresh
+
+    def keeps(self, count: int) -> bool:
+        """Whether the first `count` tokens can be had back (by `trim` or `prefix`): all or none of them, for a kind
+        that cannot be cut."""
+        return count in (0, self.offset)
+
+    def trim(self, n: int) -> int:
+        """Forget the last `n` tokens (at most `offset`); return how many were forgotten."""
+        n = min(self.offset, n)
+        if not self.keeps(self.offset - n):
+            raise ValueError(f"a {type(self).__name__} of {self.offset} tokens cannot go back to {self.offset - n}")
+        if n:
+            self.restore(self.empty().snapshot())
+        return n
+
+    def prefix(self, count: int) -> "Cache":
+        """A new cache of the first `count` tokens (of one unpadded row); appending to it leaves this one as it is."""
+        if not self.keeps(count):
+            raise ValueError(f"a {type(self).__name__} of {self.offset} tokens cannot give its first {count}")
+        return self.copy() if count else self.empty()
+
+    def rows(self) -> int:
+        return 1
+
+    def row_padding(self) -> list[int]:
+        return [0] * self.rows()
+
+    def select(self, rows: list[int]) -> "Cache":
+        """A cache of these rows only (a kind without `ROWS` holds one)."""
+        if rows != [0]:
+            raise ValueError(f"a {type(self).__name__} holds one sequence; rows {rows} were asked for")
+        return self
+
+    @classmethod
+    def merge(cls, caches: list["Cache"]) -> "Cache":
+        """One cache holding the rows of `caches` (a kind without `ROWS` takes one)."""
+        if len(caches) != 1:
+            raise ValueError(f"a {cls.__name__} holds one sequence; {len(caches)} were to be merged")
+        return caches[0]
+
+
+class GrowingBuffer(Cache):
     """Arrays of shape (batch, ..., tokens, features) preallocated in steps, so appending is a slice write."""
 
+    capabilities = Can.SNAPSHOT | Can.CUT | Can.ROWS
     step = 256
     # Free columns a merged cache starts with: a join copies every row into fresh memory (page faults included),
     # so a merge leaves less room than a fresh buffer and grows again when it fills.
@@ -57,8 +211,9 @@ class GrowingBuffer:
             ]
 
     @property
-    def buffers(self) -> list[mx.array]:
-        """The arrays the entries are written into (of a fixed capacity until `reserve` grows them)."""
+    def buffers(self) -> list[mx.array] | None:
+        """The arrays the entries are written into (of a fixed capacity until `reserve` grows them; None before the
+        first update)."""
         return self.arrays
 
     @property
@@ -88,6 +243,18 @@ class GrowingBuffer:
     @property
     def state(self) -> list[mx.array]:
         return self.arrays or []
+
+    def held_columns(self) -> list[mx.array]:
+        """The arrays' columns that hold tokens."""
+        return [a[..., : self.offset, :] for a in self.arrays] if self.arrays is not None else []
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.held_columns(), self.offset, list(self.padding))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        # views of the snapshot's arrays: writing into them (`append`) leaves the snapshot's own as they are
+        self.arrays = [a[..., : a.shape[-2], :] for a in snapshot.arrays] or None
+        self.offset, self.padding = snapshot.offset, list(snapshot.padding)
 
     @property
     def position(self) -> int | mx.array:
@@ -177,6 +344,8 @@ def pad(a: mx.array, before: int, after: int) -> mx.array:
 class KVCache(GrowingBuffer):
     """Keys and values of shape (batch, kv_heads, tokens, head_dim) for one attention layer."""
 
+    capabilities = GrowingBuffer.capabilities | Can.BUFFERS
+
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         keys, values = self.append(keys, values)
         return keys, values
@@ -203,9 +372,14 @@ class Quantized:
         """The float keys or values a triple `update` returned holds."""
         return mx.dequantize(*triple, group_size=self.group_size, bits=self.bits)
 
+    def settings(self) -> dict:
+        return {"bits": self.bits}
+
 
 class QuantizedKVCache(Quantized, KVCache):
     """A growing cache of `Quantized` keys and values."""
+
+    capabilities = KVCache.capabilities | Can.QUANTIZED
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
         arrays = self.append(*self.quantize(keys), *self.quantize(values))
@@ -273,13 +447,21 @@ class RotatingKVCache(KVCache):
     `prefix`) only while nothing has been dropped, or for `count` equal to `offset` (see `keeps`).
     """
 
+    capabilities = GrowingBuffer.capabilities | Can.WINDOW
+
     def __init__(self, window: int):
         super().__init__()
         self.window = window
 
+    def settings(self) -> dict:
+        return {"window": self.window}
+
     @property
     def held(self) -> int:
         return self.arrays[0].shape[-2] if self.arrays is not None else 0
+
+    def held_columns(self) -> list[mx.array]:
+        return list(self.arrays) if self.arrays is not None else []
 
     def append(self, *new: mx.array) -> list[mx.array]:
         seen = new if self.arrays is None else [mx.concatenate([old, a], axis=-2) for old, a in zip(self.arrays, new)]
@@ -357,9 +539,14 @@ class SinkKVCache(RotatingKVCache):
     would not share their first columns.
     """
 
+    capabilities = Can.SNAPSHOT | Can.CUT | Can.WINDOW | Can.SINKS
+
     def __init__(self, window: int, sinks: int = SINKS):
         super().__init__(window)
         self.sinks = sinks
+
+    def settings(self) -> dict:
+        return {"window": self.window, "sinks": self.sinks}
 
     def append(self, *new: mx.array) -> list[mx.array]:
         seen = new if self.arrays is None else [mx.concatenate([old, a], axis=-2) for old, a in zip(self.arrays, new)]
@@ -396,7 +583,7 @@ def sink_cache(cache, size: int | None):
     return SinkKVCache(size) if size is not None and type(cache) is KVCache and cache.arrays is None else cache
 
 
-class FixedKVCache:
+class FixedKVCache(Cache):
     """Keys and values (1, kv_heads, capacity, head_dim) of one sequence, written at an array position.
 
     What a compiled decode step needs: the forward pass reads only arrays (`start`, the buffers) and shapes
@@ -407,6 +594,7 @@ class FixedKVCache:
     once).
     """
 
+    capabilities = Can.SNAPSHOT | Can.CUT | Can.BUFFERS | Can.FIXED
     step = 256
 
     def __init__(self):
@@ -461,9 +649,9 @@ class FixedKVCache:
         return buffers[0], buffers[1]
 
     @property
-    def buffers(self) -> list[mx.array]:
-        """The arrays the keys and values are written into."""
-        return [self.keys, self.values]
+    def buffers(self) -> list[mx.array] | None:
+        """The arrays the keys and values are written into (None before the first update)."""
+        return [self.keys, self.values] if self.keys is not None else None
 
     def hold(self, buffers: list[mx.array]) -> None:
         """Hold `buffers` (as `buffers` lists them) as the keys and values."""
@@ -512,21 +700,42 @@ class FixedKVCache:
     def state(self) -> list[mx.array]:
         return [*self.buffers, self.start] if self.keys is not None else [self.start]
 
-    def select(self, rows: list[int]) -> "FixedKVCache":
-        if rows != [0]:
-            raise ValueError(f"a FixedKVCache holds one sequence; rows {rows} were asked for")
-        return self
-
     @classmethod
-    def merge(cls, caches: list["FixedKVCache"]) -> "FixedKVCache":
-        if len(caches) != 1:
-            raise ValueError(f"a FixedKVCache holds one sequence; {len(caches)} were to be merged")
-        return caches[0]
+    def saved_as(cls) -> type:
+        return KVCache
+
+    def empty(self) -> "FixedKVCache":
+        return FixedKVCache()
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot([a[..., : self.offset, :] for a in self.buffers] if self.keys is not None else [], self.offset)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Hold a snapshot of this kind or of the growing kind it stands for (one row, unpadded), with room for more."""
+        self.keys = self.values = None
+        self.offset, self.start = 0, mx.array([0])
+        if snapshot.arrays:
+            self.take(snapshot.arrays, snapshot.offset)
+
+    def prefix(self, count: int) -> "FixedKVCache":
+        fresh = self.empty()
+        if count:
+            fresh.take(self.buffers, min(count, self.offset))
+        return fresh
 
 
 class FixedQuantizedKVCache(Quantized, FixedKVCache):
     """A `FixedKVCache` of `Quantized` keys and values (`--kv-bits` in the compiled step): `keys` and `values` are
     (codes, scales, biases) triples of buffers."""
+
+    capabilities = FixedKVCache.capabilities | Can.QUANTIZED
+
+    @classmethod
+    def saved_as(cls) -> type:
+        return QuantizedKVCache
+
+    def empty(self) -> "FixedQuantizedKVCache":
+        return FixedQuantizedKVCache(self.bits, self.group_size)
 
     def entries(self, keys: mx.array, values: mx.array) -> list[mx.array]:
         return [*self.quantize(keys), *self.quantize(values)]
@@ -535,5 +744,5 @@ class FixedQuantizedKVCache(Quantized, FixedKVCache):
         return tuple(buffers[:3]), tuple(buffers[3:])
 
     @property
-    def buffers(self) -> list[mx.array]:
-        return [*self.keys, *self.values]
+    def buffers(self) -> list[mx.array] | None:
+        return [*self.keys, *self.values] if self.keys is not None else None

@@ -33,8 +33,9 @@ class Positions:
         return cls(tokens, cache.position if cache is not None else 0)
 
     def mask(self, cache=None, window: int | None = None) -> str | mx.array | None:
-        """The mask of this pass's queries over `cache` once they are appended (over themselves without one)."""
-        kind = (type(cache), getattr(cache, "window", window))
+        """The mask of this pass's queries over `cache` once they are appended (over themselves without one). Caches of
+        one kind made by layers of one `window` give one mask (every layer's cache holds the same tokens)."""
+        kind = (type(cache), window)
         if kind not in self.masks:
             self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window)
         return self.masks[kind]

@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
-from ..core.cache import FixedKVCache, GrowingBuffer, KVCache, Quantized, QuantizedKVCache
+from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
@@ -29,7 +29,7 @@ class CpuTransformer(Transformer):
 
     def run_layer(self, layer: nn.Module, x: mx.array, cache, recorder, positions: Positions):
         x = layer(x, cache, recorder, positions)
-        if positions.tokens == 1 and recorder is None and isinstance(cache, GrowingBuffer):
+        if positions.tokens == 1 and recorder is None and cache is not None and not cache.can(Can.FIXED):
             mx.async_eval(x)
         return x
 
@@ -55,7 +55,7 @@ def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
     (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
     packed (4- or 8-bit weights, whose own rounding is far coarser than float16's 2^-11), and `--exact` did not ask for
     float32 throughout. Decode steps after long prompts read the cache more than the weights: half the bytes."""
-    if native.kernel is None or native.exact_products or k.dtype != mx.float32 or isinstance(cache, Quantized):
+    if native.kernel is None or native.exact_products or k.dtype != mx.float32 or quantized(cache):
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
@@ -146,7 +146,7 @@ class NativeBlock(Block):
         if plan is None or not plan.takes(x, cache):
             return super().__call__(x, cache, recorder, positions)
         positions = positions or Positions.of(1, cache)
-        mask = positions.mask(cache) if isinstance(cache, GrowingBuffer) else None  # a batch's padding
+        mask = None if cache.can(Can.FIXED) else positions.mask(cache)  # a batch's padding
         cache.reserve(1)
         y, *buffers = native.kernel.block_step(
             *(x, cache.buffers, cache.start),
@@ -160,12 +160,14 @@ class NativeBlock(Block):
         return y
 
 
+def quantized(cache) -> bool:
+    return cache is not None and cache.can(Can.QUANTIZED)
+
+
 def steps_through(cache) -> bool:
-    """Whether `block_step` can write one token into `cache`: the compiled step's fixed cache, or a plain growing one
-    (one sequence or a batch's, float or quantized) that holds tokens already."""
-    if isinstance(cache, FixedKVCache):
-        return cache.keys is not None
-    return type(cache) in (KVCache, QuantizedKVCache) and cache.arrays is not None
+    """Whether `block_step` can write one token into `cache`: a cache of `BUFFERS` (the compiled step's fixed cache, or
+    a plain growing one, one sequence or a batch's, float or quantized) that holds tokens already."""
+    return cache is not None and cache.can(Can.BUFFERS) and cache.buffers is not None
 
 
 def parts_of(block: Block) -> tuple:
@@ -222,7 +224,7 @@ class StepPlan:
         float16 buffers, or quantized ones in groups of a multiple of 32 features."""
         if self.settings is None or x.shape[1] != 1 or x.dtype != mx.float32:
             return False
-        if isinstance(cache, Quantized):
+        if cache.can(Can.QUANTIZED):
             return cache.group_size % 32 == 0 and self.parts[1].head_dim % cache.group_size == 0
         buffers = cache.buffers
         return buffers[0].dtype in (mx.float32, mx.float16) and all(b.dtype == buffers[0].dtype for b in buffers)

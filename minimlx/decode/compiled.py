@@ -12,7 +12,7 @@ import gc
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core.cache import FixedKVCache, KVCache
+from ..core.cache import Cache, Can, FixedKVCache, KVCache
 from ..core.steps import decoding
 from ..core.transformer import Transformer
 
@@ -54,9 +54,9 @@ class CompiledDecoder:
 
     def __call__(self, ids: mx.array, cache: list | None = None, last_only: bool = False) -> mx.array:
         if decoding() and cache is not None and ids.shape[1] == 1:
-            if all(isinstance(c, FixedKVCache) and c.keys is not None for c in cache):
+            if all(c.can(Can.FIXED) and c.buffers is not None for c in cache):
                 return self.step(ids, cache)
-            if ids.shape[0] == 1 and all(type(c) is KVCache and c.arrays and not any(c.padding) for c in cache):
+            if ids.shape[0] == 1 and all(viewable(c) for c in cache):
                 return self.step_over(ids, cache)
         return self.model(ids, cache, last_only=last_only)
 
@@ -85,6 +85,19 @@ class CompiledDecoder:
         return logits
 
 
+def float_buffers(cache: Cache) -> bool:
+    """Whether `cache` holds float keys and values in `buffers` that an op writes a token into: what the compiled
+    step's `FixedKVCache` holds, or can stand over."""
+    return cache.can(Can.BUFFERS) and not cache.can(Can.QUANTIZED)
+
+
+def viewable(cache: Cache) -> bool:
+    """Whether a `FixedKVCache` view can stand over `cache`'s buffers: a growing one of float keys and values, holding
+    tokens of one unpadded row."""
+    growing = float_buffers(cache) and not cache.can(Can.FIXED)
+    return growing and cache.buffers is not None and not any(cache.row_padding())
+
+
 def compiled_decoder(model: nn.Module) -> CompiledDecoder | None:
     """The compiled stand-in for `model`, or None when one of its layers needs another cache than a plain KV
     cache (latent attention, sliding windows) or it is not the one loop itself (a model split over ranks, whose
@@ -92,7 +105,7 @@ def compiled_decoder(model: nn.Module) -> CompiledDecoder | None:
 
     One per model, kept on it, so that every generation replays the same traces.
     """
-    if not isinstance(model, Transformer) or not all(type(c) is KVCache for c in model.make_cache()):
+    if not isinstance(model, Transformer) or not all(float_buffers(c) for c in model.make_cache()):
         return None
     if getattr(model, "compiled_decoder", None) is None:
         model.compiled_decoder = CompiledDecoder(model)

@@ -44,7 +44,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..core.cache import SINKS, LatentCache, quantized_cache, sink_cache
+from ..core.cache import SINKS, Can, quantized_cache, sink_cache
 from ..core.sampling import apply_repetition_penalty, greedy, token_logprobs
 from ..core.steps import decode_steps
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
@@ -54,7 +54,7 @@ from .prefill import prefill, prefill_prompt
 from .prompt import vocab_size
 from .prompt_cache import PromptCache, PromptFolder
 from .settings import SamplingSettings, check_kv_bits, check_whole
-from .speculative import DraftModel, PromptLookup, Verifier, check_speculation
+from .speculative import DraftModel, PromptLookup, Rollback, Verifier, check_speculation
 
 
 @dataclass
@@ -63,13 +63,15 @@ class Request:
 
     A seed in the settings makes the draws reproducible (the key of token n is the n-th split of the seed's key);
     `stop_ids` end the sequence (default: the tokenizer's end-of-sequence ids; empty: never); `cache` continues a
-    conversation: the prompt then holds only the tokens after it.
+    conversation: the prompt then holds only the tokens after it. `cache_key` names the conversation the request
+    belongs to (a client's `prompt_cache_key`): the prompt cache keeps one entry per key, its latest.
     """
 
     prompt: list[int]
     settings: SamplingSettings = SamplingSettings()
     stop_ids: frozenset[int] | None = None
     cache: list | None = None
+    cache_key: str | None = None
 
 
 @dataclass
@@ -219,12 +221,13 @@ def check_max_kv_size(model: nn.Module, max_kv_size: int | None, kv_bits: int | 
     check_whole("max_kv_size", max_kv_size, SINKS + 1)
     if kv_bits is not None:
         raise InvalidSettingError("max_kv_size bounds a float cache; drop kv_bits (or max_kv_size)")
-    if max_batch != 1:
+    bounded = [sink_cache(c, max_kv_size) for c in model.make_cache()]
+    if max_batch != 1 and not all(c.can(Can.ROWS) for c in bounded):
         raise InvalidSettingError(
             "max_kv_size keeps each sequence's first tokens, which batched sequences of other lengths cannot share; "
             "decode one at a time (--max-batch 1)"
         )
-    if any(isinstance(c, LatentCache) for c in model.make_cache()):
+    if not all(c.can(Can.WINDOW) for c in bounded):
         raise InvalidSettingError("max_kv_size bounds key and value caches, not latent attention's; drop it")
 
 
@@ -304,6 +307,7 @@ class Engine:
         # of the first is fed per step, between the batch's decode steps, so that they do not stall it
         self.prefilling: deque[tuple[Generation, list, int]] = deque()
         self.rows: list[Generation] = []  # one per batch row, in row order
+        self.admitted: set[Generation] = set()  # taken from the queue and not yet left: prefilling or in a row
         self.cache: list | None = None  # one batch cache per layer
         self.tokens: mx.array | None = None  # (rows,) the last sampled token of each row
         self.unread = False  # whether `tokens` is still to be read back (not when they are first tokens)
@@ -329,7 +333,8 @@ class Engine:
             if vocab is not None and token >= vocab:
                 raise InvalidSettingError(
                     f"logit_bias names token {token}, outside the model's vocabulary of {vocab} tokens "
-                    f"(0 to {vocab - 1}); drop it"
+                    f"(0 to {vocab - 1}); drop it",
+                    field="logit_bias",
                 )
         generation = Generation(request, self.tokenizer, self.context)
         if settings.constraint is not None:
@@ -355,6 +360,12 @@ class Engine:
     @property
     def busy(self) -> bool:
         return bool(self.rows or self.waiting or self.prefilling)
+
+    @property
+    def running(self) -> int:
+        """Sequences taken from the queue that have not left yet (prefilling, or decoding in a row): a cancelled
+        one counts until the engine has let it go."""
+        return len(self.admitted)
 
     def step(self) -> list[Output]:
         """One step (`take_step`) under the model's `step_guard`, if it has one: a model split across processes
@@ -428,28 +439,33 @@ class Engine:
                 generation = self.waiting.popleft()
             if generation.cancelled:
                 continue
+            self.admitted.add(generation)
             cache = generation.request.cache
             if cache is None and self.prompt_cache is not None:
                 generation.cached_tokens, cache = self.prompt_cache.fetch(generation.request.prompt)
             joiners.append((generation, cache if cache is not None else self.make_cache()))
-        if running:
-            long = [(s, c) for s, c in joiners if len(s.request.prompt) - s.cached_tokens > self.prefill_step]
-            self.prefilling += [(s, cache, s.cached_tokens) for s, cache in long]
-            joiners = [joiner for joiner in joiners if joiner not in long]
+        long = [(s, c) for s, c in joiners if len(s.request.prompt) - s.cached_tokens > self.prefill_step]
+        self.prefilling += [(s, cache, s.cached_tokens) for s, cache in long]
+        joiners = [joiner for joiner in joiners if joiner not in long]
         groups = self.prefill_groups(joiners)
         alone = (self.prefill_together(g) if len(g) > 1 else self.prefill_alone(*g[0]) for g in groups)
-        return itertools.chain(self.prefill_chunk(running), alone)
+        return itertools.chain(self.prefill_chunk(), alone)
 
-    def prefill_chunk(self, running: int) -> list[tuple[list[Generation], list, mx.array]]:
-        """Feed the first long prompt of `prefilling` one chunk, or, once what is left fits in one (or nothing else
-        is running), the rest: then it joins the batch as a prefilled group of one."""
+    def prefill_chunk(self) -> list[tuple[list[Generation], list, mx.array]]:
+        """Feed the first long prompt of `prefilling` one chunk, or, once what is left fits in one, the rest: then
+        it joins the batch as a prefilled group of one. A chunk a step, even with nothing else running: a client
+        that hangs up mid-prompt frees the engine at the next step. A cancelled prompt's fed part goes to the
+        prompt cache, so that a client retrying the same request (after its own timeout) starts from there."""
         while self.prefilling and self.prefilling[0][0].cancelled:
-            self.prefilling.popleft()
+            generation, cache, fed = self.prefilling.popleft()
+            self.admitted.discard(generation)
+            if self.prompt_cache is not None and generation.request.cache is None and fed:
+                self.prompt_cache.store(generation.request.prompt[:fed], cache, generation.request.cache_key)
         if not self.prefilling:
             return []
         generation, cache, fed = self.prefilling[0]
         prompt = generation.request.prompt
-        if running and len(prompt) - fed > self.prefill_step:
+        if len(prompt) - fed > self.prefill_step:
             prefill(self.decoder, prompt[fed : fed + self.prefill_step], cache, self.prefill_step)
             mx.eval([c.state for c in cache])
             self.prefilling[0] = (generation, cache, fed + self.prefill_step)
@@ -615,6 +631,7 @@ class Engine:
         if matcher is not None and drafts:
             drafts = drafts[: matcher.checked(drafts)]
             q = q[: len(drafts)] if q is not None else None
+        rollback = Rollback(cache)
         with decode_steps():  # the check of each draft computes as the decode step it stands for
             raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
         logits = raw
@@ -622,8 +639,7 @@ class Engine:
             mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position
             logits = mx.where(mx.array(matcher.masks(drafts)), raw, -mx.inf)
         accepted, token = generation.verifier.verify(generation.biased(logits), drafts, q)
-        for c in cache:
-            c.trim(len(drafts) - accepted)
+        rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
         generation.drafted += len(drafts)
         generation.accepted += accepted
         new = drafts[:accepted] + [token]
@@ -645,6 +661,7 @@ class Engine:
     def keep(self, generation: Generation, cache: list) -> None:
         """Hand a finished generation's own `cache` to its conversation, or to the prompt cache, evaluated: a row
         selected from the batch is a lazy gather that would keep the whole batch's buffers alive until read."""
+        self.admitted.discard(generation)
         conversation = generation.request.cache is not None
         if not conversation and (self.prompt_cache is None or generation.cancelled):
             return
@@ -653,13 +670,14 @@ class Engine:
             generation.cache = cache
             generation.request.cache[:] = cache
         else:  # held by the prompt cache, not by the generation too
-            self.prompt_cache.store(generation.request.prompt + generation.tokens, cache)
+            self.prompt_cache.store(generation.request.prompt + generation.tokens, cache, generation.request.cache_key)
 
     def clear(self) -> None:
         """Drop every sequence, running or waiting (after a step failed)."""
         with self.lock:
             self.waiting.clear()
         self.prefilling.clear()
+        self.admitted.clear()
         self.rows, self.cache, self.tokens, self.unread, self.biases = [], None, None, False, None
 
     def run(self) -> None:

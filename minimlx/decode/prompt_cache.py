@@ -29,14 +29,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..core.cache import (
-    FixedKVCache,
-    FixedQuantizedKVCache,
+    Can,
     KVCache,
     LatentCache,
-    Quantized,
     QuantizedKVCache,
     RotatingKVCache,
     SinkKVCache,
+    Snapshot,
     quantized_cache,
     sink_cache,
 )
@@ -46,8 +45,6 @@ from .prompt import check_ids, vocab_size
 from .settings import check_kv_bits
 
 FORMAT = "minimlx-prompt-cache-1"
-FIXED = {KVCache: FixedKVCache, QuantizedKVCache: FixedQuantizedKVCache}
-"""The compiled step's fixed cache of each growing cache kind (which a file names for it)."""
 KINDS = {kind.__name__: kind for kind in (KVCache, QuantizedKVCache, RotatingKVCache, SinkKVCache, LatentCache)}
 ARRAYS = {"KVCache": 2, "QuantizedKVCache": 6, "RotatingKVCache": 2, "SinkKVCache": 2, "LatentCache": 1}  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
@@ -85,29 +82,20 @@ def model_identity(model: nn.Module, tokenizer) -> dict[str, str]:
 
 def kind(cache) -> dict:
     """What a file says of a layer's cache kind (and must say for it to fill `cache`, an empty cache of the
-    reading model): its class, window, sinks and bits. The compiled step's fixed cache is the plain cache it
-    stands for."""
-    stands_for = {fixed: growing for growing, fixed in FIXED.items()}
-    described = {"kind": stands_for.get(type(cache), type(cache)).__name__}
-    if isinstance(cache, RotatingKVCache):
-        described["window"] = cache.window
-    if isinstance(cache, SinkKVCache):
-        described["sinks"] = cache.sinks
-    if isinstance(cache, Quantized):
-        described["bits"] = cache.bits
-    return described
+    reading model): its class (for the compiled step's fixed cache, the plain cache it is `saved_as`) and settings
+    (window, sinks, bits)."""
+    return {"kind": cache.saved_as().__name__, **cache.settings()}
 
 
 def columns(cache) -> tuple[dict, list[mx.array]]:
-    """(what a file says of one layer's cache, the arrays of the tokens it holds)."""
-    described = kind(cache) | {"offset": cache.offset}
-    if isinstance(cache, Quantized):
-        described["group_size"] = cache.group_size
-    if isinstance(cache, FixedKVCache):
-        return described, [a[..., : cache.offset, :] for a in cache.buffers]
-    if any(cache.padding) or cache.rows() != 1:
+    """(what a file says of one layer's cache, the arrays of the tokens it holds): the cache's snapshot."""
+    snapshot = cache.snapshot()
+    if any(snapshot.padding) or cache.rows() != 1:
         raise ValueError("a prompt cache file holds one sequence, unpadded")
-    return described, cache.prefix(cache.offset).state
+    described = kind(cache) | {"offset": snapshot.offset}
+    if cache.can(Can.QUANTIZED):
+        described["group_size"] = cache.group_size
+    return described, snapshot.arrays
 
 
 def held(described: dict) -> int:
@@ -120,7 +108,7 @@ def restored(described: dict, arrays: list[mx.array]):
     """The cache of one layer from what a file holds of it."""
     settings = {key: described[key] for key in ("bits", "group_size", "window", "sinks") if key in described}
     cache = KINDS[described["kind"]](**settings)
-    cache.arrays, cache.offset = arrays, described["offset"]
+    cache.restore(Snapshot(arrays, described["offset"]))
     return cache
 
 
@@ -157,7 +145,7 @@ def write_file(path: Path, arrays: dict[str, mx.array], metadata: dict) -> None:
 
 def cache_kv_bits(cache: list) -> int | None:
     """The bits of a cache's quantized layers (None: none is quantized)."""
-    return next((c.bits for c in cache if isinstance(c, QuantizedKVCache)), None)
+    return next((c.bits for c in cache if c.can(Can.QUANTIZED)), None)
 
 
 def save_prompt_cache(
@@ -214,10 +202,10 @@ class SavedPrompt:
 
 
 def into(fresh, cache):
-    """`cache`'s tokens in `fresh` where that is the compiled step's fixed cache and `cache` a plain one, else
-    `cache` itself."""
-    if type(fresh) is FIXED.get(type(cache)):
-        fresh.take(cache.state, cache.offset)
+    """`cache`'s tokens in `fresh` where that is the compiled step's fixed cache standing for `cache`'s kind (restored
+    from `cache`'s snapshot), else `cache` itself."""
+    if fresh.can(Can.FIXED) and kind(fresh) == kind(cache):
+        fresh.restore(cache.snapshot())
         return fresh
     return cache
 
@@ -302,12 +290,16 @@ class PromptCache:
     def __init__(self, size: int, max_bytes: int | None = None, folder: "PromptFolder | None" = None):
         self.size, self.max_bytes, self.folder = size, max_bytes, folder
         self.entries: list[tuple[list[int], list]] = folder.read(size, max_bytes) if folder is not None else []
+        self.latest: dict[str, list[int]] = {}  # a conversation's key -> the ids of its newest entry
 
     def fits(self, entries: list) -> bool:
         within = self.max_bytes is None or sum(nbytes(c) for _, c in entries) <= self.max_bytes
         return len(entries) <= self.size and within
 
-    def store(self, ids: list[int], cache: list) -> None:
+    def store(self, ids: list[int], cache: list, key: str | None = None) -> None:
+        """Keep `cache` (holding `ids`) as an entry. With a conversation's `key`, the entry replaces that
+        conversation's previous one (its history may have been edited since: the old entry would only push other
+        conversations' entries out)."""
         count = min(len(ids), cache[0].offset)
         if count == 0 or not all(c.keeps(count) for c in cache):
             return  # a sliding-window layer has dropped tokens it would need
@@ -316,8 +308,13 @@ class PromptCache:
         ids = ids[:count]
         if not self.fits([(ids, cache)]):
             return
-        kept = [entry for entry in self.entries if ids[: len(entry[0])] != entry[0]]  # not those the new one holds
+        superseded = self.latest.get(key) if key is not None else None
+        kept = [  # not those the new one holds, nor its conversation's previous entry
+            entry for entry in self.entries if ids[: len(entry[0])] != entry[0] and entry[0] is not superseded
+        ]
         kept.append((ids, cache))
+        if key is not None:
+            self.latest[key] = ids
         while not self.fits(kept):
             kept.pop(0)
         if self.folder is not None:

@@ -28,7 +28,7 @@ def check_whole(name: str, value, low: int, high: int | None = None) -> None:
     """Refuse `value` unless it is a whole number in [low, high]."""
     if not whole(value) or value < low or (high is not None and value > high):
         span = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise InvalidSettingError(f"{name} must be a whole number {span}, got {value!r}")
+        raise InvalidSettingError(f"{name} must be a whole number {span}, got {value!r}", field=name)
 
 
 def checked_bias(logit_bias) -> tuple[tuple[int, float], ...]:
@@ -39,19 +39,22 @@ def checked_bias(logit_bias) -> tuple[tuple[int, float], ...]:
         pairs = [(token, bias) for token, bias in pairs]
     except (TypeError, ValueError):
         raise InvalidSettingError(
-            f"logit_bias must map token ids to biases (a dict or (id, bias) pairs), got {logit_bias!r}"
+            f"logit_bias must map token ids to biases (a dict or (id, bias) pairs), got {logit_bias!r}",
+            field="logit_bias",
         ) from None
     for token, bias in pairs:
-        check_whole("a logit_bias token id", token, 0)
+        if not whole(token) or token < 0:
+            raise InvalidSettingError(f"a logit_bias token id must be a whole number >= 0, got {token!r}", "logit_bias")
         real = isinstance(bias, numbers.Real) and not isinstance(bias, bool) and math.isfinite(bias)
         if not real or abs(bias) > MAX_BIAS:
             raise InvalidSettingError(
-                f"the logit_bias of token {token} must be a number from -{MAX_BIAS} to {MAX_BIAS}, got {bias!r}"
+                f"the logit_bias of token {token} must be a number from -{MAX_BIAS} to {MAX_BIAS}, got {bias!r}",
+                field="logit_bias",
             )
     ids = [int(token) for token, _ in pairs]
     if len(set(ids)) < len(ids):
         twice = next(token for token in ids if ids.count(token) > 1)
-        raise InvalidSettingError(f"logit_bias gives token {twice} more than one bias; give each id once")
+        raise InvalidSettingError(f"logit_bias gives token {twice} more than one bias; give each id once", "logit_bias")
     return tuple(sorted((int(token), float(bias)) for token, bias in pairs))
 
 
@@ -87,7 +90,8 @@ class SamplingSettings:
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise InvalidSettingError(
                 f"constraint must be a Constraint (Constraint.json_schema(...), ...), "
-                f"got {type(self.constraint).__name__}"
+                f"got {type(self.constraint).__name__}",
+                field="constraint",
             )
         object.__setattr__(self, "logit_bias", checked_bias(self.logit_bias if self.logit_bias is not None else ()))
         if self.logprobs is not None:
@@ -96,7 +100,9 @@ class SamplingSettings:
             check_whole("seed", self.seed, 0, SEEDS - 1)
         stops = [self.stop] if isinstance(self.stop, str) else [] if self.stop is None else self.stop
         if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
-            raise InvalidSettingError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+            raise InvalidSettingError(
+                f"stop must be a string or a list of non-empty strings, got {self.stop!r}", "stop"
+            )
         object.__setattr__(self, "stop", tuple(stops))
         reals = {
             "temperature": self.temperature,
@@ -106,22 +112,23 @@ class SamplingSettings:
         }
         for name, value in reals.items():
             if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
-                raise InvalidSettingError(f"{name} must be a finite number, got {value!r}")
+                raise InvalidSettingError(f"{name} must be a finite number, got {value!r}", field=name)
         if not whole(self.top_k):
-            raise InvalidSettingError(f"top_k must be a whole number, got {self.top_k!r}")
+            raise InvalidSettingError(f"top_k must be a whole number, got {self.top_k!r}", field="top_k")
         problems = [
-            (self.temperature < 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
-            (not 0 < self.top_p <= 1, f"top_p must be in (0, 1] (1 keeps every token), got {self.top_p}"),
-            (self.top_k < 0, f"top_k must be >= 0 (0 keeps every token), got {self.top_k}"),
-            (not 0 <= self.min_p <= 1, f"min_p must be in [0, 1] (0 keeps every token), got {self.min_p}"),
+            (self.temperature < 0, "temperature", f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
+            (not 0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1] (1 keeps every token), got {self.top_p}"),
+            (self.top_k < 0, "top_k", f"top_k must be >= 0 (0 keeps every token), got {self.top_k}"),
+            (not 0 <= self.min_p <= 1, "min_p", f"min_p must be in [0, 1] (0 keeps every token), got {self.min_p}"),
             (
                 self.repetition_penalty <= 0,
+                "repetition_penalty",
                 f"repetition_penalty must be > 0 (1 is no penalty), got {self.repetition_penalty}",
             ),
         ]
-        for bad, message in problems:
+        for bad, name, message in problems:
             if bad:
-                raise InvalidSettingError(message)
+                raise InvalidSettingError(message, field=name)
 
     @property
     def greedy(self) -> bool:

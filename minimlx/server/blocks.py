@@ -84,6 +84,9 @@ class Blocks:
         return [] if block is None else [Change("stop", block)]
 
 
+KEEP_ALIVE_COMMENT = ": keep-alive\n\n"  # a server-sent events comment: clients skip it, the connection stays open
+
+
 def server_sent(event: dict) -> str:
     """`event` as a named server-sent event: both APIs name each event by its "type"."""
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

@@ -4,11 +4,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .blocks import KEEP_ALIVE_COMMENT
 from .fields import (
     APIError,
     bad,
@@ -16,27 +18,31 @@ from .fields import (
     checked_schema,
     constraint_fields,
     flag,
+    ignore_unread,
     integer,
     number,
     optional,
-    refuse_unread,
     stop_strings,
     text_content,
 )
+from .hangups import until_disconnected
 from .turns import Piece, TokenLogprob, Turn, Usage
+
+if TYPE_CHECKING:
+    from .protocol import TurnServer
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
 
 
-def routes(server) -> list[Route]:
+def routes(server: "TurnServer") -> list[Route]:
     async def chat_completions(request: HTTPRequest):
         body = await server.read(request)
         turn, stream = chat_turn(body), streaming(body)
-        refuse_unread(body)
+        ignore_unread(body, "chat")
         answer = await server.start(turn)
         reply = Reply(server.model_name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
-        return await respond(reply, answer, stream)
+        return await respond(request, reply, answer, stream, body)
 
     async def completions(request: HTTPRequest):
         body = await server.read(request)
@@ -54,10 +60,10 @@ def routes(server) -> list[Route]:
         turn = Turn([], settings=settings(body, chat=False), logprobs=logprobs, n=choices(body))
         turn.constraint = constraint_fields(body)
         stream = streaming(body)
-        refuse_unread(body)
+        ignore_unread(body, "completions")
         answer = await server.start_raw(prompt, turn, "prompt")
         reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
-        return await respond(reply, answer, stream)
+        return await respond(request, reply, answer, stream, body)
 
     async def apply_template(request: HTTPRequest):
         """llama.cpp's /apply-template: the prompt text a chat body renders to, nothing generated."""
@@ -70,7 +76,7 @@ def routes(server) -> list[Route]:
         if content is None:
             raise bad("content", "'content' must be the text to tokenize")
         add_special = flag(body, "add_special")
-        refuse_unread(body)
+        ignore_unread(body, "tokenize")
         return JSONResponse({"tokens": server.tokenizer.encode(content, add_special_tokens=add_special)})
 
     return [
@@ -87,12 +93,17 @@ def streaming(body: dict) -> tuple[bool, bool]:
     return flag(body, "stream"), include_usage
 
 
-async def respond(reply: "Reply", answer, stream: tuple[bool, bool]):
+async def respond(request: HTTPRequest, reply: "Reply", answer, stream: tuple[bool, bool], body):
+    headers = answer.headers(body)
     if stream[0]:
-        return StreamingResponse(reply.stream(answer, stream[1]), media_type="text/event-stream")
-    async for piece in answer.pieces():
-        reply.add(piece)
-    return JSONResponse(reply.whole(answer.usage()))
+        return StreamingResponse(reply.stream(answer, stream[1]), media_type="text/event-stream", headers=headers)
+
+    async def whole():
+        async for piece in answer.pieces():
+            reply.add(piece)
+        return reply.whole(answer.usage())
+
+    return JSONResponse(await until_disconnected(request, whole()), headers=headers)
 
 
 # ---- reading a chat completions body ----
@@ -142,6 +153,9 @@ def chat_turn(body: dict) -> Turn:
         raise bad("top_logprobs", f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, with 'logprobs': true")
     tools = optional(body, "tools", list, "a list of function tools")
     kwargs = optional(body, "chat_template_kwargs", dict, "an object of template variables") or {}
+    effort = optional(body, "reasoning_effort", str, "a string such as 'low', 'medium' or 'high'")
+    if effort is not None:  # what templates that take an effort read (gpt-oss's)
+        kwargs = {"reasoning_effort": effort, **kwargs}
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
@@ -155,6 +169,7 @@ def chat_turn(body: dict) -> Turn:
         logprobs=(top or 0) if logprobs else None,
         template_kwargs=kwargs,
         n=choices(body),
+        cache_key=optional(body, "prompt_cache_key", str, "a string"),
     )
 
 
@@ -350,7 +365,10 @@ class Reply:
             role = {"delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
             yield event(self.envelope([{"index": i, **role} for i in range(len(self.finish))], chunk=True))
         try:
-            async for piece in answer.pieces():
+            async for piece in answer.pieces(heartbeat=True):
+                if piece is None:  # a long prompt is being read: a comment keeps the connection alive
+                    yield KEEP_ALIVE_COMMENT
+                    continue
                 for choice in self.chunks(piece):
                     yield event(self.envelope([choice], chunk=True))
         except APIError as e:

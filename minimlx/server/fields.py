@@ -1,11 +1,15 @@
 """Reading request bodies: typed fields, refused with an APIError that each endpoint answers in its own shape."""
 
 import json
+import logging
+import re
 
 from starlette.responses import JSONResponse
 
 from ..decode import SamplingSettings
 from ..errors import InvalidSettingError
+
+log = logging.getLogger("minimlx.serve")
 
 
 class APIError(Exception):
@@ -39,12 +43,14 @@ def unsupported_image(param: str) -> APIError:
 
 
 class Body(dict):
-    """A request's JSON object that remembers which fields were read, so that a field no reader asked for (one
-    this server does not know) is refused by `refuse_unread` instead of silently ignored."""
+    """A request's JSON object that remembers which fields were read, so that the fields no reader asked for (ones
+    this server does not know) can be named: ignored, logged once and listed in the response's
+    `x-minimlx-ignored` header (`ignore_unread`), as llama-server and vLLM ignore them."""
 
     def __init__(self, fields: dict):
         super().__init__(fields)
         self.read = set()
+        self.ignored: list[str] = []  # what the answer's x-minimlx-ignored header names
 
     def get(self, name, default=None):
         self.read.add(name)
@@ -58,15 +64,34 @@ class Body(dict):
         self.read.add(name)
         return super().__contains__(name)
 
+    def ignore(self, name: str, api: str) -> None:
+        """Note the field `name` as ignored: logged once per API and name, and named in the response header (cut
+        short, and quoted as JSON unless plain: a hostile body's field names are anything, a header's are ASCII)."""
+        name = (
+            name[:MAX_NAME] if PLAIN_NAME.fullmatch(name[:MAX_NAME]) else json.dumps(name[:MAX_NAME])
+        )  # ASCII, quoted
+        if name not in self.ignored and len(self.ignored) < MAX_NAMED:
+            self.ignored.append(name)
+        if (api, name) not in LOGGED and len(LOGGED) < MAX_LOGGED:
+            LOGGED.add((api, name))
+            log.info("ignoring the %s field '%s' (not implemented by this server)", api, name)
 
-def refuse_unread(body: Body) -> None:
-    """Refuse the fields of `body` that reading its request never looked at, as OpenAI's API does (call it once
-    every field the endpoint knows has been read)."""
-    unread = [name for name in body if name not in body.read]
-    if unread:
-        names = ", ".join(f"'{name}'" for name in unread[:5])
-        message = f"unrecognized request argument{'s' if len(unread) > 1 else ''} {names}; leave it out"
-        raise APIError(400, message, unread[0], "unknown_parameter")
+    def headers(self) -> dict[str, str]:
+        return {IGNORED_HEADER: ", ".join(self.ignored)} if self.ignored else {}
+
+
+IGNORED_HEADER = "x-minimlx-ignored"
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\[\]=-]+")
+MAX_NAME, MAX_NAMED, MAX_LOGGED = 64, 32, 1024  # a name's length, names in one header, distinct names ever logged
+LOGGED: set[tuple[str, str]] = set()  # (api, field) pairs already logged as ignored
+
+
+def ignore_unread(body: Body, api: str) -> None:
+    """Ignore the fields of `body` that reading its request never looked at (call it once every field the
+    endpoint knows has been read): real clients send fields this server does not implement."""
+    for name in body:
+        if name not in body.read:
+            body.ignore(name, api)
 
 
 def integer(body: dict, name: str, default: int | None) -> int | None:
@@ -87,13 +112,13 @@ def number(body: dict, name: str, default: float) -> float:
     return float(value)
 
 
-def sampling_settings(**fields) -> SamplingSettings:
-    """The request's SamplingSettings, whose checks are the only ones: a refusal is a 400 naming the field."""
+def sampling_settings(params: dict[str, str] | None = None, **fields) -> SamplingSettings:
+    """The request's SamplingSettings, whose checks are the only ones: a refusal is a 400 naming the request field
+    the setting came from (`params` maps settings to the API's own field names where they differ)."""
     try:
         return SamplingSettings(**fields)
     except InvalidSettingError as e:
-        name = str(e).split(" ", 1)[0]
-        raise bad(name if name in fields else None, str(e)) from None
+        raise bad((params or {}).get(e.field, e.field), str(e)) from None
 
 
 def flag(body: dict, name: str) -> bool:
@@ -183,59 +208,61 @@ def text_field(part: dict, name: str, param: str) -> str:
 LIST_LIMITS = {"messages": 10_000, "input": 10_000, "tools": 128, "stop": 4, "stop_sequences": 16}
 MAX_SCHEMA_BYTES = 200_000  # a JSON schema (response format, tool parameters) longer than this is refused
 
-# Fields of the APIs this server does not implement, per API. Ignored ones must still have their documented type
-# (a wrong type is a 400); refused ones are a 400 naming them unless they hold one of the values that change
-# nothing. docs/serve.md lists both ("Fields not implemented").
+# Fields of the APIs this server reads but does not act on, per API, with their documented types: a wrong type is
+# still a 400 naming the field. Fields not listed anywhere are ignored too (`ignore_unread`); both kinds are logged
+# once and named in the response's x-minimlx-ignored header. docs/serve.md lists them ("Fields").
 LLAMACPP_IGNORED = {"cache_prompt": bool, "id_slot": int, "timings_per_token": bool, "return_progress": bool}
+OPENAI_IGNORED = {"user": str, "metadata": dict, "store": bool, "service_tier": str, "safety_identifier": str}
+PENALTIES = {"frequency_penalty": (int, float), "presence_penalty": (int, float)}
 IGNORED = {
-    "chat": {"user": str, "metadata": dict, "store": bool, "service_tier": str, "safety_identifier": str}
-    | LLAMACPP_IGNORED,
-    "completions": {"user": str} | LLAMACPP_IGNORED,
-    "responses": {
-        "user": str,
-        "metadata": dict,
-        "store": bool,
-        "service_tier": str,
-        "safety_identifier": str,
+    "chat": OPENAI_IGNORED
+    | LLAMACPP_IGNORED
+    | PENALTIES
+    | {"modalities": list, "audio": dict, "prediction": dict, "web_search_options": dict, "verbosity": str},
+    "completions": {"user": str, "best_of": int, "echo": bool, "suffix": str} | PENALTIES | LLAMACPP_IGNORED,
+    "responses": OPENAI_IGNORED
+    | {
         "truncation": str,
         "include": list,
-        "reasoning": dict,
+        "background": bool,
+        "prompt": dict,
+        "client_metadata": dict,
+        "prompt_cache_retention": str,
+        "max_tool_calls": int,
+        "stream_options": dict,
     },
-    "messages": {"metadata": dict, "service_tier": str},
+    "messages": {
+        "metadata": dict,
+        "service_tier": str,
+        "context_management": dict,
+        "mcp_servers": list,
+        "container": (str, dict),
+    },
 }
 KIND_NAMES = {str: "a string", dict: "an object", bool: "true or false", list: "a list", int: "an integer"}
-HARMLESS = {  # the values of a refused field that ask for nothing this server lacks
-    "modalities": (["text"],),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "background": (False,),
-    "echo": (False,),
-    "suffix": ("",),
-    "best_of": (1,),
-}
-REFUSED = {
-    "chat": ("audio", "modalities", "prediction", "web_search_options", "frequency_penalty", "presence_penalty"),
-    "completions": ("best_of", "echo", "suffix", "frequency_penalty", "presence_penalty"),
-    "responses": ("background", "prompt"),  # and what a stateful server would look up (responses.UNSTORED)
-    "messages": ("mcp_servers", "container"),
-}
 
 
-def check_body(body: dict, api: str) -> None:
-    """Refuse a body whose lists are too long, an ignored field of the wrong type, or a field asking for what
-    this server does not do ("chat", "completions", "responses" or "messages"), before any other work."""
+def kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = ("a number" if k in (int, float) and float in kinds else KIND_NAMES[k] for k in kinds)
+    return " or ".join(dict.fromkeys(names))
+
+
+def check_body(body: Body, api: str) -> None:
+    """Refuse a body whose lists are too long or whose ignored fields have the wrong type, before any other work
+    ("chat", "completions", "responses" or "messages"); note the ignored fields it holds."""
     for name, most in LIST_LIMITS.items():
         value = body.get(name)
         if isinstance(value, list) and len(value) > most:
             raise bad(name, f"'{name}' holds {len(value)} items; this server takes at most {most}")
     for name, kind in IGNORED[api].items():
         value = body.get(name)
-        if value is not None and (not isinstance(value, kind) or kind is int and isinstance(value, bool)):
-            raise bad(name, f"'{name}' must be {KIND_NAMES[kind]}, got {json.dumps(body[name])[:80]}")
-    for name in REFUSED[api]:
-        if body.get(name) is not None and body[name] not in HARMLESS.get(name, ()):
-            message = f"'{name}' is not supported by this server; leave it out"
-            raise APIError(400, message, name, "unsupported_parameter")
+        if value is None:
+            continue
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+            raise bad(name, f"'{name}' must be {kind_name(kind)}, got {json.dumps(body[name])[:80]}")
+        body.ignore(name, api)
 
 
 def check_schema_size(schema, param: str) -> None:

@@ -16,11 +16,13 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, check_body, flag, integer, number, refuse_unread, text_content, text_field
+from .fields import APIError, Body, bad, check_body, flag, ignore_unread, integer, number, text_content, text_field
+from .hangups import until_disconnected
 from .turns import Turn
 
 if TYPE_CHECKING:
-    from .app import Answer, Server
+    from .answer import Answer
+    from .protocol import TurnServer
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -31,26 +33,31 @@ ERROR_TYPES = {
     429: "rate_limit_error",
 }
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+PING = {"type": "ping"}  # what Anthropic's streams send to keep a quiet connection alive
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 NO_IMAGES = "image input is not supported by this model; send text"
+ROLES = ("user", "assistant", "system")
+# content blocks of tools that Anthropic's servers run, which this server leaves out of the prompt
+IGNORED_BLOCKS = ("server_tool_use", "web_search_tool_result", "code_execution_tool_result", "container_upload")
 
 
-def routes(server: "Server") -> list[Route]:
+def routes(server: "TurnServer") -> list[Route]:
     async def create(request: HTTPRequest):
         body = await server.read(request)
         turn = read_turn(body)
         turn.settings = sampling(body)
         stream = flag(body, "stream")
-        refuse_unread(body)
-        reply = Reply(server.model_name, await server.start(turn))
+        ignore_unread(body, "messages")
+        answer = await server.start(turn)
+        reply, headers = Reply(server.model_name, answer), answer.headers(body)
         if stream:
-            return StreamingResponse(reply.events(), media_type="text/event-stream")
-        return JSONResponse(await reply.whole())
+            return StreamingResponse(reply.events(), media_type="text/event-stream", headers=headers)
+        return JSONResponse(await until_disconnected(request, reply.whole()), headers=headers)
 
     async def count_tokens(request: HTTPRequest):
         body = await server.read(request)
         turn = read_turn(body)
-        refuse_unread(body)
+        ignore_unread(body, "messages")
         return JSONResponse({"input_tokens": server.count_tokens(turn)})
 
     return [
@@ -68,9 +75,11 @@ def error_body(error: APIError) -> dict:
 # ---- the request ----
 
 
-def read_turn(body: dict) -> Turn:
-    """The conversation a Messages body asks about (what count_tokens counts): system, messages, tools, tool
-    choice and thinking; not yet how to sample its answer."""
+def read_turn(body: Body) -> Turn:
+    """The conversation a Messages body asks about (what count_tokens counts): system, messages (system messages
+    among them too, as Claude Code sends them mid-conversation), tools, tool choice, thinking and effort; not yet
+    how to sample its answer."""
+    body = body if isinstance(body, Body) else Body(body)
     check_body(body, "messages")
     system = body.get("system")
     messages = [{"role": "system", "content": text_content(system, "system")}] if system else []
@@ -85,12 +94,13 @@ def read_turn(body: dict) -> Turn:
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list of {name, description, input_schema} tools")
     choice, parallel = tool_choice(body.get("tool_choice"))
+    functions = [function_tool(tool, f"tools[{i}]", body) for i, tool in enumerate(tools)]
     return Turn(
         messages,
-        tools=[function_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)] or None,
+        tools=[f for f in functions if f is not None] or None,
         tool_choice=choice,
         parallel_tool_calls=parallel,
-        template_kwargs=thinking(body.get("thinking")),
+        template_kwargs=thinking(body.get("thinking")) | effort(body.get("output_config"), body),
     )
 
 
@@ -116,10 +126,13 @@ def sampling(body: dict) -> dict:
 
 def chat_messages(message, param: str) -> list[dict]:
     """One Anthropic message as chat messages: an assistant's tool_use blocks become its tool_calls and its
-    thinking its reasoning_content; a user's tool_result blocks become tool messages, before any text it has."""
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise bad(f"{param}.role", f"{param} needs a role out of user, assistant")
+    thinking its reasoning_content; a user's tool_result blocks become tool messages, before any text it has; a
+    system message (Claude Code's mid-conversation reminders) stays a system message, its text joined."""
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise bad(f"{param}.role", f"{param} needs a role out of {', '.join(ROLES)}")
     role, content = message["role"], message.get("content")
+    if role == "system":
+        return [{"role": "system", "content": text_content(content, f"{param}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -132,6 +145,8 @@ def chat_messages(message, param: str) -> list[dict]:
             texts.append(text_field(block, "text", where))
         elif kind == "image":
             raise bad(where, NO_IMAGES)
+        elif kind in IGNORED_BLOCKS:
+            continue
         elif role == "assistant" and kind == "thinking":
             reasoning.append(text_field(block, "thinking", where))
         elif role == "assistant" and kind == "redacted_thinking":
@@ -163,12 +178,17 @@ def tool_result_text(content, param: str) -> str:
     return text_content(content, param)
 
 
-def function_tool(tool, param: str) -> dict:
-    """An Anthropic tool {"name", "description", "input_schema"} as an OpenAI function tool."""
-    if not isinstance(tool, dict) or tool.get("type", "custom") != "custom" or "input_schema" not in tool:
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        message = f"{param} ('{kind}') is not a client tool with an input_schema, the only tools this server runs"
-        raise bad(param, message)
+def function_tool(tool, param: str, body: Body) -> dict | None:
+    """An Anthropic tool {"name", "description", "input_schema"} as an OpenAI function tool; None for a tool
+    Anthropic's servers run (web search, code execution, ...: `{"type": "web_search_20250305", ...}`), which this
+    server cannot, so it leaves it out of the prompt (logged, and named in the response's ignored header)."""
+    if not isinstance(tool, dict):
+        raise bad(param, f"{param} must be a tool object with a name and an input_schema")
+    if tool.get("type", "custom") != "custom":
+        body.ignore(f"tools[].type={tool['type']}", "messages")
+        return None
+    if "input_schema" not in tool:
+        raise bad(param, f"{param} must have an input_schema (a JSON Schema object)")
     if not isinstance(tool["input_schema"], dict):
         raise bad(f"{param}.input_schema", f"{param}.input_schema must be a JSON Schema object")
     function = {"name": text_field(tool, "name", param), "parameters": tool["input_schema"]}
@@ -190,6 +210,23 @@ def tool_choice(choice) -> tuple[str, bool]:
         message = '\'tool_choice\' must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
         raise bad("tool_choice", message + '{"type": "tool", "name": ...}')
     return name, not flag(choice, "disable_parallel_tool_use")
+
+
+def effort(config, body: Body) -> dict:
+    """The chat-template variable of `output_config.effort`, which templates that take an effort read."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise bad("output_config", '\'output_config\' must be an object, such as {"effort": "high"}')
+    for name in config:
+        if name != "effort":
+            body.ignore(f"output_config.{name}", "messages")
+    chosen = config.get("effort")
+    if chosen is None:
+        return {}
+    if not isinstance(chosen, str):
+        raise bad("output_config.effort", '\'output_config.effort\' must be a string such as "low" or "high"')
+    return {"reasoning_effort": chosen}
 
 
 def thinking(setting) -> dict:
@@ -225,7 +262,10 @@ class Reply:
         started = self.message([], stop_reason=None, stop_sequence=None)
         yield server_sent({"type": "message_start", "message": started})
         try:
-            async for piece in self.answer.pieces():
+            async for piece in self.answer.pieces(heartbeat=True):
+                if piece is None:
+                    yield server_sent(PING)
+                    continue
                 for change in self.blocks.add(piece):
                     for event in self.changed(change):
                         yield server_sent(event)

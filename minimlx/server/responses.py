@@ -5,6 +5,7 @@ chat messages; function tools, `tool_choice` and `text.format` its tools and con
 output items (reasoning, message, function calls), whole or as the documented stream of events.
 """
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,29 +17,51 @@ from starlette.routing import Route
 
 from ..decode.grammar import Constraint
 from ..errors import InvalidSettingError
-from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, bad, check_body, check_schema_size, flag, integer, number, refuse_unread, text_field
+from .blocks import KEEP_ALIVE_COMMENT, Block, Blocks, Change, server_sent
+from .fields import (
+    APIError,
+    Body,
+    bad,
+    check_body,
+    check_schema_size,
+    flag,
+    ignore_unread,
+    integer,
+    number,
+    optional,
+    text_field,
+)
+from .hangups import until_disconnected
 from .turns import Turn
 
 if TYPE_CHECKING:
-    from .app import Answer, Server
+    from .answer import Answer
+    from .protocol import TurnServer
 
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")  # reasoning items' too
 ITEM_PREFIXES = {"reasoning": "rs", "content": "msg", "tool_call": "fc"}
 UNSTORED = ("previous_response_id", "conversation")  # what a stateful server would look up
+# tools OpenAI's servers run (a local model cannot search the web or run OpenAI's containers): left out, logged
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
+                "computer_use", "image_generation", "mcp", "local_shell", "custom", "tool_search")  # fmt: skip
+IGNORED_ITEMS = ("web_search_call", "file_search_call", "code_interpreter_call", "computer_call",
+                 "computer_call_output", "image_generation_call", "mcp_call", "mcp_list_tools", "local_shell_call",
+                 "local_shell_call_output", "custom_tool_call", "custom_tool_call_output", "item_reference",
+                 "compaction", "tool_search_call", "tool_search_output")  # fmt: skip
 
 
-def routes(server: "Server") -> list[Route]:
+def routes(server: "TurnServer") -> list[Route]:
     async def create(request: HTTPRequest):
         body = await server.read(request)
-        turn, echo = read_request(body)
+        turn, echo, namespaces = read_request(body)
         stream = flag(body, "stream")
-        refuse_unread(body)
-        reply = Reply(server.model_name, echo, await server.start(turn))
+        ignore_unread(body, "responses")
+        answer = await server.start(turn)
+        reply, headers = Reply(server.model_name, echo, answer, namespaces), answer.headers(body)
         if stream:
-            return StreamingResponse(reply.events(), media_type="text/event-stream")
-        return JSONResponse(await reply.whole())
+            return StreamingResponse(reply.events(), media_type="text/event-stream", headers=headers)
+        return JSONResponse(await until_disconnected(request, reply.whole()), headers=headers)
 
     return [Route("/v1/responses", create, methods=["POST"])]
 
@@ -46,8 +69,10 @@ def routes(server: "Server") -> list[Route]:
 # ---- the request ----
 
 
-def read_request(body: dict) -> tuple[Turn, dict]:
-    """The body's Turn, and the request fields the response repeats back."""
+def read_request(body: Body) -> tuple[Turn, dict, dict[str, str]]:
+    """The body's Turn, the request fields the response repeats back, and the namespace of each function that
+    came inside a namespace tool (which its calls name back)."""
+    body = body if isinstance(body, Body) else Body(body)
     check_body(body, "responses")
     for name in UNSTORED:
         if body.get(name) is not None:
@@ -56,10 +81,11 @@ def read_request(body: dict) -> tuple[Turn, dict]:
     if instructions is not None and not isinstance(instructions, str):
         raise bad("instructions", "'instructions' must be a string")
     messages = [{"role": "system", "content": instructions}] if instructions else []
-    messages += input_messages(body.get("input"))
+    messages += input_messages(body.get("input"), body)
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list of function tools")
+    functions, namespaces = function_tools(tools, body)
     choice = body.get("tool_choice", "auto")
     text = body.get("text") or {}
     if not isinstance(text, dict):
@@ -76,11 +102,15 @@ def read_request(body: dict) -> tuple[Turn, dict]:
     metadata = body.get("metadata")
     turn = Turn(
         messages,
-        tools=[chat_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)] or None,
+        tools=functions or None,
         tool_choice=tool_choice(choice),
         parallel_tool_calls=body.get("parallel_tool_calls") is None or flag(body, "parallel_tool_calls"),
         constraint=constraint(text_format),
         settings=settings,
+        template_kwargs=reasoning_effort(body),
+        cache_key=optional(body, "prompt_cache_key", str, "a string"),
+        messages_param="input",
+        params={"max_tokens": "max_output_tokens"},
     )
     echo = {
         "instructions": instructions,
@@ -93,12 +123,49 @@ def read_request(body: dict) -> tuple[Turn, dict]:
         "tools": tools,
         "top_p": top_p,
     }
-    return turn, echo
+    return turn, echo, namespaces
 
 
-def input_messages(items) -> list[dict]:
+def reasoning_effort(body: Body) -> dict:
+    """The chat-template variable of `reasoning.effort` (templates that take an effort read it); the rest of
+    `reasoning` (its summary) is ignored."""
+    reasoning = optional(body, "reasoning", dict, 'an object, such as {"effort": "low"}') or {}
+    for name in reasoning:
+        if name != "effort":
+            body.ignore(f"reasoning.{name}", "responses")
+    effort = reasoning.get("effort")
+    if effort is None:
+        return {}
+    if not isinstance(effort, str):
+        raise bad("reasoning.effort", '\'reasoning.effort\' must be a string such as "low" or "high"')
+    return {"reasoning_effort": effort}
+
+
+def function_tools(tools: list, body: Body) -> tuple[list[dict], dict[str, str]]:
+    """The request's function tools in the chat shape, a namespace tool's functions among them (Codex groups
+    tools that way), and each such function's namespace; tools OpenAI's servers run are left out (logged)."""
+    functions, namespaces = [], {}
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "namespace":
+            inner = tool.get("tools")
+            if not isinstance(inner, list):
+                raise bad(f"tools[{i}].tools", f"tools[{i}] is a namespace tool; its 'tools' must be a list")
+            for j, function in enumerate(inner):
+                functions.append(chat_tool(function, f"tools[{i}].tools[{j}]"))
+                namespaces[functions[-1]["function"]["name"]] = text_field(tool, "name", f"tools[{i}]")
+        elif kind in HOSTED_TOOLS:
+            body.ignore(f"tools[].type={kind}", "responses")
+        else:
+            functions.append(chat_tool(tool, f"tools[{i}]"))
+    return functions, namespaces
+
+
+def input_messages(items, body: Body) -> list[dict]:
     """`input` as chat messages: a string is one user message; a list holds messages and the function calls and
-    outputs of earlier turns (an assistant's calls join its message, as a chat's tool_calls do)."""
+    outputs of earlier turns (an assistant's calls join its message, as a chat's tool_calls do). A call cut short
+    by the answer's limit (`"status": "incomplete"`, its arguments not whole JSON) is taken as it was written; items
+    of hosted tools this server does not run (web search calls, ...) are left out."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
@@ -125,6 +192,8 @@ def input_messages(items) -> list[dict]:
         elif kind == "function_call":
             function = {"name": text_field(item, "name", param), "arguments": text_field(item, "arguments", param)}
             call = {"id": text_field(item, "call_id", param), "type": "function", "function": function}
+            if item.get("status") == "incomplete":
+                call["status"] = "incomplete"
             if last is None:
                 last = {"role": "assistant", "content": ""}
                 messages.append(last)
@@ -132,6 +201,8 @@ def input_messages(items) -> list[dict]:
         elif kind == "function_call_output":
             output = message_text(item.get("output"), f"{param}.output")
             messages.append({"role": "tool", "tool_call_id": text_field(item, "call_id", param), "content": output})
+        elif kind in IGNORED_ITEMS:
+            body.ignore(f"input[].type={kind}", "responses")
         else:
             message = f"{param} is a '{kind}' item; this server reads message, function_call and function_call_output"
             raise bad(f"{param}.type", message)
@@ -209,8 +280,9 @@ def constraint(text_format) -> Constraint | None:
 class Reply:
     """One answer as a Responses `response` object: whole, or as server-sent events."""
 
-    def __init__(self, model_name: str, echo: dict, answer: "Answer"):
+    def __init__(self, model_name: str, echo: dict, answer: "Answer", namespaces: dict[str, str] | None = None):
         self.model_name, self.echo, self.answer = model_name, echo, answer
+        self.namespaces = namespaces or {}  # a namespaced function's name -> its namespace, named in its calls
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.blocks = Blocks()
@@ -224,12 +296,16 @@ class Reply:
         return self.response()
 
     async def events(self) -> AsyncIterator[str]:
-        """The documented event stream; it ends with response.completed even when the answer was cut short
-        (its status then says "incomplete"), the event clients wait for."""
+        """The documented event stream: it ends with response.completed, or response.incomplete when the answer
+        was cut at its token limit (the item being written then has status "incomplete"). While a long prompt is
+        read, a keep-alive comment goes out every few seconds."""
         yield self.event("response.created", response=self.response(finished=False))
         yield self.event("response.in_progress", response=self.response(finished=False))
         try:
-            async for piece in self.answer.pieces():
+            async for piece in self.answer.pieces(heartbeat=True):
+                if piece is None:
+                    yield KEEP_ALIVE_COMMENT
+                    continue
                 for change in self.blocks.add(piece):
                     for event in self.changed(change):
                         yield event
@@ -241,7 +317,8 @@ class Reply:
             failed = {"status": "failed", "error": {"code": "server_error", "message": e.message}}
             yield self.event("response.failed", response=self.response(finished=False) | failed)
             return
-        yield self.event("response.completed", response=self.response())
+        ended = self.response()
+        yield self.event(f"response.{ended['status']}", response=ended)
 
     def name_items(self, changes: list[Change]) -> None:
         for change in changes:
@@ -281,16 +358,28 @@ class Reply:
         return server_sent(event)
 
     def item(self, block: Block, done: bool = True) -> dict:
-        """The output item of `block`: as it starts (empty, in progress) or once it is done."""
+        """The output item of `block`: as it starts (empty, in progress) or once it is done; "incomplete" when the
+        answer's token limit cut it (the last block of a cut answer, but a call whose arguments are whole)."""
         item_id, status = self.item_ids[block.position], "completed" if done else "in_progress"
+        if done and self.cut_short(block):
+            status = "incomplete"
         if block.kind == "tool_call":
             arguments = block.text if done else ""
-            return {"type": "function_call", "id": item_id, "call_id": block.call_id, "name": block.name,
+            item = {"type": "function_call", "id": item_id, "call_id": block.call_id, "name": block.name,
                     "arguments": arguments, "status": status}  # fmt: skip
+            if block.name in self.namespaces:
+                item["namespace"] = self.namespaces[block.name]
+            return item
         content = [content_part(block.kind, block.text)] if done else []
         if block.kind == "reasoning":
             return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
         return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+    def cut_short(self, block: Block) -> bool:
+        """Whether the answer's token limit ended it inside `block`."""
+        if self.blocks.finish_reason != "length" or block is not self.blocks.blocks[-1]:
+            return False
+        return block.kind != "tool_call" or not whole_object(block.text)
 
     def response(self, finished: bool = True) -> dict:
         response = {
@@ -322,6 +411,14 @@ class Reply:
                 "total_tokens": usage.prompt_tokens + usage.completion_tokens,
             },
         }
+
+
+def whole_object(text: str) -> bool:
+    """Whether `text` is a whole JSON object (a call's arguments written to their end)."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def content_part(kind: str, text: str) -> dict:

@@ -5,10 +5,12 @@ returned `Answer` in its own shapes, whole or streamed. Templates, tool-call gra
 parsing, logprobs and usage are the same for all three.
 """
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..decode.grammar import Constraint
+from ..errors import InvalidSettingError
 from ..text.replies import Delta
 
 
@@ -23,7 +25,10 @@ class Turn:
     "required" or a tool's name. `constraint` is the answer's grammar (response_format, text.format);
     `settings` the SamplingSettings fields (max_tokens, temperature, top_p, top_k, seed, stop, logit_bias);
     `logprobs` None (none) or how many alternatives to report beside each token's own (0-20);
-    `template_kwargs` extra chat-template variables (enable_thinking, ...).
+    `template_kwargs` extra chat-template variables (enable_thinking, reasoning_effort, ...); `cache_key` the
+    client's name for the conversation (`prompt_cache_key`), which the prompt cache keeps one entry of;
+    `messages_param` the request field the messages came from, which errors about them name, and `params` the
+    request field each setting came from where its name differs (Responses' max_output_tokens).
     """
 
     messages: list[dict]
@@ -35,6 +40,57 @@ class Turn:
     logprobs: int | None = None
     template_kwargs: dict = field(default_factory=dict)
     n: int = 1
+    cache_key: str | None = None
+    messages_param: str = "messages"
+    params: dict[str, str] = field(default_factory=dict)  # settings -> the request fields they came from
+
+
+@dataclass(frozen=True)
+class ForcedCall:
+    """A tool call the server makes the model write (`serve --force-tool-call NAME=JSON`, for testing agents with a
+    model that would not call tools by itself): on a turn that `applies`, the answer is decoded under a grammar that
+    allows exactly this call, whatever --max-tokens says (the call is the switch's own text)."""
+
+    name: str
+    arguments: dict
+
+    @classmethod
+    def parse(cls, spec: str) -> "ForcedCall":
+        """NAME=JSON, the JSON an object of the call's arguments."""
+        name, _, arguments = spec.partition("=")
+        try:
+            value = json.loads(arguments)
+        except json.JSONDecodeError:
+            value = None
+        if not name or not isinstance(value, dict):
+            raise InvalidSettingError(
+                f"--force-tool-call takes NAME=JSON, the JSON an object of arguments, got {spec!r}; e.g. "
+                '\'Bash={"command": "ls"}\''
+            )
+        return cls(name, value)
+
+    def applies(self, turn: "Turn") -> bool:
+        """Whether `turn` gets the call: its tools include NAME, its last message (system messages aside: Claude Code
+        ends with one) is the user's, and no call was made yet (an agent that resends the conversation after the
+        call's result, with a reminder of its own as a user message, gets an answer, not the call again)."""
+        names = [tool["function"]["name"] for tool in turn.tools or ()]
+        spoken = [m["role"] for m in turn.messages if m["role"] != "system"]
+        called = any(m.get("tool_calls") for m in turn.messages) or "tool" in spoken
+        return self.name in names and bool(spoken) and spoken[-1] == "user" and not called
+
+    def applied(self, turn: "Turn") -> "Turn":
+        """`turn` with this call forced, where it applies (else `turn` itself)."""
+        if not self.applies(turn):
+            return turn
+        exact = {
+            "type": "object",
+            "properties": {key: {"const": value} for key, value in self.arguments.items()},
+            "required": list(self.arguments),
+            "additionalProperties": False,
+            "x-guidance": {"whitespace_flexible": False},  # exactly this text: no room for a model to ramble in
+        }
+        tool = {"type": "function", "function": {"name": self.name, "parameters": exact}}
+        return replace(turn, tools=[tool], tool_choice=self.name, parallel_tool_calls=False)
 
 
 @dataclass

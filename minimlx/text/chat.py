@@ -101,7 +101,9 @@ def chat_messages_for_template(messages: list[dict]) -> list[dict]:
 
 
 def template_call(call: dict) -> dict:
-    """One OpenAI tool call with its arguments as an object rather than JSON text."""
+    """One OpenAI tool call with its arguments as an object rather than JSON text. A call marked
+    `"status": "incomplete"` (cut by the answer's token limit, as the Responses API sends it back) keeps the text
+    that was written: templates write a string of arguments as it is."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise InvalidSettingError(
@@ -113,6 +115,8 @@ def template_call(call: dict) -> dict:
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
+            if call.get("status") == "incomplete":
+                return call
             arguments = None
     if not isinstance(arguments, dict):
         raise InvalidSettingError(

@@ -29,12 +29,13 @@ class ReplyParser:
     arguments then stream as compact JSON text. The reply starts in reasoning when `prompt`, the rendered prompt,
     ends by opening it (`<think>`). With `reasoning` False, reasoning markers are plain content; with `tools` False,
     call markers are. A call still open at `close()` keeps what was written of it once its name was known; an
-    opened run of calls that never named one is content.
+    opened run of calls that never named one is content, unless the calls were `forced` (a grammar made the reply a
+    call: its cut start is no answer text, and is dropped).
     """
 
-    def __init__(self, template: str | None, tools: bool, reasoning: bool, prompt: str):
+    def __init__(self, template: str | None, tools: bool, reasoning: bool, prompt: str, forced: bool = False):
         self.format = tool_format(template)
-        self.tools, self.reasoning = tools, reasoning
+        self.tools, self.reasoning, self.forced = tools, reasoning, forced
         opened = [close for open, close in self.format.reasoning.items() if prompt.rstrip().endswith(open)]
         self.closing = opened[0] if opened and reasoning else None  # the marker ending the reasoning we are in
         self.buffer, self.held, self.fresh = "", "", True
@@ -62,7 +63,9 @@ class ReplyParser:
             markers = self._markers()
             found = [(self.buffer.find(m), -len(m), m) for m in markers if m in self.buffer]
             if not found:
-                held = 0 if final else marker_start(self.buffer, markers)
+                held = marker_start(self.buffer, markers)
+                if final and not (self.forced and self.tools):  # a forced call's cut marker is no answer text
+                    held = 0
                 self._write(out, self.buffer[: len(self.buffer) - held])
                 self.buffer = self.buffer[len(self.buffer) - held :]
                 if final:
@@ -97,6 +100,9 @@ class ReplyParser:
         self.run += self.buffer
         self.buffer = ""
         calls, end = self.format.calls(self.run)
+        if not calls and final and self.forced:  # a forced call cut before its name: nothing to show
+            self.run = None
+            return True
         if not calls and (end is not None or final):  # no call after all: its marker is content
             self._write(out, self.run_marker)
             self.buffer, self.run = self.run[len(self.run_marker) :], None

@@ -1,0 +1,140 @@
+"""Embeddings over HTTP: OpenAI's `POST /v1/embeddings` and Ollama's `POST /api/embed`, computed by the model's
+`Embedder` (minimlx/embedding.py) on the engine's thread, between decode steps. The pooling comes from the model's
+sentence-transformers files or serve's --pooling, and each answer says which it was."""
+
+import base64
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from ..embedding import Embedder, Reranker
+from ..errors import InvalidSettingError
+from .fields import APIError, bad, ignore_unread, integer, optional
+
+if TYPE_CHECKING:
+    from .bridge import EngineBridge
+    from .protocol import TurnServer
+
+MAX_INPUTS = 2048  # texts in one request (OpenAI's limit)
+
+
+def routes(
+    server: "TurnServer",
+    bridge: "EngineBridge",
+    embedder: Embedder | None,
+    reranker: Reranker | None,
+    context: int | None,
+) -> list[Route]:
+    def texts_of(body, param: str) -> list:
+        given = body.get(param)
+        texts = [given] if isinstance(given, str) or is_ids(given) else given
+        if not isinstance(texts, list) or not texts:
+            raise bad(param, f"'{param}' must be a non-empty string, list of strings, or token ids")
+        if len(texts) > MAX_INPUTS:
+            raise bad(param, f"'{param}' holds {len(texts)} texts; this server embeds at most {MAX_INPUTS} at once")
+        if not all(isinstance(t, str) and t or is_ids(t) for t in texts):
+            raise bad(param, f"each of '{param}' must be a non-empty string or a list of token ids")
+        return texts
+
+    async def embed(body, param: str, api: str) -> tuple[np.ndarray, int]:
+        if embedder is None:
+            message = (
+                "this model has no pooling (no sentence-transformers modules.json): it makes no embeddings; start "
+                "the server with --pooling mean|lasttoken|cls for a decoder's hidden states"
+            )
+            raise APIError(400, message, "model", "model_not_supported")
+        texts = texts_of(body, param)
+        dimensions = integer(body, "dimensions", None)
+        ignore_unread(body, api)
+        ids = embedder.ids(texts)
+        longest = max(len(row) for row in ids)
+        if context is not None and longest > context:
+            message = f"a text of '{param}' holds {longest} tokens; this model reads at most {context}"
+            raise APIError(400, message, param, "context_length_exceeded")
+        try:
+            vectors = await bridge.run(lambda: embedder(ids, dimensions))
+        except InvalidSettingError as e:
+            raise bad(e.field or param, str(e)) from None
+        return vectors, sum(len(row) for row in ids)
+
+    async def openai_embeddings(request: HTTPRequest):
+        body = await server.read(request)
+        encoding = optional(body, "encoding_format", str, '"float" or "base64"') or "float"
+        if encoding not in ("float", "base64"):
+            raise bad("encoding_format", f'\'encoding_format\' must be "float" or "base64", got {encoding!r}')
+        body.get("user")
+        vectors, tokens = await embed(body, "input", "embeddings")
+        data = [
+            {"object": "embedding", "index": i, "embedding": encoded(vector, encoding)}
+            for i, vector in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        reply = {"object": "list", "data": data, "model": server.model_name, "usage": usage}
+        return JSONResponse(reply | {"pooling": embedder.pooling.mode}, headers=body.headers())
+
+    async def ollama_embed(request: HTTPRequest):
+        started = time.monotonic_ns()
+        body = await server.read(request)
+        for name in ("truncate", "options", "keep_alive"):
+            body.get(name)
+        vectors, tokens = await embed(body, "input", "ollama")
+        total = time.monotonic_ns() - started
+        reply = {"model": server.model_name, "embeddings": vectors.tolist(), "total_duration": total}
+        reply |= {"load_duration": 0, "prompt_eval_count": tokens, "pooling": embedder.pooling.mode}
+        return JSONResponse(reply, headers=body.headers())
+
+    async def rerank(request: HTTPRequest):
+        """The Cohere/Jina shape llama-server and vLLM answer: `query`, `documents` (strings or {"text"}),
+        `top_n`, `return_documents`, `instruction`; results best first, scored as Qwen3-Reranker's card defines."""
+        body = await server.read(request)
+        query = optional(body, "query", str, "a string")
+        if not query:
+            raise bad("query", "'query' must be a non-empty string")
+        documents = body.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise bad("documents", "'documents' must be a non-empty list of strings or {\"text\": ...} objects")
+        if len(documents) > MAX_INPUTS:
+            raise bad("documents", f"'documents' holds {len(documents)}; this server ranks at most {MAX_INPUTS}")
+        texts = [d.get("text") if isinstance(d, dict) else d for d in documents]
+        if not all(isinstance(t, str) for t in texts):
+            raise bad("documents", 'each document must be a string or {"text": ...}')
+        top_n = integer(body, "top_n", len(texts))
+        if top_n < 1:
+            raise bad("top_n", f"'top_n' must be at least 1, got {top_n}")
+        instruction = optional(body, "instruction", str, "a string")
+        given_documents = body.get("return_documents", False) is True
+        ignore_unread(body, "rerank")
+        if reranker is None:
+            message = "this model's vocabulary has no single 'yes' and 'no' tokens, which reranking scores with"
+            raise APIError(400, message, "model", "model_not_supported")
+        scores = await bridge.run(lambda: reranker(query, texts, instruction))
+        best = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
+        results = [
+            {"index": i, "relevance_score": float(scores[i])}
+            | ({"document": {"text": texts[i]}} if given_documents else {})
+            for i in best
+        ]
+        tokens = sum(len(reranker.prompt(query, t, instruction)) for t in texts)
+        reply = {"model": server.model_name, "results": results, "usage": {"total_tokens": tokens}}
+        return JSONResponse(reply, headers=body.headers())
+
+    return [
+        Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
+        Route("/api/embed", ollama_embed, methods=["POST"]),
+        Route("/v1/rerank", rerank, methods=["POST"]),
+    ]
+
+
+def is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int and t >= 0 for t in value)
+
+
+def encoded(vector: np.ndarray, encoding: str):
+    """A vector as OpenAI sends it: a list of floats, or base64 of its float32 bytes."""
+    if encoding == "base64":
+        return base64.b64encode(vector.astype(np.float32).tobytes()).decode()
+    return vector.tolist()
