@@ -60,6 +60,22 @@ TINY = {
             final_logit_softcapping=4.0,
         ),
     ),
+    "llama4_text": (  # chunks of 4 (layers 0-1) beside a layer without RoPE: the chunked cache batched
+        "Llama4TextConfig",
+        dict(
+            SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            intermediate_size_mlp=SMALL["intermediate_size"],
+            num_local_experts=4,
+            interleave_moe_layer_step=2,
+            no_rope_layers=[1, 1, 0],
+            num_hidden_layers=3,
+            attention_chunk_size=4,
+            floor_scale=4,
+        ),
+    ),
     "deepseek_v3": (
         "DeepseekV3Config",
         dict(

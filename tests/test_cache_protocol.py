@@ -16,6 +16,7 @@ import minimlx
 from minimlx.core.cache import (
     Cache,
     Can,
+    ChunkedKVCache,
     FixedKVCache,
     FixedQuantizedKVCache,
     KVCache,
@@ -98,6 +99,7 @@ KINDS = {
     LatentCache: Kind(LatentCache, latent=True),
     RotatingKVCache: Kind(lambda: RotatingKVCache(WINDOW)),
     SinkKVCache: Kind(lambda: SinkKVCache(WINDOW)),
+    ChunkedKVCache: Kind(lambda: ChunkedKVCache(WINDOW)),
     FixedKVCache: Kind(FixedKVCache),
     FixedQuantizedKVCache: Kind(lambda: FixedQuantizedKVCache(8)),
 }

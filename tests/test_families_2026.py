@@ -12,6 +12,7 @@ from reference import random_ids, reference_logits, relative_error, save_referen
 
 import minimlx
 from minimlx.archs import plugin_config
+from minimlx.core import ChunkedKVCache, KVCache, MoE
 from minimlx.errors import CheckpointError
 
 VOCAB = 96
@@ -62,6 +63,27 @@ MISTRAL4 = dict(
     first_k_dense_replace=1,
     rope_parameters=dict(MINISTRAL3["rope_parameters"], rope_theta=10000.0, partial_rotary_factor=0.5),
 )
+LLAMA4 = dict(
+    BASE,
+    intermediate_size=32,
+    intermediate_size_mlp=96,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,  # dense, MoE, dense, MoE
+    no_rope_layers=[1, 1, 1, 0],  # the fourth layer: no RoPE, the whole text, the query temperature
+    attention_chunk_size=4,  # four chunks in the 16 test tokens
+    floor_scale=4,
+    attn_scale=0.5,
+    rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+    ),
+)
 CONFIGS = {
     "olmo3": (
         "Olmo3Config",
@@ -94,6 +116,26 @@ CONFIGS = {
         dict(model_class="Mistral3ForConditionalGeneration"),
     ),
     "mistral4": ("Mistral4Config", MISTRAL4, dict(model_class="Mistral4ForCausalLM")),
+    "llama4_text": ("Llama4TextConfig", LLAMA4),
+    "llama4": (
+        "Llama4Config",
+        dict(
+            text_config=LLAMA4,
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+                vision_output_dim=16,
+                projector_input_dim=16,
+                projector_output_dim=16,
+            ),
+            image_token_index=95,
+        ),
+        dict(model_class="Llama4ForConditionalGeneration"),
+    ),
     "glm4_moe": (
         "Glm4MoeConfig",
         dict(
@@ -211,3 +253,29 @@ def test_mistral4_latent_attention_temperature_and_grouped_routing(checkpoint):
     for layer in model.layers:
         layer.attn.query_temperature = None
     assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+@pytest.mark.parametrize("checkpoint", ["llama4_text"], indirect=True)
+def test_llama4_chunks_nope_layers_and_input_weighted_experts(checkpoint):
+    """Chunks of 4 in the rotated layers (their caches never hold more than 3 tokens), the whole text and the query
+    temperature in the fourth; each part changes the logits."""
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert [layer.attn.chunk for layer in model.layers] == [4, 4, 4, None]
+    assert [layer.attn.rope is None for layer in model.layers] == [False, False, False, True]
+    assert [layer.attn.query_temperature is not None for layer in model.layers] == [False, False, False, True]
+    cache = model.make_cache()
+    held = []
+    for t in range(16):
+        mx.eval(model(mx.array(ids[:, t : t + 1]), cache))
+        held.append(cache[0].held)
+    assert held == [min(t + 1, 3) for t in range(16)]
+    assert isinstance(cache[0], ChunkedKVCache) and type(cache[3]) is KVCache
+    for change in ("chunk", "query_temperature", "weighted_inputs"):
+        model = minimlx.load_model(folder, dtype="float32")
+        for layer in model.layers:
+            if change != "weighted_inputs":
+                setattr(layer.attn, change, None)
+            elif isinstance(layer.ffn, MoE):
+                layer.ffn.weighted_inputs = False
+        assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3, change

@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (registration happens on import)
     gpt2,
     gpt_oss,
     llama3,
+    llama4,
     minimax,
     mistral,
     olmo3,

@@ -63,9 +63,12 @@ class DecoderConfig:
     norms: str = "before"  # where a block's norms sit: "before" the sub-layers, "after" them, or "both" (four)
     qk_norm: bool = False  # queries and keys normed before RoPE: each head on its own, or all heads at once
     qk_norm_per_head: bool = True
+    qk_norm_after_rope: bool = False  # set: the per-head norms come after RoPE, in the layers that rotate only
+    qk_norm_class: type | None = None  # of the query and key norms, where it is not `norm_class`
     interleaved_rope: bool = False  # RoPE turns adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
     unrotated_layers: tuple[int, ...] = ()  # layers that attend with no RoPE (the causal mask alone orders tokens)
     window: int | None = None  # each token sees itself and the `window - 1` tokens before it ...
+    chunk: int | None = None  # ... or the tokens before it in its own chunk of this many ...
     global_layers: tuple[int, ...] = ()  # ... except in these layers, which see the whole text
     local_rope_base: float | None = None  # the windowed layers' own RoPE, where it differs
     local_rope_scaling: dict | None = None
@@ -122,6 +125,9 @@ class DecoderConfig:
         """Whether layer `layer` attends through the sliding window."""
         return self.window is not None and layer not in self.global_layers
 
+    def chunked(self, layer: int) -> bool:
+        return self.chunk is not None and layer not in self.global_layers
+
     def rope(self, layer: int) -> RoPE | None:
         """Layer `layer`'s RoPE: over `rotary_dims`, the windowed layers' own base and scaling where they have them."""
         if layer in self.unrotated_layers:
@@ -148,22 +154,26 @@ class DecoderConfig:
                 self.qkv_bias,
                 query_temperature=self.temperature(layer),
             )
+        rope = self.rope(layer)
+        qk_norm = self.qk_norm and (rope is not None or not self.qk_norm_after_rope)
         return Attention(
             self.dims,
             self.heads,
             self.kv_heads,
             self.head_dim,
-            self.rope(layer),
+            rope,
             self.qkv_bias,
             self.out_bias,
-            qk_norm_eps=self.norm_eps if self.qk_norm else None,
+            qk_norm_eps=self.norm_eps if qk_norm else None,
             qk_norm_per_head=self.qk_norm_per_head,
             window=self.window if self.sliding(layer) else None,
             sinks=self.sinks,
             scale=self.query_scale,
             logit_cap=self.attention_cap,
-            qk_norm=self.norm_class,
+            qk_norm=self.qk_norm_class or self.norm_class,
             query_temperature=self.temperature(layer),
+            chunk=self.chunk if self.chunked(layer) else None,
+            qk_norm_after_rope=self.qk_norm_after_rope,
         )
 
     def temperature(self, layer: int) -> QueryTemperature | None:

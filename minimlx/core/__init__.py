@@ -2,11 +2,11 @@
 
 from .attention import Attention, capped_attention, soft_cap
 from .block import Block, FourNormBlock, PostNormBlock
-from .cache import KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
+from .cache import ChunkedKVCache, KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
-from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
+from .norms import LayerNorm, OffsetRMSNorm, RMSNorm, UnscaledRMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
@@ -16,6 +16,7 @@ from .transformer import Transformer
 __all__ = [
     "Attention",
     "Block",
+    "ChunkedKVCache",
     "Experts",
     "FourNormBlock",
     "GatedFFN",
@@ -37,6 +38,7 @@ __all__ = [
     "Router",
     "SwiGLU",
     "Transformer",
+    "UnscaledRMSNorm",
     "capped_attention",
     "clamped_swiglu",
     "is_moe_layer",
