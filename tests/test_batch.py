@@ -97,6 +97,30 @@ TINY = {
             routed_scaling_factor=2.5,
         ),
     ),
+    "deepseek_v32": (  # sparse attention: 4 of the keys each query sees, chosen per row
+        "DeepseekV32Config",
+        dict(
+            SMALL,
+            moe_intermediate_size=24,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_nope_head_dim=12,
+            qk_rope_head_dim=8,
+            v_head_dim=10,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            index_topk=4,
+            index_n_heads=8,
+            index_head_dim=16,
+        ),
+    ),
 }
 
 

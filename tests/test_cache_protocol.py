@@ -19,6 +19,7 @@ from minimlx.core.cache import (
     ChunkedKVCache,
     FixedKVCache,
     FixedQuantizedKVCache,
+    IndexedLatentCache,
     KVCache,
     LatentCache,
     QuantizedKVCache,
@@ -97,6 +98,7 @@ KINDS = {
     KVCache: Kind(KVCache),
     QuantizedKVCache: Kind(lambda: QuantizedKVCache(8)),
     LatentCache: Kind(LatentCache, latent=True),
+    IndexedLatentCache: Kind(IndexedLatentCache),  # two arrays a token, as keys and values are
     RotatingKVCache: Kind(lambda: RotatingKVCache(WINDOW)),
     SinkKVCache: Kind(lambda: SinkKVCache(WINDOW)),
     ChunkedKVCache: Kind(lambda: ChunkedKVCache(WINDOW)),

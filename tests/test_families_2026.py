@@ -12,7 +12,7 @@ from reference import random_ids, reference_logits, relative_error, save_referen
 
 import minimlx
 from minimlx.archs import plugin_config
-from minimlx.core import ChunkedKVCache, KVCache, MoE
+from minimlx.core import ChunkedKVCache, IndexedLatentCache, KVCache, MoE
 from minimlx.errors import CheckpointError
 
 VOCAB = 96
@@ -135,6 +135,17 @@ CONFIGS = {
             image_token_index=95,
         ),
         dict(model_class="Llama4ForConditionalGeneration"),
+    ),
+    "deepseek_v32": (
+        "DeepseekV32Config",
+        DEEPSEEK_V32 := dict(
+            MISTRAL4,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            index_topk=5,  # of up to 16 keys
+            index_n_heads=8,  # enough heads that no two keys tie at an index score of 0 (every head's ReLU at 0)
+            index_head_dim=16,
+        ),
+        dict(random_buffers=("e_score_correction_bias",)),
     ),
     "glm4_moe": (
         "Glm4MoeConfig",
@@ -279,3 +290,29 @@ def test_llama4_chunks_nope_layers_and_input_weighted_experts(checkpoint):
             elif isinstance(layer.ffn, MoE):
                 layer.ffn.weighted_inputs = False
         assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3, change
+
+
+@pytest.mark.parametrize("checkpoint", ["deepseek_v32"], indirect=True)
+def test_deepseek_v32_attends_to_the_indexers_top_k_keys(checkpoint):
+    """Each query past the fifth sees 5 of its keys; seeing them all changes the logits. The indexer's keys are cached
+    beside the latents, one row of index_head_dim per token."""
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    cache = model.make_cache()
+    model(mx.array(ids[:, :9]), cache)
+    assert isinstance(cache[0], IndexedLatentCache) and cache[0].state[1].shape[-1] == 16
+    for layer in model.layers:
+        layer.attn.indexer.top_k = 16
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(index_topk=129), r"index_topk \(129\) is above the context"),
+        (dict(num_key_value_heads=2), "sparse attention needs num_key_value_heads"),
+    ],
+)
+def test_deepseek_v32_bad_configs_are_refused_in_one_line(change, message):
+    with pytest.raises(CheckpointError, match=message):
+        plugin_config(dict(DEEPSEEK_V32, model_type="deepseek_v32", **change))

@@ -16,6 +16,7 @@ from ..core import (
     Block,
     FourNormBlock,
     GatedFFN,
+    Indexer,
     LatentAttention,
     PostNormBlock,
     QueryTemperature,
@@ -85,6 +86,9 @@ class DecoderConfig:
     q_lora_rank: int | None = None
     nope_dims: int = 0
     value_dims: int = 0
+    index_top_k: int = 0  # set: latent attention sees the top-k keys a lightning indexer of these sizes chooses
+    index_heads: int = 0
+    index_head_dim: int = 0
 
     @classmethod
     def from_config(cls, config: dict):
@@ -153,6 +157,7 @@ class DecoderConfig:
                 self.query_scale,
                 self.qkv_bias,
                 query_temperature=self.temperature(layer),
+                indexer=self.indexer() if self.index_top_k else None,
             )
         rope = self.rope(layer)
         qk_norm = self.qk_norm and (rope is not None or not self.qk_norm_after_rope)
@@ -175,6 +180,12 @@ class DecoderConfig:
             chunk=self.chunk if self.chunked(layer) else None,
             qk_norm_after_rope=self.qk_norm_after_rope,
         )
+
+    def indexer(self) -> Indexer:
+        """The top-k key chooser of sparse latent attention: its own RoPE on rotate-half pairs, the attention's
+        angles."""
+        rope = RoPE(self.rotary_dims, self.rope_base, self.rope_scaling, self.max_positions)
+        return Indexer(self.dims, self.q_lora_rank, self.index_heads, self.index_head_dim, rope, self.index_top_k)
 
     def temperature(self, layer: int) -> QueryTemperature | None:
         """Layer `layer`'s position-dependent query scale, where it has one."""

@@ -2,7 +2,7 @@
 
 from .attention import Attention, capped_attention, soft_cap
 from .block import Block, FourNormBlock, PostNormBlock
-from .cache import ChunkedKVCache, KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
+from .cache import ChunkedKVCache, IndexedLatentCache, KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
@@ -10,6 +10,7 @@ from .norms import LayerNorm, OffsetRMSNorm, RMSNorm, UnscaledRMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
+from .sparse_attention import Indexer
 from .temperature import QueryTemperature
 from .transformer import Transformer
 
@@ -20,6 +21,8 @@ __all__ = [
     "Experts",
     "FourNormBlock",
     "GatedFFN",
+    "Indexer",
+    "IndexedLatentCache",
     "KVCache",
     "QuantizedKVCache",
     "LatentAttention",

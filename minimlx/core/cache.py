@@ -413,6 +413,13 @@ class LatentCache(GrowingBuffer):
         return self.append(latent_keys)[0]
 
 
+class IndexedLatentCache(GrowingBuffer):
+    """A `LatentCache` with a sparse attention indexer's keys beside the latents, (batch, 1, tokens, index_dims)."""
+
+    def update(self, latent_keys: mx.array, index_keys: mx.array) -> tuple[mx.array, mx.array]:
+        return tuple(self.append(latent_keys, index_keys))
+
+
 def visible(
     start: int, offset: int, tokens: int, window: int | None = None, padding: list[int] = (), sinks: int = 0
 ) -> mx.array:

@@ -31,6 +31,7 @@ from mlx.utils import tree_flatten
 from ..core.cache import (
     Can,
     ChunkedKVCache,
+    IndexedLatentCache,
     KVCache,
     LatentCache,
     QuantizedKVCache,
@@ -48,7 +49,15 @@ from .settings import check_kv_bits
 FORMAT = "minimlx-prompt-cache-1"
 KINDS = {
     kind.__name__: kind
-    for kind in (KVCache, QuantizedKVCache, RotatingKVCache, ChunkedKVCache, SinkKVCache, LatentCache)
+    for kind in (
+        KVCache,
+        QuantizedKVCache,
+        RotatingKVCache,
+        ChunkedKVCache,
+        SinkKVCache,
+        LatentCache,
+        IndexedLatentCache,
+    )
 }
 ARRAYS = {
     "KVCache": 2,
@@ -57,6 +66,7 @@ ARRAYS = {
     "ChunkedKVCache": 2,
     "SinkKVCache": 2,
     "LatentCache": 1,
+    "IndexedLatentCache": 2,
 }  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
 log = logging.getLogger("minimlx.prompt_cache")
