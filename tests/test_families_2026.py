@@ -8,9 +8,10 @@ through the cache from the start, and a 9-token prompt then single steps.
 import mlx.core as mx
 import numpy as np
 import pytest
-from reference import random_ids, reference_logits, relative_error, save_reference
+from reference import random_ids, reference_logits, relative_error, require, save_reference
 
 import minimlx
+from minimlx.anatomy.ledger import ledger
 from minimlx.archs import plugin_config
 from minimlx.core import ChunkedKVCache, IndexedLatentCache, KVCache, MoE
 from minimlx.errors import CheckpointError
@@ -316,3 +317,19 @@ def test_deepseek_v32_attends_to_the_indexers_top_k_keys(checkpoint):
 def test_deepseek_v32_bad_configs_are_refused_in_one_line(change, message):
     with pytest.raises(CheckpointError, match=message):
         plugin_config(dict(DEEPSEEK_V32, model_type="deepseek_v32", **change))
+
+
+TEXT_ONLY = ["deepseek_v32", "glm4_moe", "llama4_text", "minimax_m2", "ministral3", "mistral4", "olmo3"]
+
+
+@pytest.mark.parametrize("checkpoint", TEXT_ONLY, indirect=True)
+def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
+    """The anatomy ledger of the config alone: transformers' parameters, plus the routers' correction biases (kept
+    there as buffers)."""
+    transformers = require("transformers")
+    name, folder, *_ = checkpoint
+    _, _, *options = CONFIGS[name]
+    model_class = getattr(transformers, options[0]["model_class"]) if options and "model_class" in options[0] else None
+    model = (model_class or transformers.AutoModelForCausalLM).from_pretrained(folder)
+    biases = [b for key, b in model.named_buffers() if key.endswith("e_score_correction_bias")]
+    assert ledger(folder).total == sum(p.numel() for p in [*model.parameters(), *biases])
