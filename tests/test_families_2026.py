@@ -30,6 +30,9 @@ BASE = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+VISION = dict(  # the smallest vision tower: image-text checkpoints hold one, which minimlx skips
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+)
 MINISTRAL3 = dict(
     BASE,
     head_dim=16,
@@ -103,15 +106,7 @@ CONFIGS = {
         "Mistral3Config",
         dict(
             text_config=dict(MINISTRAL3, model_type="ministral3"),
-            vision_config=dict(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=28,
-                patch_size=14,
-                head_dim=8,
-            ),
+            vision_config=dict(VISION, head_dim=8),
             image_token_index=95,
         ),
         dict(model_class="Mistral3ForConditionalGeneration"),
@@ -122,17 +117,7 @@ CONFIGS = {
         "Llama4Config",
         dict(
             text_config=LLAMA4,
-            vision_config=dict(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=28,
-                patch_size=14,
-                vision_output_dim=16,
-                projector_input_dim=16,
-                projector_output_dim=16,
-            ),
+            vision_config=dict(VISION, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16),
             image_token_index=95,
         ),
         dict(model_class="Llama4ForConditionalGeneration"),
