@@ -318,3 +318,28 @@ def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
     model = (model_class or transformers.AutoModelForCausalLM).from_pretrained(folder)
     biases = [b for key, b in model.named_buffers() if key.endswith("e_score_correction_bias")]
     assert ledger(folder).total == sum(p.numel() for p in [*model.parameters(), *biases])
+
+
+@pytest.mark.parametrize("checkpoint", ["llama4_text", "deepseek_v32"], indirect=True)
+def test_new_caches_serve_speculation_and_prompt_cache_files(checkpoint):
+    """Chunked and indexed caches under the engine's other uses: speculation (prompt lookup, whose rejected drafts
+    are taken back, and a draft model) gives plain decoding's greedy tokens, and a cache written as a prompt cache file's layers and read back
+    continues exactly as the cache itself does."""
+    from test_speculative import Ids
+
+    from minimlx.decode import stream_generate
+    from minimlx.decode.prompt_cache import columns, restored
+
+    _, folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    prompt = ids[0].tolist() + ids[0, :6].tolist()
+    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12)]
+    looked_up = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12, prompt_lookup=2)]
+    drafted = list(stream_generate(model, Ids(), prompt, max_tokens=12, draft_model=model, draft_tokens=3))
+    assert looked_up == [r.token for r in drafted] == plain and drafted[-1].drafted_tokens > 0
+    cache = model.make_cache()
+    model(mx.array(ids[:1, :11]), cache)
+    back = [restored(*columns(c)) for c in cache]
+    assert [type(c) for c in back] == [type(c) for c in cache]
+    rest = mx.array(ids[:1, 11:])
+    assert mx.array_equal(model(rest, back), model(rest, cache)).item()
