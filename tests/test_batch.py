@@ -238,6 +238,17 @@ TINY["deepseek_v32"] = (  # sparse attention: 4 of the keys each query sees, cho
     dict(TINY["deepseek_v3"][1], index_topk=4, index_n_heads=8, index_head_dim=16),
 )
 
+TINY["ministral3"] = (  # the query temperature read at each row's own positions
+    "Ministral3Config",
+    dict(
+        TINY["llama"][1],
+        head_dim=12,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=4, llama_4_scaling_beta=0.5
+        ),
+    ),
+)
+
 
 @pytest.fixture(scope="module", params=sorted(TINY))
 def tiny(request, tmp_path_factory):

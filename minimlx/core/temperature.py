@@ -16,7 +16,7 @@ class QueryTemperature:
 
     def __call__(self, q: mx.array, positions: Positions) -> mx.array:
         """q (batch, heads, tokens, head_dim) scaled by its positions' factors, in q's dtype."""
-        where = positions.indices().astype(mx.float32)
+        where = mx.maximum(positions.indices(), 0).astype(mx.float32)  # a padded row's padding sits before 0
         factor = 1 + self.beta * mx.log(1 + mx.floor((where + self.shift) / self.span))
         factor = factor[:, None, :, None] if factor.ndim == 2 else factor[:, None]
         return q * factor.astype(q.dtype)
