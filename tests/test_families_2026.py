@@ -323,8 +323,8 @@ def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
 @pytest.mark.parametrize("checkpoint", ["llama4_text", "deepseek_v32"], indirect=True)
 def test_new_caches_serve_speculation_and_prompt_cache_files(checkpoint):
     """Chunked and indexed caches under the engine's other uses: speculation (prompt lookup, whose rejected drafts
-    are taken back, and a draft model) gives plain decoding's greedy tokens, and a cache written as a prompt cache file's layers and read back
-    continues exactly as the cache itself does."""
+    are taken back, and a draft model) gives plain decoding's greedy tokens, and a cache written as a prompt cache
+    file's layers and read back continues exactly as the cache itself does."""
     from test_speculative import Ids
 
     from minimlx.decode import stream_generate
