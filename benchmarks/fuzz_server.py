@@ -1,5 +1,5 @@
-"""A longer fuzzing run than CI's: schemathesis against the server (tests/test_openapi.py) and Hypothesis over the
-readers (tests/test_fuzz.py), with many more examples, unseeded.
+"""A longer fuzzing run than CI's: schemathesis against the server (tests/test_server_openapi.py) and Hypothesis over
+the readers (tests/test_io_fuzz.py), with many more examples, unseeded.
 
     python benchmarks/fuzz_server.py [EXAMPLES]    # default 1000 per operation and phase
 """
@@ -14,7 +14,7 @@ ROOT = Path(__file__).parent.parent
 
 def main(examples: int) -> int:
     environment = {**os.environ, "FUZZ_EXAMPLES": str(examples), "HYPOTHESIS_PROFILE": "long", "PYTHONPATH": str(ROOT)}
-    tests = ["tests/test_openapi.py", "tests/test_fuzz.py"]
+    tests = ["tests/test_server_openapi.py", "tests/test_io_fuzz.py"]
     command = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:warnings", *tests]
     return subprocess.run(command, cwd=ROOT, env=environment, timeout=3 * 3600).returncode
 

@@ -9,7 +9,7 @@ request), p50/p99 latency, aggregate tokens/s, the server's RSS over time, and i
     python benchmarks/soak.py --minutes 10                 # SmolLM2-135M
     python benchmarks/soak.py --minutes 1 --model FOLDER --long-words 150
 
-tests/test_soak.py runs a short version against a tiny random model.
+tests/test_server_soak.py runs a short version against a tiny random model.
 """
 
 import argparse

@@ -9,7 +9,6 @@ from .decode import Constraint, batch_generate, generate, load_prompt_cache, sav
 from .anatomy import ledger, trace
 from .explainer import explain
 from .embedding import Embedder, embed
-from . import lens  # noqa: F401  (minimlx.lens.logit_lens)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -21,7 +20,6 @@ __all__ = [
     "explain",
     "generate",
     "ledger",
-    "lens",
     "list_archs",
     "load",
     "load_model",

@@ -105,13 +105,7 @@ def convert(
     if quantize:
         check_quantization(bits, group_size, mode, recipe)
     out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise InvalidSettingError(f"{out} already exists and is not a folder; name a new folder to write to")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise InvalidSettingError(
-            f"{out} already exists and is not an empty folder; name a new folder to write to, or pass --force to "
-            "replace it"
-        )
+    check_target(out, force)
     say = progress or (lambda line: None)
 
     path = resolve(source)
@@ -134,16 +128,38 @@ def convert(
         arrays = computed_from_gguf(path, dtype, checkpoint, standins, tensors, outputs)
     del checkpoint, standins, tensors  # from here on only `arrays` refers to the (lazy) weights
 
+    def write(folder: Path) -> None:
+        write_shards(layout, arrays, folder, shard_size, say)
+        write_config(config, quantization, torch_dtype, folder / "config.json")
+        tokenizer(folder)
+        write_readme(folder, path, config.get("model_type"), quantization, torch_dtype)
+
+    write_whole(out, sum(math.prod(shape) * kind.size for shape, kind in layout.values()), write)
+    say(f"wrote {out}")
+    return out
+
+
+def check_target(out: Path, force: bool) -> None:
+    """Refuse an `out` that is a file, or a folder that holds files unless `force`: before any work."""
+    if out.exists() and not out.is_dir():
+        raise InvalidSettingError(f"{out} already exists and is not a folder; name a new folder to write to")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InvalidSettingError(
+            f"{out} already exists and is not an empty folder; name a new folder to write to, or pass --force to "
+            "replace it"
+        )
+
+
+def write_whole(out: Path, size: int, write: Callable[[Path], None]) -> None:
+    """`write` a folder into a hidden one beside `out`, renamed to `out` once it returns, so that an interrupted,
+    killed or failed conversion leaves `out` as it was; `size` bytes must fit on the disk before it starts."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    check_room(out, sum(math.prod(shape) * kind.size for shape, kind in layout.values()))
+    check_room(out, size)
     staging = out.parent / f".{out.name}.converting-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        write_shards(layout, arrays, staging, shard_size, say)
-        write_config(config, quantization, torch_dtype, staging / "config.json")
-        tokenizer(staging)
-        write_readme(staging, path, config.get("model_type"), quantization, torch_dtype)
+        write(staging)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
@@ -152,8 +168,6 @@ def convert(
         raise InvalidSettingError(f"writing {out} failed ({reason}); {out} is as it was") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    say(f"wrote {out}")
-    return out
 
 
 def output_tensors(checkpoint: Checkpoint, quantize, bits, group_size, mode, recipe, dtype) -> tuple[dict, dict | None]:

@@ -167,9 +167,9 @@ def splitter(parallel: str | None):
     (see minimlx.distributed), or None to hold it whole."""
     if parallel is None:
         return None
-    from .distributed import Split
+    from .distributed import split_for
 
-    return Split(parallel)
+    return split_for(parallel)
 
 
 def assemble(checkpoint: Checkpoint, dtype: str | None, parallel: str | None = None) -> nn.Module:
@@ -248,18 +248,6 @@ def load_model(path: str | Path, dtype: str | None = None, parallel: str | None 
     if not folder.exists():
         raise ModelNotFoundError(f"no such model folder: {folder}")
     return assemble(read_checkpoint(folder), dtype, parallel)
-
-
-def load_gguf(path: str | Path, dtype: str | None = None, parallel: str | None = None) -> tuple[nn.Module, dict]:
-    """A GGUF file as a model, and the file's metadata (which also holds the tokenizer).
-
-    `dtype` None or "quantized" keeps the tensor types MLX can run packed (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-    Q5_K, MXFP4) packed and re-packs the others (llama.cpp's reference dequantizer, then MLX affine 8- or 6-bit);
-    a float dtype reads and dequantizes everything into it.
-    """
-    check_dtype(dtype)
-    checkpoint = read_checkpoint(Path(path), dtype, parallel)
-    return assemble(checkpoint, dtype, parallel), checkpoint.metadata
 
 
 def load(

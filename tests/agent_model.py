@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from llamacpp import CACHE, smollm2_tokenizer, staged
-from test_generate import smollm2_path
+from models import smollm2_path
 
 END_PROBABILITY = 0.15
 SHARED = 4.0  # the shared coordinate of every token's embedding

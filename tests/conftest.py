@@ -5,13 +5,15 @@ import pytest
 
 import minimlx  # noqa: F401  (before any test module imports mlx.core: minimlx.cpu.blas can then put MKL under MLX)
 
+# The fixtures import the support modules (models, servers, ...) when they run: those import mlx.core.
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of SmolLM2-135M-Instruct in float32, loaded once for every module that generates with it."""
-    from test_generate import smollm2_path
+    from models import smollm2_path
 
     smollm2_path()
     return minimlx.load("smollm2-135m", dtype="float32")
@@ -36,8 +38,8 @@ def hf_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served():
     """A `minimlx serve` process on SmolLM2 with the default options, one per test module that asks for it."""
-    from test_generate import smollm2_path
-    from test_serve import Served
+    from models import smollm2_path
+    from servers import Served
 
     smollm2_path()
     server = Served()
@@ -47,8 +49,8 @@ def served():
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
-    """The tiny models of test_gguf_llamacpp.py and the GGUF files llama.cpp's converter made of them, once."""
-    from test_gguf_llamacpp import convert_all
+    """The tiny models of test_io_gguf_llamacpp.py and the GGUF files llama.cpp's converter made of them, once."""
+    from llamacpp_models import convert_all
 
     return convert_all(tmp_path_factory)
 

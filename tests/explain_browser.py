@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_serve import free_port
+from servers import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

@@ -6,7 +6,7 @@ folder; `$MINIMLX_LLAMACPP` may name a llama.cpp checkout (or such a folder) ins
 subprocess with its own `gguf-py`, which is usually newer than the installed `gguf` package.
 
 llama.cpp's server test suite (`tools/server/tests/`, with the `models/templates/` its tests name) is extracted
-the same way into a folder of its own, for tests/test_llamacpp_server.py.
+the same way into a folder of its own, for tests/test_server_llamacpp_suite.py.
 
 llama.cpp's own tools (`llama-tokenize`, `llama-quantize`) are built once from the same vendored sources into the
 cache (`llamacpp_tool`): the whole vendored tree, cmake, two jobs, about 25 minutes on 2 cores the first time.

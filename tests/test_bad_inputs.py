@@ -764,11 +764,13 @@ def test_closed_stdout(tiny):
     refused(process("run", "w2", "--model", tiny, "--no-chat-template", close=1), "standard output is closed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["run", "-", "--no-chat-template"], ["chat"]], ids=["run", "chat"])
 def test_closed_stdin(tiny, command):
     refused(process(*command, "--model", tiny, close=0), "standard input is closed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command", [["run", "w2", "--no-chat-template"], ["anatomy", "gpt2"], ["archs"]], ids=["run", "anatomy", "archs"]
 )
@@ -778,6 +780,7 @@ def test_a_full_disk(tiny, command):
         refused(process(*command, *model, stdout=full), "no space left", status=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["run", "w2", "--no-chat-template"], ["anatomy", "gpt2"]], ids=["run", "anatomy"])
 def test_a_pipe_closed_by_the_reader(tiny, command):
     model = ["--model", str(tiny)] if command[0] == "run" else []
@@ -787,16 +790,19 @@ def test_a_pipe_closed_by_the_reader(tiny, command):
     refused(Finished(child.returncode, "", stderr.decode()), "broken pipe", status=1)
 
 
+@pytest.mark.slow
 def test_run_with_stdin_from_dev_null(tiny):
     refused(process("run", "--model", tiny, input=b""), "prompt is empty")
 
 
+@pytest.mark.slow
 def test_invalid_utf8_in_argv_of_a_real_process(tiny):
     result = process("run", b"w2 \xff w3", "--model", tiny, "--no-chat-template", "--max-tokens", "2")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("not valid UTF-8") == 1
 
 
+@pytest.mark.slow
 def test_chat_survives_a_line_of_invalid_utf8(tiny):
     result = process("chat", "--model", tiny, "--max-tokens", "3", input=b"\xff\xfe\nw2 w3\n/exit\n")
     # the tiny model has no chat template: each turn is refused in one line, and the chat goes on to /exit
@@ -828,6 +834,7 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_run_within_a_second():
     path = smollm2()
     child = subprocess.Popen(
@@ -844,6 +851,7 @@ def test_ctrl_c_stops_run_within_a_second():
     refused(Finished(child.returncode, "", stderr.decode()), "interrupted", status=130)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_bench_measures_ends_in_one_line():
     path = smollm2()
     child = subprocess.Popen(
@@ -968,6 +976,7 @@ def bounded(*args, seconds=30, gigabytes=2):
     return result
 
 
+@pytest.mark.slow
 def test_bench_with_a_billion_tokens_refuses_at_once():
     refused(bounded("bench", smollm2(), "--gen-tokens", 10**9), "--gen-tokens 1000000000", "context of 8192")
 

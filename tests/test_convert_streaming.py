@@ -162,6 +162,7 @@ def peak_rss(command: list[str]) -> int:
     return int(peak)
 
 
+@pytest.mark.slow
 def test_converting_a_gguf_holds_about_one_tensor_at_a_time(tmp_path):
     """Three 42 MB FFN matrices of 140 MB of tensors: converting them all at once would hold 3.3 times the largest
     over the runtime (the whole model), this holds 1.1 times it (measured)."""
@@ -187,6 +188,7 @@ def test_converting_a_gguf_holds_about_one_tensor_at_a_time(tmp_path):
 FAMILIES = ["llama", "gpt2", "qwen2_moe", "deepseek_v2_lite", "gemma3", "phi3", "gpt_oss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_streamed_gguf_tensors_are_the_whole_models(converted, name, tmp_path, monkeypatch):
     """q8_0 files converted as stored, and the llama file also quantized and cast, each tensor in a group of its

@@ -158,6 +158,7 @@ def one_process_ids(path: str) -> list[int]:
     return list(generate_tokens(model, PROMPT, model.make_cache(), SamplingSettings(TOKENS)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2", "qwen3_moe", "deepseek_v3"])
 @pytest.mark.parametrize("mode", ["pipeline", "tensor"])
 def test_two_ranks_generate_the_tokens_of_one_process(ranks_ran, models, name, mode):
@@ -167,6 +168,7 @@ def test_two_ranks_generate_the_tokens_of_one_process(ranks_ran, models, name, m
         assert rank["ids"] == expected
 
 
+@pytest.mark.slow
 def test_pipeline_ranks_read_only_their_blocks_and_hold_their_share(ranks_ran):
     alone, pipeline = ranks_ran["deep", None][0], ranks_ran["deep", "pipeline"]
     assert alone["ids"] == pipeline[0]["ids"] == pipeline[1]["ids"]
@@ -182,6 +184,7 @@ def test_pipeline_ranks_read_only_their_blocks_and_hold_their_share(ranks_ran):
         assert rank["peak"] <= 0.65 * alone["peak"], (rank["peak"], alone["peak"])
 
 
+@pytest.mark.slow
 def test_pipeline_ranks_on_a_gguf_read_only_their_tensors(ranks_ran, models):
     """Each rank reads the file tensors of its blocks, the first the embedding, the last the final norm and (the
     head being tied) the embedding too: every block is read by exactly one rank."""
@@ -203,6 +206,7 @@ def test_pipeline_ranks_on_a_gguf_read_only_their_tensors(ranks_ran, models):
     assert all(set(rank["read"]) == every for rank in ranks_ran["smollm2", "tensor"])
 
 
+@pytest.mark.slow
 def test_cli_run_under_mlx_launch_prints_once_what_one_process_prints(models):
     args = ["run", "-m", models["qwen3_moe"], "w3 w4 w5", "--max-tokens", "8", "--no-chat-template"]
     alone = subprocess.run(minimlx(*args), env=ENV, capture_output=True, text=True, timeout=120)
@@ -213,10 +217,11 @@ def test_cli_run_under_mlx_launch_prints_once_what_one_process_prints(models):
     assert split.stderr.count("generation: 8 tokens") == 1  # stats from rank 0 only
 
 
+@pytest.mark.slow
 def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
     import urllib.request
 
-    from test_serve import wait_until_serving
+    from servers import wait_until_serving
 
     args = ["-m", models["qwen3_moe"]]
     alone = subprocess.run(
@@ -242,12 +247,13 @@ def test_serve_under_two_ranks_answers_as_run_does(models, tmp_path):
     assert [choice["text"] for choice in answer["choices"]] == [alone.stdout.strip()] * 2
 
 
+@pytest.mark.slow
 def test_a_grammar_ends_an_answer_on_every_rank(smollm2, tmp_path):
     """A regex completes SmolLM2's answer early on rank 0; the other rank must end it there too, or the next step
     (its collectives) would hang."""
     import urllib.request
 
-    from test_serve import wait_until_serving
+    from servers import wait_until_serving
 
     port = free_ports(1)
     ranks = start_ranks([minimlx("serve", "-m", str(smollm2), "--port", str(port), "--pipeline")] * 2, tmp_path)
@@ -272,6 +278,7 @@ def test_a_grammar_ends_an_answer_on_every_rank(smollm2, tmp_path):
     assert "Paris" in free["message"]["content"]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_other_within_30_seconds(deep_folder, tmp_path):
     args = ["run", "-m", str(deep_folder), "w3 w4", "--max-tokens", "3000", "--no-chat-template", "--pipeline"]
     first, second = start_ranks([minimlx(*args), minimlx(*args)], tmp_path)
@@ -290,6 +297,7 @@ def test_a_killed_rank_ends_the_other_within_30_seconds(deep_folder, tmp_path):
     assert stderr.count("\n") == 1 and stderr.startswith("error: another rank stopped"), stderr
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_ends_the_other_within_60_seconds(deep_folder, tmp_path):
     """SIGSTOP keeps the stopped rank's sockets open: the other's collectives would wait for ever, but its step
     watchdog (MINIMLX_RANK_TIMEOUT, 45 s by default; 10 s here) ends it with one line."""
@@ -310,6 +318,7 @@ def test_a_stopped_rank_ends_the_other_within_60_seconds(deep_folder, tmp_path):
     assert stderr.count("\n") == 1 and stderr.startswith("error: a step waited over 10 s"), stderr
 
 
+@pytest.mark.slow
 def test_ranks_with_different_models_are_refused_before_generating(models, tmp_path):
     ranks = start_ranks(
         [minimlx("run", "-m", models[name], "w3", "--pipeline") for name in ("qwen3_moe", "deepseek_v3")], tmp_path
@@ -324,6 +333,7 @@ def test_ranks_with_different_models_are_refused_before_generating(models, tmp_p
     assert outputs[1][1] == ""  # errors are rank 0's to print
 
 
+@pytest.mark.slow
 def test_a_share_too_big_for_its_rank_is_refused_by_every_rank(deep_folder, tmp_path):
     script = (
         "import sys, minimlx.distributed as d\n"

@@ -9,7 +9,7 @@ import io
 import mlx.core as mx
 import pytest
 from doc_pages import ROOT, bash_commands, blocks, console_commands, matches, shell
-from test_generate import smollm2_path
+from models import smollm2_path
 
 PAGES = ["README.md", "docs/anatomy.md", "docs/python-api.md"]
 COMMANDS = [(page, command, output) for page in PAGES for command, output in console_commands(ROOT / page)]
@@ -28,6 +28,7 @@ def test_every_page_has_something_to_run():
     assert {page for page, *_ in COMMANDS + PROGRAMS} | set(SESSIONS) == set(PAGES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "page, command, output",
     [
@@ -48,6 +49,7 @@ def test_documented_command_runs_as_written(page, command, output, tmp_path):
         assert matches(output, actual), "\n".join(["documented:", *output, "actual:", *actual])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page, program, output", PROGRAMS, ids=[f"{p}: {b.splitlines()[-1]}" for p, b, _ in PROGRAMS])
 def test_documented_program_prints_what_the_page_shows(page, program, output):
     smollm2_path()
@@ -58,6 +60,7 @@ def test_documented_program_prints_what_the_page_shows(page, program, output):
         assert printed.getvalue().rstrip("\n").splitlines() == output.rstrip("\n").splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", SESSIONS)
 def test_documented_session_gives_the_results_shown(page):
     smollm2_path()

@@ -30,6 +30,7 @@ def test_every_option_is_documented(name):
     assert [opt for opt in options if opt.startswith("--") and f"`{opt}" not in text] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, output", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_documented_command_runs_as_written(command, output, tmp_path):
     run = shell(command, tmp_path)

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llamacpp import smollm2_tokenizer
+from models import smollm2_path
 from reference import require
-from test_generate import smollm2_path
-from test_serve import Served
+from servers import Served
 
 import minimlx
 from minimlx.embedding import Embedder

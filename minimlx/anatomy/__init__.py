@@ -1,19 +1,16 @@
 """Taking a model apart: parameter ledger, activation trace, logit lens, residual-stream similarity."""
 
+from . import lens  # noqa: F401  (minimlx.anatomy.lens.logit_lens once minimlx is imported)
 from .ledger import Ledger, ledger, preset, presets
-from .lens import LensResult, layer_distributions, logit_lens
 from .similarity import WordComparison, compare_word, embedding_similarity
 from .trace import residual_stream, trace
 
 __all__ = [
     "Ledger",
-    "LensResult",
     "WordComparison",
     "compare_word",
     "embedding_similarity",
-    "layer_distributions",
     "ledger",
-    "logit_lens",
     "preset",
     "presets",
     "residual_stream",

@@ -10,7 +10,7 @@ from ..anatomy.ledger import COMPONENTS, Ledger, ledger, presets
 from ..errors import ModelNotFoundError
 from ..io.resolve import resolve
 from ..loading import load
-from . import main
+from .group import main
 
 
 def model_ledger(name: str) -> Ledger:

@@ -7,7 +7,7 @@ import click
 
 from ..archs import registrations
 from ..archs.config import normalize_config
-from . import main
+from .group import main
 
 
 def core_parts(plugin: type) -> list[str] | None:

@@ -4,7 +4,7 @@ import click
 
 from ..anatomy.attention import AttentionPattern, attention_pattern
 from ..loading import load
-from . import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspection_dtype, main
 from .plots import pyplot, save, shown
 
 

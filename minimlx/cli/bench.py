@@ -16,7 +16,7 @@ from ..decode import Engine, Generation, Request, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError
 from ..loading import default_dtype, load
-from . import cpu_notes, dtype_option, exact_option, kv_bits_option, main, max_kv_size_option, parallel_options
+from .group import cpu_notes, dtype_option, exact_option, kv_bits_option, main, max_kv_size_option, parallel_options
 from .run import speculation_options, whole_option
 
 
@@ -87,12 +87,7 @@ def bench(
     start = time.perf_counter()
     net, tokenizer = load(model, dtype, parallel)
     load_s = time.perf_counter() - start
-    context = getattr(net.config, "max_positions", None)
-    if context is not None and prompt_tokens + gen_tokens > context:
-        raise InvalidSettingError(
-            f"--prompt-tokens {prompt_tokens} plus --gen-tokens {gen_tokens} do not fit in the model's context of "
-            f"{context} positions; ask for at most {context} in all"
-        )
+    check_fits(net, prompt_tokens, gen_tokens)
     rng = random.Random(0)
     prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(prompt_tokens)]
     draft = load(draft_model, dtype)[0] if draft_model is not None else None
@@ -134,15 +129,31 @@ def bench(
     if as_json:
         click.echo(json.dumps(result))
         return
+    echo_result(model, result, prompt_tokens, gen_tokens, repeats)
+    if engine.drafter is not None:
+        click.echo(f"speculation: {accepted} of {drafted} drafted tokens accepted ({result['acceptance'] or 0:.0%})")
+
+
+def check_fits(net, prompt_tokens: int, gen_tokens: int) -> None:
+    """Refuse a prompt and answer longer together than the model's context, before any is generated."""
+    context = getattr(net.config, "max_positions", None)
+    if context is not None and prompt_tokens + gen_tokens > context:
+        raise InvalidSettingError(
+            f"--prompt-tokens {prompt_tokens} plus --gen-tokens {gen_tokens} do not fit in the model's context of "
+            f"{context} positions; ask for at most {context} in all"
+        )
+
+
+def echo_result(model: str, result: dict, prompt_tokens: int, gen_tokens: int, repeats: int) -> None:
+    """`bench`'s figures as two lines of text: the weights and where they ran, then the timings."""
     click.echo(
         f"{model}: {result['dtype']} weights {result['weights_gb']:.3f} GB on {result['device']}, "
-        f"BLAS {blas.loaded or 'as MLX ships it'}"
+        f"BLAS {result['blas'] or 'as MLX ships it'}"
     )
+    kv_bits = result["kv_bits"]
     click.echo(
-        f"load {load_s:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
-        f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {ttft:.3f} s | "
+        f"load {result['load_s']:.2f} s | prefill {result['prefill_tps']:.1f} tok/s ({prompt_tokens} tokens) | "
+        f"decode {result['decode_tps']:.1f} tok/s ({gen_tokens} tokens) | first token {result['ttft_s']:.3f} s | "
         f"peak memory {result['peak_memory_gb']:.3f} GB | KV cache {result['kv_cache_gb']:.4f} GB "
         f"({f'{kv_bits}-bit' if kv_bits else 'float'}) (median of {repeats})"
     )
-    if engine.drafter is not None:
-        click.echo(f"speculation: {accepted} of {drafted} drafted tokens accepted ({result['acceptance'] or 0:.0%})")

@@ -4,7 +4,7 @@
 import click
 
 from ..errors import InvalidSettingError
-from . import TEXT, chat_template_option, dtype_option, kv_bits_option, main, read_stdin
+from .group import TEXT, chat_template_option, dtype_option, kv_bits_option, main, read_stdin
 from .run import open_model, read_text_file, whole_option
 
 

@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidSettingError, MinimlxError
 from ..text.replies import ReplyParser
-from . import clean, main
+from .group import clean, main
 from .run import generation_options, open_model, print_stats, saved_prompt, settings_from_options, speculation
 
 HELP = "/reset starts over, /exit (or Ctrl-D) leaves, Ctrl-C stops an answer."

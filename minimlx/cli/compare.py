@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.similarity import compare_word
 from ..loading import load
-from . import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspection_dtype, main
 
 
 @main.command()

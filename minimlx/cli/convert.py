@@ -2,7 +2,7 @@
 
 import click
 
-from . import main
+from .group import main
 
 
 @main.command()

@@ -3,7 +3,7 @@
 import click
 
 from ..loading import load
-from . import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspection_dtype, main
 from .serve import check_address
 
 

@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.lens import LensResult, logit_lens
 from ..loading import load
-from . import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspection_dtype, main
 from .plots import pyplot, save, shown
 
 

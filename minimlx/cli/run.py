@@ -13,7 +13,7 @@ from ..decode.grammar import Constraint
 from ..decode.settings import NAMES, SamplingSettings
 from ..decode.speculative import check_speculation
 from ..errors import InvalidSettingError, ModelNotFoundError
-from . import (
+from .group import (
     TEXT,
     chat_template_option,
     cpu_notes,

@@ -8,7 +8,7 @@ import socket
 import click
 
 from ..errors import InvalidSettingError
-from . import (
+from .group import (
     chat_template_option,
     dtype_option,
     exact_option,
@@ -25,7 +25,7 @@ def one_blas_thread() -> None:
 
     A batched decode step is hundreds of small matmuls (a few rows each). With a second MKL thread
     each one waits for that thread to be scheduled, which on a busy machine makes batches slower and a
-    lone request no faster (measured: benchmarks/RESULTS.md).
+    lone request no faster (benchmarks/RESULTS.md).
     """
     from ..cpu import blas
 
@@ -228,18 +228,7 @@ def serve(
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
     name = options["model"] or DEFAULT_MODEL
-    if api_key is None and not loopback(host):
-        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
-    if prompt_cache_dir is not None:
-        entries = engine.prompt_cache.entries
-        held = sum(c.nbytes for _, cache in entries for c in cache)
-        click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
-    if chat_template is None and tokenizer is not None and tokenizer.chat_template is None:
-        click.echo(
-            "warning: this model has no chat template, so chat requests (chat completions, Responses, Messages) "
-            "are refused; give one with --chat-template FILE, or send raw text to /v1/completions",
-            err=True,
-        )
+    startup_notes(engine, tokenizer, chat_template, host, api_key, prompt_cache_dir)
     click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
     run_server(
         engine,
@@ -259,3 +248,20 @@ def serve(
         log_format=log_format,
         embedder=embedder_of(model, tokenizer, name, pooling),
     )
+
+
+def startup_notes(engine, tokenizer, chat_template, host: str, api_key: str | None, prompt_cache_dir) -> None:
+    """What the operator should know before the first request: an open server without a key, the prompts read back
+    from `prompt_cache_dir`, a model without a chat template and none given."""
+    if api_key is None and not loopback(host):
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    if prompt_cache_dir is not None:
+        entries = engine.prompt_cache.entries
+        held = sum(c.nbytes for _, cache in entries for c in cache)
+        click.echo(f"prompt cache: {len(entries)} prompts ({held / 1e6:.1f} MB) read from {prompt_cache_dir}", err=True)
+    if chat_template is None and tokenizer is not None and tokenizer.chat_template is None:
+        click.echo(
+            "warning: this model has no chat template, so chat requests (chat completions, Responses, Messages) "
+            "are refused; give one with --chat-template FILE, or send raw text to /v1/completions",
+            err=True,
+        )

@@ -64,8 +64,7 @@ def load() -> str | None:
             # instead of starting a second OpenMP runtime that fights them for the cores.
             os.environ.setdefault("MKL_THREADING_LAYER", "GNU")
             # OpenMP threads that sleep between products instead of spinning: on a machine busier than its
-            # cores, spinning threads starve the thread holding the work (a 128-token SmolLM2 prefill took
-            # 27-36 s instead of 0.6-0.9 s, docs/performance.md).
+            # cores, spinning threads starve the thread holding the work (docs/performance.md, "The knobs").
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         try:
             ctypes.CDLL(path, os.RTLD_GLOBAL)

@@ -117,6 +117,12 @@ def stream_generate(
             raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
         cached, cache = prompt_cache.start(ids, engine.make_cache())
     generation = engine.submit(Request(ids[cached:], settings, cache=cache))
+    yield from responses(engine, generation, len(ids), cached)
+
+
+def responses(engine: Engine, generation, prompt_tokens: int, cached: int) -> Iterator[GenerationResponse]:
+    """Step `engine` until `generation` (its only one) ends, one response per token with the speeds so far; the
+    prompt's `cached` tokens were reused, not prefilled."""
     start = time.perf_counter()
     n = 0
     try:
@@ -130,8 +136,8 @@ def stream_generate(
                 yield GenerationResponse(
                     text=output.text,
                     token=output.token,
-                    prompt_tokens=len(ids),
-                    prompt_tps=(len(ids) - cached) / (first - start),
+                    prompt_tokens=prompt_tokens,
+                    prompt_tps=(prompt_tokens - cached) / (first - start),
                     generation_tokens=n,
                     generation_tps=(n - 1) / (time.perf_counter() - first) if n > 1 else 0.0,
                     peak_memory_gb=mx.get_peak_memory() / 1e9,

@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..core.latent_attention import LatentAttention
 from ..errors import InvalidSettingError
 
 BEFORE = ("embed", "positions")  # what the first rank holds besides its blocks; the rest (final norm, head) is last
@@ -76,9 +77,9 @@ class RankPlan:
 def cache_bytes_per_token(layer: nn.Module, itemsize: int) -> int:
     """Bytes one token adds to a layer's cache: keys and values of every KV head, or one latent and its rope key."""
     attn = layer.attn
-    if hasattr(attn, "kv_heads"):
-        return 2 * attn.kv_heads * attn.head_dim * itemsize
-    return (attn.latent_dims + attn.rope_dims) * itemsize
+    if isinstance(attn, LatentAttention):
+        return (attn.latent_dims + attn.rope_dims) * itemsize
+    return 2 * attn.kv_heads * attn.head_dim * itemsize
 
 
 def plan(model: nn.Module, ranks: int) -> list[RankPlan]:

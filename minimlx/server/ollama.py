@@ -64,7 +64,6 @@ class ModelCard:
 
     @classmethod
     def of(cls, model: nn.Module, name: str, source: str, capabilities: tuple[str, ...]) -> "ModelCard":
-        from ..anatomy.ledger import ledger
         from ..io.resolve import resolve
 
         try:
@@ -83,7 +82,7 @@ class ModelCard:
             name=short if ":" in short else f"{short}:latest",
             source=name,
             size=sum(a.nbytes for a in arrays),
-            parameters=ledger(model).total,
+            parameters=parameter_count(model),
             family=type(config).__name__.removesuffix("Config").lower(),
             format="gguf" if str(path).endswith(".gguf") else "safetensors",
             quantization=quantization,
@@ -111,6 +110,19 @@ class ModelCard:
     def answers_to(self, name: str | None) -> bool:
         """Whether a request naming `name` (`model`, with or without `:latest`) is for this model."""
         return name is None or name in (self.name, self.source) or f"{name}:latest" == self.name
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The parameters `model` holds, a packed weight counted as the values it stands for (its scales not counted)."""
+    count = 0
+    for _, module in model.named_modules():
+        own = module.parameters()
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            rows, packed = own["weight"].shape[-2:]
+            count += rows * packed * 32 // module.bits + (own["bias"].size if "bias" in own else 0)
+            continue
+        count += sum(a.size for a in own.values() if isinstance(a, mx.array))  # its own arrays, not its children's
+    return count
 
 
 def parameter_size(count: int) -> str:

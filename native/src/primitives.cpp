@@ -299,9 +299,7 @@ void apply_gate(float* gate, float* out, int M, int N, int begin, int end) {
 // Output rows per block: about 128 KB of packed weights per 8 input rows (the kernel's row blocks), so that a
 // product is split finely enough to balance threads and coarsely enough that claiming a block costs little;
 // at least 8 rows (a few KB of weights, reused from L1 by every input row). Blocks of 32 KB / M (a few
-// rows each at 8 input rows) made claiming and finishing a block (two contended atomics) a large share of the work;
-// with the row loops' prefetch, blocks of 128 KB rather than 32 KB gave a one-token decode step 1.16x (64 and 256 KB
-// 1.14x; one process alternating, 6 rounds), 1.06x after 4,096 tokens, and batches of 8 the same.
+// rows each at 8 input rows) made claiming and finishing a block (two contended atomics) a large share of the work.
 constexpr int64_t kBlockBytes = 128 * 1024;
 
 // Output rows per block of the product `p` (`gates` 2 for a gated one): at most about kBlockBytes as above, and the

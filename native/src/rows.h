@@ -24,8 +24,8 @@ inline float bias_term(const S* biases, const float* xsum, int groups) {
 }
 
 // Bytes of packed weights a row loop asks for ahead of the row it computes. With one input row (a decode step) the
-// weights stream from memory and the products wait on them: prefetched 2 KB ahead, SmolLM2's step products ran
-// 1.15x faster (one process alternating distances of 0 to 6 KB; 2-3 KB were best, 6 KB 1.10x).
+// weights stream from memory and the products wait on them, less so when each row asks for the weights about 2 KB
+// ahead (nearer and much further were both slower).
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Whole rows of `row_bytes` in kPrefetchBytes (at least one).

