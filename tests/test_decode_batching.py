@@ -52,6 +52,22 @@ TINY = {
             final_logit_softcapping=4.0,
         ),
     ),
+    "llama4_text": (  # chunks of 4 (layers 0-1) beside a layer without RoPE: the chunked cache batched
+        "Llama4TextConfig",
+        dict(
+            SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            intermediate_size_mlp=SMALL["intermediate_size"],
+            num_local_experts=4,
+            interleave_moe_layer_step=2,
+            no_rope_layers=[1, 1, 0],
+            num_hidden_layers=3,
+            attention_chunk_size=4,
+            floor_scale=4,
+        ),
+    ),
     "deepseek_v3": (
         "DeepseekV3Config",
         dict(
@@ -202,6 +218,23 @@ def test_a_joiner_with_one_token_to_feed_prefills_it(smollm2):
     assert joiners[0].tokens == [r.token for r in stream_generate(model, tokenizer, cached, max_tokens=8)]
     assert joiners[1].tokens == run_batch(model, tokenizer, [Request(cached, seeded)])[0]
     assert running.tokens == [r.token for r in stream_generate(model, tokenizer, other, max_tokens=12)]
+
+
+TINY["deepseek_v32"] = (  # sparse attention: 4 of the keys each query sees, chosen per row
+    "DeepseekV32Config",
+    dict(TINY["deepseek_v3"][1], index_topk=4, index_n_heads=8, index_head_dim=16),
+)
+
+TINY["ministral3"] = (  # the query temperature read at each row's own positions
+    "Ministral3Config",
+    dict(
+        TINY["llama"][1],
+        head_dim=12,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=4, llama_4_scaling_beta=0.5
+        ),
+    ),
+)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))

@@ -54,6 +54,15 @@ class NameMap:
         return out
 
 
+LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def within_stack(weights: dict, layers: int) -> dict:
+    """`weights` without the checkpoint layers past the model's `layers` (a multi-token-prediction module stored as
+    one more layer: DeepSeek-V3's, GLM-4.5's), which minimlx does not run."""
+    return {k: v for k, v in weights.items() if not ((m := LAYER_INDEX.match(k)) and int(m[1]) >= layers)}
+
+
 # Hugging Face and mlx-lm names (mlx-lm's first where they differ: that is the layout `convert` writes).
 # The router and expert names serve the mixture-of-experts families.
 LLAMA_NAMES = NameMap(

@@ -2,22 +2,27 @@
 
 from .attention import Attention, capped_attention, soft_cap
 from .block import Block, FourNormBlock, PostNormBlock
-from .cache import KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
+from .cache import ChunkedKVCache, IndexedLatentCache, KVCache, LatentCache, QuantizedKVCache, RotatingKVCache
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
-from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
+from .norms import LayerNorm, OffsetRMSNorm, RMSNorm, UnscaledRMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
+from .sparse_attention import Indexer
+from .temperature import QueryTemperature
 from .transformer import Transformer
 
 __all__ = [
     "Attention",
     "Block",
+    "ChunkedKVCache",
     "Experts",
     "FourNormBlock",
     "GatedFFN",
+    "Indexer",
+    "IndexedLatentCache",
     "KVCache",
     "QuantizedKVCache",
     "LatentAttention",
@@ -27,6 +32,7 @@ __all__ = [
     "MoE",
     "OffsetRMSNorm",
     "Positions",
+    "QueryTemperature",
     "PostNormBlock",
     "RMSNorm",
     "Recorder",
@@ -35,6 +41,7 @@ __all__ = [
     "Router",
     "SwiGLU",
     "Transformer",
+    "UnscaledRMSNorm",
     "capped_attention",
     "clamped_swiglu",
     "is_moe_layer",
