@@ -325,7 +325,7 @@ def test_new_caches_serve_speculation_and_prompt_cache_files(checkpoint):
     """Chunked and indexed caches under the engine's other uses: speculation (prompt lookup, whose rejected drafts
     are taken back, and a draft model) gives plain decoding's greedy tokens, and a cache written as a prompt cache
     file's layers and read back continues exactly as the cache itself does."""
-    from test_decode_speculative import Ids
+    from models import Ids
 
     from minimlx.decode import stream_generate
     from minimlx.decode.prompt_cache import columns, restored
