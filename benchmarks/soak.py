@@ -18,6 +18,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -46,7 +47,9 @@ class Soak:
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "minimlx", "serve", "--model", model, "--port", str(self.port)]
         command += ["--max-batch", "8", "--max-queue", "16", "--request-timeout", "60"]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # its stderr (a line per request) goes to a file: a pipe nobody reads would fill up and stop the server
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         self.long_words, self.seed = long_words, seed
         self.outcomes: dict[str, Counter] = defaultdict(Counter)
         self.unexpected: list[str] = []
@@ -57,7 +60,8 @@ class Soak:
         deadline = time.monotonic() + 180
         while not self.healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start: {self.process.stderr.read()}")
+                self.log.seek(0)
+                raise RuntimeError(f"the server did not start: {self.log.read()}")
             time.sleep(0.2)
 
     def healthy(self) -> bool:

@@ -95,3 +95,13 @@ TINY_LLAMA = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
 )
+
+
+class Ids:
+    """A tokenizer stand-in for token-id prompts: no template, no end-of-sequence, no text."""
+
+    chat_template = None
+    eos_token_ids = ()
+
+    def detokenizer(self):
+        return None

@@ -16,16 +16,22 @@ def require(module: str):
     return pytest.importorskip(module)
 
 
-def save_reference(folder: Path, config_class: str, seed: int = 0, random_buffers: tuple = (), **config):
+def save_reference(
+    folder: Path, config_class: str, seed: int = 0, random_buffers: tuple = (), model_class: str | None = None, **config
+):
     """Build a seeded random transformers model from `config`, save it to `folder`, return the torch model.
 
     Buffers whose names end with one of `random_buffers` (e.g. a router's correction bias) are randomised too.
+    `model_class` names the model's class where AutoModelForCausalLM has none for the config (image-text models).
     """
     torch = require("torch")
     transformers = require("transformers")
     torch.manual_seed(seed)
     cfg = getattr(transformers, config_class)(**config)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    if model_class is None:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    else:
+        model = getattr(transformers, model_class)(cfg).float().eval()
     with torch.no_grad():  # transformers initialises some weights (norms, biases) to constants: randomise all
         for p in model.parameters():
             p.copy_(

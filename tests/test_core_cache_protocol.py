@@ -16,8 +16,10 @@ import minimlx
 from minimlx.core.cache import (
     Cache,
     Can,
+    ChunkedKVCache,
     FixedKVCache,
     FixedQuantizedKVCache,
+    IndexedLatentCache,
     KVCache,
     LatentCache,
     QuantizedKVCache,
@@ -97,8 +99,10 @@ KINDS = {
     KVCache: Kind(KVCache),
     QuantizedKVCache: Kind(lambda: QuantizedKVCache(8)),
     LatentCache: Kind(LatentCache, latent=True),
+    IndexedLatentCache: Kind(IndexedLatentCache),  # two arrays a token, as keys and values are
     RotatingKVCache: Kind(lambda: RotatingKVCache(WINDOW)),
     SinkKVCache: Kind(lambda: SinkKVCache(WINDOW)),
+    ChunkedKVCache: Kind(lambda: ChunkedKVCache(WINDOW)),
     FixedKVCache: Kind(FixedKVCache),
     FixedQuantizedKVCache: Kind(lambda: FixedQuantizedKVCache(8)),
 }

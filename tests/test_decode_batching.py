@@ -17,6 +17,7 @@ import minimlx
 from minimlx.core import KVCache, RecurrentCache, RotatingKVCache
 from minimlx.cpu import blas
 from minimlx.decode import Engine, Request, SamplingSettings, encode_prompt, generate_tokens, stream_generate
+from minimlx.decode.runner import Runner
 from minimlx.errors import QueueFullError
 
 VOCAB = 96
@@ -49,6 +50,22 @@ TINY = {
             query_pre_attn_scalar=12,
             attn_logit_softcapping=3.0,
             final_logit_softcapping=4.0,
+        ),
+    ),
+    "llama4_text": (  # chunks of 4 (layers 0-1) beside a layer without RoPE: the chunked cache batched
+        "Llama4TextConfig",
+        dict(
+            SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            intermediate_size_mlp=SMALL["intermediate_size"],
+            num_local_experts=4,
+            interleave_moe_layer_step=2,
+            no_rope_layers=[1, 1, 0],
+            num_hidden_layers=3,
+            attention_chunk_size=4,
+            floor_scale=4,
         ),
     ),
     "deepseek_v3": (
@@ -173,9 +190,9 @@ def test_joiners_prefill_together_as_each_alone(smollm2, monkeypatch):
     Each gets the greedy tokens it gets alone."""
     model, tokenizer = smollm2
     groups = []
-    prefill_together = Engine.prefill_together
+    prefill_together = Runner.prefill_together
     monkeypatch.setattr(
-        Engine,
+        Runner,
         "prefill_together",
         lambda self, group: (
             groups.append([(len(s.request.prompt), s.cached_tokens) for s, _ in group]) or prefill_together(self, group)
@@ -219,6 +236,23 @@ def test_a_joiner_with_one_token_to_feed_prefills_it(smollm2):
     assert joiners[0].tokens == [r.token for r in stream_generate(model, tokenizer, cached, max_tokens=8)]
     assert joiners[1].tokens == run_batch(model, tokenizer, [Request(cached, seeded)])[0]
     assert running.tokens == [r.token for r in stream_generate(model, tokenizer, other, max_tokens=12)]
+
+
+TINY["deepseek_v32"] = (  # sparse attention: 4 of the keys each query sees, chosen per row
+    "DeepseekV32Config",
+    dict(TINY["deepseek_v3"][1], index_topk=4, index_n_heads=8, index_head_dim=16),
+)
+
+TINY["ministral3"] = (  # the query temperature read at each row's own positions
+    "Ministral3Config",
+    dict(
+        TINY["llama"][1],
+        head_dim=12,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=4, llama_4_scaling_beta=0.5
+        ),
+    ),
+)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))

@@ -3,23 +3,13 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from models import TINY_LLAMA
+from models import TINY_LLAMA, Ids
 from reference import save_reference
 
 import minimlx
 from minimlx.decode import SamplingSettings, stream_generate
 from minimlx.decode.speculative import PromptLookup, Verifier
 from minimlx.errors import InvalidSettingError
-
-
-class Ids:
-    """A tokenizer stand-in for token-id prompts: no template, no end-of-sequence, no text."""
-
-    chat_template = None
-    eos_token_ids = ()
-
-    def detokenizer(self):
-        return None
 
 
 @pytest.fixture(scope="module")

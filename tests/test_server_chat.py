@@ -578,14 +578,15 @@ def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path,
 
     import minimlx
     from minimlx.decode import Engine
+    from minimlx.decode.runner import Runner
     from minimlx.server import app, bridge
 
     save_hf_model(tmp_path, "llama")
     model, tokenizer = minimlx.load(tmp_path)
     monkeypatch.setattr(bridge, "GATHER_QUIET", 0.2)
-    groups, together, alone = [], Engine.prefill_together, Engine.prefill_alone
-    monkeypatch.setattr(Engine, "prefill_together", lambda self, g: groups.append(len(g)) or together(self, g))
-    monkeypatch.setattr(Engine, "prefill_alone", lambda self, *a: groups.append(1) or alone(self, *a))
+    groups, together, alone = [], Runner.prefill_together, Runner.prefill_alone
+    monkeypatch.setattr(Runner, "prefill_together", lambda self, g: groups.append(len(g)) or together(self, g))
+    monkeypatch.setattr(Runner, "prefill_alone", lambda self, *a: groups.append(1) or alone(self, *a))
     body = {"prompt": "w3 w4 w5", "max_tokens": 4, "temperature": 0}
     with TestClient(app.Server(Engine(model, tokenizer, max_batch=4), "tiny").app) as client:
         with ThreadPoolExecutor(4) as pool:

@@ -18,8 +18,10 @@ from ..core import (
     GatedDeltaNet,
     GatedFFN,
     GatedShortConv,
+    Indexer,
     LatentAttention,
     PostNormBlock,
+    QueryTemperature,
     RMSNorm,
     RoPE,
     SelectiveStateSpace,
@@ -141,9 +143,12 @@ class DecoderConfig:
     norms: str = "before"  # where a block's norms sit: "before" the sub-layers, "after" them, or "both" (four)
     qk_norm: bool = False  # queries and keys normed before RoPE: each head on its own, or all heads at once
     qk_norm_per_head: bool = True
+    qk_norm_after_rope: bool = False  # set: the per-head norms come after RoPE, in the layers that rotate only
+    qk_norm_class: type | None = None  # of the query and key norms, where it is not `norm_class`
     interleaved_rope: bool = False  # RoPE turns adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
     unrotated_layers: tuple[int, ...] = ()  # layers that attend with no RoPE (the causal mask alone orders tokens)
     window: int | None = None  # each token sees itself and the `window - 1` tokens before it ...
+    chunk: int | None = None  # ... or the tokens before it in its own chunk of this many ...
     global_layers: tuple[int, ...] = ()  # ... except in these layers, which see the whole text
     local_rope_base: float | None = None  # the windowed layers' own RoPE, where it differs
     local_rope_scaling: dict | None = None
@@ -154,6 +159,8 @@ class DecoderConfig:
     logit_divisor: float | None = None  # logits divided by it
     residual_scale: float | None = None  # each sub-layer's output multiplied by it before it joins the residual
     embed_scale: float | None = None  # embedded tokens multiplied by it
+    query_temperature: tuple | None = None  # (beta, span, shift): queries scaled with their position (QueryTemperature)
+    temperature_layers: tuple[int, ...] | None = None  # the layers that scale them (None: every layer)
     activation: str = "silu"  # of the dense FFN's gate: a SwiGLU, or a GatedFFN with another activation
     moe: MoEConfig | None = None
     latent_dims: int = 0  # set: multi-head latent attention (DeepSeek) with these four sizes
@@ -162,6 +169,9 @@ class DecoderConfig:
     value_dims: int = 0
     attn_output_gate: bool = False  # attention's output times sigmoid of a gate from q_proj's doubled width
     recurrent: "RecurrentMixer | None" = None  # the layers whose token-mixer is recurrent, and its kind and sizes
+    index_top_k: int = 0  # set: latent attention sees the top-k keys a lightning indexer of these sizes chooses
+    index_heads: int = 0
+    index_head_dim: int = 0
 
     @classmethod
     def from_config(cls, config: dict):
@@ -202,6 +212,9 @@ class DecoderConfig:
         """Whether layer `layer` attends through the sliding window."""
         return self.window is not None and layer not in self.global_layers
 
+    def chunked(self, layer: int) -> bool:
+        return self.chunk is not None and layer not in self.global_layers
+
     def rope(self, layer: int) -> RoPE | None:
         """Layer `layer`'s RoPE: over `rotary_dims`, the windowed layers' own base and scaling where they have them."""
         if layer in self.unrotated_layers:
@@ -229,24 +242,42 @@ class DecoderConfig:
                 self.rope(layer),
                 self.query_scale,
                 self.qkv_bias,
+                query_temperature=self.temperature(layer),
+                indexer=self.indexer() if self.index_top_k else None,
             )
+        rope = self.rope(layer)
+        qk_norm = self.qk_norm and (rope is not None or not self.qk_norm_after_rope)
         return Attention(
             self.dims,
             self.heads,
             self.kv_heads,
             self.head_dim,
-            self.rope(layer),
+            rope,
             self.qkv_bias,
             self.out_bias,
-            qk_norm_eps=self.norm_eps if self.qk_norm else None,
+            qk_norm_eps=self.norm_eps if qk_norm else None,
             qk_norm_per_head=self.qk_norm_per_head,
             window=self.window if self.sliding(layer) else None,
             sinks=self.sinks,
             scale=self.query_scale,
             logit_cap=self.attention_cap,
-            qk_norm=self.norm_class,
+            qk_norm=self.qk_norm_class or self.norm_class,
+            query_temperature=self.temperature(layer),
+            chunk=self.chunk if self.chunked(layer) else None,
+            qk_norm_after_rope=self.qk_norm_after_rope,
             output_gate=self.attn_output_gate,
         )
+
+    def indexer(self) -> Indexer:
+        """The top-k key chooser of sparse latent attention: its own RoPE on rotate-half pairs, the attention's
+        angles."""
+        rope = RoPE(self.rotary_dims, self.rope_base, self.rope_scaling, self.max_positions)
+        return Indexer(self.dims, self.q_lora_rank, self.index_heads, self.index_head_dim, rope, self.index_top_k)
+
+    def temperature(self, layer: int) -> QueryTemperature | None:
+        """Layer `layer`'s position-dependent query scale, where it has one."""
+        scaled = self.temperature_layers is None or layer in self.temperature_layers
+        return QueryTemperature(*self.query_temperature) if self.query_temperature and scaled else None
 
     def ffn(self, layer: int) -> nn.Module:
         """The dense gated FFN, or a mixture of experts in the layers `moe` covers."""

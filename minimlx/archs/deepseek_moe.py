@@ -13,10 +13,10 @@ import mlx.core as mx
 
 from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
-from .config import flag, number
+from .config import flag, number, require
 from .deepseek import DeepseekConfig
 from .gguf import Metadata, llama_config, unpacked
-from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, within_stack
 from .registry import register
 
 # Latent attention's names; mlx-lm stores kv_b_proj already split per head as embed_q / unembed_out.
@@ -46,7 +46,6 @@ GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
 )
 GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
-LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 KV_B_PROJ = re.compile(r"^(layers\.\d+\.attn\.)kv_b_proj\.weight$")
 
 
@@ -90,8 +89,7 @@ class DeepseekV2Config(DeepseekConfig):
         )
 
     def convert_weights(self, weights: dict) -> dict:
-        kept = {k: v for k, v in weights.items() if not self._beyond_last_layer(k)}
-        return self.split_kv_b_proj(super().convert_weights(kept))
+        return self.split_kv_b_proj(super().convert_weights(within_stack(weights, self.layers)))
 
     def split_kv_b_proj(self, weights: dict) -> dict:
         """Hugging Face's `kv_b_proj` (heads * (nope + value), latent) -> the per-head W_uk^T and W_uv."""
@@ -104,10 +102,6 @@ class DeepseekV2Config(DeepseekConfig):
             else:
                 out[name] = w
         return out
-
-    def _beyond_last_layer(self, name: str) -> bool:
-        match = LAYER_INDEX.match(name)
-        return match is not None and int(match[1]) >= self.layers
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
@@ -173,3 +167,46 @@ class DeepseekV3Config(DeepseekV2Config):
         "topk_method": "noaux_tc",
         "norm_topk_prob": True,
     }
+
+
+@register("deepseek_v32")
+@dataclass
+class DeepseekV32Config(DeepseekV3Config):
+    """DeepSeek-V3.2: V3 with DeepSeek Sparse Attention. Each layer's lightning indexer (`index_n_heads` heads of
+    `index_head_dim` from the query's low-rank code, one normed key per token, RoPE on the first `qk_rope_head_dim`
+    features in rotate-half pairs) chooses the `index_topk` keys each query attends to."""
+
+    example_config = {
+        **DeepseekV3Config.example_config,
+        "model_type": "deepseek_v32",
+        "index_topk": 4,
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+    }
+    names = NAMES.extended(
+        [
+            ("model.layers.{i}.self_attn.indexer.wq_b.", "layers.{i}.attn.indexer.q_proj."),
+            ("model.layers.{i}.self_attn.indexer.wk.", "layers.{i}.attn.indexer.k_proj."),
+        ]
+    )
+    defaults = {**DeepseekV3Config.defaults, "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        c = {**cls.defaults, **config}
+        arch = super().from_config(c)
+        top_k, index_dims = number(c, "index_topk"), number(c, "index_head_dim")
+        require(
+            arch.kv_heads == arch.heads,
+            f"sparse attention needs num_key_value_heads ({arch.kv_heads}) equal to num_attention_heads ({arch.heads})",
+        )
+        require(arch.q_lora_rank is not None, "sparse attention's indexer reads the query code: q_lora_rank is needed")
+        require(
+            top_k <= arch.max_positions,
+            f"index_topk ({top_k}) is above the context (max_position_embeddings {arch.max_positions})",
+        )
+        require(
+            arch.rotary_dims <= index_dims,
+            f"index_head_dim ({index_dims}) must hold the qk_rope_head_dim ({arch.rotary_dims}) rotated features",
+        )
+        return replace(arch, index_top_k=top_k, index_heads=number(c, "index_n_heads"), index_head_dim=index_dims)

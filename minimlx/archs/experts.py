@@ -36,6 +36,7 @@ class MoEConfig:
     swiglu_alpha: float = 1.702
     shared_ffn_dims: int = 0  # a SwiGLU that every token passes through beside the routed experts (0: none)
     shared_gate: bool = False  # its output scaled per token by sigmoid(shared_gate(x))
+    weighted_inputs: bool = False  # each expert reads the token times its weight (core's MoE says more)
     first_dense: int = (
         0  # layers keep the dense FFN before this one, off the `every`/`phase` beat and in `dense_layers`
     )
@@ -65,9 +66,9 @@ class MoEConfig:
         activation = swiglu if limit is None else partial(clamped_swiglu, alpha=alpha, limit=limit)
         experts = Experts(dims, self.ffn_dims, self.num_experts, self.expert_bias, activation)
         if not self.shared_ffn_dims:
-            return MoE(router, experts)
+            return MoE(router, experts, weighted_inputs=self.weighted_inputs)
         gate = nn.Linear(dims, 1, bias=False) if self.shared_gate else None
-        return MoE(router, experts, SwiGLU(dims, self.shared_ffn_dims, bias=bias), gate)
+        return MoE(router, experts, SwiGLU(dims, self.shared_ffn_dims, bias=bias), gate, self.weighted_inputs)
 
 
 PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.(weight|scales|biases)$")

@@ -22,8 +22,9 @@ from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
+from .image_text import ImageText, text_model_names
 from .llama3 import Llama3Config
-from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, text_model_names
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES
 from .registry import register
 
 GEMMA_NAMES = LLAMA_NAMES.extended(
@@ -138,21 +139,12 @@ class Gemma3TextConfig(Gemma2Config):
         return gemma_gguf_config(metadata, tensors, "gemma3_text", 6, window=None, local_base=1e4, big_layers=62)
 
 
-# Gemma 3's image-text checkpoints: the text model's tensors under `language_model` (transformers 4 and mlx-lm)
-# or `model.language_model` (transformers 5), beside the vision tower's, which a text model leaves out.
-MULTIMODAL_NAMES = text_model_names(GEMMA_NAMES, drop=[r"(^|\.)vision_tower\.", r"(^|\.)multi_modal_projector\."])
-
-
 @register("gemma3")
 @dataclass
-class Gemma3Config(Gemma3TextConfig):
-    example_config = {"model_type": "gemma3", "text_config": Gemma3TextConfig.example_config}
-    names = MULTIMODAL_NAMES
+class Gemma3Config(ImageText, Gemma3TextConfig):
+    """The text model of Gemma 3's image-text checkpoints, tied unless the checkpoint says not."""
 
-    @classmethod
-    def from_config(cls, config: dict):
-        """The text model's config (`text_config`, normalized with the rest), tied unless the checkpoint says not."""
-        text = config.get("text_config")
-        if not isinstance(text, dict):
-            raise UnsupportedArchitectureError("a gemma3 config needs its text_config; fix the config")
-        return super().from_config({"tie_word_embeddings": config.get("tie_word_embeddings", True), **text})
+    example_config = {"model_type": "gemma3", "text_config": Gemma3TextConfig.example_config}
+    names = text_model_names(GEMMA_NAMES)
+    image_text_type = "gemma3"
+    inherited = {"tie_word_embeddings": True}

@@ -5,18 +5,35 @@ each layer's cache keeps just those, so its memory stops growing at the window.
 
 Mixtral swaps every FFN for eight SwiGLU experts (`w1` gate, `w3` up, `w2` down) of which a softmax
 router picks two per token, their weights renormalised to sum to 1.
+
+Mistral's 2025-26 models: Ministral 3 (Mistral's block, yarn RoPE, and a query temperature that rises with the
+position past the pre-yarn context), its image-text checkpoints (`mistral3`), and Mistral 4 (DeepSeek-V2's latent
+attention and grouped experts, with that temperature).
 """
 
 from dataclasses import dataclass, replace
 
 from .config import number, require, sliding_window
 from .decoder import DecoderConfig
+from .deepseek_moe import DeepseekV2Config
 from .experts import MoEConfig
+from .image_text import ImageText, text_model_names
 from .llama3 import Llama3Config
 from .names import LLAMA_NAMES
 from .registry import register
 
 EXPERT_NAMES = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+
+
+def position_temperature(scaling: dict | None) -> tuple | None:
+    """Mistral's query temperature (`QueryTemperature`'s beta, span, shift) from `llama_4_scaling_beta` and the
+    pre-yarn context in the RoPE scaling; None without one."""
+    scaling = scaling or {}
+    beta = number(scaling, "llama_4_scaling_beta", None, float, label="rope_parameters.llama_4_scaling_beta")
+    if beta is None:
+        return None
+    label = "rope_parameters.original_max_position_embeddings"
+    return beta, number(scaling, "original_max_position_embeddings", label=label), 0
 
 
 @register("mistral")
@@ -57,3 +74,64 @@ class MixtralConfig(MistralConfig):
                 name = name.replace(theirs, ours) if ".experts." in name else name
             renamed[name] = w
         return super().convert_weights(renamed)
+
+
+@register("ministral3")
+@dataclass
+class Ministral3Config(MistralConfig):
+    """Ministral 3 and Mistral's 2025-26 dense models: Mistral's block, yarn RoPE, and queries scaled up with their
+    position past the pre-yarn context (`llama_4_scaling_beta` in `rope_parameters`, a `QueryTemperature`)."""
+
+    example_config = {
+        **MistralConfig.example_config,
+        "model_type": "ministral3",
+        "head_dim": 16,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4,
+            "llama_4_scaling_beta": 0.1,
+        },
+    }
+
+    @classmethod
+    def from_config(cls, config: dict):
+        arch = super().from_config(config)
+        return replace(arch, query_temperature=position_temperature(arch.rope_scaling))
+
+
+@register("mistral3")
+@dataclass
+class Mistral3Config(ImageText, Ministral3Config):
+    """The text model of Mistral 3's image-text checkpoints (Ministral 3, Mistral Small 3.1+): `text_config` is a
+    `ministral3` or a `mistral` model's."""
+
+    example_config = {"model_type": "mistral3", "text_config": Ministral3Config.example_config}
+    names = text_model_names(LLAMA_NAMES)
+    image_text_type = "mistral3"
+    inherited = {"tie_word_embeddings": True}
+
+
+@register("mistral4")
+@dataclass
+class Mistral4Config(DeepseekV2Config):
+    """Mistral 4: DeepSeek-V2's latent attention (yarn RoPE on adjacent pairs unless `rope_interleave` is false) with
+    Mistral's query temperature, and from `first_k_dense_replace` on a mixture of experts whose softmax router keeps
+    the `topk_group` groups with the highest sums of their two best scores, then the top `num_experts_per_tok`
+    experts, renormalised and scaled; shared experts beside them."""
+
+    example_config = {
+        **DeepseekV2Config.example_config,
+        "model_type": "mistral4",
+        "first_k_dense_replace": 0,
+        "q_lora_rank": 16,
+    }
+    defaults = {"rms_norm_eps": 1e-6, "norm_topk_prob": True, "n_shared_experts": 1}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        c = {**cls.defaults, **config}
+        arch = super().from_config({**c, "topk_method": "group_limited_greedy", "scoring_func": "softmax"})
+        moe = arch.moe and replace(arch.moe, group_top=2)
+        return replace(arch, moe=moe, query_temperature=position_temperature(arch.rope_scaling))

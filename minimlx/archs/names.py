@@ -54,6 +54,15 @@ class NameMap:
         return out
 
 
+LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def within_stack(weights: dict, layers: int) -> dict:
+    """`weights` without the checkpoint layers past the model's `layers` (a multi-token-prediction module stored as
+    one more layer: DeepSeek-V3's, GLM-4.5's), which minimlx does not run."""
+    return {k: v for k, v in weights.items() if not ((m := LAYER_INDEX.match(k)) and int(m[1]) >= layers)}
+
+
 # Hugging Face and mlx-lm names (mlx-lm's first where they differ: that is the layout `convert` writes).
 # The router and expert names serve the mixture-of-experts families.
 LLAMA_NAMES = NameMap(
@@ -108,18 +117,3 @@ POST_NORM_GGUF_NAMES = [
 ]
 FUSED_QKV_GGUF_NAMES = [("blk.{i}.attn_qkv.", "layers.{i}.attn.qkv_proj.")]
 FUSED_GATE_UP_GGUF_NAMES = [("blk.{i}.ffn_up.", "layers.{i}.ffn.gate_up_proj.")]
-
-
-def text_model_names(names: NameMap, drop: list[str]) -> NameMap:
-    """`names` for an image-text checkpoint's text model: its tensors under `language_model` (transformers 4 and
-    mlx-lm) or `model.language_model` (transformers 5); those matching `drop` (the vision tower's) are left out."""
-    return NameMap(
-        [
-            (prefix + theirs.removeprefix("model."), ours)
-            for prefix in ("language_model.model.", "model.language_model.")
-            for theirs, ours in names.templates
-            if theirs.startswith("model.")
-        ]
-        + [("language_model.lm_head.", "head."), ("lm_head.", "head.")],
-        drop=[*names.drop_patterns, *drop],
-    )

@@ -9,21 +9,17 @@ or with experts (`qwen3_5_moe_text`). The image-text checkpoints (`qwen3_5`, `qw
 `model.language_model` beside a vision tower, which is left out.
 """
 
-import logging
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
 from ..core import OffsetRMSNorm
-from ..errors import CheckpointError
 from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
-from .names import text_model_names
+from .image_text import ImageText, text_model_names
 from .qwen2 import Qwen2MoeConfig
 from .qwen3 import qwen_experts
 from .registry import register
-
-log = logging.getLogger(__name__)
 
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
 
@@ -126,32 +122,17 @@ class Qwen3NextConfig(Qwen35MoeTextConfig):
         return super().convert_weights(split)
 
 
-def text_config(config: dict, model_type: str) -> dict:
-    """An image-text config's text model (`text_config`); the vision tower is left out, said once in the log."""
-    text = config.get("text_config")
-    if not isinstance(text, dict):
-        raise CheckpointError(f"a {config.get('model_type')} config needs its text_config; fix the config")
-    log.info("%s: loading the text model only (the vision tower is skipped)", config.get("model_type"))
-    return {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text, "model_type": model_type}
-
-
 @register("qwen3_5")
 @dataclass
-class Qwen35Config(Qwen35TextConfig):
+class Qwen35Config(ImageText, Qwen35TextConfig):
     example_config = {"model_type": "qwen3_5", "text_config": Qwen35TextConfig.example_config}
-    names = text_model_names(NAMES, drop=[r"(^|\.)visual\."])
-
-    @classmethod
-    def from_config(cls, config: dict):
-        return super().from_config(text_config(config, "qwen3_5_text"))
+    names = text_model_names(NAMES)
+    image_text_type = "qwen3_5"
 
 
 @register("qwen3_5_moe")
 @dataclass
-class Qwen35MoeConfig(Qwen35MoeTextConfig):
+class Qwen35MoeConfig(ImageText, Qwen35MoeTextConfig):
     example_config = {"model_type": "qwen3_5_moe", "text_config": Qwen35MoeTextConfig.example_config}
     names = Qwen35Config.names
-
-    @classmethod
-    def from_config(cls, config: dict):
-        return super().from_config(text_config(config, "qwen3_5_moe_text"))
+    image_text_type = "qwen3_5_moe"

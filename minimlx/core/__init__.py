@@ -2,11 +2,19 @@
 
 from .attention import Attention, capped_attention, soft_cap
 from .block import Block, FourNormBlock, PostNormBlock
-from .cache import KVCache, LatentCache, QuantizedKVCache, RecurrentCache, RotatingKVCache
+from .cache import (
+    ChunkedKVCache,
+    IndexedLatentCache,
+    KVCache,
+    LatentCache,
+    QuantizedKVCache,
+    RecurrentCache,
+    RotatingKVCache,
+)
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
-from .norms import LayerNorm, OffsetRMSNorm, RMSNorm
+from .norms import LayerNorm, OffsetRMSNorm, RMSNorm, UnscaledRMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .recurrent import (
@@ -23,6 +31,8 @@ from .recurrent import (
     gated_delta_recurrent,
 )
 from .rope import RoPE
+from .sparse_attention import Indexer
+from .temperature import QueryTemperature
 from .transformer import Transformer
 
 __all__ = [
@@ -40,9 +50,12 @@ __all__ = [
     "causal_conv",
     "gated_delta_chunked",
     "gated_delta_recurrent",
+    "ChunkedKVCache",
     "Experts",
     "FourNormBlock",
     "GatedFFN",
+    "Indexer",
+    "IndexedLatentCache",
     "KVCache",
     "QuantizedKVCache",
     "LatentAttention",
@@ -52,6 +65,7 @@ __all__ = [
     "MoE",
     "OffsetRMSNorm",
     "Positions",
+    "QueryTemperature",
     "PostNormBlock",
     "RMSNorm",
     "Recorder",
@@ -60,6 +74,7 @@ __all__ = [
     "Router",
     "SwiGLU",
     "Transformer",
+    "UnscaledRMSNorm",
     "capped_attention",
     "clamped_swiglu",
     "is_moe_layer",

@@ -9,11 +9,12 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import Can, KVCache, RotatingKVCache, visible
+from .cache import Can, ChunkedKVCache, KVCache, RotatingKVCache, visible
 from .norms import RMSNorm
 from .positions import Positions
 from .recorder import Recorder
 from .rope import RoPE
+from .temperature import QueryTemperature
 
 
 def split_heads(x: mx.array, heads: int) -> mx.array:
@@ -110,8 +111,12 @@ class Attention(nn.Module):
     With `window`, each token sees only itself and the `window - 1` tokens before it (sliding-window
     attention; its cache keeps just those). With `sinks`, each head has a learned logit `sinks[h]` that
     joins the softmax and soaks up attention without adding any value. With `logit_cap`, scores are
-    soft-capped (`soft_cap`) before the mask and softmax. With `output_gate`, q_proj is twice as wide (each head's
-    queries, then its gate) and the heads' output is multiplied by sigmoid(gate) before the output projection.
+    soft-capped (`soft_cap`) before the mask and softmax. With `query_temperature`, queries are scaled by a
+    factor of their position (`QueryTemperature`) after RoPE. With `chunk`, the text is cut into chunks of that many
+    tokens and each token sees only those before it in its own chunk (chunked local attention; its cache keeps at
+    most one chunk). With `qk_norm_after_rope`, the per-head query and key norms come after RoPE instead of before.
+    With `output_gate`, q_proj is twice as wide (each head's queries, then its gate) and the heads' output is
+    multiplied by sigmoid(gate) before the output projection.
     """
 
     def __init__(
@@ -130,6 +135,9 @@ class Attention(nn.Module):
         scale: float | None = None,
         logit_cap: float | None = None,
         qk_norm: Callable[[int, float], nn.Module] = RMSNorm,
+        query_temperature: QueryTemperature | None = None,
+        chunk: int | None = None,
+        qk_norm_after_rope: bool = False,
         output_gate: bool = False,
     ):
         super().__init__()
@@ -147,6 +155,8 @@ class Attention(nn.Module):
         self.qk_norm_per_head = qk_norm_per_head
         self.rope = rope
         self.window, self.logit_cap = window, logit_cap
+        self.query_temperature = query_temperature
+        self.chunk, self.qk_norm_after_rope = chunk, qk_norm_after_rope
         self.scale = head_dim**-0.5 if scale is None else scale
 
     def __call__(
@@ -165,11 +175,16 @@ class Attention(nn.Module):
         if "q_norm" in self and not self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
-        if "q_norm" in self and self.qk_norm_per_head:  # over each head's features, whatever the axes' order
+        head_norms = "q_norm" in self and self.qk_norm_per_head
+        if head_norms and not self.qk_norm_after_rope:  # over each head's features, whatever the axes' order
             q, k = self.q_norm(q), self.k_norm(k)
-        mask = positions.mask(cache, self.window)
+        mask = positions.mask(cache, self.window, self.chunk)
         if self.rope is not None:
             q, k = self.rope.rotate(q, positions), self.rope.rotate(k, positions)
+        if head_norms and self.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.query_temperature is not None:
+            q = self.query_temperature(q, positions)
         if cache is not None:
             k, v = cache.update(*self.cached(k, v, cache))
         sinks = self.get("sinks")
@@ -211,5 +226,8 @@ class Attention(nn.Module):
         return quantized_attention(q, k, v, self.scale, mask, group_size, bits)
 
     def make_cache(self) -> KVCache:
-        """A growing cache, or for a windowed layer one that keeps only the window."""
+        """A growing cache, or for a windowed layer one that keeps only the window, for a chunked one only the
+        current chunk."""
+        if self.chunk is not None:
+            return ChunkedKVCache(self.chunk)
         return KVCache() if self.window is None else RotatingKVCache(self.window)

@@ -415,6 +415,13 @@ class LatentCache(GrowingBuffer):
         return self.append(latent_keys)[0]
 
 
+class IndexedLatentCache(GrowingBuffer):
+    """A `LatentCache` with a sparse attention indexer's keys beside the latents, (batch, 1, tokens, index_dims)."""
+
+    def update(self, latent_keys: mx.array, index_keys: mx.array) -> tuple[mx.array, mx.array]:
+        return tuple(self.append(latent_keys, index_keys))
+
+
 def visible(
     start: int, offset: int, tokens: int, window: int | None = None, padding: list[int] = (), sinks: int = 0
 ) -> mx.array:
@@ -511,8 +518,8 @@ class RotatingKVCache(KVCache):
         window = caches[0].window
         filled = [c for c in caches if c.arrays is not None]
         if len(caches) == 1 or not filled:
-            return caches[0] if len(caches) == 1 else cls(window)
-        merged = cls(window)
+            return caches[0] if len(caches) == 1 else caches[0].empty()
+        merged = caches[0].empty()
         merged.offset = max(c.offset for c in caches)
         keep, parts = min(merged.offset, window - 1), []
         for c in caches:
@@ -524,6 +531,43 @@ class RotatingKVCache(KVCache):
                 parts.append([pad(a, keep - a.shape[-2], 0) for a in c.arrays])
         merged.arrays = [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
         return merged
+
+
+def chunk_visible(start: int, offset: int, tokens: int, chunk: int, padding: list[int] = ()) -> mx.array:
+    """Which keys each new query may see under chunked attention, as `visible` gives it (same arguments and shapes):
+    keys not after the query and in its own chunk (positions `c * chunk` to `(c + 1) * chunk - 1` of its row's
+    sequence), not its row's padding; a query that is padding sees only itself."""
+    keys = mx.arange(start, offset + tokens)
+    queries = mx.arange(offset, offset + tokens)[:, None]
+    if not any(padding):
+        return (keys <= queries) & (keys // chunk == queries // chunk)
+    shift = mx.array(padding)[:, None, None, None]
+    own_keys, own_queries = keys - shift, queries - shift
+    same = (own_keys >= 0) & (own_keys // chunk == own_queries // chunk)
+    return ((keys <= queries) & same) | (keys == queries)
+
+
+class ChunkedKVCache(RotatingKVCache):
+    """Keys and values of a chunked-attention layer: the text is cut into chunks of `chunk` tokens and a token sees
+    the tokens before it in its own chunk only, so at most the `chunk - 1` tokens before the next one are kept (the
+    current chunk's, and those of a padded row's own chunk: rows hold the same columns, each masked by its own
+    chunk). Trimming, batching and snapshots are the sliding window's; only what a query sees differs."""
+
+    def __init__(self, chunk: int):
+        super().__init__(chunk)
+        self.chunk = chunk
+
+    def settings(self) -> dict:
+        return {"chunk": self.chunk}
+
+    def mask(self, tokens: int) -> str | mx.array | None:
+        start = self.offset - self.held
+        if not any(self.padding) and start // self.chunk == (self.offset + tokens - 1) // self.chunk:
+            return "causal" if tokens > 1 else None
+        return chunk_visible(start, self.offset, tokens, self.chunk, self.padding)
+
+    def empty(self) -> "ChunkedKVCache":
+        return ChunkedKVCache(self.chunk)
 
 
 SINKS = 4

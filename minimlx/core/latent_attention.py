@@ -15,12 +15,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .attention import merge_heads, record_attention, split_heads
-from .cache import LatentCache
+from .cache import IndexedLatentCache, LatentCache
 from .norms import RMSNorm
 from .positions import Positions
 from .quantized import QuantizedWeight
 from .recorder import Recorder
 from .rope import RoPE
+from .sparse_attention import Indexer
+from .temperature import QueryTemperature
 
 
 class HeadLinear(nn.Module):
@@ -48,7 +50,9 @@ class QuantizedHeadLinear(QuantizedWeight):
 
 
 class LatentAttention(nn.Module):
-    """Queries (nope_dims + rope_dims per head), optionally from a normed low-rank `q_lora_rank` code."""
+    """Queries (nope_dims + rope_dims per head), optionally from a normed low-rank `q_lora_rank` code, scaled with their
+    position after RoPE by `query_temperature` where given. With an `indexer` (which reads the query code), each
+    query attends to the keys the indexer chooses for it only (top-k sparse attention)."""
 
     def __init__(
         self,
@@ -63,6 +67,8 @@ class LatentAttention(nn.Module):
         scale: float,
         bias: bool = False,
         norm_eps: float = 1e-6,
+        query_temperature: QueryTemperature | None = None,
+        indexer: Indexer | None = None,
     ):
         super().__init__()
         self.heads, self.latent_dims = heads, latent_dims
@@ -81,6 +87,9 @@ class LatentAttention(nn.Module):
         self.o_proj = nn.Linear(heads * value_dims, dims, bias=bias)
         self.rope = rope
         self.scale = scale
+        self.query_temperature = query_temperature
+        if indexer is not None:
+            self.indexer = indexer
 
     def __call__(
         self,
@@ -90,14 +99,21 @@ class LatentAttention(nn.Module):
         positions: Positions | None = None,
     ) -> mx.array:
         positions = positions or Positions.of(x.shape[1], cache)
-        q = self.q_proj(x) if "q_proj" in self else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        q = split_heads(q, self.heads)
+        code = None if "q_proj" in self else self.q_a_norm(self.q_a_proj(x))
+        q = split_heads(self.q_proj(x) if code is None else self.q_b_proj(code), self.heads)
         q_nope, q_rope = mx.split(q, [self.nope_dims], axis=-1)
         latent, k_rope = mx.split(self.kv_a_proj(x)[:, None], [self.latent_dims], axis=-1)
         mask = positions.mask(cache)
         q_rope, k_rope = self.rope.rotate(q_rope, positions), self.rope.rotate(k_rope, positions)
+        if self.query_temperature is not None:
+            q_nope, q_rope = self.query_temperature(q_nope, positions), self.query_temperature(q_rope, positions)
         latent_keys = mx.concatenate([self.kv_a_norm(latent), k_rope], axis=-1)  # (batch, 1, tokens, latent + rope)
-        if cache is not None:
+        if "indexer" in self:
+            index_keys = self.indexer.keys(x, positions)
+            if cache is not None:
+                latent_keys, index_keys = cache.update(latent_keys, index_keys)
+            mask = self.indexer.select(x, code, index_keys, mask, positions)
+        elif cache is not None:
             latent_keys = cache.update(latent_keys)
         if positions.tokens == 1 and recorder is None:
             out = self._absorbed(q_nope, q_rope, latent_keys, mask)
@@ -125,5 +141,5 @@ class LatentAttention(nn.Module):
         out = mx.fast.scaled_dot_product_attention(queries, latent_keys, latent_keys, scale=self.scale, mask=mask)
         return self.value_up_proj(out[..., : self.latent_dims])
 
-    def make_cache(self) -> LatentCache:
-        return LatentCache()
+    def make_cache(self) -> LatentCache | IndexedLatentCache:
+        return IndexedLatentCache() if "indexer" in self else LatentCache()

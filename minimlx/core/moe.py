@@ -152,14 +152,17 @@ class Experts(nn.Module):
         self.down_proj = ExpertLinear(hidden_dims, dims, num_experts, bias)
         self.activation = activation
 
-    def __call__(self, x: mx.array, expert_indices: mx.array) -> mx.array:
-        """x: (..., dims), expert_indices: (..., k) -> each chosen expert's output (..., k, dims)."""
-        rows = mx.expand_dims(x, (-2, -3))  # (..., 1, 1, dims): one 1-row matrix per token
+    def __call__(self, x: mx.array, expert_indices: mx.array, per_choice: bool = False) -> mx.array:
+        """x: (..., dims), expert_indices: (..., k) -> each chosen expert's output (..., k, dims). With `per_choice`,
+        x is (..., k, dims): a row of its own for each chosen expert."""
+        # one 1-row matrix per token, (..., 1, 1, dims), or per choice, (..., k, 1, dims)
+        rows = mx.expand_dims(x, -2) if per_choice else mx.expand_dims(x, (-2, -3))
         indices, sort = expert_indices, expert_indices.size >= self.sort_from
         if sort:
             k = expert_indices.shape[-1]
             order = mx.argsort(expert_indices.flatten())
-            rows, indices = rows.flatten(0, -3)[order // k], expert_indices.flatten()[order]
+            rows = rows.flatten(0, -3)[order if per_choice else order // k]
+            indices = expert_indices.flatten()[order]
         hidden = self.activation(self.gate_proj(rows, indices, sort), self.up_proj(rows, indices, sort))
         out = self.down_proj(hidden, indices, sort)
         if sort:
@@ -171,7 +174,8 @@ class MoE(nn.Module):
     """sum_k weight_k * expert_k(x) over the routed experts, plus the shared experts' SwiGLU if any.
 
     With `shared_gate` (a dims -> 1 linear map) the shared experts' output is scaled by a per-token
-    sigmoid(shared_gate(x)) before it is added.
+    sigmoid(shared_gate(x)) before it is added. With `weighted_inputs`, each chosen expert reads the token times its
+    weight, sum_k expert_k(weight_k * x), instead (Llama 4: not the same, the experts are not linear).
     """
 
     def __init__(
@@ -180,8 +184,10 @@ class MoE(nn.Module):
         experts: Experts,
         shared_experts: SwiGLU | None = None,
         shared_gate: nn.Linear | None = None,
+        weighted_inputs: bool = False,
     ):
         super().__init__()
+        self.weighted_inputs = weighted_inputs
         self.router = router
         self.experts = experts
         if shared_experts is not None:
@@ -197,8 +203,11 @@ class MoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         expert_indices, expert_weights = self.router(x)
-        out = self.experts(x, expert_indices)
-        out = (out * expert_weights[..., None].astype(out.dtype)).sum(axis=-2)
+        weights = expert_weights[..., None].astype(x.dtype)
+        if self.weighted_inputs:
+            out = self.experts(x[..., None, :] * weights, expert_indices, per_choice=True).sum(axis=-2)
+        else:
+            out = (self.experts(x, expert_indices) * weights).sum(axis=-2)
         if "shared_experts" in self:
             shared = self.shared_experts(x)
             out = out + (mx.sigmoid(self.shared_gate(x)) * shared if "shared_gate" in self else shared)

@@ -31,6 +31,17 @@ class OffsetRMSNorm(RMSNorm):
         return 1 + self.weight
 
 
+class UnscaledRMSNorm(nn.Module):
+    """x / rms(x), with no weight: every feature kept at unit root mean square (Llama 4's query and key norm)."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, None, self.eps)
+
+
 class LayerNorm(nn.Module):
     """(x - mean) / std * weight + bias (GPT-2)."""
 

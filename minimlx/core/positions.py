@@ -8,12 +8,14 @@ have the same settings turn by the same angles).
 
 import mlx.core as mx
 
-from .cache import visible
+from .cache import chunk_visible, visible
 
 
-def causal(tokens: int, window: int | None = None) -> str | mx.array | None:
-    """The mask of `tokens` queries over themselves alone: causal (within `window` tokens when windowed),
-    or none for a single token."""
+def causal(tokens: int, window: int | None = None, chunk: int | None = None) -> str | mx.array | None:
+    """The mask of `tokens` queries over themselves alone: causal (within `window` tokens when windowed, within
+    each `chunk` of tokens when chunked), or none for a single token."""
+    if chunk is not None and tokens > chunk:
+        return chunk_visible(0, 0, tokens, chunk)
     if window is not None and tokens > window:
         return visible(0, 0, tokens, window)
     return "causal" if tokens > 1 else None
@@ -32,13 +34,21 @@ class Positions:
         """The positions of `tokens` tokens that continue `cache` (a layer's cache; every layer's agree)."""
         return cls(tokens, cache.position if cache is not None else 0)
 
-    def mask(self, cache=None, window: int | None = None) -> str | mx.array | None:
+    def mask(self, cache=None, window: int | None = None, chunk: int | None = None) -> str | mx.array | None:
         """The mask of this pass's queries over `cache` once they are appended (over themselves without one). Caches of
-        one kind made by layers of one `window` give one mask (every layer's cache holds the same tokens)."""
-        kind = (type(cache), window)
+        one kind made by layers of one `window` (or `chunk`) give one mask (every layer's cache holds the same
+        tokens)."""
+        kind = (type(cache), window, chunk)
         if kind not in self.masks:
-            self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window)
+            self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window, chunk)
         return self.masks[kind]
+
+    def indices(self) -> mx.array:
+        """Each new token's position: (tokens,), or (batch, tokens) for a position per row."""
+        start = self.offset
+        if isinstance(start, mx.array) and start.size > 1:
+            return start[:, None] + mx.arange(self.tokens)
+        return start + mx.arange(self.tokens)
 
     def angles(self, rope) -> tuple[mx.array, mx.array]:
         """cos and sin of `rope`'s angles at these positions (see `RoPE.angles`)."""

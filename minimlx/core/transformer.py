@@ -17,6 +17,8 @@ class Transformer(nn.Module):
     transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap); `logit_divisor` divides them.
     """
 
+    config = None  # the architecture plugin's config (its `max_positions` the context), set by `archs.build`
+
     def __init__(
         self,
         embed: nn.Module,

@@ -182,10 +182,10 @@ def parts_of(block: Block) -> tuple:
 
 class StepPlan:
     """What `block_step` takes of one block: its parts (`parts_of`) and, where the op computes them, the op's settings
-    (None where it does not): RMS norms, attention without biases, query/key norms, windows, sinks or capped scores,
-    RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel without a bias (gate and up alike).
-    Made once per block and kept while its parts are the same modules; the arrays are read at every step
-    (`weights`), so that new weights (`Module.update`) are used."""
+    (None where it does not): RMS norms, attention without biases, query/key norms, windows, chunks, sinks, capped
+    scores or query temperatures, RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel
+    without a bias (gate and up alike). Made once per block and kept while its parts are the same modules; the arrays
+    are read at every step (`weights`), so that new weights (`Module.update`) are used."""
 
     def __init__(self, parts: tuple):
         self.parts = parts
@@ -200,6 +200,8 @@ class StepPlan:
         if type(rope) is not CpuRoPE or rope.output_scale != 1.0 or attn.head_dim % 16:
             return None
         if "q_norm" in attn or "sinks" in attn or attn.window is not None or attn.logit_cap is not None:
+            return None
+        if attn.query_temperature is not None or attn.chunk is not None or attn.qk_norm_after_rope:
             return None
         if attn.output_gate:
             return None

@@ -30,6 +30,8 @@ from mlx.utils import tree_flatten
 
 from ..core.cache import (
     Can,
+    ChunkedKVCache,
+    IndexedLatentCache,
     KVCache,
     LatentCache,
     QuantizedKVCache,
@@ -45,8 +47,27 @@ from .prompt import check_ids, vocab_size
 from .settings import check_kv_bits
 
 FORMAT = "minimlx-prompt-cache-1"
-KINDS = {kind.__name__: kind for kind in (KVCache, QuantizedKVCache, RotatingKVCache, SinkKVCache, LatentCache)}
-ARRAYS = {"KVCache": 2, "QuantizedKVCache": 6, "RotatingKVCache": 2, "SinkKVCache": 2, "LatentCache": 1}  # per layer
+KINDS = {
+    kind.__name__: kind
+    for kind in (
+        KVCache,
+        QuantizedKVCache,
+        RotatingKVCache,
+        ChunkedKVCache,
+        SinkKVCache,
+        LatentCache,
+        IndexedLatentCache,
+    )
+}
+ARRAYS = {
+    "KVCache": 2,
+    "QuantizedKVCache": 6,
+    "RotatingKVCache": 2,
+    "ChunkedKVCache": 2,
+    "SinkKVCache": 2,
+    "LatentCache": 1,
+    "IndexedLatentCache": 2,
+}  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
 log = logging.getLogger("minimlx.prompt_cache")
 
@@ -101,12 +122,13 @@ def columns(cache) -> tuple[dict, list[mx.array]]:
 def held(described: dict) -> int:
     """The columns a layer's arrays hold: its tokens, or a window's last ones (and sinks)."""
     offset = described["offset"]
-    return min(offset, described["window"] - 1) if "window" in described else offset
+    bound = described.get("window") or described.get("chunk")
+    return min(offset, bound - 1) if bound else offset
 
 
 def restored(described: dict, arrays: list[mx.array]):
     """The cache of one layer from what a file holds of it."""
-    settings = {key: described[key] for key in ("bits", "group_size", "window", "sinks") if key in described}
+    settings = {key: described[key] for key in ("bits", "group_size", "window", "chunk", "sinks") if key in described}
     cache = KINDS[described["kind"]](**settings)
     cache.restore(Snapshot(arrays, described["offset"]))
     return cache

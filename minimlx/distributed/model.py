@@ -3,10 +3,11 @@
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..decode.runner import SharedSteps
 from .watchdog import Watchdog, rank_timeout
 
 
-class Distributed(nn.Module):
+class Distributed(nn.Module, SharedSteps):
     """This rank's part of a model split across a group; called, cached and sampled like the whole model.
 
     A rank that `passes_on` (an earlier pipeline rank) has no scores to give: it returns zeros that depend on its

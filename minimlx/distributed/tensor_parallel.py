@@ -66,10 +66,10 @@ class ExpertRange(nn.Module):
         super().__init__()
         self.experts, self.first, self.count = experts, first, count
 
-    def __call__(self, x: mx.array, expert_indices: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, expert_indices: mx.array, per_choice: bool = False) -> mx.array:
         local = expert_indices.astype(mx.int32) - self.first
         held = (local >= 0) & (local < self.count)
-        out = self.experts(x, mx.where(held, local, 0).astype(mx.uint32))
+        out = self.experts(x, mx.where(held, local, 0).astype(mx.uint32), per_choice)
         return out * held[..., None].astype(out.dtype)
 
 

@@ -1,13 +1,10 @@
-"""`minimlx serve`: OpenAI's (chat completions, completions, Responses) and Anthropic's (Messages) HTTP APIs over
-one decode engine (Starlette on uvicorn).
+"""`minimlx serve`: OpenAI's (chat completions, completions, Responses, embeddings), Anthropic's (Messages) and
+Ollama's HTTP APIs over one decode engine (Starlette on uvicorn).
 
-A thin layer: each endpoint reads its body into a `Turn` (turns.py); the `Renderer` (rendering.py) renders it with
-the model's chat template and tools and turns a tool choice into a grammar; the `EngineBridge` (bridge.py) hands the
-token ids and settings to the engine's thread; the engine's tokens come back as an `Answer`'s `Piece`s (answer.py:
-content, reasoning and tool-call deltas, logprobs), which each endpoint writes in its own shapes. Sampling, grammars,
-batching, stop strings and the prompt cache live in `minimlx.decode`; templates, tool-call formats and reasoning in
-`minimlx.text`. On SIGTERM or SIGINT the server answers new requests 503 and gives the running ones
-`--shutdown-timeout` seconds to finish.
+A thin layer: each endpoint reads its body into a `Turn` (turns.py); the `Renderer` (rendering.py) renders it and
+turns a tool choice into a grammar; the `EngineBridge` (bridge.py) hands it to the engine's thread; the tokens come
+back as an `Answer`'s `Piece`s (answer.py), which each endpoint writes in its own shapes. On SIGTERM or SIGINT the
+server answers new requests 503 and gives the running ones `--shutdown-timeout` seconds to finish.
 """
 
 import contextlib
@@ -78,7 +75,9 @@ class Server:
         self.card = ollama.ModelCard.of(engine.model, self.model_name, model_name, capabilities)
         self.metrics = Metrics(engine, self.model_name, self.card.size)
         api = [Route("/v1/models", self.models), *chat.routes(self), *responses.routes(self), *messages.routes(self)]
-        api += embeddings.routes(self, self.bridge, embedder, reranker(engine.model, self.tokenizer), engine.context)
+        api += embeddings.EmbeddingAPI(
+            self, self.bridge, embedder, reranker(engine.model, self.tokenizer), engine.context
+        ).routes()
         # each /v1 path also without its prefix, as llama-server answers them, for clients given a bare base URL
         bare = [
             Route(r.path.removeprefix("/v1"), r.endpoint, methods=r.methods) for r in api if r.path.startswith("/v1/")
@@ -90,7 +89,7 @@ class Server:
                 Route("/metrics", self.metrics.endpoint),
                 *api,
                 *bare,
-                *ollama.routes(self, self.card),
+                *ollama.OllamaAPI(self, self.card).routes(),
             ],
             exception_handlers={
                 APIError: self.api_error,

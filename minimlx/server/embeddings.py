@@ -22,13 +22,27 @@ if TYPE_CHECKING:
 MAX_INPUTS = 2048  # texts in one request (OpenAI's limit)
 
 
-def routes(
-    server: "TurnServer",
-    bridge: "EngineBridge",
-    embedder: Embedder | None,
-    reranker: Reranker | None,
-    context: int | None,
-) -> list[Route]:
+class EmbeddingAPI:
+    """/v1/embeddings, Ollama's /api/embed and /v1/rerank over the model's Embedder and Reranker (either may be
+    missing: the endpoint then answers 400), computed on the engine's thread (`bridge.run`)."""
+
+    def __init__(
+        self,
+        server: "TurnServer",
+        bridge: "EngineBridge",
+        embedder: Embedder | None,
+        reranker: Reranker | None,
+        context: int | None,
+    ):
+        self.server, self.bridge, self.embedder, self.reranker, self.context = (
+            server,
+            bridge,
+            embedder,
+            reranker,
+            context,
+        )
+
+    @staticmethod
     def texts_of(body, param: str) -> list:
         given = body.get(param)
         texts = [given] if isinstance(given, str) or is_ids(given) else given
@@ -40,57 +54,57 @@ def routes(
             raise bad(param, f"each of '{param}' must be a non-empty string or a list of token ids")
         return texts
 
-    async def embed(body, param: str, api: str) -> tuple[np.ndarray, int]:
-        if embedder is None:
+    async def embed(self, body, param: str, api: str) -> tuple[np.ndarray, int]:
+        if self.embedder is None:
             message = (
                 "this model has no pooling (no sentence-transformers modules.json): it makes no embeddings; start "
                 "the server with --pooling mean|lasttoken|cls for a decoder's hidden states"
             )
             raise APIError(400, message, "model", "model_not_supported")
-        texts = texts_of(body, param)
+        texts = self.texts_of(body, param)
         dimensions = integer(body, "dimensions", None)
         ignore_unread(body, api)
-        ids = embedder.ids(texts)
+        ids = self.embedder.ids(texts)
         longest = max(len(row) for row in ids)
-        if context is not None and longest > context:
-            message = f"a text of '{param}' holds {longest} tokens; this model reads at most {context}"
+        if self.context is not None and longest > self.context:
+            message = f"a text of '{param}' holds {longest} tokens; this model reads at most {self.context}"
             raise APIError(400, message, param, "context_length_exceeded")
         try:
-            vectors = await bridge.run(lambda: embedder(ids, dimensions))
+            vectors = await self.bridge.run(lambda: self.embedder(ids, dimensions))
         except InvalidSettingError as e:
             raise bad(e.field or param, str(e)) from None
         return vectors, sum(len(row) for row in ids)
 
-    async def openai_embeddings(request: HTTPRequest):
-        body = await server.read(request)
+    async def openai_embeddings(self, request: HTTPRequest):
+        body = await self.server.read(request)
         encoding = optional(body, "encoding_format", str, '"float" or "base64"') or "float"
         if encoding not in ("float", "base64"):
             raise bad("encoding_format", f'\'encoding_format\' must be "float" or "base64", got {encoding!r}')
         body.get("user")
-        vectors, tokens = await embed(body, "input", "embeddings")
+        vectors, tokens = await self.embed(body, "input", "embeddings")
         data = [
             {"object": "embedding", "index": i, "embedding": encoded(vector, encoding)}
             for i, vector in enumerate(vectors)
         ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        reply = {"object": "list", "data": data, "model": server.model_name, "usage": usage}
-        return JSONResponse(reply | {"pooling": embedder.pooling.mode}, headers=body.headers())
+        reply = {"object": "list", "data": data, "model": self.server.model_name, "usage": usage}
+        return JSONResponse(reply | {"pooling": self.embedder.pooling.mode}, headers=body.headers())
 
-    async def ollama_embed(request: HTTPRequest):
+    async def ollama_embed(self, request: HTTPRequest):
         started = time.monotonic_ns()
-        body = await server.read(request)
+        body = await self.server.read(request)
         for name in ("truncate", "options", "keep_alive"):
             body.get(name)
-        vectors, tokens = await embed(body, "input", "ollama")
+        vectors, tokens = await self.embed(body, "input", "ollama")
         total = time.monotonic_ns() - started
-        reply = {"model": server.model_name, "embeddings": vectors.tolist(), "total_duration": total}
-        reply |= {"load_duration": 0, "prompt_eval_count": tokens, "pooling": embedder.pooling.mode}
+        reply = {"model": self.server.model_name, "embeddings": vectors.tolist(), "total_duration": total}
+        reply |= {"load_duration": 0, "prompt_eval_count": tokens, "pooling": self.embedder.pooling.mode}
         return JSONResponse(reply, headers=body.headers())
 
-    async def rerank(request: HTTPRequest):
+    async def rerank(self, request: HTTPRequest):
         """The Cohere/Jina shape llama-server and vLLM answer: `query`, `documents` (strings or {"text"}),
         `top_n`, `return_documents`, `instruction`; results best first, scored as Qwen3-Reranker's card defines."""
-        body = await server.read(request)
+        body = await self.server.read(request)
         query = optional(body, "query", str, "a string")
         if not query:
             raise bad("query", "'query' must be a non-empty string")
@@ -108,25 +122,26 @@ def routes(
         instruction = optional(body, "instruction", str, "a string")
         given_documents = body.get("return_documents", False) is True
         ignore_unread(body, "rerank")
-        if reranker is None:
+        if self.reranker is None:
             message = "this model's vocabulary has no single 'yes' and 'no' tokens, which reranking scores with"
             raise APIError(400, message, "model", "model_not_supported")
-        scores = await bridge.run(lambda: reranker(query, texts, instruction))
+        scores = await self.bridge.run(lambda: self.reranker(query, texts, instruction))
         best = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
         results = [
             {"index": i, "relevance_score": float(scores[i])}
             | ({"document": {"text": texts[i]}} if given_documents else {})
             for i in best
         ]
-        tokens = sum(len(reranker.prompt(query, t, instruction)) for t in texts)
-        reply = {"model": server.model_name, "results": results, "usage": {"total_tokens": tokens}}
+        tokens = sum(len(self.reranker.prompt(query, t, instruction)) for t in texts)
+        reply = {"model": self.server.model_name, "results": results, "usage": {"total_tokens": tokens}}
         return JSONResponse(reply, headers=body.headers())
 
-    return [
-        Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
-        Route("/api/embed", ollama_embed, methods=["POST"]),
-        Route("/v1/rerank", rerank, methods=["POST"]),
-    ]
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
+            Route("/api/embed", self.ollama_embed, methods=["POST"]),
+            Route("/v1/rerank", self.rerank, methods=["POST"]),
+        ]
 
 
 def is_ids(value) -> bool:

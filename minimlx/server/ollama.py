@@ -133,73 +133,79 @@ def parameter_size(count: int) -> str:
     return str(count)
 
 
-def routes(server: "TurnServer", card: ModelCard) -> list[Route]:
-    def model_of(body: Body) -> None:
+class OllamaAPI:
+    """The /api/* endpoints over a server (`TurnServer`) and the card of its model."""
+
+    def __init__(self, server: "TurnServer", card: ModelCard):
+        self.server, self.card = server, card
+
+    def model_of(self, body: Body) -> None:
         name = optional(body, "model", str, "a model name such as 'llama3.2:latest'")
         if name is None:
             raise bad("model", "'model' is required: the name of a model /api/tags lists")
-        if not card.answers_to(name):
-            raise APIError(404, f"model '{name}' not found; /api/tags lists {card.name}", "model", "not_found")
+        if not self.card.answers_to(name):
+            raise APIError(404, f"model '{name}' not found; /api/tags lists {self.card.name}", "model", "not_found")
 
-    async def chat(request: HTTPRequest):
-        body = await server.read(request)
-        model_of(body)
+    async def chat(self, request: HTTPRequest):
+        body = await self.server.read(request)
+        self.model_of(body)
         turn = Turn(chat_messages(body.get("messages")), tools=tools(body))
-        return await answer(request, body, turn, "message")
+        return await self.answer(request, body, turn, "message")
 
-    async def generate(request: HTTPRequest):
-        body = await server.read(request)
-        model_of(body)
+    async def generate(self, request: HTTPRequest):
+        body = await self.server.read(request)
+        self.model_of(body)
         prompt = optional(body, "prompt", str, "a string") or ""
         if optional(body, "images", list, "a list of base64 images"):
             raise bad("images", "image input is not supported by this model; send text")
         system = optional(body, "system", str, "a string")
         turn = Turn(([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}])
-        return await answer(request, body, turn, "response")
+        return await self.answer(request, body, turn, "response")
 
-    async def answer(request: HTTPRequest, body: Body, turn: Turn, kind: str):
+    async def answer(self, request: HTTPRequest, body: Body, turn: Turn, kind: str):
         turn.settings, turn.template_kwargs = sampling(body), thinking(body.get("think"))
         turn.constraint = answer_format(body.get("format"))
         stream = body.get("stream") is None or flag(body, "stream")
         raw = kind == "response" and flag(body, "raw")
         ignore_unread(body, "ollama")
         if raw:
-            prompt = server.tokenizer.encode(turn.messages[-1]["content"])
-            started = await server.start_raw(prompt, turn, "prompt")
+            prompt = self.server.tokenizer.encode(turn.messages[-1]["content"])
+            started = await self.server.start_raw(prompt, turn, "prompt")
         else:
-            started = await server.start(turn)
-        reply = Reply(card.name, kind, started)
+            started = await self.server.start(turn)
+        reply = Reply(self.card.name, kind, started)
         if stream:
             return StreamingResponse(reply.lines(), media_type=NDJSON, headers=started.headers(body))
         whole = await until_disconnected(request, reply.whole())
         return JSONResponse(whole, headers=started.headers(body))
 
-    async def tags(request: HTTPRequest):
-        return JSONResponse({"models": [card.listing()]})
+    async def tags(self, request: HTTPRequest):
+        return JSONResponse({"models": [self.card.listing()]})
 
-    async def show(request: HTTPRequest):
-        body = await server.read(request)
+    async def show(self, request: HTTPRequest):
+        body = await self.server.read(request)
         name = body.get("model") or body.get("name")
-        if not card.answers_to(name) or name is None:
-            raise APIError(404, f"model '{name}' not found; /api/tags lists {card.name}", "model", "not_found")
-        info = {"general.architecture": card.family, "general.parameter_count": card.parameters}
-        if card.context is not None:
-            info[f"{card.family}.context_length"] = card.context
-        template = server.tokenizer.chat_template or ""
+        if not self.card.answers_to(name) or name is None:
+            raise APIError(404, f"model '{name}' not found; /api/tags lists {self.card.name}", "model", "not_found")
+        info = {"general.architecture": self.card.family, "general.parameter_count": self.card.parameters}
+        if self.card.context is not None:
+            info[f"{self.card.family}.context_length"] = self.card.context
+        template = self.server.tokenizer.chat_template or ""
+        card = self.card
         return JSONResponse(
             {"modelfile": f"FROM {card.name}\n", "parameters": "", "template": template, "details": card.details(),
              "model_info": info, "capabilities": list(card.capabilities), "modified_at": card.modified_at}
         )  # fmt: skip
 
-    async def ps(request: HTTPRequest):
-        running = card.listing() | {"expires_at": "2999-01-01T00:00:00Z", "context_length": card.context or 0}
+    async def ps(self, request: HTTPRequest):
+        running = self.card.listing() | {"expires_at": "2999-01-01T00:00:00Z", "context_length": self.card.context or 0}
         on_device = mx.default_device() == mx.gpu
-        return JSONResponse({"models": [running | {"size_vram": card.size if on_device else 0}]})
+        return JSONResponse({"models": [running | {"size_vram": self.card.size if on_device else 0}]})
 
-    async def pull(request: HTTPRequest):
+    async def pull(self, request: HTTPRequest):
         """Ollama's pull, through the Hugging Face Hub (`minimlx pull`): `model` is a repo id, with a :QUANT tag
         for a GGUF repo. Its statuses stream as NDJSON (or the last alone with `stream: false`)."""
-        body = await server.read(request)
+        body = await self.server.read(request)
         name = optional(body, "model", str, "a repo id such as 'org/name:Q4_K_M'") or body.get("name")
         if not isinstance(name, str) or not name:
             raise bad("model", "'model' is required: the Hugging Face repo id to pull, as org/name[:QUANT]")
@@ -223,18 +229,19 @@ def routes(server: "TurnServer", card: ModelCard) -> list[Route]:
         last = [s async for s in statuses()][-1]
         return JSONResponse(last, status_code=400 if "error" in last else 200)
 
-    async def version(request: HTTPRequest):
+    async def version(self, request: HTTPRequest):
         return JSONResponse({"version": VERSION})
 
-    return [
-        Route("/api/chat", chat, methods=["POST"]),
-        Route("/api/generate", generate, methods=["POST"]),
-        Route("/api/tags", tags, methods=["GET"]),
-        Route("/api/show", show, methods=["POST"]),
-        Route("/api/ps", ps, methods=["GET"]),
-        Route("/api/version", version, methods=["GET"]),
-        Route("/api/pull", pull, methods=["POST"]),
-    ]
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/chat", self.chat, methods=["POST"]),
+            Route("/api/generate", self.generate, methods=["POST"]),
+            Route("/api/tags", self.tags, methods=["GET"]),
+            Route("/api/show", self.show, methods=["POST"]),
+            Route("/api/ps", self.ps, methods=["GET"]),
+            Route("/api/version", self.version, methods=["GET"]),
+            Route("/api/pull", self.pull, methods=["POST"]),
+        ]
 
 
 def error_body(error: APIError) -> dict:

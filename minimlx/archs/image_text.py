@@ -1,0 +1,69 @@
+"""The text model of an image-text checkpoint (Gemma 3 and 4, Llama 4, Mistral 3): its config and its tensors.
+
+Such a checkpoint nests the language model's config under `text_config` and its tensors under `language_model`
+(transformers 4 and mlx-lm: `language_model.model.layers...`, transformers 5: `model.language_model.layers...`),
+beside a vision tower and a projector into the text model's width. minimlx runs the text model: the towers'
+tensors are left out, with one log line saying so.
+"""
+
+import logging
+
+from ..errors import CheckpointError
+from .names import NameMap
+
+log = logging.getLogger("minimlx.archs")
+
+TOWERS = (
+    r"(^|\.)vision_tower\.",
+    r"(^|\.)vision_model\.",
+    r"(^|\.)visual\.",
+    r"(^|\.)multi_modal_projector\.",
+    r"(^|\.)embed_vision\.",
+)
+
+
+def text_config(config: dict, model_type: str, inherited: dict | None = None) -> dict:
+    """The language model's config of an image-text `config`, with its `inherited` keys set by the outer config (as
+    transformers' image-text model reads them from its own config), or else the defaults given; CheckpointError in one
+    line when it has none."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(
+            f"a {model_type} config needs its text_config (the language model's settings) as an object; "
+            "fix the config, or point minimlx at a text-only checkpoint"
+        )
+    outer = {key: config[key] for key in (inherited or {}) if config.get(key) is not None}
+    return {**text, **(inherited or {}), **outer}
+
+
+def text_model_names(names: NameMap) -> NameMap:
+    """`names` (a text model's map, `model.`-prefixed) read under either image-text layout, the towers dropped."""
+    pairs = [
+        (prefix + theirs.removeprefix("model."), ours)
+        for prefix in ("language_model.model.", "model.language_model.")
+        for theirs, ours in names.templates
+        if theirs.startswith("model.")
+    ]
+    heads = [(prefix + theirs, ours) for prefix in ("language_model.", "") for theirs, ours in names.templates]
+    heads = [(theirs, ours) for theirs, ours in heads if not theirs.startswith(("model.", "language_model.model."))]
+    return NameMap(pairs + heads, drop=[*names.drop_patterns, *TOWERS])
+
+
+class ImageText:
+    """Put before a text family's plugin in the bases of its image-text plugin: the config read from `text_config`
+    (with the outer config's `inherited` keys), the tensors from under `language_model`, the towers' left out."""
+
+    image_text_type = ""  # the image-text checkpoints' model_type, for messages
+    inherited = {}  # keys the outer config sets for the text model, with their values where it does not
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return super().from_config(text_config(config, cls.image_text_type, cls.inherited))
+
+    def convert_weights(self, weights: dict) -> dict:
+        skipped = len(weights) - len(NameMap([], drop=list(TOWERS)).to_ours(weights))
+        if skipped:
+            log.warning(
+                "%s: the text model is read; the vision tower's %d tensors are skipped", self.image_text_type, skipped
+            )
+        return super().convert_weights(weights)
