@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 import minimlx
 from minimlx.archs.registry import build, plugin_config, registrations
 from minimlx.decode import SamplingSettings, generate_tokens, stream_generate
+from minimlx.errors import UnsupportedArchitectureError
 
 PINNED = {
     "deepseek": [32, 32, 32, 32, 32, 32, 38, 38, 38, 38, 38, 38],
@@ -37,6 +38,22 @@ PINNED = {
     "qwen3": [38, 24, 37, 16, 54, 37, 16, 54, 37, 16, 54, 37],
     "qwen3_moe": [7, 30, 33, 53, 37, 53, 37, 53, 37, 53, 37, 53],
     "smollm3": [34, 34, 34, 34, 34, 34, 34, 18, 34, 18, 34, 18],
+    "deepseek_v32": [6, 63, 34, 40, 25, 53, 42, 63, 56, 35, 63, 56],
+    "glm4_moe": [30, 63, 53, 53, 53, 53, 53, 53, 53, 53, 53, 53],
+    "llama4": [42, 54, 54, 6, 61, 30, 36, 30, 30, 25, 25, 25],
+    "llama4_text": [42, 54, 54, 6, 61, 30, 36, 30, 30, 25, 25, 25],
+    "minimax_m2": [36, 36, 36, 36, 36, 36, 36, 36, 36, 36, 36, 36],
+    "ministral3": [46, 60, 10, 10, 10, 10, 60, 32, 61, 32, 10, 5],
+    "mistral3": [14, 24, 24, 24, 24, 24, 24, 24, 24, 24, 44, 44],
+    "mistral4": [24, 29, 61, 24, 23, 41, 21, 24, 51, 46, 12, 10],
+    "olmo3": [56, 56, 34, 56, 54, 47, 32, 56, 35, 56, 56, 34],
+    "granitemoehybrid": [41, 25, 14, 35, 5, 29, 13, 10, 42, 39, 19, 25],
+    "lfm2": [16, 36, 15, 27, 36, 12, 60, 0, 68, 23, 59, 32],
+    "qwen3_5": [12, 34, 9, 30, 82, 86, 57, 61, 27, 53, 13, 71],
+    "qwen3_5_moe": [12, 36, 11, 48, 88, 17, 18, 26, 87, 43, 79, 65],
+    "qwen3_5_moe_text": [12, 36, 11, 48, 88, 17, 18, 26, 87, 43, 79, 65],
+    "qwen3_5_text": [12, 34, 9, 30, 82, 86, 57, 61, 27, 53, 13, 71],
+    "qwen3_next": [12, 36, 11, 48, 88, 17, 18, 26, 87, 43, 79, 65],
 }
 GEMMA_SPREAD = 0.1  # their soft-capped logits saturate (every token tied at the cap) with wider weights
 SMOLLM2_ANSWER = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # "The capital of France is Paris."
@@ -52,7 +69,13 @@ def seeded_model(model_type: str, folder):
     rng = np.random.default_rng(0)
     params = sorted(tree_flatten(build(arch).parameters()), key=lambda item: item[0])
     weights = {name: mx.array(rng.normal(0, spread, p.shape).astype(np.float32)) for name, p in params}
-    mx.save_safetensors(str(folder / "model.safetensors"), arch.export_weights(weights))
+    try:
+        exported = arch.export_weights(weights)
+    except UnsupportedArchitectureError:  # families whose MLX-folder names are not mapped yet: the built model
+        model = build(arch)
+        model.load_weights(list(weights.items()))
+        return model, arch
+    mx.save_safetensors(str(folder / "model.safetensors"), exported)
     (folder / "config.json").write_text(json.dumps(config))
     return minimlx.load_model(folder), arch
 

@@ -26,8 +26,6 @@ from typing import ClassVar
 import mlx.core as mx
 import numpy as np
 
-from ..errors import InvalidSettingError
-
 
 class Can(enum.Flag):
     """What a cache kind can do (`Cache.capabilities`)."""
@@ -871,7 +869,7 @@ class RecurrentCache(Cache):
 
     def trim(self, n: int) -> int:
         if 0 < min(n, self.offset) < self.offset:
-            raise InvalidSettingError(
+            raise ValueError(
                 f"a recurrent layer's state cannot forget its last {n} tokens (it is a function of the whole prefix); "
                 "restore a snapshot taken before them instead"
             )
