@@ -27,6 +27,21 @@ def texts(count: int = 50, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 2, 5, 17, 60, 150]))) for _ in range(count)]
 
 
+def tiny_qwen3(vocab: int):
+    """The config of a tiny random Qwen3 stack over a vocabulary of `vocab` tokens."""
+    transformers = require("transformers")
+    return transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+    )
+
+
 def save_embedding_model(folder: Path, pooling: str, dense: bool) -> Path:
     """A tiny random Qwen3 stack saved by sentence-transformers with `pooling`, an optional Dense layer and Normalize;
     SmolLM2's tokenizer without a chat template (sentence-transformers would render texts through one)."""
@@ -36,16 +51,7 @@ def save_embedding_model(folder: Path, pooling: str, dense: bool) -> Path:
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer(Path(smollm2_path())))
     tokenizer.chat_template = None
-    config = transformers.Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-    )
+    config = tiny_qwen3(len(tokenizer))
     torch.manual_seed(0)
     base = folder / "base"
     transformers.Qwen3Model(config).save_pretrained(base)
@@ -148,16 +154,7 @@ def reranker_folder(tmp_path_factory):
     torch, transformers = require("torch"), require("transformers")
     folder = tmp_path_factory.mktemp("reranker")
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer(Path(smollm2_path())))
-    config = transformers.Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-    )
+    config = tiny_qwen3(len(tokenizer))
     torch.manual_seed(1)
     transformers.Qwen3ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

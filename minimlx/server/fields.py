@@ -273,3 +273,18 @@ def check_schema_size(schema, param: str) -> None:
         raise bad(param, f"the JSON schema in '{param}' is nested too deeply; flatten it") from None
     if size > MAX_SCHEMA_BYTES:
         raise bad(param, f"the JSON schema in '{param}' is {size} bytes; this server takes at most {MAX_SCHEMA_BYTES}")
+
+
+def effort_variable(body: Body, name: str, api: str) -> dict:
+    """The chat-template variable `reasoning_effort` from the object field `name` of `body` (Responses' `reasoning`,
+    Messages' `output_config`): its `effort`, which templates that take an effort read; its other keys ignored."""
+    holder = optional(body, name, dict, 'an object, such as {"effort": "high"}') or {}
+    for key in holder:
+        if key != "effort":
+            body.ignore(f"{name}.{key}", api)
+    effort = holder.get("effort")
+    if effort is None:
+        return {}
+    if not isinstance(effort, str):
+        raise bad(f"{name}.effort", f'\'{name}.effort\' must be a string such as "low" or "high"')
+    return {"reasoning_effort": effort}

@@ -16,7 +16,19 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .blocks import Block, Blocks, Change, server_sent
-from .fields import APIError, Body, bad, check_body, flag, ignore_unread, integer, number, text_content, text_field
+from .fields import (
+    APIError,
+    Body,
+    bad,
+    check_body,
+    effort_variable,
+    flag,
+    ignore_unread,
+    integer,
+    number,
+    text_content,
+    text_field,
+)
 from .hangups import until_disconnected
 from .turns import Turn
 
@@ -100,7 +112,7 @@ def read_turn(body: Body) -> Turn:
         tools=[f for f in functions if f is not None] or None,
         tool_choice=choice,
         parallel_tool_calls=parallel,
-        template_kwargs=thinking(body.get("thinking")) | effort(body.get("output_config"), body),
+        template_kwargs=thinking(body.get("thinking")) | effort_variable(body, "output_config", "messages"),
     )
 
 
@@ -210,23 +222,6 @@ def tool_choice(choice) -> tuple[str, bool]:
         message = '\'tool_choice\' must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
         raise bad("tool_choice", message + '{"type": "tool", "name": ...}')
     return name, not flag(choice, "disable_parallel_tool_use")
-
-
-def effort(config, body: Body) -> dict:
-    """The chat-template variable of `output_config.effort`, which templates that take an effort read."""
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise bad("output_config", '\'output_config\' must be an object, such as {"effort": "high"}')
-    for name in config:
-        if name != "effort":
-            body.ignore(f"output_config.{name}", "messages")
-    chosen = config.get("effort")
-    if chosen is None:
-        return {}
-    if not isinstance(chosen, str):
-        raise bad("output_config.effort", '\'output_config.effort\' must be a string such as "low" or "high"')
-    return {"reasoning_effort": chosen}
 
 
 def thinking(setting) -> dict:

@@ -24,6 +24,7 @@ from .fields import (
     bad,
     check_body,
     check_schema_size,
+    effort_variable,
     flag,
     ignore_unread,
     integer,
@@ -107,7 +108,7 @@ def read_request(body: Body) -> tuple[Turn, dict, dict[str, str]]:
         parallel_tool_calls=body.get("parallel_tool_calls") is None or flag(body, "parallel_tool_calls"),
         constraint=constraint(text_format),
         settings=settings,
-        template_kwargs=reasoning_effort(body),
+        template_kwargs=effort_variable(body, "reasoning", "responses"),
         cache_key=optional(body, "prompt_cache_key", str, "a string"),
         messages_param="input",
         params={"max_tokens": "max_output_tokens"},
@@ -124,21 +125,6 @@ def read_request(body: Body) -> tuple[Turn, dict, dict[str, str]]:
         "top_p": top_p,
     }
     return turn, echo, namespaces
-
-
-def reasoning_effort(body: Body) -> dict:
-    """The chat-template variable of `reasoning.effort` (templates that take an effort read it); the rest of
-    `reasoning` (its summary) is ignored."""
-    reasoning = optional(body, "reasoning", dict, 'an object, such as {"effort": "low"}') or {}
-    for name in reasoning:
-        if name != "effort":
-            body.ignore(f"reasoning.{name}", "responses")
-    effort = reasoning.get("effort")
-    if effort is None:
-        return {}
-    if not isinstance(effort, str):
-        raise bad("reasoning.effort", '\'reasoning.effort\' must be a string such as "low" or "high"')
-    return {"reasoning_effort": effort}
 
 
 def function_tools(tools: list, body: Body) -> tuple[list[dict], dict[str, str]]:
