@@ -223,7 +223,9 @@ def test_a_whole_answer_whose_client_hangs_up_is_cancelled(server):
     time.sleep(0.5)
     connection.close()
     assert wait_for_running(server, 0, 1.0) <= 1.0
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10  # the line is written once the request is over
+    while " 499 " not in log_lines(server, "/v1/completions")[-1] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert '"POST /v1/completions HTTP/1.1" 499' in log_lines(server, "/v1/completions")[-1]
 
 
@@ -251,7 +253,9 @@ def test_every_request_leaves_one_log_line_with_its_figures(server):
     code, _ = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     code_bad, _ = server.post("/v1/chat/completions", {"messages": "hi"})
     assert (code, code_bad) == (200, 400)
-    lines = log_lines(server, "/v1/chat/completions")[before:]
+    deadline = time.monotonic() + 10  # a line is written once its response has gone out: a moment after the client
+    while len(lines := log_lines(server, "/v1/chat/completions")[before:]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(lines) == 2
     ok, bad = lines
     assert '"POST /v1/chat/completions HTTP/1.1" 200 prompt=' in ok
@@ -274,7 +278,9 @@ def test_json_log_lines_and_a_template_less_model_warns(tmp_path):
         code, reply = served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         assert code == 400 and "--chat-template" in reply["error"]["message"]
         served.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10  # the line is written once the response has gone out
+        while '"path": "/v1/completions"' not in served.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
         log = served.log()
     finally:
         served.stop()

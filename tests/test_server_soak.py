@@ -25,5 +25,5 @@ def test_a_30_second_soak_answers_everything_as_expected_with_flat_memory(tmp_pa
     assert soak.unexpected == [] and status == 0
     assert sum(soak.outcomes["burst"].values()) > soak.outcomes["burst"][429] > 0  # past the queue: some refused
     assert all(soak.outcomes[kind] for kind in KINDS)
-    warm = soak.rss[1][1]
+    warm = soak.rss[2][1]  # after the first seconds: the prompt cache filled, MLX's buffers for the shapes seen
     assert soak.rss[-1][1] <= 1.1 * warm, soak.rss

@@ -101,6 +101,7 @@ class Server:
             lifespan=self.bridge.lifespan,
             middleware=[Middleware(AccessLog, json_lines=log_format == "json", observers=(self.metrics.observe,))],
         )
+        self.metrics.endpoints = frozenset(route.path for route in self.app.routes)
 
     @property
     def listeners(self) -> dict:

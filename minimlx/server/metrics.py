@@ -19,7 +19,8 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
 class Metrics:
     """The server's metrics, registered in their own registry."""
 
-    def __init__(self, engine: Engine, model: str, model_bytes: int):
+    def __init__(self, engine: Engine, model: str, model_bytes: int, endpoints: frozenset[str] = frozenset()):
+        self.endpoints = endpoints  # the paths counted by name; any other is "other" (no label per stray path)
         self.registry = registry = CollectorRegistry()
         self.requests = Counter(
             "minimlx_requests",
@@ -67,6 +68,7 @@ class Metrics:
     def observe(self, record: RequestRecord) -> None:
         """Count one finished request (called by the access log once its response is over)."""
         endpoint = record.path.split("?", 1)[0]
+        endpoint = endpoint if endpoint in self.endpoints else "other"
         self.requests.labels(endpoint=endpoint, status=str(record.status)).inc()
         answer = record.answer
         if answer is None:
