@@ -230,9 +230,13 @@ class Reranker:
 
     def __call__(self, query: str, documents: list[str], instruction: str | None = None) -> np.ndarray:
         """(documents,) relevance scores in [0, 1]."""
+        return self.scores([self.prompt(query, document, instruction) for document in documents])
+
+    def scores(self, prompts: list[list[int]]) -> np.ndarray:
+        """(prompts,) relevance scores of prompts made by `prompt`."""
         scores = []
-        for document in documents:
-            ids = mx.array([self.prompt(query, document, instruction)], dtype=mx.int32)
+        for prompt in prompts:
+            ids = mx.array([prompt], dtype=mx.int32)
             logits = self.model(ids, last_only=True)[0, -1].astype(mx.float32)
             pair = mx.stack([logits[self.no], logits[self.yes]])
             scores.append(mx.softmax(pair)[1])

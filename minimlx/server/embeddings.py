@@ -125,14 +125,15 @@ class EmbeddingAPI:
         if self.reranker is None:
             message = "this model's vocabulary has no single 'yes' and 'no' tokens, which reranking scores with"
             raise APIError(400, message, "model", "model_not_supported")
-        scores = await self.bridge.run(lambda: self.reranker(query, texts, instruction))
+        prompts = [self.reranker.prompt(query, text, instruction) for text in texts]
+        scores = await self.bridge.run(lambda: self.reranker.scores(prompts))
         best = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
         results = [
             {"index": i, "relevance_score": float(scores[i])}
             | ({"document": {"text": texts[i]}} if given_documents else {})
             for i in best
         ]
-        tokens = sum(len(self.reranker.prompt(query, t, instruction)) for t in texts)
+        tokens = sum(len(prompt) for prompt in prompts)
         reply = {"model": self.server.model_name, "results": results, "usage": {"total_tokens": tokens}}
         return JSONResponse(reply, headers=body.headers())
 
