@@ -1,0 +1,71 @@
+"""The 2025-26 families from the files other tools write of them: mlx-lm's own `convert` (float32, and 4-bit) and
+llama.cpp's converter (f32, q8_0, and the Q4_K_M llama-quantize makes of the f32 file).
+
+mlx-lm folders: minimlx (weights dequantized to float32, and kept packed) gives mlx-lm's own logits on the same
+folder, and transformers' for the float32 one. Each family's config is the one of tests/families_2026.py, saved in
+the layout mlx-lm reads for it (published checkpoints' keys).
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from families_2026 import VOCAB, family_config, save_family
+from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
+from reference import random_ids, reference_logits, relative_error, to_v4_layout
+
+import minimlx
+
+# name -> (the family's config as mlx-lm can read it, whether mlx-lm reads it in transformers 4's layout). mlx-lm's
+# olmo3 turns the sliding layers with the global RoPE base, unscaled (the published configs' one base); its minimax
+# reads the published configs' shared_intermediate_size; its ministral3 attends to the whole text (as the published
+# configs do, sliding_window null); its mistral3 reads an untied head (as published); its llama4_text is a dense
+# model, so Llama 4 is read from the image-text checkpoint only.
+MLX_LM = {
+    "deepseek_v32": (family_config("deepseek_v32"), True),
+    "glm4_moe": (family_config("glm4_moe"), True),
+    "llama4": (family_config("llama4"), True),
+    "minimax_m2": (family_config("minimax_m2", shared_intermediate_size=0), True),
+    "ministral3": (family_config("ministral3", sliding_window=None), False),
+    "mistral3": ({**family_config("mistral3", sliding_window=None), "tie_word_embeddings": False}, False),
+    "mistral4": (family_config("mistral4"), False),
+    "olmo3": (
+        family_config(
+            "olmo3",
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                full_attention=dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+            ),
+        ),
+        True,
+    ),
+}
+MLX_LM_VARIANTS = {"float32": dict(dtype="float32"), "4bit": dict(quantize=True, q_bits=4, q_group_size=32)}
+
+
+@pytest.fixture(scope="module", params=sorted(MLX_LM))
+def mlx_lm_folders(request, tmp_path_factory):
+    """(name, {variant: mlx-lm's folder}, transformers' logits, ids) of one family, converted once."""
+    name = request.param
+    config, v4_layout = MLX_LM[name]
+    source = tmp_path_factory.mktemp(f"hf-{name}")
+    torch_model = save_family(source, name, config)
+    if v4_layout:
+        to_v4_layout(source)
+    save_tokenizer(source)
+    root = tmp_path_factory.mktemp(f"mlx-{name}")
+    folders = {variant: mlx_lm_convert(source, root / variant, **o) for variant, o in MLX_LM_VARIANTS.items()}
+    ids = random_ids(VOCAB)
+    return name, folders, reference_logits(torch_model, ids), ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(MLX_LM_VARIANTS))
+def test_mlx_lm_folder_matches_mlx_lm(mlx_lm_folders, variant):
+    _, folders, reference, ids = mlx_lm_folders
+    expected = np.array(mlx_lm_logits(folders[variant], ids))
+    for dtype in ("float32", "quantized"):
+        model = minimlx.load_model(folders[variant], dtype=dtype)
+        logits = np.array(model(mx.array(ids)).astype(mx.float32))
+        assert relative_error(logits, expected) <= 1e-4, dtype
+        if variant == "float32":
+            assert relative_error(logits, reference) <= 1e-4, dtype
