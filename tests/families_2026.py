@@ -180,13 +180,16 @@ def save_family(folder: Path, name: str, config: dict | None = None):
 GGUF_VOCAB = 49152  # SmolLM2's tokenizer, one llama.cpp's converter recognises
 GLM_TOKENS = ("[gMASK]", "<|user|>", "<|observation|>")  # the special tokens llama.cpp's glm4moe converter looks up
 # name -> (the family's config as llama.cpp's converter writes it, its llama.cpp architecture). FFNs 256 wide, so that
-# llama-quantize's K-quants apply to their down projections (rows of 256). The converter writes no sliding window for
+# llama-quantize's K-quants apply to their down projections (rows of 256); heads tied to the token embedding but in
+# OLMo 3 and Llama 4 (the 49152-token matrices are most of each file). The converter writes no sliding window for
 # Ministral 3 (the published configs have none), and no chunk, temperature floor or scale for Llama 4: llama.cpp
 # takes Scout's (chunks of 8192, longer than any test text).
 GGUF_FAMILIES = {
     "olmo3": (family_config("olmo3", vocab_size=GGUF_VOCAB, intermediate_size=256), "olmo2"),
     "ministral3": (
-        family_config("ministral3", vocab_size=GGUF_VOCAB, intermediate_size=256, sliding_window=None),
+        family_config(
+            "ministral3", vocab_size=GGUF_VOCAB, intermediate_size=256, sliding_window=None, tie_word_embeddings=True
+        ),
         "mistral3",
     ),
     "mistral3": (
@@ -194,10 +197,15 @@ GGUF_FAMILIES = {
         "mistral3",
     ),
     "glm4_moe": (
-        family_config("glm4_moe", vocab_size=GGUF_VOCAB + len(GLM_TOKENS), intermediate_size=256),
+        family_config(
+            "glm4_moe", vocab_size=GGUF_VOCAB + len(GLM_TOKENS), intermediate_size=256, tie_word_embeddings=True
+        ),
         "glm4moe",
     ),
-    "minimax_m2": (family_config("minimax_m2", vocab_size=GGUF_VOCAB, intermediate_size=256), "minimax-m2"),
+    "minimax_m2": (
+        family_config("minimax_m2", vocab_size=GGUF_VOCAB, intermediate_size=256, tie_word_embeddings=True),
+        "minimax-m2",
+    ),
     "llama4": (
         family_config(
             "llama4",
@@ -212,20 +220,21 @@ GGUF_FAMILIES = {
 }
 
 
-def convert_families(root: Path, kinds: tuple[str, ...]) -> dict:
-    """Each of GGUF_FAMILIES saved as root / name with SmolLM2's tokenizer and converted by llama.cpp's converter to
-    root / f"{name}-{kind}.gguf"; returns each family's transformers model."""
+def convert_families(root: Path, kinds: dict[str, tuple[str, ...]]) -> dict:
+    """Each family of `kinds` (GGUF_FAMILIES' names) saved as root / name with SmolLM2's tokenizer and converted by
+    llama.cpp's converter to root / f"{name}-{kind}.gguf" for each of its kinds; returns each one's transformers
+    model."""
     from llamacpp import convert
     from llamacpp_models import add_token, converter_inputs
 
     sources, tokenizer = converter_inputs()
     models, jobs = {}, []
-    for name, (config, _) in GGUF_FAMILIES.items():
+    for name, its_kinds in kinds.items():
         folder = root / name
-        models[name] = save_family(folder, name, config)
+        models[name] = save_family(folder, name, GGUF_FAMILIES[name][0])
         shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
-        for token in GLM_TOKENS if name == "glm4_moe" else ():
-            add_token(folder, token)
-        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
+        if name == "glm4_moe":
+            add_token(folder, *GLM_TOKENS)
+        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in its_kinds]
     convert(jobs, sources)
     return models

@@ -313,12 +313,12 @@ def save_source(folder, config_class: str, config: dict) -> None:
     to_v4_layout(folder)  # the layout published checkpoints have (GPT-2's n_ctx is what the converter reads)
 
 
-def add_token(folder, token: str) -> None:
-    """`token` added to the folder's tokenizer as a special token (the next id)."""
+def add_token(folder, *tokens: str) -> None:
+    """`tokens` added to the folder's tokenizer as special tokens (the next ids)."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    tokenizer.add_special_tokens({"additional_special_tokens": [token]})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
     tokenizer.save_pretrained(folder)
 
 
