@@ -121,7 +121,7 @@ CONFIGS = {
             MISTRAL4,
             rope_parameters=dict(rope_type="default", rope_theta=10000.0),
             index_topk=5,  # of up to 16 keys
-            index_n_heads=8,  # enough heads that no two keys tie at an index score of 0 (every head's ReLU at 0)
+            index_n_heads=8,
             index_head_dim=16,
         ),
         dict(random_buffers=("e_score_correction_bias",)),

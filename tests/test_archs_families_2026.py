@@ -8,7 +8,7 @@ through the cache from the start, and a 9-token prompt then single steps.
 import mlx.core as mx
 import numpy as np
 import pytest
-from families_2026 import CONFIGS, DEEPSEEK_V32, VOCAB, save_family
+from families_2026 import CONFIGS, DEEPSEEK_V32, VOCAB, family_config, save_family
 from reference import random_ids, reference_logits, relative_error, require
 
 import minimlx
@@ -140,6 +140,32 @@ def test_deepseek_v32_attends_to_the_indexers_top_k_keys(checkpoint):
     for layer in model.layers:
         layer.attn.indexer.top_k = 16
     assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+def test_deepseek_v32_breaks_index_ties_as_transformers_does(tmp_path):
+    """A one-head indexer scores many keys 0 (its ReLU), so keys tie at the top-k-th score: minimlx keeps those
+    transformers keeps, over the whole sequence and over a prompt then single steps through the cache (which differ
+    from each other: torch's choice among ties depends on the row, and a cached step's row has no masked keys)."""
+    torch = require("torch")
+    import minimlx.core.sparse_attention as sparse
+
+    torch_model = save_family(tmp_path, "deepseek_v32", family_config("deepseek_v32", index_n_heads=1))
+    ids = random_ids(VOCAB)
+    with torch.no_grad():
+        prompt = torch_model(torch.tensor(ids[:, :9]), use_cache=True)
+        steps, cache = [prompt.logits], prompt.past_key_values
+        for t in range(9, ids.shape[1]):
+            step = torch_model(torch.tensor(ids[:, t : t + 1]), past_key_values=cache, use_cache=True)
+            steps.append(step.logits)
+    stepped = torch.cat(steps, 1).numpy()
+    whole = reference_logits(torch_model, ids)
+    model = minimlx.load_model(tmp_path, dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), whole) <= 1e-4
+    assert errors(model, ids, stepped)[2] <= 1e-4  # the prompt, then single steps
+    assert relative_error(stepped, whole) > 1e-2
+    with pytest.MonkeyPatch.context() as patch:  # the earliest of the tied keys instead: other logits
+        patch.setattr(sparse, "kept", lambda values, k: sorted(np.argsort(-np.array(values), kind="stable")[:k]))
+        assert relative_error(np.array(model(mx.array(ids))), whole) > 1e-2
 
 
 @pytest.mark.parametrize(
