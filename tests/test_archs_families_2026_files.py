@@ -9,7 +9,8 @@ GGUF files: the f32 file gives transformers' logits of the source model; the pac
 the Q4_K_M gguf_quantize.py writes of the f32 file as llama-quantize does) the logits of their tensors dequantized by
 gguf-py, llama.cpp's reference code. DeepSeek V3.2 and Mistral 4 have no file: llama.cpp's converter asks DeepSeek
 V3.2's tokenizer to add a BOS token, which transformers 5 never reports for a tokenizer.json (it reads that from the
-post-processor), and it converts Mistral 4 only as the text of an image-text `Mistral3ForConditionalGeneration`.
+post-processor), and it converts Mistral 4 only as the text of an image-text `Mistral3ForConditionalGeneration`,
+without its query temperature (no `attention.temperature_scale`).
 """
 
 import mlx.core as mx
