@@ -2,6 +2,7 @@
 20 AdamW steps, adapter files both ways; mlx-lm's adapter folders; LoRA on packed 4-bit weights (QLoRA)."""
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -146,14 +147,16 @@ def test_adamw_losses_equal_peft(family_folder, tmp_path, family, dora):
 )
 def test_saved_adapter_loads_in_peft(family_folder, tmp_path, family):
     """The PEFT folder minimlx writes loads with PeftModel.from_pretrained on the Hugging Face base and gives the
-    adapted model's logits (DoRA for the families after llama)."""
+    adapted model's logits (DoRA for the families after llama; Gemma 3's last two layers only)."""
     peft, torch = require("peft"), require("torch")
     folder = family_folder(family)
-    model = adapted(folder, settings_for(family, dora=family != "llama"))
+    settings = replace(settings_for(family, dora=family != "llama"), layers=2 if family == "gemma3" else None)
+    model = adapted(folder, settings)
     save_adapter(model, tmp_path / "adapter", base_model=str(folder))
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == ("LORA", "CAUSAL_LM", 4, 8)
     twin = peft.PeftModel.from_pretrained(torch_model(folder), tmp_path / "adapter")
+    assert sum(name.endswith(".lora_A") for name, _ in twin.named_modules()) == len(adapters(model))
     ids = batches(1)[0][0]
     with torch.no_grad():
         expected = twin(torch.tensor(ids)).logits.numpy()
@@ -166,10 +169,11 @@ def test_saved_adapter_loads_in_peft(family_folder, tmp_path, family):
 @pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
 def test_peft_adapter_loads(family_folder, tmp_path, family, dora):
     """An adapter PEFT made (get_peft_model, non-zero tensors, save_pretrained) loads into minimlx with PEFT's
-    logits."""
+    logits (its dropout off, as in PEFT's eval mode)."""
     peft, torch = require("peft"), require("torch")
     folder = family_folder(family)
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["k_proj", "o_proj", "up_proj"], use_dora=dora)
+    targets = ["k_proj", "o_proj", "up_proj"]
+    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.1, target_modules=targets, use_dora=dora)
     twin = peft.get_peft_model(torch_model(folder), config)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -179,6 +183,7 @@ def test_peft_adapter_loads(family_folder, tmp_path, family, dora):
                     p * torch.empty_like(p).uniform_(0.8, 1.2) if "magnitude" in name else torch.randn_like(p) * 0.2
                 )
     twin.save_pretrained(tmp_path)
+    twin.eval()
     model = load_model(folder)
     adapter = load_adapter(model, tmp_path)
     assert (adapter.settings.rank, adapter.settings.scale, adapter.settings.dora) == (RANK, ALPHA / RANK, dora)

@@ -228,10 +228,13 @@ def check_adapter(model: nn.Module, adapter: Adapter, folder: Path) -> None:
 
 def load_adapter(model: nn.Module, folder: str | Path) -> Adapter:
     """Read the adapter in `folder` (PEFT's or mlx-lm's), wrap the modules it adapts and install its tensors.
-    Returns the adapter."""
+    The forms are in eval mode (no dropout: an adapter read is for use; `model.train()` to train it on). Returns the
+    adapter."""
     adapter = read_adapter(model, folder)
     wrap(model, adapter.paths, adapter.settings)
     install(model, adapter.weights)
+    for module in adapters(model).values():
+        module.eval()
     return adapter
 
 

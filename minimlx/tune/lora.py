@@ -49,6 +49,8 @@ class AdapterSettings:
             raise InvalidSettingError(f"the adapted layers must be at least 1, got {self.layers!r}", "layers")
         if isinstance(self.targets, str) and self.targets != ALL_LINEAR:
             object.__setattr__(self, "targets", (self.targets,))
+        elif not isinstance(self.targets, str):
+            object.__setattr__(self, "targets", tuple(self.targets))
         if not self.targets:
             raise InvalidSettingError("no projections to adapt; name some (q_proj, v_proj) or all-linear", "targets")
 
@@ -202,7 +204,8 @@ def wrap(model: nn.Module, paths: list[str], settings: AdapterSettings) -> list[
 
 def attach(model: nn.Module, settings: AdapterSettings) -> list[str]:
     """Wrap the linear maps `settings` targets in `LoRALinear` (or `DoRALinear`), in place; freeze everything else.
-    Returns the wrapped module paths (model names)."""
+    Returns the wrapped module paths (model names). The forms are in training mode (dropout on, as MLX modules
+    start); `model.eval()` turns dropout off for inference."""
     return wrap(model, targeted(model, settings), settings)
 
 
