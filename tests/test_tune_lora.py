@@ -9,8 +9,18 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
-from reference import relative_error, require
-from tune_models import FAMILIES, TARGETS, batches, peft_name, peft_twin, randomize_adapters, save_family, torch_loss
+from reference import relative_error, require, save_reference
+from tune_models import (
+    FAMILIES,
+    SMALL,
+    TARGETS,
+    batches,
+    peft_name,
+    peft_twin,
+    randomize_adapters,
+    save_family,
+    torch_loss,
+)
 
 from minimlx import convert, load_model
 from minimlx.errors import CheckpointError, InvalidSettingError
@@ -245,6 +255,17 @@ def test_adapter_for_another_base_is_refused(family_folder, tmp_path):
 def test_settings_refused(settings, message):
     with pytest.raises(InvalidSettingError, match=message):
         AdapterSettings(**settings)
+
+
+def test_adapters_of_stacked_projections_are_not_written(tmp_path):
+    """Phi-3's checkpoints stack q, k and v in one qkv_proj, which minimlx splits: an adapter of q_proj has no PEFT
+    form to write, and is refused in one line; one of o_proj is written."""
+    save_reference(tmp_path / "phi3", "Phi3Config", **SMALL, pad_token_id=0)
+    model = adapted(tmp_path / "phi3", AdapterSettings(rank=RANK, targets=("q_proj", "o_proj")))
+    with pytest.raises(InvalidSettingError, match=r"stack q_proj in one projection \(qkv_proj, gate_up_proj\)"):
+        save_adapter(model, tmp_path / "adapter")
+    model = adapted(tmp_path / "phi3", AdapterSettings(rank=RANK, targets=("o_proj",)))
+    assert save_adapter(model, tmp_path / "adapter").is_dir()
 
 
 def test_targets_matching_nothing_are_refused(family_folder):

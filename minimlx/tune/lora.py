@@ -113,9 +113,13 @@ class LoRALinear(nn.Module):
         """What the adapter adds to the base's (out, in) weight: scale * B A."""
         return self.scale * (self.lora_b @ self.lora_a)
 
+    def adapted_weight(self) -> mx.array:
+        """W + scale * B A in float32 (a packed W dequantized)."""
+        return base_weight(self.base).astype(mx.float32) + self.delta().astype(mx.float32)
+
     def fused_weight(self) -> mx.array:
-        """The (out, in) float weight of base and adapter in one (a packed base dequantized); the bias is the base's."""
-        return base_weight(self.base) + self.delta().astype(mx.float32)
+        """The (out, in) float32 weight of base and adapter in one, for fusing; the bias stays the base's."""
+        return self.adapted_weight()
 
 
 class DoRALinear(LoRALinear):
@@ -127,10 +131,7 @@ class DoRALinear(LoRALinear):
 
     def weight_norm(self) -> mx.array:
         """||W + scale B A|| of each output row, outside the gradient."""
-        return mx.stop_gradient(mx.linalg.norm(self.fused_lora(), axis=1))
-
-    def fused_lora(self) -> mx.array:
-        return base_weight(self.base).astype(mx.float32) + self.delta().astype(mx.float32)
+        return mx.stop_gradient(mx.linalg.norm(self.adapted_weight(), axis=1))
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self.base(x)
@@ -144,7 +145,7 @@ class DoRALinear(LoRALinear):
         return y + (ratio - 1) * product + ratio * self.low_rank(dropped).astype(x.dtype)
 
     def fused_weight(self) -> mx.array:
-        weight = self.fused_lora()
+        weight = self.adapted_weight()
         return (self.magnitude / mx.linalg.norm(weight, axis=1))[:, None] * weight
 
 
