@@ -267,6 +267,10 @@ def load(
     check_dtype(dtype)
     checkpoint = read_checkpoint(path, dtype, parallel)
     model = assemble(checkpoint, dtype, parallel)
+    if "vision" in model:
+        from .vision import ImageProcessor
+
+        model.image_processor = ImageProcessor.from_folder(path)
     tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:

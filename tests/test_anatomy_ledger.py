@@ -25,8 +25,8 @@ PUBLISHED_TOTALS = {
     "gpt-oss-120b": 116_829_156_672,
     "gpt-oss-20b": 20_914_757_184,
     "glm-4-9b": 9_400_279_040,
-    "gemma-3-12b": 11_766_034_176,  # the language model; the SigLIP vision tower is not counted
-    "gemma-3-27b": 27_009_346_304,
+    "gemma-3-12b": 12_187_325_040,  # the language model, the SigLIP tower and its projector (the Hub's count)
+    "gemma-3-27b": 27_432_406_640,
 }
 ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_token / experts
     "qwen3-235b-a22b": 22_190_763_520,
@@ -59,8 +59,10 @@ def transformers_meta():
         if config["model_type"] == "kimi_k2":  # its remote code (auto_map) is DeepSeek-V3's, which transformers has
             config = {**config, "model_type": "deepseek_v3"}
         config = transformers.AutoConfig.for_model(**config)
-        with torch.device("meta"):  # a gemma3 config is read for its language model, as minimlx reads it
-            return transformers.AutoModelForCausalLM.from_config(getattr(config, "text_config", config))
+        with torch.device("meta"):  # a gemma3 config: its image-text model, vision tower included, as minimlx reads it
+            if hasattr(config, "vision_config"):
+                return transformers.AutoModelForImageTextToText.from_config(config)
+            return transformers.AutoModelForCausalLM.from_config(config)
 
     return build
 
@@ -173,10 +175,10 @@ def test_depth_table_is_the_seeds_table():
         "Qwen3-8B qwen3-8b 8.19B 8.19B 4096 36 32 1.12",
         "gpt-oss-120b gpt-oss-120b 116.83B 5.71B 2880 36 64 1.60",
         "GLM-4-9B glm-4-9b 9.40B 9.40B 4096 40 32 1.25",
-        "Gemma-3-12B gemma-3-12b 11.77B 11.77B 3840 48 16 1.60",
+        "Gemma-3-12B gemma-3-12b 12.19B 12.19B 3840 48 16 1.60",
         "DeepSeek-V3 deepseek-v3 671.03B 37.55B 7168 61 128 1.09",
         "Kimi K2 kimi-k2 1.03T 32.86B 7168 61 64 1.09",
-        "Gemma-3-27B gemma-3-27b 27.01B 27.01B 5376 62 32 1.48",
+        "Gemma-3-27B gemma-3-27b 27.43B 27.43B 5376 62 32 1.48",
         "Qwen3-32B qwen3-32b 32.76B 32.76B 5120 64 64 1.60",
         "Qwen3-235B-A22B qwen3-235b-a22b 235.09B 22.19B 4096 94 64 2.94",
     ]

@@ -259,13 +259,15 @@ def test_glm4_rotates_interleaved_pairs_of_half_of_each_head_and_writes_a_fused_
 
 
 @pytest.mark.parametrize("checkpoint", ["gemma3"], indirect=True)
-def test_gemma3_image_text_checkpoint_loads_its_text_model_and_writes_mlx_lm_names(checkpoint):
+def test_gemma3_image_text_checkpoint_loads_its_text_model_and_writes_published_names(checkpoint):
     _, folder, *_ = checkpoint
     model = minimlx.load_model(folder)
     assert [layer.attn.window for layer in model.layers] == [4, 4, None, 4] and model.tied_head
     written = model.config.export_weights(dict(tree_flatten(model.parameters())))
     assert "language_model.model.layers.2.post_feedforward_layernorm.weight" in written
-    assert not [name for name in written if not name.startswith("language_model.model.")]
+    towers = ("vision_tower.vision_model.", "multi_modal_projector.")  # the published checkpoints' names
+    assert not [name for name in written if not name.startswith(("language_model.model.", *towers))]
+    assert written["vision_tower.vision_model.embeddings.patch_embedding.weight"].shape == (16, 3, 14, 14)
 
 
 def test_minimlx_archs_lists_the_families_with_their_parts():

@@ -172,6 +172,7 @@ class DecoderConfig:
     index_top_k: int = 0  # set: latent attention sees the top-k keys a lightning indexer of these sizes chooses
     index_heads: int = 0
     index_head_dim: int = 0
+    image_token: int | None = None  # the placeholder id whose runs an image's soft tokens replace (`image_encoder`)
 
     @classmethod
     def from_config(cls, config: dict):
@@ -308,7 +309,17 @@ class DecoderConfig:
             embed_scale=self.embed_scale,
             logit_cap=self.logit_cap,
             logit_divisor=self.logit_divisor,
+            vision=self.image_encoder(),
         )
+
+    def image_encoder(self) -> nn.Module | None:
+        """The image encoder of a family that reads images (its soft tokens join the prompt), None for text only."""
+        return None
+
+    def expand_images(self, ids: list[int]) -> list[int]:
+        """A prompt's ids with each image's places for its soft tokens written out, as the family's processor writes
+        them (these: as given)."""
+        return ids
 
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
         """The checkpoint's fused modules (`fused`), each with the projections it stacks and their rows."""

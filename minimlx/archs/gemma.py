@@ -12,19 +12,24 @@ query_pre_attn_scalar (llama.cpp scales queries by 1/sqrt(head_dim), by 1/sqrt(h
 no layer pattern unless `sliding_window_pattern` says so (Gemma 2 alternates, Gemma 3 has five local to one global).
 A Gemma 3 file holds the text model only; llama.cpp writes the vision tower to a separate mmproj file, and tensors
 of one bundled in (`v.*`, `mm.*`) are left out.
+
+Gemma 3's image-text checkpoints add a SigLIP encoder (patch embedding, LayerNorm blocks with GELU-tanh MLPs, a final
+LayerNorm) and a projector that average-pools its patch grid to `mm_tokens_per_image` soft tokens, (1 + w)-RMS-norms
+and projects them; an image's soft tokens see each other both ways in every layer (within the window in local ones).
 """
 
 from dataclasses import dataclass, replace
 
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
+from ..core.vision import ImageEncoder, PooledProjector, VisionEncoder
 from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import ImageText, text_model_names
+from .image_text import TOWERS, ImageText, text_model_names
 from .llama3 import Llama3Config
-from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
 
 GEMMA_NAMES = LLAMA_NAMES.extended(
@@ -139,12 +144,132 @@ class Gemma3TextConfig(Gemma2Config):
         return gemma_gguf_config(metadata, tensors, "gemma3_text", 6, window=None, local_base=1e4, big_layers=62)
 
 
+SIGLIP_NAMES = [
+    ("embeddings.patch_embedding.", "embed.proj."),
+    ("embeddings.position_embedding.", "embed.position_embedding."),
+    ("encoder.layers.{i}.layer_norm1.", "layers.{i}.attn_norm."),
+    ("encoder.layers.{i}.layer_norm2.", "layers.{i}.ffn_norm."),
+    ("encoder.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
+    ("encoder.layers.{i}.self_attn.", "layers.{i}.attn."),
+    ("encoder.layers.{i}.mlp.fc1.", "layers.{i}.ffn.up_proj."),
+    ("encoder.layers.{i}.mlp.fc2.", "layers.{i}.ffn.down_proj."),
+    ("post_layernorm.", "norm."),
+]
+
+GEMMA3_PROJECTOR_NAMES = [
+    ("multi_modal_projector.mm_input_projection_weight", "vision.projector.projection"),
+    ("multi_modal_projector.mm_soft_emb_norm.", "vision.projector.norm."),
+]
+
+
+def image_text_names(text: NameMap) -> NameMap:
+    """`text` (a text model's map under the image-text layouts) with Gemma 3's vision tower and projector read too:
+    the published checkpoints' names first (`vision_tower.vision_model.`), then those transformers 5 writes (without
+    `vision_model.`, or under `model.`). The SigLIP pooling head some towers carry is unused and left out."""
+    tower = [
+        (prefix + theirs, f"vision.encoder.{ours}")
+        for prefix in (
+            "vision_tower.vision_model.",
+            "model.vision_tower.vision_model.",
+            "vision_tower.",
+            "model.vision_tower.",
+        )
+        for theirs, ours in SIGLIP_NAMES
+    ]
+    projector = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in GEMMA3_PROJECTOR_NAMES]
+    drop = [d for d in text.drop_patterns if d not in TOWERS] + [r"^(model\.)?vision_tower\.(vision_model\.)?head\."]
+    return NameMap(tower + projector + text.templates, drop=drop)
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """A SigLIP encoder's sizes and its projector's soft tokens per image (Gemma 3's `vision_config`)."""
+
+    dims: int
+    ffn_dims: int
+    layers: int
+    heads: int
+    image_size: int
+    patch: int
+    channels: int
+    eps: float
+    activation: str
+    tokens: int  # soft tokens per image
+
+    @classmethod
+    def from_config(cls, vision: dict, tokens: int) -> "VisionSettings":
+        return cls(
+            dims=number(vision, "hidden_size"),
+            ffn_dims=number(vision, "intermediate_size"),
+            layers=number(vision, "num_hidden_layers"),
+            heads=number(vision, "num_attention_heads"),
+            image_size=number(vision, "image_size"),
+            patch=number(vision, "patch_size"),
+            channels=number(vision, "num_channels", 3),
+            eps=number(vision, "layer_norm_eps", 1e-6, float),
+            activation=choice(vision, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
+            tokens=tokens,
+        )
+
+
 @register("gemma3")
 @dataclass
 class Gemma3Config(ImageText, Gemma3TextConfig):
-    """The text model of Gemma 3's image-text checkpoints, tied unless the checkpoint says not."""
+    """Gemma 3's image-text checkpoints: the text model (tied unless the checkpoint says not) and, where the config
+    has a `vision_config`, the image encoder whose soft tokens stand in the prompt at `image_token`'s runs."""
 
     example_config = {"model_type": "gemma3", "text_config": Gemma3TextConfig.example_config}
-    names = text_model_names(GEMMA_NAMES)
+    names = image_text_names(text_model_names(GEMMA_NAMES))
     image_text_type = "gemma3"
     inherited = {"tie_word_embeddings": True}
+    reads_images = True
+
+    vision: VisionSettings | None = None
+    image_token: int = 262144
+    image_start_token: int = 255999  # the token the chat template writes where an image goes
+    image_end_token: int = 256000
+
+    @classmethod
+    def from_config(cls, config: dict):
+        arch = super().from_config(config)
+        vision = config.get("vision_config")
+        if not isinstance(vision, dict):
+            return arch
+        return replace(
+            arch,
+            vision=VisionSettings.from_config(vision, number(config, "mm_tokens_per_image", 256)),
+            image_token=number(config, "image_token_index", 262144),
+            image_start_token=number(config, "boi_token_index", 255999),
+            image_end_token=number(config, "eoi_token_index", 256000),
+        )
+
+    def image_encoder(self) -> ImageEncoder | None:
+        v = self.vision
+        if v is None:
+            return None
+        encoder = VisionEncoder(v.dims, v.ffn_dims, v.layers, v.heads, v.image_size, v.patch, v.channels, v.eps)
+        return ImageEncoder(encoder, PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps))
+
+    def expand_images(self, ids: list[int]) -> list[int]:
+        """A prompt's ids with each image start token followed by the image's soft-token places and its end token
+        (as Gemma 3's processor writes them), unless they already are."""
+        out = []
+        for i, token in enumerate(ids):
+            out.append(token)
+            if token == self.image_start_token and (i + 1 == len(ids) or ids[i + 1] != self.image_token):
+                out += [self.image_token] * self.vision.tokens + [self.image_end_token]
+        return out
+
+    def convert_weights(self, weights: dict) -> dict:
+        """The text model's and the towers' tensors; the patch embedding's (dims, channels, p, p) kernel flattened."""
+        weights = super().convert_weights(weights)
+        name = "vision.encoder.embed.proj.weight"
+        if name in weights and weights[name].ndim == 4:
+            weights[name] = weights[name].reshape(weights[name].shape[0], -1)
+        return weights
+
+    def export_weights(self, weights: dict) -> dict:
+        name, v = "vision.encoder.embed.proj.weight", self.vision
+        if name in weights:
+            weights = {**weights, name: weights[name].reshape(v.dims, v.channels, v.patch, v.patch)}
+        return super().export_weights(weights)

@@ -2,8 +2,9 @@
 
 Such a checkpoint nests the language model's config under `text_config` and its tensors under `language_model`
 (transformers 4 and mlx-lm: `language_model.model.layers...`, transformers 5: `model.language_model.layers...`),
-beside a vision tower and a projector into the text model's width. minimlx runs the text model: the towers'
-tensors are left out, with one log line saying so.
+beside a vision tower and a projector into the text model's width. A family that reads images (`reads_images`)
+names the towers' tensors itself; the others run the text model, the towers' tensors left out with one log line
+saying so.
 """
 
 import logging
@@ -55,6 +56,7 @@ class ImageText:
 
     image_text_type = ""  # the image-text checkpoints' model_type, for messages
     inherited = {}  # keys the outer config sets for the text model, with their values where it does not
+    reads_images = False  # whether the plugin reads the vision tower (its `names` map the towers' tensors)
 
     @classmethod
     def from_config(cls, config: dict):
@@ -62,7 +64,7 @@ class ImageText:
 
     def convert_weights(self, weights: dict) -> dict:
         skipped = len(weights) - len(NameMap([], drop=list(TOWERS)).to_ours(weights))
-        if skipped:
+        if skipped and not self.reads_images:
             log.warning(
                 "%s: the text model is read; the vision tower's %d tensors are skipped", self.image_text_type, skipped
             )

@@ -194,7 +194,9 @@ class Attention(nn.Module):
             k, v = cache.dequantize(k), cache.dequantize(v)  # what a recorder reads, and the capped or sunk forms
         if recorder is not None:
             record_attention(recorder, q, k, self.scale, mask, self.logit_cap, sinks)
-        if self.logit_cap is None:
+        if self.logit_cap is None and positions.blocks is not None:  # a mask that is not causal
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
+        elif self.logit_cap is None:
             out = self.attend(q, k, v, mask, sinks)
         else:
             out = capped_attention(q, k, v, self.scale, mask, self.logit_cap, sinks)
@@ -218,7 +220,9 @@ class Attention(nn.Module):
 
     def attend(self, q: mx.array, k: mx.array, v: mx.array, mask, sinks: mx.array | None) -> mx.array:
         """softmax(q k^T * scale + mask) v for q (batch, heads, queries, head_dim) over k, v (batch, kv_heads,
-        keys, head_dim), with `mask` and `sinks` as `mx.fast.scaled_dot_product_attention` takes them."""
+        keys, head_dim), with `mask` and `sinks` as `mx.fast.scaled_dot_product_attention` takes them. The mask is
+        causal (a device form's kernels may rely on it); a pass whose blocks see each other both ways does not
+        come here."""
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask, sinks=sinks)
 
     def attend_quantized(self, q: mx.array, k: tuple, v: tuple, mask, group_size: int, bits: int) -> mx.array:

@@ -24,8 +24,9 @@ def causal(tokens: int, window: int | None = None, chunk: int | None = None) -> 
 class Positions:
     """`tokens` new tokens from position `offset` (an int, or one position per batch row when rows are padded)."""
 
-    def __init__(self, tokens: int, offset: int | mx.array = 0):
+    def __init__(self, tokens: int, offset: int | mx.array = 0, blocks: mx.array | None = None):
         self.tokens, self.offset = tokens, offset
+        self.blocks = blocks  # (tokens,) block numbers, -1 outside blocks: a block's tokens see each other both ways
         self.masks: dict = {}
         self.angle_pairs: dict = {}
 
@@ -40,8 +41,25 @@ class Positions:
         tokens)."""
         kind = (type(cache), window, chunk)
         if kind not in self.masks:
-            self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window, chunk)
+            mask = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window, chunk)
+            self.masks[kind] = mask if self.blocks is None else self.with_blocks(mask, window)
         return self.masks[kind]
+
+    def with_blocks(self, mask, window: int | None) -> mx.array:
+        """`mask` (of a first pass over an empty cache: its first keys are these tokens, any further columns empty
+        room) opened within each block: a token also sees the later tokens of its own block, and within a window
+        only those fewer than `window` positions before it."""
+        if not isinstance(self.offset, int) or self.offset != 0:
+            raise ValueError("bidirectional blocks are read in the first pass over an empty cache only")
+        here = mx.arange(self.tokens)
+        base = here[None, :] <= here[:, None] if isinstance(mask, str) or mask is None else mask
+        same = (self.blocks[:, None] == self.blocks[None, :]) & (self.blocks[:, None] >= 0)
+        if window is not None:
+            same = same & (here[:, None] - here[None, :] < window)
+        room = base.shape[-1] - self.tokens
+        if room:
+            same = mx.concatenate([same, mx.zeros((self.tokens, room), dtype=mx.bool_)], axis=1)
+        return base | same
 
     def indices(self) -> mx.array:
         """Each new token's position: (tokens,), or (batch, tokens) for a position per row."""

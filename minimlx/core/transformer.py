@@ -6,6 +6,7 @@ import mlx.nn as nn
 from .attention import soft_cap
 from .positions import Positions
 from .recorder import Recorder
+from .vision import PlacedImages
 
 
 class Transformer(nn.Module):
@@ -14,10 +15,13 @@ class Transformer(nn.Module):
     `head=None` ties the output projection to the token embedding (its transpose scores tokens).
     `positions` is a learned position embedding (GPT-2); rotary models leave it None.
     `embed_scale` multiplies the embedded tokens (Gemma: sqrt(dims), rounded to the embedding's dtype as
-    transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap); `logit_divisor` divides them.
+    transformers does). `vision` (an `ImageEncoder`) turns pixels into soft tokens (`encode_images`), which a
+    forward pass's `images` place among the embedded tokens. `logit_cap` soft-caps the logits:
+    cap * tanh(logits / cap); `logit_divisor` divides them.
     """
 
     config = None  # the architecture plugin's config (its `max_positions` the context), set by `archs.build`
+    image_processor = None  # with `vision`: what turns pictures into its pixels (`minimlx.vision`), set by `load`
 
     def __init__(
         self,
@@ -29,6 +33,7 @@ class Transformer(nn.Module):
         embed_scale: float | None = None,
         logit_cap: float | None = None,
         logit_divisor: float | None = None,
+        vision: nn.Module | None = None,
     ):
         super().__init__()
         self.embed = embed
@@ -38,6 +43,8 @@ class Transformer(nn.Module):
         self.norm = norm
         if head is not None:
             self.head = head
+        if vision is not None:
+            self.vision = vision
         self.embed_scale, self.logit_cap, self.logit_divisor = embed_scale, logit_cap, logit_divisor
 
     @property
@@ -45,15 +52,24 @@ class Transformer(nn.Module):
         return "head" not in self
 
     def __call__(
-        self, ids: mx.array, cache: list | None = None, recorder: Recorder | None = None, last_only: bool = False
+        self,
+        ids: mx.array,
+        cache: list | None = None,
+        recorder: Recorder | None = None,
+        last_only: bool = False,
+        images: PlacedImages | None = None,
     ) -> mx.array:
         """ids: (batch, tokens) -> logits (batch, tokens, vocab), continuing from `cache` if given; with
         `last_only`, (batch, 1, vocab) for the last position only (a prompt's prefill, whose next token is
-        sampled from it: the head's product over the other positions is skipped)."""
+        sampled from it: the head's product over the other positions is skipped). `images` (one prompt's first
+        pass) replace its image tokens' embeddings with soft tokens, each image's seeing each other both ways."""
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * mx.array(self.embed_scale, dtype=x.dtype)
         positions = Positions.of(ids.shape[1], cache[0] if cache is not None else None)
+        if images is not None:
+            x = images.scatter(x)
+            positions.blocks = images.blocks
         if "positions" in self:
             start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
@@ -69,6 +85,10 @@ class Transformer(nn.Module):
         if recorder is not None:
             recorder(final_norm=x, logits=logits)
         return logits
+
+    def encode_images(self, pixels: mx.array) -> mx.array:
+        """Preprocessed pixels (images, channels, height, width) -> soft tokens (images, tokens, dims)."""
+        return self.vision(pixels)
 
     def run_layer(self, layer: nn.Module, x: mx.array, cache, recorder: Recorder | None, positions: Positions):
         """One block of the loop (a backend's form of the model may schedule it differently)."""

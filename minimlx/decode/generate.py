@@ -15,6 +15,7 @@ import mlx.nn as nn
 
 from ..errors import InvalidSettingError
 from .engine import Engine, Request
+from .images import prefill_images
 from .prompt import check_ids, prompt_ids, vocab_size
 from .prompt_cache import SavedPrompt
 from .settings import SamplingSettings, sampling_settings
@@ -68,6 +69,7 @@ def stream_generate(
     kv_bits: int | None = None,
     prompt_cache: SavedPrompt | None = None,
     max_kv_size: int | None = None,
+    images: Sequence | None = None,
     **sampling,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
@@ -95,6 +97,10 @@ def stream_generate(
 
     `max_kv_size=N` keeps N tokens in the cache at most: the first 4 (attention sinks) and the latest others, so
     that a long text stays in bounded memory; within N tokens, the answer is the plain cache's.
+
+    `images` (paths, bytes or Pillow images) go where the prompt names them, one per image start token of an
+    image-text model (Gemma 3's `<start_of_image>`), in order; such a prompt starts a conversation (no `cache` or
+    `prompt_cache`) and is prefilled in one pass.
     """
     settings = sampling_settings(settings, sampling)
     ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
@@ -116,6 +122,14 @@ def stream_generate(
         if max_kv_size is not None:
             raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
         cached, cache = prompt_cache.start(ids, engine.make_cache())
+    if images:
+        if cache is not None:
+            raise InvalidSettingError("a prompt with images starts a conversation: give no cache or prompt_cache")
+        cache = engine.make_cache()
+        ids = prefill_images(model, ids, images, cache)
+        generation = engine.submit(Request(ids[-1:], settings, cache=cache))
+        yield from responses(engine, generation, len(ids), 0)
+        return
     generation = engine.submit(Request(ids[cached:], settings, cache=cache))
     yield from responses(engine, generation, len(ids), cached)
 

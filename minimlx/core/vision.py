@@ -1,0 +1,158 @@
+"""Vision encoders and the parts that hand their output to a language model.
+
+A picture (batch, channels, height, width) is cut into square patches, each flattened and projected to the
+encoder's width, given a learned position, and run through pre-norm blocks whose attention sees every patch
+(no mask, no cache). A projector turns the encoder's patch vectors into soft tokens of the language model's width;
+`PlacedImages` says where in a prompt they go and which prompt tokens see each other both ways.
+"""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .attention import merge_heads, split_heads
+from .ffn import MLP
+from .norms import LayerNorm, OffsetRMSNorm
+
+
+class PatchEmbedding(nn.Module):
+    """Non-overlapping `patch` x `patch` squares, each flattened (channel, row, column) and projected: the
+    convolution of stride `patch` written as the matmul it is (its (dims, channels, p, p) kernel flattened to
+    `proj`'s weight); plus a learned embedding of each patch's place."""
+
+    def __init__(self, channels: int, dims: int, patch: int, patches: int):
+        super().__init__()
+        self.patch = patch
+        self.proj = nn.Linear(channels * patch * patch, dims)
+        self.position_embedding = nn.Embedding(patches, dims)
+
+    def __call__(self, pixels: mx.array) -> mx.array:
+        """pixels (batch, channels, height, width) -> (batch, patches, dims), patches in row-major order."""
+        batch, channels, height, width = pixels.shape
+        p = self.patch
+        rows, cols = height // p, width // p
+        squares = pixels.reshape(batch, channels, rows, p, cols, p).transpose(0, 2, 4, 1, 3, 5)
+        squares = squares.reshape(batch, rows * cols, channels * p * p)
+        return self.proj(squares) + self.position_embedding(mx.arange(rows * cols))
+
+
+class EncoderAttention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim)) v over every position, both ways: an encoder's self-attention."""
+
+    def __init__(self, dims: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q_proj = nn.Linear(dims, dims)
+        self.k_proj = nn.Linear(dims, dims)
+        self.v_proj = nn.Linear(dims, dims)
+        self.o_proj = nn.Linear(dims, dims)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        q, k, v = (split_heads(proj(x), self.heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        scale = (x.shape[-1] // self.heads) ** -0.5
+        return self.o_proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)))
+
+
+class EncoderBlock(nn.Module):
+    """x + attn(norm(x)), then + mlp(norm(.)), with LayerNorms and an unmasked attention."""
+
+    def __init__(self, dims: int, hidden_dims: int, heads: int, eps: float, activation: str):
+        super().__init__()
+        self.attn_norm, self.attn = LayerNorm(dims, eps), EncoderAttention(dims, heads)
+        self.ffn_norm, self.ffn = LayerNorm(dims, eps), MLP(dims, hidden_dims, activation)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class VisionEncoder(nn.Module):
+    """Patch embedding -> encoder blocks -> a final LayerNorm: pixels to one vector per patch."""
+
+    def __init__(
+        self,
+        dims: int,
+        hidden_dims: int,
+        layers: int,
+        heads: int,
+        image_size: int,
+        patch: int,
+        channels: int = 3,
+        eps: float = 1e-6,
+        activation: str = "gelu_pytorch_tanh",
+    ):
+        super().__init__()
+        self.embed = PatchEmbedding(channels, dims, patch, (image_size // patch) ** 2)
+        self.layers = [EncoderBlock(dims, hidden_dims, heads, eps, activation) for _ in range(layers)]
+        self.norm = LayerNorm(dims, eps)
+
+    def __call__(self, pixels: mx.array) -> mx.array:
+        x = self.embed(pixels.astype(self.embed.proj.weight.dtype))
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class PooledProjector(nn.Module):
+    """Patch vectors -> `tokens` soft tokens: the square grid of patches average-pooled down to a square grid of
+    `tokens`, each (1 + w)-RMS-normed and projected to the language model's width."""
+
+    def __init__(self, dims: int, text_dims: int, patches_per_side: int, tokens: int, eps: float):
+        super().__init__()
+        self.side, self.tokens_side = patches_per_side, int(round(tokens**0.5))
+        self.norm = OffsetRMSNorm(dims, eps)
+        self.projection = mx.zeros((dims, text_dims))
+
+    def __call__(self, patches: mx.array) -> mx.array:
+        """(batch, side * side, dims) -> (batch, tokens, text_dims)."""
+        batch, _, dims = patches.shape
+        k = self.side // self.tokens_side
+        grid = patches.reshape(batch, self.tokens_side, k, self.tokens_side, k, dims)
+        pooled = grid.mean(axis=(2, 4)).reshape(batch, -1, dims)
+        return self.norm(pooled) @ self.projection
+
+
+class ImageEncoder(nn.Module):
+    """A vision encoder and its projector: preprocessed pixels to the language model's soft tokens."""
+
+    def __init__(self, encoder: nn.Module, projector: nn.Module):
+        super().__init__()
+        self.encoder, self.projector = encoder, projector
+
+    def __call__(self, pixels: mx.array) -> mx.array:
+        """(images, channels, height, width) -> (images, tokens per image, text dims)."""
+        return self.projector(self.encoder(pixels))
+
+
+@dataclass
+class PlacedImages:
+    """Soft tokens placed in a prompt: `features` (tokens, dims) replace the embeddings at `where` (their indices in
+    the prompt, in order); `blocks` gives each prompt token its image's number, -1 for text: tokens of one image
+    see each other both ways."""
+
+    features: mx.array
+    where: mx.array
+    blocks: mx.array
+
+    @classmethod
+    def at(cls, ids, image_token: int, features: mx.array) -> "PlacedImages":
+        """`features` (images, tokens per image, dims) at the runs of `image_token` in `ids` (one prompt's ids), one
+        run per image in order."""
+        ids = np.asarray(ids).reshape(-1)
+        is_image = ids == image_token
+        starts = is_image & ~np.concatenate([[False], is_image[:-1]])
+        blocks = np.where(is_image, np.cumsum(starts) - 1, -1)
+        images, per_image, dims = features.shape
+        if int(starts.sum()) != images or int(is_image.sum()) != images * per_image:
+            raise ValueError(
+                f"the prompt holds {int(starts.sum())} image runs of {int(is_image.sum())} tokens in all for {images} "
+                f"images of {per_image} tokens each"
+            )
+        return cls(features.reshape(-1, dims), mx.array(np.nonzero(is_image)[0]), mx.array(blocks))
+
+    def scatter(self, x: mx.array) -> mx.array:
+        """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""
+        x[:, self.where] = self.features.astype(x.dtype)[None]
+        return x

@@ -1,0 +1,114 @@
+"""Gemma 3 with images: the image processor's pixels, the SigLIP tower's soft tokens, the logits of a prompt holding
+images (their tokens seeing each other both ways) and greedy generation, against transformers on a tiny random
+Gemma3ForConditionalGeneration saved with its processor."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import relative_error, require
+from vision_models import IMAGE_START, IMAGE_TOKEN, TOKENS_PER_IMAGE, image_prompt, pictures, save_gemma3_image_text
+
+import minimlx
+from minimlx.core.vision import PlacedImages
+from minimlx.errors import InvalidSettingError
+from minimlx.vision import ImageProcessor
+
+TEXT_IDS = list(range(3, 40))
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """(folder, torch model, transformers image processor, minimlx model in float32)."""
+    folder = tmp_path_factory.mktemp("gemma3-image-text")
+    torch_model, processor = save_gemma3_image_text(folder)
+    return folder, torch_model, processor, minimlx.load_model(folder, dtype="float32")
+
+
+def reference_pixels(processor, images) -> np.ndarray:
+    return processor(images=images, return_tensors="np")["pixel_values"]
+
+
+def reference_logits(torch_model, ids, pixels, both_ways: bool = True) -> np.ndarray:
+    torch = require("torch")
+    ids = torch.tensor([ids])
+    token_types = (ids == IMAGE_TOKEN).long() if both_ways else None
+    with torch.no_grad():
+        return torch_model(input_ids=ids, pixel_values=torch.tensor(pixels), token_type_ids=token_types).logits.numpy()
+
+
+def test_pixels_equal_the_processors_for_images_of_three_shapes(gemma3):
+    folder, _, processor, _ = gemma3
+    images = pictures()
+    ours = ImageProcessor.from_folder(folder)(images)
+    assert ours.shape == (3, 3, 56, 56) and ours.dtype == np.float32
+    assert np.abs(ours - reference_pixels(processor, images)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpeg", "webp", "gif"])
+def test_picture_files_decode_as_pillow_reads_them(gemma3, tmp_path, suffix):
+    """Each format from its file (a GIF's first frame, its palette turned to RGB) gives the processor's pixels."""
+    from PIL import Image
+
+    folder, _, processor, _ = gemma3
+    path = tmp_path / f"picture.{suffix}"
+    frames = pictures([(45, 70), (45, 70)], seed=3)
+    frames[0].save(path, save_all=suffix == "gif", append_images=frames[1:] if suffix == "gif" else [])
+    ours = ImageProcessor.from_folder(folder)([path])
+    with Image.open(path) as image:
+        image.seek(0)
+        assert np.abs(ours - reference_pixels(processor, [image.convert("RGB")])).max() <= 1e-5
+
+
+def test_image_features_equal_transformers(gemma3):
+    torch = require("torch")
+    _, torch_model, processor, model = gemma3
+    pixels = reference_pixels(processor, pictures())
+    with torch.no_grad():
+        reference = torch_model.model.get_image_features(torch.tensor(pixels)).pooler_output.numpy()
+    ours = np.array(model.encode_images(mx.array(pixels)))
+    assert ours.shape == (3, TOKENS_PER_IMAGE, 64)
+    assert relative_error(ours, reference) <= 1e-4
+
+
+def test_logits_of_a_prompt_with_two_images_equal_transformers(gemma3):
+    """Two images of 16 soft tokens each, in a model whose local layers see 8 tokens: each image's tokens see each
+    other both ways, within the window in the local layers; with a cache or without."""
+    _, torch_model, processor, model = gemma3
+    ids = model.config.expand_images(image_prompt(TEXT_IDS, 2))
+    assert ids.count(IMAGE_TOKEN) == 2 * TOKENS_PER_IMAGE
+    pixels = reference_pixels(processor, pictures()[:2])
+    reference = reference_logits(torch_model, ids, pixels)
+    placed = PlacedImages.at(ids, IMAGE_TOKEN, model.encode_images(mx.array(pixels)))
+    assert relative_error(np.array(model(mx.array([ids]), images=placed)), reference) <= 1e-4
+    cached = np.array(model(mx.array([ids]), model.make_cache(), images=placed))
+    assert relative_error(cached, reference) <= 1e-4
+    assert relative_error(reference_logits(torch_model, ids, pixels, both_ways=False), reference) > 1e-2
+
+
+def test_generate_with_images_gives_transformers_greedy_ids(gemma3):
+    torch = require("torch")
+    folder, torch_model, processor, _ = gemma3
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    images = pictures()[1:]
+    prompt = image_prompt(TEXT_IDS[:12], 2)
+    ours = [r.token for r in minimlx.stream_generate(model, tokenizer, prompt, images=images, max_tokens=10)]
+    ids = torch.tensor([model.config.expand_images(prompt)])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            pixel_values=torch.tensor(reference_pixels(processor, images)),
+            token_type_ids=(ids == IMAGE_TOKEN).long(),
+            max_new_tokens=10,
+            do_sample=False,
+        )
+    theirs = out[0, ids.shape[1] :].tolist()
+    assert len(ours) >= 2 and ours == theirs[: len(ours)]
+
+
+def test_images_need_their_places_in_the_prompt_and_an_image_text_model(gemma3, tmp_path):
+    folder, *_ = gemma3
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    with pytest.raises(InvalidSettingError, match="image"):
+        minimlx.generate(model, tokenizer, TEXT_IDS[:5] + [IMAGE_START], images=pictures()[:2], max_tokens=2)
+    with pytest.raises(InvalidSettingError, match="no such image file"):
+        minimlx.generate(model, tokenizer, TEXT_IDS[:5] + [IMAGE_START], images=[tmp_path / "x.png"], max_tokens=2)

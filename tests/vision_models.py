@@ -1,0 +1,83 @@
+"""A tiny random Gemma 3 image-text model saved by transformers with its image processor, and test pictures."""
+
+from pathlib import Path
+
+import numpy as np
+from mlx_lm_reference import VOCAB, save_tokenizer
+from reference import require, save_reference
+
+IMAGE_START, IMAGE_END, IMAGE_TOKEN = 93, 94, 95
+TOKENS_PER_IMAGE = 16
+IMAGE_SIZE = 56
+
+TEXT = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    sliding_window=8,  # shorter than an image's 16 soft tokens: the window cuts into its both-ways attention
+    query_pre_attn_scalar=24,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=1,  # the word tokenizer's end (w1)
+)
+
+GEMMA3_IMAGE_TEXT = dict(
+    text_config=TEXT,
+    vision_config=dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=7,  # 8 x 8 patches, pooled 2 x 2 into 16 soft tokens
+    ),
+    mm_tokens_per_image=TOKENS_PER_IMAGE,
+    boi_token_index=IMAGE_START,
+    eoi_token_index=IMAGE_END,
+    image_token_index=IMAGE_TOKEN,
+)
+
+SHAPES = [(37, 91), (120, 64), (56, 56)]  # (height, width): wide, tall, the model's own size
+
+
+def pictures(shapes=SHAPES, seed: int = 0) -> list:
+    """Pillow RGB images of `shapes`, smooth gradients plus noise (so resampling has something to average)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for height, width in shapes:
+        y, x = np.mgrid[0:height, 0:width]
+        base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
+        noisy = np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
+        images.append(Image.fromarray(noisy))
+    return images
+
+
+def save_gemma3_image_text(folder: Path, seed: int = 0):
+    """The tiny random Gemma3ForConditionalGeneration saved to `folder` with Gemma 3's image processor and a word
+    tokenizer; returns the torch model and the transformers image processor."""
+    transformers = require("transformers")
+    model = save_reference(
+        folder, "Gemma3Config", seed, model_class="Gemma3ForConditionalGeneration", **GEMMA3_IMAGE_TEXT
+    )
+    processor = transformers.Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor.save_pretrained(folder)
+    save_tokenizer(folder)
+    return model, processor
+
+
+def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]:
+    """`text_ids` with `images` image start tokens, each after `before` text tokens."""
+    out = []
+    for i in range(images):
+        out += text_ids[i * before : (i + 1) * before] + [IMAGE_START]
+    return out + text_ids[images * before :]
