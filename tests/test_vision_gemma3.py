@@ -112,3 +112,33 @@ def test_images_need_their_places_in_the_prompt_and_an_image_text_model(gemma3, 
         minimlx.generate(model, tokenizer, TEXT_IDS[:5] + [IMAGE_START], images=pictures()[:2], max_tokens=2)
     with pytest.raises(InvalidSettingError, match="no such image file"):
         minimlx.generate(model, tokenizer, TEXT_IDS[:5] + [IMAGE_START], images=[tmp_path / "x.png"], max_tokens=2)
+
+
+def test_run_with_images_answers_as_generate_does(gemma3, tmp_path):
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    folder, *_ = gemma3
+    paths = []
+    for i, picture in enumerate(pictures()[:2]):
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+        picture.save(tmp_path / f"{i}.png")
+    prompt = " ".join(f"w{i}" for i in image_prompt(TEXT_IDS[:8], 2))
+    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "6", "--temp", "0"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
+    assert result.exit_code == 0, result.output
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    images = [tmp_path / "0.png", tmp_path / "1.png"]
+    answer = minimlx.generate(model, tokenizer, prompt, chat_template=False, images=images, max_tokens=6)
+    assert answer and result.stdout.strip() == answer.strip()
+
+
+def test_run_with_a_missing_image_says_so_in_one_line(tmp_path):
+    from click.testing import CliRunner
+    from command_line import one_line_error
+
+    from minimlx.cli import main
+
+    result = CliRunner().invoke(main, ["run", "hi", "--image", str(tmp_path / "absent.png")])
+    one_line_error(result, "--image", "absent.png", "no such file")

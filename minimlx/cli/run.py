@@ -4,6 +4,7 @@ Heavy modules load inside the command, so `minimlx --help` and error messages st
 the first token comes soon after the process starts.
 """
 
+import os
 import sys
 from dataclasses import replace
 
@@ -207,10 +208,20 @@ def constraint_from_options(json_schema: str | None, regex: str | None, grammar:
 @click.option("--json-schema", metavar="FILE", help="Make the answer JSON matching the JSON schema in FILE.")
 @click.option("--regex", metavar="PATTERN", help="Make the answer match the regular expression PATTERN.")
 @click.option("--grammar", metavar="FILE", help="Make the answer match the Lark grammar in FILE (llguidance's).")
-def run(prompt, no_chat_template, json_schema, regex, grammar, **options):
+@click.option(
+    "--image",
+    "images",
+    metavar="PATH",
+    multiple=True,
+    help="A picture for an image-text model (repeatable), placed at each image start token of the prompt in order.",
+)
+def run(prompt, no_chat_template, json_schema, regex, grammar, images, **options):
     """Generate an answer to PROMPT ("-" or nothing: read it from stdin)."""
     settings = settings_from_options(options)
     constraint = constraint_from_options(json_schema, regex, grammar)
+    for path in images:
+        if not os.path.isfile(path):
+            raise InvalidSettingError(f"--image {path}: no such file; give the path of a PNG, JPEG, WebP or GIF")
     if prompt in (None, "-"):
         if prompt is None and sys.stdin is not None and sys.stdin.isatty():
             raise InvalidSettingError('no prompt; pass one, e.g. minimlx run "Hello", or pipe it in with "-"')
@@ -231,6 +242,7 @@ def run(prompt, no_chat_template, json_schema, regex, grammar, **options):
         kv_bits=options["kv_bits"],
         max_kv_size=options["max_kv_size"],
         prompt_cache=saved_prompt(options, model, tokenizer),
+        images=list(images) or None,
         **speculation(options),
     ):
         sys.stdout.write(response.text)

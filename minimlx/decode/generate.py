@@ -125,6 +125,8 @@ def stream_generate(
     if images:
         if cache is not None:
             raise InvalidSettingError("a prompt with images starts a conversation: give no cache or prompt_cache")
+        if draft_model is not None:
+            raise InvalidSettingError("a draft model cannot read images yet; drop the draft model or the images")
         cache = engine.make_cache()
         ids = prefill_images(model, ids, images, cache)
         generation = engine.submit(Request(ids[-1:], settings, cache=cache))
