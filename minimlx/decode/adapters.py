@@ -1,0 +1,120 @@
+"""Adapters per row: one model serving several LoRA or DoRA adapters at once, each row of a batch with its own (or
+none), as vLLM's multi-LoRA serving does and llama.cpp's hot-swapped adapters cannot.
+
+Every linear map some adapter changes becomes a `RowAdaptedLinear`: its base map, kept as it is (packed weights stay
+packed), and each adapter's low-rank factors stacked along a first axis, index 0 a zero adapter that stands for the
+base model and the ranks padded with zeros to the largest. A forward pass gathers each row's factors and adds its own
+low-rank product to the base map's output; a DoRA adapter also rescales each output feature (its magnitude over the
+norm of its adapted weight's row), a LoRA adapter or the base by one. `AdapterRows` says which adapter each row of
+the next passes uses: the runner sets it before every pass, from each row's request.
+"""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..errors import InvalidSettingError
+
+
+@dataclass
+class LowRank:
+    """One adapter's change to one linear map: `y + (x @ a.T) @ b.T`, times `scale` per output feature where given
+    (DoRA's magnitude over its adapted row's norm). `a` is (rank, inputs), `b` (outputs, rank) with the adapter's
+    scaling (alpha / rank) folded in."""
+
+    a: mx.array
+    b: mx.array
+    scale: mx.array | None = None
+
+
+class AdapterRows:
+    """Which adapter each row of the next forward passes uses: `index` (rows,) into the stacked adapters, 0 for the
+    base model; None when every row is on the base (the adapted maps then add nothing)."""
+
+    def __init__(self):
+        self.index: mx.array | None = None
+
+
+class RowAdaptedLinear(nn.Module):
+    """A linear map (any form: float, packed, the CPU's) plus, per row, the low-rank product of that row's adapter.
+
+    `a` (adapters + 1, rank, inputs), `b` (adapters + 1, outputs, rank) and `scale` (adapters + 1, outputs) or None
+    hold every adapter's factors, index 0 zeros (and ones); `rows` is shared by all the model's adapted maps."""
+
+    def __init__(self, base: nn.Module, a: mx.array, b: mx.array, scale: mx.array | None, rows: AdapterRows):
+        super().__init__()
+        self.base, self.a, self.b = base, a, b
+        if scale is not None:
+            self.scale = scale
+        self.rows = rows
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.base(x)
+        index = self.rows.index
+        if index is None:
+            return y
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, inputs)
+        low = (flat @ self.a[index].swapaxes(-1, -2)) @ self.b[index].swapaxes(-1, -2)
+        y = y + low.reshape(y.shape).astype(y.dtype)
+        if "scale" in self:
+            y = y * self.scale[index].reshape(x.shape[0], *[1] * (y.ndim - 2), -1).astype(y.dtype)
+        return y
+
+
+class Adapters:
+    """The adapters one model serves, by name: each adapted map of `model` made a `RowAdaptedLinear` holding all of
+    them. `adapters` maps each name to its changes, `{module path: LowRank}` (paths as `model.named_modules()` gives
+    them); a map one adapter leaves alone holds zeros for it."""
+
+    def __init__(self, model: nn.Module, adapters: dict[str, dict[str, LowRank]]):
+        if not adapters:
+            raise InvalidSettingError("no adapters given; pass at least one NAME=PATH")
+        self.names = list(adapters)
+        self.rows = AdapterRows()
+        modules = dict(model.named_modules())
+        paths = sorted({path for changes in adapters.values() for path in changes})
+        unknown = [path for path in paths if path not in modules]
+        if unknown:
+            raise InvalidSettingError(f"the adapters change {unknown[0]}, which the model does not have")
+        replaced = []
+        for path in paths:
+            changes = [adapters[name].get(path) for name in self.names]
+            replaced.append((path, self.stacked(modules[path], changes)))
+        model.update_modules(tree_unflatten(replaced))
+        self.parameters = sum(v.size for _, m in replaced for k, v in tree_flatten(m.parameters()) if k in ("a", "b"))
+        self.held: tuple[list, mx.array | None] | None = None  # the names last selected, and their index
+
+    def stacked(self, base: nn.Module, changes: list[LowRank | None]) -> RowAdaptedLinear:
+        """The adapted form of `base`: the adapters' factors stacked after a zero adapter, ranks padded to the
+        largest."""
+        given = [c for c in changes if c is not None]
+        rank = max(c.a.shape[0] for c in given)
+        inputs, outputs, dtype = given[0].a.shape[1], given[0].b.shape[0], given[0].a.dtype
+        a, b = [mx.zeros((rank, inputs), dtype)], [mx.zeros((outputs, rank), dtype)]
+        for c in changes:
+            padding = rank - (c.a.shape[0] if c is not None else 0)
+            a.append(mx.zeros((rank, inputs), dtype) if c is None else mx.pad(c.a, [(0, padding), (0, 0)]))
+            b.append(mx.zeros((outputs, rank), dtype) if c is None else mx.pad(c.b, [(0, 0), (0, padding)]))
+        scale = None
+        if any(c.scale is not None for c in given):
+            ones = mx.ones((outputs,), dtype)
+            scale = mx.stack([ones] + [ones if c is None or c.scale is None else c.scale for c in changes])
+        return RowAdaptedLinear(base, mx.stack(a).astype(dtype), mx.stack(b).astype(dtype), scale, self.rows)
+
+    def index_of(self, name: str | None) -> int:
+        """The stacked index of adapter `name` (0: the base model, for None)."""
+        if name is None:
+            return 0
+        if name not in self.names:
+            served = ", ".join(self.names)
+            raise InvalidSettingError(f"no adapter named {name!r} is served; the adapters are: {served}", "adapter")
+        return self.names.index(name) + 1
+
+    def select(self, names: list[str | None]) -> None:
+        """The next passes run rows whose adapters are `names` (None: the base), in row order."""
+        if self.held is None or self.held[0] != names:
+            indices = [self.index_of(name) for name in names]
+            self.held = (list(names), mx.array(indices, dtype=mx.int32) if any(indices) else None)
+        self.rows.index = self.held[1]
