@@ -84,6 +84,15 @@ def loopback(host: str) -> bool:
 
 @main.command()
 @click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
+@click.option(
+    "--adapter",
+    "adapters",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="Serve the LoRA/DoRA adapter in PATH (PEFT or mlx-lm folder) as NAME, beside the base model; repeatable. A "
+    "request picks it with model 'BASE:NAME' (or 'NAME'), or an 'adapter' field; rows of different adapters decode in "
+    "one batch.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
 @whole_option("--max-batch", 8, "Most sequences decoded together; more requests wait.")
@@ -174,6 +183,7 @@ def loopback(host: str) -> bool:
 @exact_option
 @parallel_options
 def serve(
+    adapters,
     host,
     port,
     max_batch,
@@ -205,6 +215,12 @@ def serve(
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
+    if adapters:
+        from ..tune.serving import parse_adapter_specs, served_adapters
+
+        adapters = parse_adapter_specs(adapters)
+        if options["parallel"]:
+            raise InvalidSettingError("adapters are not served across processes yet; drop --parallel or --adapter")
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
         from ..distributed import Mirrored as Engine
@@ -214,6 +230,7 @@ def serve(
     one_blas_thread()
     freed_buffers_return()
     model, tokenizer = open_model(options)
+    bank = served_adapters(model, adapters) if adapters else None
     engine = Engine(
         model,
         tokenizer,
@@ -224,6 +241,7 @@ def serve(
         prompt_cache_bytes=prompt_cache_bytes,
         prompt_cache_dir=prompt_cache_dir,
         max_kv_size=options["max_kv_size"],
+        adapters=bank,
     )
     if options["parallel"] and engine.rank != 0:
         return engine.follow()

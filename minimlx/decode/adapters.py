@@ -20,13 +20,14 @@ from ..errors import InvalidSettingError
 
 @dataclass
 class LowRank:
-    """One adapter's change to one linear map: `y + (x @ a.T) @ b.T`, times `scale` per output feature where given
-    (DoRA's magnitude over its adapted row's norm). `a` is (rank, inputs), `b` (outputs, rank) with the adapter's
-    scaling (alpha / rank) folded in."""
+    """One adapter's change to one linear map y = base(x): `y + scale * (x @ a.T) @ b.T` (PEFT's order of products),
+    `a` (rank, inputs), `b` (outputs, rank), `scale` alpha / rank; with a DoRA adapter's `rescale` (outputs,), its
+    magnitude over the norm of each row of its adapted weight, the whole of it but the bias times that."""
 
     a: mx.array
     b: mx.array
-    scale: mx.array | None = None
+    scale: float
+    rescale: mx.array | None = None
 
 
 class AdapterRows:
@@ -40,14 +41,15 @@ class AdapterRows:
 class RowAdaptedLinear(nn.Module):
     """A linear map (any form: float, packed, the CPU's) plus, per row, the low-rank product of that row's adapter.
 
-    `a` (adapters + 1, rank, inputs), `b` (adapters + 1, outputs, rank) and `scale` (adapters + 1, outputs) or None
-    hold every adapter's factors, index 0 zeros (and ones); `rows` is shared by all the model's adapted maps."""
+    `a` (adapters + 1, rank, inputs), `b` (adapters + 1, outputs, rank), `scale` (adapters + 1,) and `rescale`
+    (adapters + 1, outputs) or None hold every adapter's `LowRank`, index 0 zeros (and ones); `rows` is shared by
+    all the model's adapted maps."""
 
-    def __init__(self, base: nn.Module, a: mx.array, b: mx.array, scale: mx.array | None, rows: AdapterRows):
+    def __init__(self, base: nn.Module, a, b, scale, rescale, rows: AdapterRows):
         super().__init__()
-        self.base, self.a, self.b = base, a, b
-        if scale is not None:
-            self.scale = scale
+        self.base, self.a, self.b, self.scale = base, a, b, scale
+        if rescale is not None:
+            self.rescale = rescale
         self.rows = rows
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -56,11 +58,15 @@ class RowAdaptedLinear(nn.Module):
         if index is None:
             return y
         flat = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, inputs)
-        low = (flat @ self.a[index].swapaxes(-1, -2)) @ self.b[index].swapaxes(-1, -2)
-        y = y + low.reshape(y.shape).astype(y.dtype)
-        if "scale" in self:
-            y = y * self.scale[index].reshape(x.shape[0], *[1] * (y.ndim - 2), -1).astype(y.dtype)
-        return y
+        low = (self.scale[index][:, None, None] * (flat @ self.a[index].swapaxes(-1, -2))) @ self.b[index].swapaxes(
+            -1, -2
+        )
+        low = low.reshape(y.shape).astype(y.dtype)
+        if "rescale" not in self:
+            return y + low
+        ratio = self.rescale[index].reshape(x.shape[0], *[1] * (y.ndim - 2), -1).astype(y.dtype)
+        bias = self.base["bias"] if "bias" in self.base else 0
+        return ratio * (y - bias + low) + bias
 
 
 class Adapters:
@@ -83,7 +89,9 @@ class Adapters:
             changes = [adapters[name].get(path) for name in self.names]
             replaced.append((path, self.stacked(modules[path], changes)))
         model.update_modules(tree_unflatten(replaced))
-        self.parameters = sum(v.size for _, m in replaced for k, v in tree_flatten(m.parameters()) if k in ("a", "b"))
+        self.parameter_count = sum(
+            v.size for _, m in replaced for k, v in tree_flatten(m.parameters()) if k in ("a", "b", "rescale")
+        )
         self.held: tuple[list, mx.array | None] | None = None  # the names last selected, and their index
 
     def stacked(self, base: nn.Module, changes: list[LowRank | None]) -> RowAdaptedLinear:
@@ -95,13 +103,18 @@ class Adapters:
         a, b = [mx.zeros((rank, inputs), dtype)], [mx.zeros((outputs, rank), dtype)]
         for c in changes:
             padding = rank - (c.a.shape[0] if c is not None else 0)
-            a.append(mx.zeros((rank, inputs), dtype) if c is None else mx.pad(c.a, [(0, padding), (0, 0)]))
-            b.append(mx.zeros((outputs, rank), dtype) if c is None else mx.pad(c.b, [(0, 0), (0, padding)]))
-        scale = None
-        if any(c.scale is not None for c in given):
+            a.append(
+                mx.zeros((rank, inputs), dtype) if c is None else mx.pad(c.a.astype(dtype), [(0, padding), (0, 0)])
+            )
+            b.append(
+                mx.zeros((outputs, rank), dtype) if c is None else mx.pad(c.b.astype(dtype), [(0, 0), (0, padding)])
+            )
+        scale = mx.array([0.0] + [0.0 if c is None else c.scale for c in changes], dtype=dtype)
+        rescale = None
+        if any(c.rescale is not None for c in given):
             ones = mx.ones((outputs,), dtype)
-            scale = mx.stack([ones] + [ones if c is None or c.scale is None else c.scale for c in changes])
-        return RowAdaptedLinear(base, mx.stack(a).astype(dtype), mx.stack(b).astype(dtype), scale, self.rows)
+            rescale = mx.stack([ones] + [ones if c is None or c.rescale is None else c.rescale for c in changes])
+        return RowAdaptedLinear(base, mx.stack(a), mx.stack(b), scale, rescale, self.rows)
 
     def index_of(self, name: str | None) -> int:
         """The stacked index of adapter `name` (0: the base model, for None)."""
