@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_unflatten
 
 from ..errors import InvalidSettingError
 
@@ -89,8 +89,11 @@ class Adapters:
             changes = [adapters[name].get(path) for name in self.names]
             replaced.append((path, self.stacked(modules[path], changes)))
         model.update_modules(tree_unflatten(replaced))
+        # what the adapters hold (a DoRA map's magnitude as many numbers as its rescale), not the padded stacks
         self.parameter_count = sum(
-            v.size for _, m in replaced for k, v in tree_flatten(m.parameters()) if k in ("a", "b", "rescale")
+            c.a.size + c.b.size + (c.rescale.size if c.rescale is not None else 0)
+            for changes in adapters.values()
+            for c in changes.values()
         )
         self.held: tuple[list, mx.array | None] | None = None  # the names last selected, and their index
 
