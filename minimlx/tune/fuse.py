@@ -45,6 +45,7 @@ from ..io.checkpoint import DTYPES
 from ..io.resolve import resolve
 from ..loading import load
 from ..quantization import dequantize_weights
+from .formats import load_adapter
 from .lora import adapters, base_weight
 
 FORMATS = ("mlx", "hf", "gguf")
@@ -87,7 +88,7 @@ def fuse(
     config = source.config
     del source
     fused, _ = load(path, "quantized")
-    attach_adapter(fused, adapter_path)
+    load_adapter(fused, adapter_path)
     folded = fold(fused)
     say(f"{path.name} + {Path(adapter_path).name}: {len(folded)} maps fused -> {out} ({format})")
     arch = fused.config
@@ -109,13 +110,6 @@ def fuse(
                 convert_to_gguf(converter, hf, kind, out)
     say(f"wrote {out}")
     return out
-
-
-def attach_adapter(model: nn.Module, adapter_path: str | Path) -> None:
-    """The adapter folder's weights on `model` (PEFT's or mlx-lm's format), in adapter forms."""
-    from .peft import load_adapter
-
-    load_adapter(model, adapter_path)
 
 
 def fold(model: nn.Module) -> list[str]:
