@@ -43,7 +43,7 @@ from ..convert import (
 from ..errors import InvalidSettingError, UnsupportedArchitectureError
 from ..io.checkpoint import DTYPES
 from ..io.resolve import resolve
-from ..loading import load
+from ..loading import load_model
 from ..quantization import dequantize_weights
 from .formats import load_adapter
 from .lora import adapters, base_weight
@@ -87,7 +87,7 @@ def fuse(
     dtype = dtype or dominant_float_dtype(source.weights)
     config = source.config
     del source
-    fused, _ = load(path, "quantized")
+    fused = load_model(path, "quantized")
     load_adapter(fused, adapter_path)
     folded = fold(fused)
     say(f"{path.name} + {Path(adapter_path).name}: {len(folded)} maps fused -> {out} ({format})")
