@@ -41,15 +41,15 @@ class AdapterRows:
 class RowAdaptedLinear(nn.Module):
     """A linear map (any form: float, packed, the CPU's) plus, per row, the low-rank product of that row's adapter.
 
-    `a` (adapters + 1, rank, inputs), `b` (adapters + 1, outputs, rank), `scale` (adapters + 1,) and `rescale`
-    (adapters + 1, outputs) or None hold every adapter's `LowRank`, index 0 zeros (and ones); `rows` is shared by
-    all the model's adapted maps."""
+    `lora_a` (adapters + 1, rank, inputs), `lora_b` (adapters + 1, outputs, rank), `lora_scale` (adapters + 1,) and
+    `lora_rescale` (adapters + 1, outputs) where some adapter is DoRA hold every adapter's `LowRank`, index 0 zeros
+    (and ones); `rows` is shared by all the model's adapted maps."""
 
     def __init__(self, base: nn.Module, a, b, scale, rescale, rows: AdapterRows):
         super().__init__()
-        self.base, self.a, self.b, self.scale = base, a, b, scale
+        self.base, self.lora_a, self.lora_b, self.lora_scale = base, a, b, scale
         if rescale is not None:
-            self.rescale = rescale
+            self.lora_rescale = rescale
         self.rows = rows
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -58,13 +58,12 @@ class RowAdaptedLinear(nn.Module):
         if index is None:
             return y
         flat = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, inputs)
-        low = (self.scale[index][:, None, None] * (flat @ self.a[index].swapaxes(-1, -2))) @ self.b[index].swapaxes(
-            -1, -2
-        )
+        a, b = self.lora_a[index].swapaxes(-1, -2), self.lora_b[index].swapaxes(-1, -2)
+        low = (self.lora_scale[index][:, None, None] * (flat @ a)) @ b
         low = low.reshape(y.shape).astype(y.dtype)
-        if "rescale" not in self:
+        if "lora_rescale" not in self:
             return y + low
-        ratio = self.rescale[index].reshape(x.shape[0], *[1] * (y.ndim - 2), -1).astype(y.dtype)
+        ratio = self.lora_rescale[index].reshape(x.shape[0], *[1] * (y.ndim - 2), -1).astype(y.dtype)
         bias = self.base["bias"] if "bias" in self.base else 0
         return ratio * (y - bias + low) + bias
 
