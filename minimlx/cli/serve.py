@@ -215,12 +215,7 @@ def serve(
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
-    if adapters:
-        from ..tune.serving import parse_adapter_specs, served_adapters
-
-        adapters = parse_adapter_specs(adapters)
-        if options["parallel"]:
-            raise InvalidSettingError("adapters are not served across processes yet; drop --parallel or --adapter")
+    folders = adapter_folders(adapters, options["parallel"])
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
         from ..distributed import Mirrored as Engine
@@ -230,7 +225,6 @@ def serve(
     one_blas_thread()
     freed_buffers_return()
     model, tokenizer = open_model(options)
-    bank = served_adapters(model, adapters) if adapters else None
     engine = Engine(
         model,
         tokenizer,
@@ -241,7 +235,7 @@ def serve(
         prompt_cache_bytes=prompt_cache_bytes,
         prompt_cache_dir=prompt_cache_dir,
         max_kv_size=options["max_kv_size"],
-        adapters=bank,
+        adapters=served(model, folders),
     )
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
@@ -266,6 +260,22 @@ def serve(
         log_format=log_format,
         embedder=embedder_of(model, tokenizer, name, pooling),
     )
+
+
+def adapter_folders(specs: tuple[str, ...], parallel) -> dict[str, str]:
+    """--adapter's NAME=PATH options as {name: folder}, checked before the model loads."""
+    if specs and parallel:
+        raise InvalidSettingError("adapters are not served across processes yet; drop --parallel or --adapter")
+    from ..tune.serving import parse_adapter_specs
+
+    return parse_adapter_specs(specs)
+
+
+def served(model, folders: dict[str, str]):
+    """The engine's `Adapters` of `folders` attached to `model`; None without any."""
+    from ..tune.serving import served_adapters
+
+    return served_adapters(model, folders) if folders else None
 
 
 def startup_notes(engine, tokenizer, chat_template, host: str, api_key: str | None, prompt_cache_dir) -> None:
