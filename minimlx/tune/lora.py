@@ -29,8 +29,9 @@ ALL_LINEAR = "all-linear"
 @dataclass(frozen=True)
 class AdapterSettings:
     """What an adapter is: its rank, alpha (scale = alpha / rank), dropout on the adapter's input, the projections it
-    adapts (Hugging Face's names, or "all-linear": every linear map but the head and the routers, as PEFT's
-    `all-linear` on transformers' models), DoRA or plain LoRA, and the layers it covers (None: all; N: the last N)."""
+    adapts (Hugging Face's names, or "all-linear": every linear map of the blocks but the routers, as PEFT's
+    `all-linear` on dense models; on mixtures of experts PEFT's also adapts the stacked experts and the routers,
+    which minimlx does not), DoRA or plain LoRA, and the layers it covers (None: all; N: the last N)."""
 
     rank: int = 8
     alpha: float = 16.0
