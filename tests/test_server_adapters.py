@@ -100,3 +100,19 @@ def test_six_requests_on_two_adapters_and_the_base_decode_in_one_batch(tmp_path,
     expected = [alone[name, tuple(r["prompt"])] for name, r in zip(adapter_of, requests)]
     assert texts == expected
     assert len({alone[name, (3, 4, 5, 6)] for name in (None, "chef", "poet")}) == 3  # each adapter changes the answer
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["serve", "--adapter", "chef"], "error: --adapter takes NAME=PATH (a name without ':'), got 'chef'"),
+        (["serve", "--adapter", "a=x", "--adapter", "a=y"], "error: two adapters are named 'a'; give each one its own"),
+    ],
+)
+def test_a_malformed_adapter_option_is_one_line_before_anything_loads(args, message):
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    result = CliRunner().invoke(main, [*args, "--model", "no-such-model"])
+    assert result.exit_code == 2 and result.output.strip() == message

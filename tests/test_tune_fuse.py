@@ -71,3 +71,22 @@ def adapted_model(base, dtype: str, adapter):
     model = minimlx.load_model(base, dtype)
     load_adapter(model, adapter)
     return model.eval() or model
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--save-path", "out.gguf"], "GGUF files are written by llama.cpp's own converter; pass --llama-cpp DIR"),
+        (["--save-path", "out", "--export-gguf", "--de-quantize"], "ask for gguf and hf; give one"),
+        (["--save-path", "out", "--dtype", "float8"], "unknown dtype 'float8'"),
+    ],
+)
+def test_fuse_refuses_what_it_cannot_write_before_anything_loads(args, message, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    monkeypatch.delenv("MINIMLX_LLAMACPP", raising=False)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["fuse", "--model", "no-such-model", "--adapter-path", "adapter", *args])
+    assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1

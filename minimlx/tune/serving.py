@@ -20,7 +20,7 @@ def parse_adapter_specs(specs: list[str] | tuple[str, ...]) -> dict[str, str]:
         if not equals or not name or not path or ":" in name:
             raise InvalidSettingError(f"--adapter takes NAME=PATH (a name without ':'), got {spec!r}")
         if name in named:
-            raise InvalidSettingError(f"two adapters are named {name!r}; give each its own name")
+            raise InvalidSettingError(f"two adapters are named {name!r}; give each one its own")
         named[name] = path
     return named
 
