@@ -2,6 +2,7 @@
 and the base, in one batch over a float or a packed base; each row's tokens are those of the model loaded with its
 adapter alone (the LoRA/DoRA forms of `minimlx.tune`). Rows of an adapter never reuse the base's prompt cache."""
 
+import mlx.core as mx
 import pytest
 from adapter_files import peft_adapter
 from mlx_lm_reference import save_hf_model
@@ -85,6 +86,9 @@ def test_an_adapter_row_does_not_reuse_the_base_rows_prompt_cache(adapted):
     second = engine.submit(Request(PROMPTS[0], GREEDY, adapter="lora"))
     engine.run()
     assert second.cached_tokens == 0 and len(engine.prompt_cache.entries) == 1
+    # between the engine's passes the model is the base (an embedding or a trace of it reads no adapter)
+    ids = mx.array([PROMPTS[1]])
+    assert mx.array_equal(model(ids), minimlx.load(base)[0](ids)).item()
     assert second.tokens == alone(base, folders, False)[3] and first.tokens != second.tokens
     with pytest.raises(InvalidSettingError, match="no adapter named 'cook' is served; the adapters are: lora, dora"):
         engine.submit(Request(PROMPTS[0], GREEDY, adapter="cook"))

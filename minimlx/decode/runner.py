@@ -61,10 +61,18 @@ class Runner:
         self.biases: tuple[list[Generation], mx.array] | None = None  # `row_biases`: the rows and their biases
         self.batch_sizes: Counter[int] = Counter()
 
-    def select(self, rows: list[Generation]) -> None:
-        """The next passes run `rows` (in row order), each with its request's adapter."""
-        if self.adapters is not None:
-            self.adapters.select([s.request.adapter for s in rows])
+    @contextlib.contextmanager
+    def adapted(self, rows: list[Generation]):
+        """The passes queued inside run `rows` (in row order), each with its request's adapter; any other pass of
+        the model (an embedding, a trace) runs on the base."""
+        if self.adapters is None:
+            yield
+            return
+        self.adapters.select([s.request.adapter for s in rows])
+        try:
+            yield
+        finally:
+            self.adapters.select([])
 
     def prefill(self, plan: Prefill) -> Prefilled:
         """Joiners prefill together in one pass (`prefill_together`), a lone one alone. Even a joiner that needs one
@@ -78,15 +86,15 @@ class Runner:
     def feed(self, chunk: Chunk) -> None:
         """Feed one chunk of a long prompt into its cache, evaluated (its pass runs between the batch's steps)."""
         prompt = chunk.sequence.request.prompt
-        self.select([chunk.sequence])
-        prefill(self.decoder, prompt[chunk.start : chunk.start + chunk.count], chunk.cache, self.prefill_step)
+        with self.adapted([chunk.sequence]):
+            prefill(self.decoder, prompt[chunk.start : chunk.start + chunk.count], chunk.cache, self.prefill_step)
         mx.eval([c.state for c in chunk.cache])
 
     def prefill_alone(self, generation: Generation, cache: list, fed: int | None = None) -> Prefilled:
         """Feed the prompt from token `fed` (its cached tokens by default) and sample the first token."""
         start = generation.cached_tokens if fed is None else fed
-        self.select([generation])
-        logits = prefill_prompt(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
+        with self.adapted([generation]):
+            logits = prefill_prompt(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])
         mx.eval(first, pending([generation]), [c.state for c in cache])
         return [generation], cache, first
@@ -115,11 +123,11 @@ class Runner:
             before = layer.row_padding() if layer.state else [0] * len(group)
             layer.padding = [p + extra for p, extra in zip(before, padding)]
         rows = mx.array(rows, dtype=mx.int32)
-        self.select([s for s, _ in group])
-        if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
-            self.decoder(rows[:, :-1], batch, last_only=True)
-            mx.eval([c.state for c in batch])
-        logits = self.decoder(rows[:, -1:], batch, last_only=True)
+        with self.adapted([s for s, _ in group]):
+            if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
+                self.decoder(rows[:, :-1], batch, last_only=True)
+                mx.eval([c.state for c in batch])
+            logits = self.decoder(rows[:, -1:], batch, last_only=True)
         first = mx.concatenate([self.first_token(s, logits[i : i + 1, -1, :]) for i, (s, _) in enumerate(group)])
         mx.eval(first, pending([s for s, _ in group]), [c.state for c in batch])
         return [s for s, _ in group], batch, first
@@ -139,8 +147,7 @@ class Runner:
         sampling is queued after the masks are made. Otherwise the whole step is queued before the read.
         """
         self.batch_sizes[len(rows)] += 1
-        self.select(rows)
-        with decode_steps():
+        with self.adapted(rows), decode_steps():
             logits = self.decoder(inputs[:, None], cache)[:, -1, :]
         constrained = any(s.matcher is not None for s in rows)
         if constrained:
@@ -207,15 +214,15 @@ class Runner:
             drafts = drafts[: matcher.checked(drafts)]
             q = q[: len(drafts)] if q is not None else None
         rollback = Rollback(cache)
-        self.select([generation])
-        with decode_steps():  # the check of each draft computes as the decode step it stands for
+        with self.adapted([generation]), decode_steps():  # each draft's check computes as its decode step would
             raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
         logits = raw
         if matcher is not None:
             mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position
             logits = mx.where(mx.array(matcher.masks(drafts)), raw, -mx.inf)
         accepted, token = speculation.verifier.verify(sampling.biased(logits), drafts, q)
-        rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
+        with self.adapted([generation]):  # a recurrent cache re-fed what was kept
+            rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
         speculation.drafted += len(drafts)
         speculation.accepted += accepted
         new = drafts[:accepted] + [token]
