@@ -2,14 +2,25 @@
 20 AdamW steps, adapter files both ways; mlx-lm's adapter folders; LoRA on packed 4-bit weights (QLoRA)."""
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
-from reference import relative_error, require
-from tune_models import FAMILIES, TARGETS, batches, peft_name, peft_twin, randomize_adapters, save_family, torch_loss
+from reference import relative_error, require, save_reference
+from tune_models import (
+    FAMILIES,
+    SMALL,
+    TARGETS,
+    batches,
+    peft_name,
+    peft_twin,
+    randomize_adapters,
+    save_family,
+    torch_loss,
+)
 
 from minimlx import convert, load_model
 from minimlx.errors import CheckpointError, InvalidSettingError
@@ -146,14 +157,16 @@ def test_adamw_losses_equal_peft(family_folder, tmp_path, family, dora):
 )
 def test_saved_adapter_loads_in_peft(family_folder, tmp_path, family):
     """The PEFT folder minimlx writes loads with PeftModel.from_pretrained on the Hugging Face base and gives the
-    adapted model's logits (DoRA for the families after llama)."""
+    adapted model's logits (DoRA for the families after llama; Gemma 3's last two layers only)."""
     peft, torch = require("peft"), require("torch")
     folder = family_folder(family)
-    model = adapted(folder, settings_for(family, dora=family != "llama"))
+    settings = replace(settings_for(family, dora=family != "llama"), layers=2 if family == "gemma3" else None)
+    model = adapted(folder, settings)
     save_adapter(model, tmp_path / "adapter", base_model=str(folder))
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == ("LORA", "CAUSAL_LM", 4, 8)
     twin = peft.PeftModel.from_pretrained(torch_model(folder), tmp_path / "adapter")
+    assert sum(name.endswith(".lora_A") for name, _ in twin.named_modules()) == len(adapters(model))
     ids = batches(1)[0][0]
     with torch.no_grad():
         expected = twin(torch.tensor(ids)).logits.numpy()
@@ -166,10 +179,11 @@ def test_saved_adapter_loads_in_peft(family_folder, tmp_path, family):
 @pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
 def test_peft_adapter_loads(family_folder, tmp_path, family, dora):
     """An adapter PEFT made (get_peft_model, non-zero tensors, save_pretrained) loads into minimlx with PEFT's
-    logits."""
+    logits (its dropout off, as in PEFT's eval mode)."""
     peft, torch = require("peft"), require("torch")
     folder = family_folder(family)
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["k_proj", "o_proj", "up_proj"], use_dora=dora)
+    targets = ["k_proj", "o_proj", "up_proj"]
+    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.1, target_modules=targets, use_dora=dora)
     twin = peft.get_peft_model(torch_model(folder), config)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -179,6 +193,7 @@ def test_peft_adapter_loads(family_folder, tmp_path, family, dora):
                     p * torch.empty_like(p).uniform_(0.8, 1.2) if "magnitude" in name else torch.randn_like(p) * 0.2
                 )
     twin.save_pretrained(tmp_path)
+    twin.eval()
     model = load_model(folder)
     adapter = load_adapter(model, tmp_path)
     assert (adapter.settings.rank, adapter.settings.scale, adapter.settings.dora) == (RANK, ALPHA / RANK, dora)
@@ -240,6 +255,17 @@ def test_adapter_for_another_base_is_refused(family_folder, tmp_path):
 def test_settings_refused(settings, message):
     with pytest.raises(InvalidSettingError, match=message):
         AdapterSettings(**settings)
+
+
+def test_adapters_of_stacked_projections_are_not_written(tmp_path):
+    """Phi-3's checkpoints stack q, k and v in one qkv_proj, which minimlx splits: an adapter of q_proj has no PEFT
+    form to write, and is refused in one line; one of o_proj is written."""
+    save_reference(tmp_path / "phi3", "Phi3Config", **SMALL, pad_token_id=0)
+    model = adapted(tmp_path / "phi3", AdapterSettings(rank=RANK, targets=("q_proj", "o_proj")))
+    with pytest.raises(InvalidSettingError, match=r"stack q_proj in one projection \(qkv_proj, gate_up_proj\)"):
+        save_adapter(model, tmp_path / "adapter")
+    model = adapted(tmp_path / "phi3", AdapterSettings(rank=RANK, targets=("o_proj",)))
+    assert save_adapter(model, tmp_path / "adapter").is_dir()
 
 
 def test_targets_matching_nothing_are_refused(family_folder):
