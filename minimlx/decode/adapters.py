@@ -41,9 +41,11 @@ class AdapterRows:
 class RowAdaptedLinear(nn.Module):
     """A linear map (any form: float, packed, the CPU's) plus, per row, the low-rank product of that row's adapter.
 
-    `lora_a` (adapters + 1, rank, inputs), `lora_b` (adapters + 1, outputs, rank), `lora_scale` (adapters + 1,) and
-    `lora_rescale` (adapters + 1, outputs) where some adapter is DoRA hold every adapter's `LowRank`, index 0 zeros
-    (and ones); `rows` is shared by all the model's adapted maps."""
+    `lora_a` (adapters + 1, inputs, rank) and `lora_b` (adapters + 1, rank, outputs), each adapter's factors
+    transposed, `lora_scale` (adapters + 1,) and `lora_rescale` (adapters + 1, outputs) where some adapter is DoRA
+    hold every adapter's `LowRank`, index 0 zeros (and ones); `rows` is shared by all the model's adapted maps. The
+    products gather each row's factors inside the matrix product (`mx.gather_mm`, as vLLM's punica kernels do),
+    without copying them out first."""
 
     def __init__(self, base: nn.Module, a, b, scale, rescale, rows: AdapterRows):
         super().__init__()
@@ -58,8 +60,8 @@ class RowAdaptedLinear(nn.Module):
         if index is None:
             return y
         flat = x.reshape(x.shape[0], -1, x.shape[-1])  # (rows, tokens, inputs)
-        a, b = self.lora_a[index].swapaxes(-1, -2), self.lora_b[index].swapaxes(-1, -2)
-        low = (self.lora_scale[index][:, None, None] * (flat @ a)) @ b
+        low = self.lora_scale[index][:, None, None] * mx.gather_mm(flat, self.lora_a, rhs_indices=index)
+        low = mx.gather_mm(low, self.lora_b, rhs_indices=index)
         low = low.reshape(y.shape).astype(y.dtype)
         if "lora_rescale" not in self:
             return y + low
@@ -116,7 +118,8 @@ class Adapters:
         if any(c.rescale is not None for c in given):
             ones = mx.ones((outputs,), dtype)
             rescale = mx.stack([ones] + [ones if c is None or c.rescale is None else c.rescale for c in changes])
-        return RowAdaptedLinear(base, mx.stack(a), mx.stack(b), scale, rescale, self.rows)
+        a, b = mx.contiguous(mx.stack(a).swapaxes(-1, -2)), mx.contiguous(mx.stack(b).swapaxes(-1, -2))
+        return RowAdaptedLinear(base, a, b, scale, rescale, self.rows)
 
     def index_of(self, name: str | None) -> int:
         """The stacked index of adapter `name` (0: the base model, for None)."""
