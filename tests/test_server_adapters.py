@@ -85,6 +85,8 @@ def test_six_requests_on_two_adapters_and_the_base_decode_in_one_batch(tmp_path,
     assert [a.status_code for a in answers] == [200] * 6
     assert max(engine.runner.batch_sizes) == 6
     texts = [a.json()["choices"][0]["text"] for a in answers]
+    named = ["tiny", "tiny", "tiny:chef", "tiny:chef", "tiny:poet", "tiny:poet"]
+    assert [a.json()["model"] for a in answers] == named  # each answer names the model and adapter it ran on
 
     adapter_of = [None, None, "chef", "chef", "poet", "poet"]
     alone = {}

@@ -18,6 +18,11 @@ class AdapterChoice:
         self.base, self.any_name = base, any_name
         self.adapters = adapters.names if adapters is not None else []
 
+    def answered(self) -> str:
+        """The model name this request's answer gives: the base's, or BASE:NAME for adapter NAME."""
+        name = chosen.get()
+        return self.base if name is None else f"{self.base}:{name}"
+
     def models(self) -> list[str]:
         """The model names /v1/models lists: the base, then each adapter as BASE:NAME."""
         return [self.base] + [f"{self.base}:{name}" for name in self.adapters]

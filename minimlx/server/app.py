@@ -43,12 +43,11 @@ class Server:
     """The HTTP side: routes, the API key, body limits, errors in each API's shape; turns started through the
     renderer and the engine bridge (the `TurnServer` the endpoints are written against).
 
-    `model_name` is what responses report; with `served_model_name` given, it is also the only `model` a request
-    may name (404 otherwise), else any name is answered by the one model loaded. `max_tokens` bounds every answer
-    (serve's --max-tokens; else the room left in the context); `heartbeat` is the longest a stream stays silent;
-    each request leaves a log line (`log_format` "text" or "json") and its counts in the metrics; `embedder` (the
-    model with a pooling) answers /v1/embeddings and /api/embed; each request picks one of the engine's adapters.
-    """
+    `model_name` is what responses report (BASE:NAME for a request on the engine's adapter NAME); with
+    `served_model_name` given, it is also the only `model` a request may name (404 otherwise), else any name is
+    answered by the one model loaded. `max_tokens` bounds every answer (serve's --max-tokens; else the room left in
+    the context); `heartbeat` is the longest a stream stays silent; each request leaves a log line (`log_format`
+    "text" or "json") and its counts in the metrics; `embedder` (the model with a pooling) answers /v1/embeddings."""
 
     def __init__(
         self,
@@ -67,9 +66,9 @@ class Server:
         embedder: Embedder | None = None,
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
-        self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
+        self.served_model_name = served_model_name
         self.bridge = EngineBridge(engine, request_timeout)
-        self.adapters = AdapterChoice(self.model_name, engine.adapters, served_model_name is None)
+        self.adapters = AdapterChoice(served_model_name or model_name, engine.adapters, served_model_name is None)
         self.renderer = Renderer(engine.tokenizer, chat_template, reasoning, forced_call)
         self.max_body = int(max_request_mb * 1e6)
         self.max_tokens, self.heartbeat = max_tokens, heartbeat
@@ -104,6 +103,8 @@ class Server:
             middleware=[Middleware(AccessLog, json_lines=log_format == "json", observers=(self.metrics.observe,))],
         )
         self.metrics.endpoints = frozenset(route.path for route in self.app.routes)
+
+    model_name = property(lambda self: self.adapters.answered(), doc="the model's name, or BASE:NAME on adapter NAME")
 
     @property
     def listeners(self) -> dict:
@@ -214,8 +215,7 @@ class Server:
             raise APIError(401, message, code="invalid_api_key", kind="authentication_error")
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
-        """The error in the shape of the API asked: Anthropic's under /v1/messages, Ollama's under /api, OpenAI's
-        elsewhere."""
+        """The error in the API's shape: Anthropic's under /v1/messages, Ollama's under /api, else OpenAI's."""
         record = current_request.get()
         if record is not None:
             record.error = error.message
