@@ -343,6 +343,11 @@ class DecoderConfig:
             weights = fuse(weights, fused, [part for part, _ in parts])
         return self.names.to_theirs(weights)
 
+    def export_hf_weights(self, weights: dict) -> dict:
+        """The model's float tensors under the names and layouts transformers reads (`minimlx fuse` to a Hugging
+        Face folder): mlx-lm's, for the families whose layouts are the same."""
+        return self.export_weights(weights)
+
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
         """The config of a llama.cpp file whose architecture is named as the family's model_type (`qwen2`, `qwen3`):
