@@ -19,6 +19,8 @@ TOWERS = (
     r"(^|\.)visual\.",
     r"(^|\.)multi_modal_projector\.",
     r"(^|\.)embed_vision\.",
+    r"(^|\.)audio_tower\.",
+    r"(^|\.)embed_audio\.",
 )
 
 

@@ -59,7 +59,8 @@ def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
-    return type(attn.k_proj) is NativeQuantizedLinear and type(attn.v_proj) is NativeQuantizedLinear
+    values_packed = attn.values_from_keys or type(attn.v_proj) is NativeQuantizedLinear
+    return type(attn.k_proj) is NativeQuantizedLinear and values_packed
 
 
 class CpuRoPE(RoPE):
