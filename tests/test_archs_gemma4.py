@@ -1,0 +1,232 @@
+"""Gemma 4: `gemma4_text` and the text model of the image-text `gemma4` checkpoints, dense and with experts.
+
+Each tiny random transformers model has every layer kind among its first layers (sliding and global layers with
+heads of their own widths, layers that attend over an earlier layer's keys and values, per-layer inputs, or a mixture
+of experts beside each FFN), windows shorter than the 16 test tokens, and is compared on float32 logits: the whole
+sequence at once, token by token through the cache, and a 9-token prompt then single steps. The engine's other paths
+(speculation by prompt lookup and by a draft model, prompt cache files) give the plain path's greedy tokens.
+"""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from command_line import one_line_error
+from reference import random_ids, reference_logits, relative_error, save_reference
+
+import minimlx
+from minimlx.archs import plugin_config
+from minimlx.cli import main
+from minimlx.core import KVCache, RotatingKVCache, SharedKVAttention, SharedKVCache
+from minimlx.errors import CheckpointError
+
+VOCAB = 96
+DENSE = dict(  # per-layer inputs, the last two layers attend over layers 2 and 3's keys, with twice as wide an FFN
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"] * 3,
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=VOCAB,
+    final_logit_softcapping=30.0,
+    max_position_embeddings=128,
+    pad_token_id=0,
+)
+MOE = dict(  # experts beside each FFN; global layers of one kv head whose values are their keys; no per-layer inputs
+    DENSE,
+    num_hidden_layers=4,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    num_kv_shared_layers=0,
+    hidden_size_per_layer_input=0,
+    attention_k_eq_v=True,
+    num_global_key_value_heads=1,
+    enable_moe_block=True,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+)
+TOWERS = dict(  # the smallest vision and audio towers: image-text checkpoints hold them, and minimlx skips them
+    vision_config=dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        position_embedding_size=64,
+    ),
+    audio_config=dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[4, 4],
+        output_proj_dims=16,
+    ),
+    # the towers' tokens, beyond the test's ids: in the text, transformers reads them as padding
+    image_token_id=VOCAB,
+    boi_token_id=VOCAB + 1,
+    eoi_token_id=VOCAB + 2,
+    audio_token_id=VOCAB + 3,
+    boa_token_id=VOCAB + 4,
+    eoa_token_index=VOCAB + 5,
+    video_token_id=VOCAB + 6,
+)
+IMAGE_TEXT = dict(model_class="Gemma4ForConditionalGeneration")
+CONFIGS = {
+    "gemma4_text": ("Gemma4TextConfig", DENSE, {}),
+    "gemma4_text_moe": ("Gemma4TextConfig", MOE, {}),
+    "gemma4": ("Gemma4Config", dict(TOWERS, text_config=dict(DENSE, model_type="gemma4_text")), IMAGE_TEXT),
+    "gemma4_moe": ("Gemma4Config", dict(TOWERS, text_config=dict(MOE, model_type="gemma4_text")), IMAGE_TEXT),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    """(name, folder, transformers' logits, ids)."""
+    config_class, config, options = CONFIGS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    torch_model = save_reference(folder, config_class, **options, **config)
+    ids = random_ids(VOCAB)
+    return request.param, folder, reference_logits(torch_model, ids), ids
+
+
+def errors(model, ids, reference) -> tuple[float, float, float]:
+    """Relative errors of the whole sequence at once, token by token from an empty cache, and a 9-token prompt then
+    single steps."""
+    full = np.array(model(mx.array(ids)))
+    cache = model.make_cache()
+    stepped = mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(ids.shape[1])], 1)
+    cache = model.make_cache()
+    prompt = [model(mx.array(ids[:, :9]), cache)]
+    continued = mx.concatenate(prompt + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, ids.shape[1])], 1)
+    return tuple(relative_error(a, reference) for a in (full, np.array(stepped), np.array(continued)))
+
+
+def test_logits_match_transformers(checkpoint):
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert max(errors(model, ids, reference)) <= 1e-4
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma4_text"], indirect=True)
+def test_shared_layers_attend_over_their_sources_keys_and_hold_none(checkpoint):
+    """Layers 4 and 5 attend over the keys and values of layers 2 (sliding, so through its window) and 3 (global),
+    which their caches hold; theirs count tokens only. Another source, or no per-layer inputs, changes the logits."""
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert [layer.attn.source for layer in model.layers[4:]] == [2, 3]
+    assert [(layer.attn.kv_heads, layer.attn.head_dim) for layer in model.layers[:2]] == [(2, 16), (2, 32)]
+    cache = model.make_cache()
+    model(mx.array(ids[:, :9]), cache)
+    assert [type(c) for c in cache] == [RotatingKVCache, KVCache] * 2 + [SharedKVCache] * 2
+    assert [c.offset for c in cache] == [9] * 6 and cache[4].nbytes == cache[5].nbytes == 0
+    model.layers[0].attn.lends, model.layers[4].attn.source = 0, 0
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+    model = minimlx.load_model(folder, dtype="float32")
+    model.layer_inputs.embed.weight = mx.zeros_like(model.layer_inputs.embed.weight)
+    assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma4_text_moe"], indirect=True)
+def test_experts_beside_the_ffn_and_values_from_keys(checkpoint):
+    """The global layers have no v_proj (their values are their keys' projection); without the experts beside each
+    FFN, or with the chosen weights unscaled per expert, the logits change."""
+    _, folder, reference, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert "v_proj" in model.layers[0].attn and "v_proj" not in model.layers[1].attn
+    assert not any(isinstance(layer.attn, SharedKVAttention) for layer in model.layers)
+    for change in ("moe", "expert_scale"):
+        model = minimlx.load_model(folder, dtype="float32")
+        for layer in model.layers:
+            if change == "moe":
+                layer.moe.router.experts_per_token, layer.moe.experts.down_proj.weight = (
+                    1,
+                    mx.zeros_like(layer.moe.experts.down_proj.weight),
+                )
+            else:
+                layer.moe.router.expert_scale = mx.ones_like(layer.moe.router.expert_scale)
+        assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3, change
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma4_text", "gemma4_moe"], indirect=True)
+def test_speculation_and_prompt_cache_files_give_the_plain_tokens(checkpoint):
+    """Speculation (prompt lookup, whose rejected drafts are taken back, and a draft model) gives plain decoding's
+    greedy tokens; a cache written as a prompt cache file's layers and read back continues exactly as the cache
+    itself does (the shared layers' counts included)."""
+    from models import Ids
+
+    from minimlx.decode import stream_generate
+    from minimlx.decode.prompt_cache import columns, restored
+
+    _, folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    prompt = ids[0].tolist() + ids[0, :6].tolist()
+    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12)]
+    looked_up = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12, prompt_lookup=2)]
+    drafted = list(stream_generate(model, Ids(), prompt, max_tokens=12, draft_model=model, draft_tokens=3))
+    assert looked_up == [r.token for r in drafted] == plain and drafted[-1].drafted_tokens > 0
+    cache = model.make_cache()
+    model(mx.array(ids[:1, :11]), cache)
+    back = [restored(*columns(c)) for c in cache]
+    assert [type(c) for c in back] == [type(c) for c in cache] and [c.offset for c in back] == [11] * len(cache)
+    rest = mx.array(ids[:1, 11:])
+    assert mx.array_equal(model(rest, back), model(rest, cache)).item()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (dict(DENSE, num_kv_shared_layers=6), r"num_kv_shared_layers \(6\) must be below num_hidden_layers \(6\)"),
+        (dict(DENSE, num_kv_shared_layers=5), r"layer 1 \(full_attention\) shares keys and values"),
+        ({"model_type": "gemma4", "vision_config": {}}, "gemma4 config needs its text_config"),
+    ],
+)
+def test_bad_configs_are_refused_in_one_line(config, message):
+    with pytest.raises(CheckpointError, match=message):
+        plugin_config({"model_type": "gemma4_text", **config})
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (dict(DENSE, model_type="gemma4_text", num_kv_shared_layers=7), ["num_kv_shared_layers (7)"]),
+        (dict(model_type="gemma4", vision_config={}), ["gemma4 config needs its text_config"]),
+        (
+            dict(
+                model_type="deepseek_v32",
+                vocab_size=VOCAB,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                q_lora_rank=16,
+                kv_lora_rank=16,
+                qk_nope_head_dim=8,
+                qk_rope_head_dim=8,
+                v_head_dim=8,
+                max_position_embeddings=128,
+                index_topk=129,
+                index_n_heads=8,
+                index_head_dim=16,
+            ),
+            ["index_topk (129) is above the context"],
+        ),
+    ],
+    ids=["shared-kv-past-the-stack", "image-text-without-text-config", "indexer-top-k-above-the-context"],
+)
+def test_cli_refuses_a_bad_2026_config_before_reading_a_tensor(tmp_path, config, words):
+    """A checkpoint whose tensors file is not even a safetensors file: the config alone is refused, in one line."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"not tensors")
+    one_line_error(CliRunner().invoke(main, ["run", "hi", "--model", str(tmp_path)]), *words)
