@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from command_line import one_line_error
+from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 from reference import random_ids, reference_logits, relative_error, save_reference
 
 import minimlx
@@ -181,6 +182,51 @@ def test_speculation_and_prompt_cache_files_give_the_plain_tokens(checkpoint):
     assert [type(c) for c in back] == [type(c) for c in cache] and [c.offset for c in back] == [11] * len(cache)
     rest = mx.array(ids[:1, 11:])
     assert mx.array_equal(model(rest, back), model(rest, cache)).item()
+
+
+def to_published_layout(folder) -> None:
+    """Rewrite `config.json` with the global layers' `global_head_dim` and `num_global_key_value_heads`, as published
+    Gemma 4 configs hold them (and mlx-lm reads them), in place of transformers 5's `per_layer_config`."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    setting = next(iter(config.pop("per_layer_config").values()))
+    config["global_head_dim"] = setting["head_dim"]
+    if "num_key_value_heads" in setting:
+        config["num_global_key_value_heads"] = setting["num_key_value_heads"]
+    path.write_text(json.dumps(config))
+
+
+MLX_LM_VARIANTS = {
+    "float32": dict(dtype="float32"),
+    "4bit-g64": dict(quantize=True, q_bits=4, q_group_size=64),
+    "8bit-g32": dict(quantize=True, q_bits=8, q_group_size=32),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("checkpoint", "variant"),
+    [("gemma4_text", "float32"), ("gemma4_text", "4bit-g64"), ("gemma4_text_moe", "8bit-g32")],
+    indirect=["checkpoint"],
+)
+def test_mlx_lm_folders_match_mlx_lm_and_transformers(checkpoint, tmp_path, variant):
+    """mlx-lm's own convert of the checkpoint (in the published config layout): minimlx's logits, with the packed
+    weights dequantized to float32 and kept packed, are mlx-lm's on the same folder, and transformers' where the folder
+    is not quantized."""
+    _, folder, reference, ids = checkpoint
+    source = tmp_path / "hf"
+    source.mkdir()
+    for path in folder.iterdir():
+        (source / path.name).write_bytes(path.read_bytes())
+    to_published_layout(source)
+    save_tokenizer(source)
+    target = mlx_lm_convert(source, tmp_path / "mlx", **MLX_LM_VARIANTS[variant])
+    expected = np.array(mlx_lm_logits(target, ids))
+    if variant == "float32":
+        assert relative_error(expected, reference) < 1e-4
+    for dtype in ("float32", "quantized"):
+        logits = minimlx.load_model(target, dtype=dtype)(mx.array(ids)).astype(mx.float32)
+        assert relative_error(np.array(logits), expected) < 1e-4, dtype
 
 
 @pytest.mark.parametrize(
