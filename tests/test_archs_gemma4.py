@@ -229,6 +229,57 @@ def test_mlx_lm_folders_match_mlx_lm_and_transformers(checkpoint, tmp_path, vari
         assert relative_error(np.array(logits), expected) < 1e-4, dtype
 
 
+SP_VOCAB = 512  # the tiny SentencePiece model's pieces, 4 more tokens in its fast tokenizer
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    """The dense and MoE models with a tiny SentencePiece vocabulary (llama.cpp's gemma4 converter reads a fast
+    tokenizer's tokenizer.json), converted to f32 and q8_0 by llama.cpp's converter: {name: (folder, ids)}, the files
+    beside the folders as {name}-{type}.gguf."""
+    transformers = pytest.importorskip("transformers")
+    from llamacpp import convert, llamacpp_sources, sentencepiece_model
+
+    root, made, jobs = tmp_path_factory.mktemp("gemma4-gguf"), {}, []
+    tokens = root / "tokenizer"
+    transformers.GemmaTokenizer.from_pretrained(sentencepiece_model(tokens, SP_VOCAB, False).parent).save_pretrained(
+        tokens
+    )
+    vocab = len(transformers.AutoTokenizer.from_pretrained(tokens))
+    for name, config in (("dense", DENSE), ("moe", MOE)):
+        folder = root / name
+        save_reference(folder, "Gemma4TextConfig", **dict(config, vocab_size=vocab, vocab_size_per_layer_input=vocab))
+        for path in tokens.iterdir():
+            (folder / path.name).write_bytes(path.read_bytes())
+        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in ("f32", "q8_0")]
+        made[name] = folder, random_ids(vocab)
+    convert(jobs, llamacpp_sources())
+    return made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_gguf_files_from_llama_cpp_match_the_source_and_their_dequantization(gguf_files, name):
+    """The f32 file gives the source folder's logits; the q8_0 file, read packed, those of its tensors as gguf-py
+    (llama.cpp's reference code) dequantizes them."""
+    from gguf.quants import dequantize
+    from llamacpp import Reader
+    from llamacpp_models import logits_of
+
+    from minimlx.io.gguf_file import read_gguf
+
+    folder, ids = gguf_files[name]
+    source = np.array(minimlx.load_model(folder, dtype="float32")(mx.array(ids)))
+    f32 = folder.with_name(f"{name}-f32.gguf")
+    assert relative_error(np.array(minimlx.load_model(f32, dtype="float32")(mx.array(ids))), source) <= 1e-4
+    path = folder.with_name(f"{name}-q8_0.gguf")
+    tensors, metadata = read_gguf(path, mx.float32)
+    assert any(key.endswith(".scales") for key in tensors)  # packed, as minimlx reads Q8_0
+    reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}
+    logits, _ = logits_of(path, tensors, metadata, ids)
+    assert relative_error(logits, logits_of(path, reference, metadata, ids)[0]) <= 1e-4
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

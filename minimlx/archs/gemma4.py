@@ -13,7 +13,15 @@ Gemma 3's four-norm block and its sliding and global layers, with these changes:
 - with `enable_moe_block`, a mixture of GELU experts runs beside each dense FFN (routed from the residual stream
   through a scaled RMSNorm, the chosen weights renormalised and scaled per expert);
 - norms multiply by their weight (not 1 + weight); the logits are soft-capped by `final_logit_softcapping`.
+
+llama.cpp's `gemma4` files give the global layers' head width as `attention.key_length` (the sliding ones' as
+`key_length_swa`), kv heads and FFN widths per layer, the global RoPE's frozen frequencies as `rope_freqs` factors of
+1e30 (read as per-frequency scaling: the same angles), the experts' gate and up projections fused.
 """
+
+import re
+
+import mlx.core as mx
 
 from dataclasses import dataclass, replace
 
@@ -23,8 +31,9 @@ from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, number, require, rope_scaling
 from .decoder import DecoderConfig
 from .experts import MoEConfig
+from .gguf import Metadata, llama_config, windows
 from .image_text import ImageText, text_model_names
-from .names import LLAMA_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES
 from .registry import register
 
 GEMMA4_NAMES = LLAMA_NAMES.extended(
@@ -50,6 +59,28 @@ GEMMA4_NAMES = LLAMA_NAMES.extended(
     ],
     drop=[r"\.self_attn\.rotary_emb\."],
 )
+GEMMA4_GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
+    [
+        *POST_NORM_GGUF_NAMES,
+        ("per_layer_token_embd.", "layer_inputs.embed."),
+        ("per_layer_model_proj.", "layer_inputs.proj."),
+        ("per_layer_proj_norm.", "layer_inputs.norm."),
+        ("blk.{i}.inp_gate.", "layers.{i}.input_gate."),
+        ("blk.{i}.proj.", "layers.{i}.input_proj."),
+        ("blk.{i}.post_norm.", "layers.{i}.input_norm."),
+        ("blk.{i}.layer_output_scale.weight", "layers.{i}.layer_scalar"),
+        ("blk.{i}.ffn_gate_inp_scale", "layers.{i}.moe.router.input_scale"),
+        ("blk.{i}.ffn_gate_inp.", "layers.{i}.moe.router.proj."),
+        ("blk.{i}.ffn_down_exps_scale", "layers.{i}.moe.router.expert_scale"),
+        ("blk.{i}.ffn_gate_up_exps.", "layers.{i}.moe.experts.gate_up_proj."),
+        ("blk.{i}.ffn_down_exps.", "layers.{i}.moe.experts.down_proj."),
+        ("blk.{i}.pre_ffw_norm_2.", "layers.{i}.moe.input_norm."),
+        ("blk.{i}.post_ffw_norm_1.", "layers.{i}.post_dense_norm."),
+        ("blk.{i}.post_ffw_norm_2.", "layers.{i}.post_moe_norm."),
+    ],
+    drop=[r"^(v|mm|a)\."],
+)
+SCALES = re.compile(r"^(blk\.\d+\.(?:ffn_gate_inp|ffn_down_exps))\.scale$")
 KV_PARTS = (".attn.k_proj.", ".attn.v_proj.", ".attn.k_norm.", ".attn.v_norm.")
 
 
@@ -116,6 +147,8 @@ class Gemma4TextConfig(DecoderConfig):
         "vocab_size_per_layer_input": 64,
     }
     names = GEMMA4_NAMES
+    gguf_architectures = ("gemma4",)
+    gguf_names = GEMMA4_GGUF_NAMES
     # transformers' values for the keys published configs may leave out
     defaults = {
         "tie_word_embeddings": True,
@@ -200,13 +233,62 @@ class Gemma4TextConfig(DecoderConfig):
 
     def convert_weights(self, weights: dict) -> dict:
         """The checkpoint's tensors, less the key and value parts some checkpoints keep for the shared layers."""
-        weights = super().convert_weights(weights)
-        shared = {f"layers.{layer}." for layer, _ in self.kv_sources}
-        return {
-            k: v
-            for k, v in weights.items()
-            if not (any(k.startswith(s) for s in shared) and any(part in k for part in KV_PARTS))
-        }
+        return self.without_shared_kv(super().convert_weights(weights))
+
+    def without_shared_kv(self, weights: dict) -> dict:
+        shared = tuple(f"layers.{layer}." for layer, _ in self.kv_sources)
+        return {k: v for k, v in weights.items() if not (k.startswith(shared) and any(p in k for p in KV_PARTS))}
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        m = Metadata(metadata)
+        config = {**llama_config(metadata, tensors, "gemma4_text"), **windows(m, 6)}
+        kinds = config.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(config["num_hidden_layers"])
+        ]
+        full = kinds.index("full_attention")
+        ffn, kv = m["feed_forward_length"], config["num_key_value_heads"]
+        ffn, kv = (ffn if isinstance(ffn, list) else [ffn]), (kv if isinstance(kv, list) else [kv] * len(kinds))
+        shared = m.get("attention.shared_kv_layers", 0)
+        input_dims = m.get("embedding_length_per_layer_input", 0)
+        config.update(
+            intermediate_size=ffn[0],
+            use_double_wide_mlp=bool(shared) and ffn[-1] == 2 * ffn[0],
+            num_kv_shared_layers=shared,
+            head_dim=m.get("attention.key_length_swa", config["head_dim"]),
+            global_head_dim=config["head_dim"],
+            num_key_value_heads=kv[kinds.index("sliding_attention")] if "sliding_attention" in kinds else kv[0],
+            num_global_key_value_heads=kv[full],
+            attention_k_eq_v=f"blk.{full}.attn_v.weight" not in tensors,
+            rope_local_base_freq=m.get("rope.freq_base_swa", 10000.0),
+            final_logit_softcapping=m.get("final_logit_softcapping"),
+            hidden_size_per_layer_input=input_dims,
+        )
+        if input_dims:
+            config["vocab_size_per_layer_input"] = tensors["per_layer_token_embd.weight"].shape[0]
+        if m.get("expert_count"):
+            config.update(
+                enable_moe_block=True,
+                num_experts=m["expert_count"],
+                top_k_experts=m["expert_used_count"],
+                moe_intermediate_size=m["expert_feed_forward_length"],
+            )
+        return config
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's tensors, the experts' fused gate and up projections split (each of a packed one's arrays by
+        rows), the shared layers' key and value parts dropped."""
+        # the router's `.scale` vectors, named apart from a packed tensor's `.scales`
+        tensors = {SCALES.sub(r"\1_scale", name): w for name, w in tensors.items()}
+        weights = {}
+        for name, w in super().convert_gguf_weights(tensors, metadata).items():
+            if ".experts.gate_up_proj." in name:
+                gate, up = mx.split(w, 2, axis=-2)
+                weights[name.replace("gate_up_proj", "gate_proj")] = gate
+                weights[name.replace("gate_up_proj", "up_proj")] = up
+            else:
+                weights[name] = w
+        return self.without_shared_kv(weights)
 
 
 @register("gemma4")
