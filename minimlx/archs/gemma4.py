@@ -20,10 +20,9 @@ llama.cpp's `gemma4` files give the global layers' head width as `attention.key_
 """
 
 import re
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
-
-from dataclasses import dataclass, replace
 
 from ..core import RMSNorm
 from ..core.ffn import ACTIVATIONS
