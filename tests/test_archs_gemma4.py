@@ -184,6 +184,22 @@ def test_speculation_and_prompt_cache_files_give_the_plain_tokens(checkpoint):
     assert mx.array_equal(model(rest, back), model(rest, cache)).item()
 
 
+@pytest.mark.parametrize("checkpoint", ["gemma4_text"], indirect=True)
+def test_quantized_and_bounded_caches_reach_the_shared_layers(checkpoint):
+    """--kv-bits 8 (the global source layers' caches quantized, read as such by the layers sharing them) and a
+    --max-kv-size the text fits in (their caches bounded) give plain decoding's greedy tokens."""
+    from models import Ids
+
+    from minimlx.decode import stream_generate
+
+    _, folder, _, ids = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    prompt = ids[0].tolist() + ids[0, :6].tolist()
+    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=10)]
+    for setting in (dict(kv_bits=8), dict(max_kv_size=64)):
+        assert [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=10, **setting)] == plain, setting
+
+
 def to_published_layout(folder) -> None:
     """Rewrite `config.json` with the global layers' `global_head_dim` and `num_global_key_value_heads`, as published
     Gemma 4 configs hold them (and mlx-lm reads them), in place of transformers 5's `per_layer_config`."""
@@ -203,7 +219,6 @@ MLX_LM_VARIANTS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("checkpoint", "variant"),
     [("gemma4_text", "float32"), ("gemma4_text", "4bit-g64"), ("gemma4_text_moe", "8bit-g32")],

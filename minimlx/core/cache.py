@@ -47,6 +47,9 @@ class Can(enum.Flag):
     BUFFERS = enum.auto()
     """Keys and values in `buffers` that an op writes one token into at `start` (`reserve`, then `written`): the
     compiled step and the native `block_step`."""
+    SHARED = enum.auto()
+    """Holds no entries of its own: the layer attends over another layer's cache (`SharedKVCache`), so that cache's
+    bounds are its bounds."""
     FIXED = enum.auto()
     """A fixed capacity written at an array position (`FixedKVCache`): what the compiled step replays over. It stands
     for the growing kind `saved_as` names."""
@@ -426,7 +429,7 @@ class SharedKVCache(Cache):
     entries, only the tokens seen and each row's padding, which batching, trimming and snapshots keep in step with
     the other layers'."""
 
-    capabilities = Can.SNAPSHOT | Can.CUT | Can.ROWS
+    capabilities = Can.SNAPSHOT | Can.CUT | Can.ROWS | Can.SHARED
 
     def __init__(self):
         self.offset = 0
