@@ -10,7 +10,7 @@ knowing which device runs it.
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
+from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SharedKVAttention, SwiGLU, Transformer
 from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
@@ -48,6 +48,11 @@ class CpuAttention(Attention):
 
     def attend_quantized(self, q, k, v, mask, group_size, bits):
         return attention.attend_quantized(q, k, v, self.scale, mask, group_size, bits)
+
+
+class CpuSharedKVAttention(SharedKVAttention, CpuAttention):
+    """Attention over another layer's keys and values through `cpu.attention.attend`, as that layer's own (whose
+    cache may hold them in float16)."""
 
 
 def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
@@ -250,6 +255,7 @@ def step_plan(block: Block) -> StepPlan:
 FORMS = {
     Transformer: CpuTransformer,
     Attention: CpuAttention,
+    SharedKVAttention: CpuSharedKVAttention,
     RoPE: CpuRoPE,
     GatedFFN: CpuGatedFFN,
     SwiGLU: CpuSwiGLU,
