@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 from command_line import one_line_error
 from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
-from reference import random_ids, reference_logits, relative_error, save_reference
+from models import check_speculation_and_prompt_cache_files
+from reference import cache_errors, random_ids, reference_logits, relative_error, save_reference
 
 import minimlx
 from minimlx.archs import plugin_config
@@ -101,22 +102,10 @@ def checkpoint(request, tmp_path_factory):
     return request.param, folder, reference_logits(torch_model, ids), ids
 
 
-def errors(model, ids, reference) -> tuple[float, float, float]:
-    """Relative errors of the whole sequence at once, token by token from an empty cache, and a 9-token prompt then
-    single steps."""
-    full = np.array(model(mx.array(ids)))
-    cache = model.make_cache()
-    stepped = mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(ids.shape[1])], 1)
-    cache = model.make_cache()
-    prompt = [model(mx.array(ids[:, :9]), cache)]
-    continued = mx.concatenate(prompt + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, ids.shape[1])], 1)
-    return tuple(relative_error(a, reference) for a in (full, np.array(stepped), np.array(continued)))
-
-
 def test_logits_match_transformers(checkpoint):
     _, folder, reference, ids = checkpoint
     model = minimlx.load_model(folder, dtype="float32")
-    assert max(errors(model, ids, reference)) <= 1e-4
+    assert max(cache_errors(model, ids, reference)) <= 1e-4
 
 
 @pytest.mark.parametrize("checkpoint", ["gemma4_text"], indirect=True)
@@ -161,27 +150,10 @@ def test_experts_beside_the_ffn_and_values_from_keys(checkpoint):
 
 @pytest.mark.parametrize("checkpoint", ["gemma4_text", "gemma4_moe"], indirect=True)
 def test_speculation_and_prompt_cache_files_give_the_plain_tokens(checkpoint):
-    """Speculation (prompt lookup, whose rejected drafts are taken back, and a draft model) gives plain decoding's
-    greedy tokens; a cache written as a prompt cache file's layers and read back continues exactly as the cache
-    itself does (the shared layers' counts included)."""
-    from models import Ids
-
-    from minimlx.decode import stream_generate
-    from minimlx.decode.prompt_cache import columns, restored
-
+    """The engine's other paths give the plain path's tokens (`check_speculation_and_prompt_cache_files`), the shared
+    layers' token counts included."""
     _, folder, _, ids = checkpoint
-    model = minimlx.load_model(folder, dtype="float32")
-    prompt = ids[0].tolist() + ids[0, :6].tolist()
-    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12)]
-    looked_up = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12, prompt_lookup=2)]
-    drafted = list(stream_generate(model, Ids(), prompt, max_tokens=12, draft_model=model, draft_tokens=3))
-    assert looked_up == [r.token for r in drafted] == plain and drafted[-1].drafted_tokens > 0
-    cache = model.make_cache()
-    model(mx.array(ids[:1, :11]), cache)
-    back = [restored(*columns(c)) for c in cache]
-    assert [type(c) for c in back] == [type(c) for c in cache] and [c.offset for c in back] == [11] * len(cache)
-    rest = mx.array(ids[:1, 11:])
-    assert mx.array_equal(model(rest, back), model(rest, cache)).item()
+    check_speculation_and_prompt_cache_files(minimlx.load_model(folder, dtype="float32"), ids)
 
 
 @pytest.mark.parametrize("checkpoint", ["gemma4_text"], indirect=True)
