@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from command_line import one_line_error
 from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 from models import check_speculation_and_prompt_cache_files
-from reference import cache_errors, random_ids, reference_logits, relative_error, save_reference
+from reference import cache_errors, random_ids, reference_checkpoint, relative_error, save_reference
 
 import minimlx
 from minimlx.archs import plugin_config
@@ -96,10 +96,7 @@ CONFIGS = {
 def checkpoint(request, tmp_path_factory):
     """(name, folder, transformers' logits, ids)."""
     config_class, config, options = CONFIGS[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    torch_model = save_reference(folder, config_class, **options, **config)
-    ids = random_ids(VOCAB)
-    return request.param, folder, reference_logits(torch_model, ids), ids
+    return reference_checkpoint(tmp_path_factory, request.param, config_class, {**options, **config}, VOCAB)
 
 
 def test_logits_match_transformers(checkpoint):
