@@ -19,6 +19,7 @@ from models import check_speculation_and_prompt_cache_files
 from reference import cache_errors, random_ids, reference_checkpoint, relative_error, save_reference
 
 import minimlx
+from minimlx.anatomy.ledger import ledger
 from minimlx.archs import plugin_config
 from minimlx.cli import main
 from minimlx.core import KVCache, RotatingKVCache, SharedKVAttention, SharedKVCache
@@ -167,6 +168,16 @@ def test_quantized_and_bounded_caches_reach_the_shared_layers(checkpoint):
     plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=10)]
     for setting in (dict(kv_bits=8), dict(max_kv_size=64)):
         assert [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=10, **setting)] == plain, setting
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma4_text", "gemma4_text_moe"], indirect=True)
+def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
+    """The anatomy ledger of the config alone: transformers' parameters, plus each layer's scalar (a buffer there)."""
+    transformers = pytest.importorskip("transformers")
+    _, folder, *_ = checkpoint
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    scalars = [b for key, b in model.named_buffers() if key.endswith("layer_scalar")]
+    assert ledger(folder).total == sum(p.numel() for p in [*model.parameters(), *scalars])
 
 
 def to_published_layout(folder) -> None:
