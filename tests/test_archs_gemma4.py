@@ -180,6 +180,32 @@ def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
     assert ledger(folder).total == sum(p.numel() for p in [*model.parameters(), *scalars])
 
 
+class TwoRanks:
+    """A stand-in for a group of two ranks, as a `Split` asks it (this process is rank 0)."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 2
+
+
+@pytest.mark.parametrize("checkpoint", ["gemma4_text"], indirect=True)
+def test_ranks_refuse_to_split_gemma4_in_one_line(checkpoint):
+    """Pipeline and tensor parallelism assume blocks that read only the residual stream and their own caches: a model
+    whose layers share keys and values, read inputs of their own or hold experts beside the FFN is refused."""
+    from minimlx.distributed.pipeline import PipelineSplit
+    from minimlx.distributed.tensor_parallel import TensorSplit
+    from minimlx.errors import InvalidSettingError
+
+    _, folder, *_ = checkpoint
+    model = minimlx.load_model(folder, dtype="float32")
+    assert not model.blocks_apart
+    for split, flag in ((PipelineSplit, "--pipeline"), (TensorSplit, "--tensor-parallel")):
+        with pytest.raises(InvalidSettingError, match=f"{flag} cannot split this model yet"):
+            split(TwoRanks(), 2**40).shard(model, {})
+
+
 def to_published_layout(folder) -> None:
     """Rewrite `config.json` with the global layers' `global_head_dim` and `num_global_key_value_heads`, as published
     Gemma 4 configs hold them (and mlx-lm reads them), in place of transformers 5's `per_layer_config`."""

@@ -361,6 +361,7 @@ class DecoderConfig:
             logit_cap=self.logit_cap,
             logit_divisor=self.logit_divisor,
             layer_inputs=layer_inputs,
+            blocks_apart=not (self.kv_sources or self.layer_input_dims or self.moe_beside_ffn),
         )
 
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
