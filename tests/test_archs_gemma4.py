@@ -106,6 +106,18 @@ def test_logits_match_transformers(checkpoint):
     assert max(cache_errors(model, ids, reference)) <= 1e-4
 
 
+@pytest.mark.parametrize("checkpoint", ["gemma4"], indirect=True)
+def test_image_text_towers_are_skipped_in_one_line(checkpoint, caplog):
+    """The vision and audio towers' tensors (and their projections into the text model) are left out, in one line
+    that counts them."""
+    _, folder, *_ = checkpoint
+    towers = [k for k in mx.load(str(folder / "model.safetensors")) if not k.startswith("model.language_model.")]
+    assert any(".audio_tower." in k for k in towers) and any(".vision_tower." in k for k in towers)
+    minimlx.load_model(folder, dtype="float32")
+    lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert lines == [f"gemma4: the text model is read; its towers' (vision, audio) {len(towers)} tensors are skipped"]
+
+
 @pytest.mark.parametrize("checkpoint", ["gemma4_text"], indirect=True)
 def test_shared_layers_attend_over_their_sources_keys_and_hold_none(checkpoint):
     """Layers 4 and 5 attend over the keys and values of layers 2 (sliding, so through its window) and 3 (global),
