@@ -58,6 +58,7 @@ def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None =
     file's as they are converted, here: with `parallel`, only those of this rank's share (`rank_share`)."""
     if path.is_dir():
         config = read_config(path)
+        plugin_config(config, str(path / "config.json"))  # a bad config is refused before any tensor is read
         raw = read_safetensors(path)
         config, raw = as_language_model(config, raw)
         arch = plugin_config(config, str(path / "config.json"))
