@@ -22,6 +22,7 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None
     answer: object | None = None  # the server's Answer, once the request started one
+    held: list[str] = field(default_factory=list)  # the models it holds loaded until its response is over
 
     def fields(self) -> dict:
         line = {"client": self.client, "method": self.method, "path": self.path, "status": self.status}
