@@ -95,6 +95,9 @@ class AccessLog:
             log.info(json.dumps(line) if self.json_lines else text_line(line))
             for observe in self.observers:
                 observe(record)
+            # uvicorn's keep-alive timer, set while the response was sent, holds a copy of this request's context (and
+            # so this record) for --keep-alive seconds: the answer, and through it its model, must not stay with it
+            record.answer = None
 
 
 class JSONFormatter(logging.Formatter):

@@ -127,7 +127,9 @@ class Server:
             raise APIError(400, "the body's JSON is nested too deeply to read", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
-        return Body(body)
+        body = Body(body)
+        body.get("model")  # every API's field: `model()` reads it, after the endpoint has named the fields it ignores
+        return body
 
     async def bounded_body(self, request: HTTPRequest) -> bytes:
         """The request's bytes, refused (413) as soon as they are known to pass `--max-request-mb`: from the
