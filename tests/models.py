@@ -71,7 +71,8 @@ def chat_model(folder, context: int, config_class: str = "LlamaConfig", **config
     """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template; `config` adds to
     or replaces its settings (a larger hidden_size, a seed)."""
     shape = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
-    save_reference(folder, config_class, **shape | dict(num_key_value_heads=2, max_position_embeddings=context) | config)
+    shape |= dict(num_key_value_heads=2, max_position_embeddings=context)
+    save_reference(folder, config_class, **shape | config)
     save_tokenizer(folder)
     (folder / "chat_template.jinja").write_text(TEMPLATE)
     return folder

@@ -90,7 +90,7 @@ QUESTION = [{"role": "user", "content": "w3 w4"}]
     [
         ("/v1/chat/completions", {"messages": QUESTION}, lambda e: e["error"]["code"]),
         ("/v1/completions", {"prompt": "w3"}, lambda e: e["error"]["code"]),
-        ("/v1/messages", {"messages": QUESTION, "max_tokens": 3}, lambda e: e["type"] == "error" and e["error"]["type"]),
+        ("/v1/messages", {"messages": QUESTION, "max_tokens": 3}, lambda e: e["type"] == "error" and e["error"]),
         ("/v1/embeddings", {"input": "w3"}, lambda e: e["error"]["code"]),
         ("/api/chat", {"messages": QUESTION}, lambda e: list(e) == ["error"] and e["error"]),
         ("/api/generate", {"prompt": "w3"}, lambda e: list(e) == ["error"] and e["error"]),
