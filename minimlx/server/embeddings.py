@@ -83,7 +83,7 @@ class EmbeddingAPI:
         body = await self.server.read(request)
         for name in ("truncate", "options"):
             body.get(name)
-        model = await held_model(self.server, body)
+        model = await held_model(self.server, body, strict=False)
         vectors, tokens = await self.embed(body, "input", "ollama", model)
         total = time.monotonic_ns() - started
         reply = {"model": model.name, "embeddings": vectors.tolist(), "total_duration": total}

@@ -166,9 +166,10 @@ class OllamaAPI:
         ]
 
 
-async def held_model(server: "TurnServer", body: Body) -> "ServedModel":
+async def held_model(server: "TurnServer", body: Body, strict: bool = True) -> "ServedModel":
     """The model an Ollama body names, loaded and held for this request; its `keep_alive` is how long the model stays
-    once idle (seconds or a duration such as "5m"; 0 unloads it after this request, negative keeps it)."""
+    once idle (seconds or a duration such as "5m"; 0 unloads it after this request, negative keeps it). `strict`: the
+    name must be a model's, also on a server of one model (Ollama's chat and generate; /api/embed answers any)."""
     name = optional(body, "model", str, "a model name such as 'llama3.2:latest'")
     if name is None:
         raise bad("model", "'model' is required: the name of a model /api/tags lists")
@@ -177,7 +178,7 @@ async def held_model(server: "TurnServer", body: Body) -> "ServedModel":
         keep = None if keep_alive is None else seconds(keep_alive, "keep_alive")
     except InvalidSettingError as e:
         raise bad("keep_alive", str(e)) from None
-    return await server.model(body, keep, strict=True)
+    return await server.model(body, keep, strict)
 
 
 def error_body(error: APIError) -> dict:
