@@ -17,7 +17,8 @@ from servers import Served
 import minimlx
 from minimlx.decode import Engine, Request, SamplingSettings
 from minimlx.server.app import Server
-from minimlx.server.catalog import Catalog, in_folder
+from minimlx.server.catalog import Catalog, in_folder, in_hub_cache
+from minimlx.server.fields import APIError
 from minimlx.server.models import Models, ServedModel
 from minimlx.server.residency import Residency
 
@@ -213,3 +214,38 @@ def test_a_memory_budget_swaps_models_after_their_requests_and_keep_alive_unload
         assert with_b - after_unload > 0.6 * size  # unloading gives the memory back
     finally:
         served.stop()
+
+
+def test_the_catalog_finds_folders_gguf_files_and_the_hub_cache_and_maps_ollama_names(tmp_path, monkeypatch):
+    models_dir = tmp_path / "models"
+    (models_dir / "qwen-folder").mkdir(parents=True)
+    (models_dir / "qwen-folder" / "config.json").write_text("{}")
+    (models_dir / "qwen-folder" / "model.safetensors").write_bytes(b"x" * 100)
+    (models_dir / "not-a-model").mkdir()
+    for name in ("Llama-3.2-1B-Q4_K_M.gguf", "mmproj-vision.gguf"):
+        (models_dir / name).write_bytes(b"x" * 10)
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for repo, files in (
+        ("org/folder", ["config.json", "model.safetensors"]),
+        ("org/quants", ["m-Q4_K_M.gguf", "m-Q8_0.gguf"]),
+    ):
+        snapshot = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc"
+        snapshot.mkdir(parents=True)
+        for file in files:
+            (snapshot / file).write_text("{}")
+    catalog = Catalog(in_folder(models_dir) + in_hub_cache(), allow=("*-folder", "org/*"))
+    names = [k.name for k in catalog.all]
+    assert names == ["Llama-3.2-1B-Q4_K_M", "qwen-folder", "org/folder", "org/quants:Q4_K_M", "org/quants:Q8_0"]
+    assert [k.name for k in catalog.models] == names[1:]
+    assert catalog.all[1].disk_bytes == 100
+    assert catalog.named("qwen-folder:latest").name == "qwen-folder"
+    assert catalog.named("org/quants:Q8_0").path.name == "m-Q8_0.gguf"
+    assert catalog.named("org/quants").name == "org/quants:Q4_K_M"
+    assert catalog.named(str(models_dir / "qwen-folder")).name == "qwen-folder"
+    with pytest.raises(APIError) as refused:
+        catalog.named("Llama-3.2-1B-Q4_K_M")
+    assert refused.value.status == 403
+    with pytest.raises(APIError) as unknown:
+        catalog.named("gpt-4o", strict=True)
+    assert unknown.value.status == 404 and "qwen-folder" in unknown.value.message
