@@ -10,7 +10,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from models import chat_model
+from models import chat_model, write_model
 from reference import require
 from servers import Served
 
@@ -69,9 +69,16 @@ def loaded(url: str) -> list[str]:
 # ---- in this process: names, refusals in each API's shape, Ollama's keep_alive 0 ----
 
 
+SMALL = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def small_models(tmp_path_factory):
-    return folder_of_models(tmp_path_factory.mktemp("models"))
+    folder = tmp_path_factory.mktemp("models")
+    for seed, name in enumerate(("tiny-a", "tiny-b", "other-c")):
+        write_model(folder / name, SMALL, seed=seed)
+    return folder
 
 
 @pytest.fixture
