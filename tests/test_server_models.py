@@ -183,6 +183,7 @@ def test_a_memory_budget_swaps_models_after_their_requests_and_keep_alive_unload
         with_a = rss(served)
         size = get(f"{served.url}/api/ps")["models"][0]["size"]
         long = {"model": "tiny-a", "prompt": [3, 4], "max_tokens": 400, "temperature": 0, "stream": True}
+        long["logit_bias"] = {"1": -100, "2": -100}  # no end-of-sequence token: all 400 are generated
         request = urllib.request.Request(f"{served.url}/v1/completions", json.dumps(long).encode())
         stream = urllib.request.urlopen(request, timeout=60)
         stream.readline()  # tiny-a is answering
@@ -196,7 +197,7 @@ def test_a_memory_budget_swaps_models_after_their_requests_and_keep_alive_unload
         rest = stream.read().decode()
         a_ended = time.monotonic()
         stream.close()
-        assert rest.rstrip().endswith("[DONE]")
+        assert rest.rstrip().endswith("[DONE]") and '"finish_reason": "length"' in rest
         waiter.join(timeout=60)
         assert b_answer == [references["tiny-b"][1]] and loaded(served.url) == ["tiny-b:latest"]
         with_b = rss(served)
