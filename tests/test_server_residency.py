@@ -87,3 +87,13 @@ def test_memory_sizes(given, expected):
 def test_a_memory_size_that_is_none_is_refused(given):
     with pytest.raises(InvalidSettingError, match="memory size"):
         byte_size(given)
+
+
+def test_while_a_newcomer_waits_the_busy_models_it_needs_gone_are_named():
+    policy = resident(Residency(budget=100 * MB), ("a", 40, 0), ("b", 40, 1), ("c", 10, 2))
+    for name in ("a", "b"):
+        policy.began(name)
+    assert policy.room_for(50 * MB) is None
+    assert policy.held_back(50 * MB) == ["a"]  # c (idle) and a make room; b may keep answering
+    assert policy.held_back(90 * MB) == ["a", "b"]
+    assert Residency().held_back(10**12) == []

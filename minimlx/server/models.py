@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx.utils import tree_map
 
 from ..decode import Engine
 from ..embedding import Embedder, reranker
@@ -59,6 +60,15 @@ class ServedModel:
         capabilities = self.renderer.capabilities() + (("embedding",) if embedder is not None else ())
         self.card = ModelCard.of(engine.model, known.name, str(known.path), capabilities)
         self.reranker = reranker(engine.model, self.tokenizer)
+
+    def close(self) -> None:
+        """End the engine's thread and let go of the weights and the prompt cache's arrays at once: an answer of this
+        model that a finished response still references for a moment must not keep them in memory."""
+        self.bridge.stop()
+        model = self.engine.model
+        model.update(tree_map(lambda a: mx.zeros((0,), a.dtype), model.parameters()))
+        if self.engine.prompt_cache is not None:
+            self.engine.prompt_cache.entries = []
 
     def render(self, turn: Turn) -> str:
         return self.renderer.render(turn)
@@ -116,6 +126,7 @@ class Models:
         self.loading = asyncio.Lock()  # one load at a time
         self.changed = asyncio.Event()  # set whenever a request finishes or a model leaves: room may have been made
         self.draining = False
+        self.held_back: set[str] = set()  # busy models a waiting load needs gone: their new requests wait too
 
     @classmethod
     def one(cls, engine: Engine, name: str, serving: Serving = Serving(), embedder: Embedder | None = None) -> "Models":
@@ -137,6 +148,9 @@ class Models:
     async def hold(self, known: Known, keep_alive: float | None = None) -> ServedModel:
         """`known`'s loaded model, loaded first if it is not (after the models that must leave for it have finished
         their requests), held by the current request until its response is over."""
+        while known.name in self.held_back:  # it is to leave for a model waiting to come in: wait for the swap
+            self.changed.clear()
+            await self.changed.wait()
         served = self.loaded.get(known.name) or await self.bring_in(known)
         record = current_request.get()
         if record is not None:  # every HTTP request has one (the access log's)
@@ -155,27 +169,38 @@ class Models:
 
     async def bring_in(self, known: Known) -> ServedModel:
         async with self.loading:
-            while known.name not in self.loaded:
-                if self.draining:
-                    raise APIError(503, "the server is shutting down; try another", code="shutting_down")
-                leaving = self.residency.room_for(known.disk_bytes)
-                if leaving is None:  # the memory is held by models whose requests are running: wait for them
-                    self.changed.clear()
-                    await self.changed.wait()
-                    continue
-                for name in leaving:
-                    await self.unload(name)
-                started = time.monotonic()
-                try:
-                    served = await asyncio.to_thread(self.load, known)
-                except MinimlxError as e:
-                    message = f"could not load the model '{known.name}': {e}"
-                    raise APIError(500, message, "model", "model_load_failed", kind="server_error") from None
-                served.bridge.start()
-                self.loaded[known.name] = served
-                self.residency.loaded(known.name, served.card.size, time.monotonic())
-                took = time.monotonic() - started
-                log.info("loaded %s (%.1f MB) in %.1f s", known.name, served.card.size / 1e6, took)
+            try:
+                return await self.load_when_room(known)
+            finally:
+                if self.held_back:
+                    self.held_back = set()
+                    self.changed.set()
+
+    async def load_when_room(self, known: Known) -> ServedModel:
+        """Load `known` once the budget has room for it: the models the policy names leave first."""
+        while known.name not in self.loaded:
+            if self.draining:
+                raise APIError(503, "the server is shutting down; try another", code="shutting_down")
+            leaving = self.residency.room_for(known.disk_bytes)
+            if leaving is None:  # the memory is held by models whose requests are running: wait for them
+                self.held_back = set(self.residency.held_back(known.disk_bytes))
+                self.changed.clear()
+                await self.changed.wait()
+                continue
+            self.held_back = set(leaving)  # their new requests wait until this load is done
+            for name in leaving:
+                await self.unload(name)
+            started = time.monotonic()
+            try:
+                served = await asyncio.to_thread(self.load, known)
+            except MinimlxError as e:
+                message = f"could not load the model '{known.name}': {e}"
+                raise APIError(500, message, "model", "model_load_failed", kind="server_error") from None
+            served.bridge.start()
+            self.loaded[known.name] = served
+            self.residency.loaded(known.name, served.card.size, time.monotonic())
+            took = time.monotonic() - started
+            log.info("loaded %s (%.1f MB) in %.1f s", known.name, served.card.size / 1e6, took)
         return self.loaded[known.name]
 
     async def unload(self, name: str) -> None:
@@ -185,7 +210,7 @@ class Models:
             return
         served = self.loaded.pop(name)
         self.residency.unloaded(name)
-        await asyncio.to_thread(served.bridge.stop)
+        await asyncio.to_thread(served.close)
         size = served.card.size
         del served
         gc.collect()

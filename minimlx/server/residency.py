@@ -51,6 +51,21 @@ class Residency:
             return None
         return leaving
 
+    def held_back(self, size: int) -> list[str]:
+        """While `room_for(size)` waits: the models with requests in flight that must leave too, least recently used
+        first. New requests for them wait as well, so that a steady stream of them cannot keep the newcomer out."""
+        if self.budget is None:
+            return []
+        idle = sum(r.bytes for r in self.residents.values() if not r.in_flight)
+        over = sum(r.bytes for r in self.residents.values()) + size - self.budget - idle
+        leaving = []
+        for _, name in sorted((r.last_used, name) for name, r in self.residents.items() if r.in_flight):
+            if over <= 0:
+                break
+            leaving.append(name)
+            over -= self.residents[name].bytes
+        return leaving
+
     def loaded(self, name: str, size: int, now: float) -> None:
         self.residents[name] = Resident(size, now, self.keep_alive)
 
