@@ -1,6 +1,6 @@
-"""One log line per HTTP request, in uvicorn's access-log style or as JSON: who asked what, the status, and for an
-answer its prompt, cached and generated tokens, time to first token, total time, any cap on its length and, for a
-4xx or 5xx, the error's message."""
+"""One log line per HTTP request, in uvicorn's access-log style or as JSON: who asked what, the status, the model it
+used, and for an answer its prompt, cached and generated tokens, time to first token, total time, any cap on its
+length and, for a 4xx or 5xx, the error's message."""
 
 import contextvars
 import json
@@ -26,6 +26,8 @@ class RequestRecord:
 
     def fields(self) -> dict:
         line = {"client": self.client, "method": self.method, "path": self.path, "status": self.status}
+        if self.held:
+            line["model"] = self.held[0]
         answer = self.answer
         if answer is not None:
             usage = answer.usage()
@@ -54,6 +56,8 @@ def text_line(line: dict) -> str:
     if "ttft_s" in line:
         figures.append(f"ttft={line['ttft_s']:.3f}s")
     figures.append(f"total={line['total_s']:.3f}s")
+    if "model" in line:
+        figures.append(f"model={line['model']}")
     if "max_tokens_capped" in line:
         figures.append(f"max_tokens={line['max_tokens_capped']['asked']}->{line['max_tokens_capped']['given']}")
     if "error" in line:
