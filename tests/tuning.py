@@ -72,14 +72,15 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 
 def copy_task(folder: Path, train: int = 48, valid: int = 8, seed: int = 0) -> Path:
-    """A data folder teaching the tiny model to answer a question of three words with the same words reversed."""
+    """A data folder teaching the tiny model to answer a question of three words with w3 and the first of them (the
+    tiny model's bracketed answers: w3 is quickly learned, the copy slowly)."""
     import random
 
     rng = random.Random(seed)
     records = []
     for _ in range(train + valid):
         words = [f"w{rng.randrange(3, WORDS)}" for _ in range(3)]
-        records.append(chat(" ".join(words), " ".join(reversed(words))))
+        records.append(chat(" ".join(words), f"w3 {words[0]}"))
     write_jsonl(folder / "train.jsonl", records[:train])
     write_jsonl(folder / "valid.jsonl", records[train:])
     return folder

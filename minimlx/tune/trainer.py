@@ -2,8 +2,9 @@
 accumulation, a validation loss every K iterations, and checkpoints a killed run resumes from exactly.
 
 An iteration is one optimizer update over `grad_accumulation_steps` batches. Which batch a step reads depends only on
-the seed and the step (`data.Batches`), and a checkpoint holds the trained parameters, the optimizer's state and
-MLX's random state (LoRA dropout), so a resumed run computes the same losses an uninterrupted one does.
+the seed and the step (`data.Batches`), so do the random numbers an iteration draws (LoRA dropout), and a checkpoint
+holds the trained parameters and the optimizer's state: a resumed run computes the same losses an uninterrupted one
+does.
 """
 
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import CheckpointError, DataError, InvalidSettingError
@@ -132,6 +134,7 @@ class Trainer:
         """One iteration: the gradients of `grad_accumulation_steps` batches, averaged, then one update. Returns the
         mean of the batches' losses and how many tokens they held."""
         s, accumulated, losses, read = self.settings, None, [], 0
+        mx.random.seed(int(np.random.SeedSequence([s.seed, self.iteration]).generate_state(1)[0]))  # dropout's draws
         for k in range(s.grad_accumulation_steps):
             batch = self.train_batches.at(self.iteration * s.grad_accumulation_steps + k, s.seed)
             (loss, _), grads = self.loss_and_grad(self.model, batch.ids, batch.mask)
@@ -161,7 +164,6 @@ class Trainer:
         self.save(self.model)
         arrays = {f"model.{k}": v for k, v in tree_flatten(self.model.trainable_parameters())}
         arrays |= {f"optimizer.{k}": v for k, v in tree_flatten(self.optimizer.state)}
-        arrays |= {f"random.{i}": key for i, key in enumerate(mx.random.state)}
         metadata = {"iteration": str(self.iteration), "settings": json.dumps(asdict(self.settings))}
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = self.folder / f".{STATE_FILE}"
@@ -169,7 +171,7 @@ class Trainer:
         os.replace(partial, self.folder / STATE_FILE)  # a run killed while writing keeps the previous checkpoint
 
     def resume(self) -> None:
-        """Continue from the checkpoint in `folder`: parameters, optimizer state, random state and iteration."""
+        """Continue from the checkpoint in `folder`: parameters, optimizer state and iteration."""
         path = self.folder / STATE_FILE
         if not path.is_file():
             raise DataError(f"{self.folder} holds no {STATE_FILE} to resume from; drop --resume to start afresh")
@@ -189,10 +191,9 @@ class Trainer:
             )
         self.model.load_weights(list(part["model."].items()), strict=False)
         self.optimizer.state = tree_unflatten(list(part["optimizer."].items()))
-        mx.random.state[:] = [part["random."][str(i)] for i in range(len(part["random."]))]
         self.iteration = int(metadata["iteration"])
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
 
 
-PARTS = ("model.", "optimizer.", "random.")
+PARTS = ("model.", "optimizer.")
 """The parts of a training state file, by the prefix of their tensors' names."""
