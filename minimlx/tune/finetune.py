@@ -14,7 +14,7 @@ from .data import Batches, Encoder, encode, pack, read_splits
 from .formats import load_adapter, save_adapter
 from .lora import AdapterSettings, attach
 from .train import differentiable
-from .trainer import Trainer, TrainingSettings
+from .trainer import Trainer, TrainingSettings, saved_state
 
 FINE_TUNE_TYPES = ("lora", "dora", "full")
 FULL_WEIGHTS = "model.safetensors"
@@ -64,6 +64,8 @@ def finetune(job: FineTune, settings: TrainingSettings, report: Callable = print
         raise DataError(f"{job.data} holds no training records; put them in {Path(job.data) / 'train.jsonl'}")
     if job.test and not splits["test"]:
         raise DataError(f"--test reads {Path(job.data) / 'test.jsonl'}, which is missing or empty")
+    if job.resume:
+        saved_state(Path(job.adapter_path))
     model, tokenizer = load(job.model, job.dtype or training_dtype())
     encoder = Encoder(tokenizer, job.mask_prompt)
     batches = {}

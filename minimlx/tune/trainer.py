@@ -172,9 +172,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the checkpoint in `folder`: parameters, optimizer state and iteration."""
-        path = self.folder / STATE_FILE
-        if not path.is_file():
-            raise DataError(f"{self.folder} holds no {STATE_FILE} to resume from; drop --resume to start afresh")
+        path = saved_state(self.folder)
         arrays, metadata = mx.load(str(path), return_metadata=True)
         saved = TrainingSettings(**json.loads(metadata["settings"]))
         changed = [name for name, value in asdict(saved).items() if value != getattr(self.settings, name)]
@@ -193,6 +191,14 @@ class Trainer:
         self.optimizer.state = tree_unflatten(list(part["optimizer."].items()))
         self.iteration = int(metadata["iteration"])
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
+
+
+def saved_state(folder: Path) -> Path:
+    """The training state file a run resumes from, in `folder`."""
+    path = Path(folder) / STATE_FILE
+    if not path.is_file():
+        raise DataError(f"{folder} holds no {STATE_FILE} to resume from; drop --resume to start afresh")
+    return path
 
 
 PARTS = ("model.", "optimizer.")
