@@ -117,3 +117,12 @@ def test_gradient_checkpointing_keeps_less_memory():
     assert loss == plain_loss and peak < 0.75 * plain_peak
     for name, grad in grads.items():
         np.testing.assert_allclose(np.array(grad), np.array(plain_grads[name]), rtol=1e-4, atol=1e-7)
+
+
+def test_resume_adapter_file_starts_from_its_weights(tune_folders, tmp_path):
+    reports = []
+    adapter = AdapterSettings(rank=4, targets="all-linear")
+    run(tune_folders, tmp_path / "first", iters=4, report=reports.append, adapter=adapter)
+    run(tune_folders, tmp_path / "second", iters=1, report=reports.append, resume_adapter_file=str(tmp_path / "first"))
+    first_end, second_start = [r.loss for r in reports if r.validation][1:3]
+    assert second_start == pytest.approx(first_end, rel=1e-6)  # the saved adapter, read back through PEFT's files
