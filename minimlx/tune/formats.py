@@ -21,7 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import CheckpointError, ModelNotFoundError
+from ..errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .lora import (
     ADAPTER_FORMS,
     AdapterSettings,
@@ -76,9 +76,18 @@ def settings_of(model: nn.Module) -> AdapterSettings:
 def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = None) -> Path:
     """Write the model's adapters to `folder` as PEFT writes them; `base_model` is recorded as
     base_model_name_or_path (a Hugging Face repo id lets the other tools find the base). Returns the folder."""
+    settings = settings_of(model)
+    split = {part for parts in model.config.fused_parts().values() for part, _ in parts}
+    stacked = sorted({path.rpartition(".")[2] for path in adapters(model)} & split)
+    if stacked:
+        raise InvalidSettingError(
+            f"this family's checkpoints stack {', '.join(stacked)} in one projection "
+            f"({', '.join(model.config.fused)}), which PEFT adapts as one; minimlx cannot write adapters of the parts "
+            "yet: adapt the other projections",
+            "targets",
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    settings = settings_of(model)
     layers = sorted({int(path.split(".")[1]) for path in adapters(model)})
     config = {
         "peft_type": "LORA",
@@ -228,10 +237,13 @@ def check_adapter(model: nn.Module, adapter: Adapter, folder: Path) -> None:
 
 def load_adapter(model: nn.Module, folder: str | Path) -> Adapter:
     """Read the adapter in `folder` (PEFT's or mlx-lm's), wrap the modules it adapts and install its tensors.
-    Returns the adapter."""
+    The forms are in eval mode (no dropout: an adapter read is for use; `model.train()` to train it on). Returns the
+    adapter."""
     adapter = read_adapter(model, folder)
     wrap(model, adapter.paths, adapter.settings)
     install(model, adapter.weights)
+    for module in adapters(model).values():
+        module.eval()
     return adapter
 
 

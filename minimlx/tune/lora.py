@@ -29,8 +29,9 @@ ALL_LINEAR = "all-linear"
 @dataclass(frozen=True)
 class AdapterSettings:
     """What an adapter is: its rank, alpha (scale = alpha / rank), dropout on the adapter's input, the projections it
-    adapts (Hugging Face's names, or "all-linear": every linear map but the head and the routers, as PEFT's
-    `all-linear` on transformers' models), DoRA or plain LoRA, and the layers it covers (None: all; N: the last N)."""
+    adapts (Hugging Face's names, or "all-linear": every linear map of the blocks but the routers, as PEFT's
+    `all-linear` on dense models; on mixtures of experts PEFT's also adapts the stacked experts and the routers,
+    which minimlx does not), DoRA or plain LoRA, and the layers it covers (None: all; N: the last N)."""
 
     rank: int = 8
     alpha: float = 16.0
@@ -48,6 +49,8 @@ class AdapterSettings:
             raise InvalidSettingError(f"the adapted layers must be at least 1, got {self.layers!r}", "layers")
         if isinstance(self.targets, str) and self.targets != ALL_LINEAR:
             object.__setattr__(self, "targets", (self.targets,))
+        elif not isinstance(self.targets, str):
+            object.__setattr__(self, "targets", tuple(self.targets))
         if not self.targets:
             raise InvalidSettingError("no projections to adapt; name some (q_proj, v_proj) or all-linear", "targets")
 
@@ -110,9 +113,13 @@ class LoRALinear(nn.Module):
         """What the adapter adds to the base's (out, in) weight: scale * B A."""
         return self.scale * (self.lora_b @ self.lora_a)
 
+    def adapted_weight(self) -> mx.array:
+        """W + scale * B A in float32 (a packed W dequantized)."""
+        return base_weight(self.base).astype(mx.float32) + self.delta().astype(mx.float32)
+
     def fused_weight(self) -> mx.array:
-        """The (out, in) float weight of base and adapter in one (a packed base dequantized); the bias is the base's."""
-        return base_weight(self.base) + self.delta().astype(mx.float32)
+        """The (out, in) float32 weight of base and adapter in one, for fusing; the bias stays the base's."""
+        return self.adapted_weight()
 
 
 class DoRALinear(LoRALinear):
@@ -124,10 +131,7 @@ class DoRALinear(LoRALinear):
 
     def weight_norm(self) -> mx.array:
         """||W + scale B A|| of each output row, outside the gradient."""
-        return mx.stop_gradient(mx.linalg.norm(self.fused_lora(), axis=1))
-
-    def fused_lora(self) -> mx.array:
-        return base_weight(self.base).astype(mx.float32) + self.delta().astype(mx.float32)
+        return mx.stop_gradient(mx.linalg.norm(self.adapted_weight(), axis=1))
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self.base(x)
@@ -141,7 +145,7 @@ class DoRALinear(LoRALinear):
         return y + (ratio - 1) * product + ratio * self.low_rank(dropped).astype(x.dtype)
 
     def fused_weight(self) -> mx.array:
-        weight = self.fused_lora()
+        weight = self.adapted_weight()
         return (self.magnitude / mx.linalg.norm(weight, axis=1))[:, None] * weight
 
 
@@ -201,7 +205,8 @@ def wrap(model: nn.Module, paths: list[str], settings: AdapterSettings) -> list[
 
 def attach(model: nn.Module, settings: AdapterSettings) -> list[str]:
     """Wrap the linear maps `settings` targets in `LoRALinear` (or `DoRALinear`), in place; freeze everything else.
-    Returns the wrapped module paths (model names)."""
+    Returns the wrapped module paths (model names). The forms are in training mode (dropout on, as MLX modules
+    start); `model.eval()` turns dropout off for inference."""
     return wrap(model, targeted(model, settings), settings)
 
 
