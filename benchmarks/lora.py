@@ -28,6 +28,7 @@ from compare import ENVIRONMENT, float32_folder, machine, smollm2_gguf  # noqa: 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "finetune" / "data"
 MLX_LM_REPORT = re.compile(r"^\s*(\d+)\s+[\d.]+ [▼▲]\s+([\d,]+)\s+")  # "  10    1.234 ▼    1,234    5.6k"
 MINIMLX_REPORT = re.compile(r"^iter (\d+): loss .*, ([\d,]+) tokens/s")
+COLOR = re.compile(r"\x1b\[[0-9;]*m")  # mlx-lm's reports are colored even into a pipe
 MLX_LM_MAIN = "import sys{blas}; sys.argv[0] = 'mlx_lm.lora'; from mlx_lm.lora import main; main()"
 
 
@@ -59,7 +60,8 @@ def tokens_per_second(command: list[str], report: re.Pattern, rank: int) -> floa
         config.write_text(f"lora_parameters:\n  rank: {rank}\n  scale: 2.0\n  dropout: 0.0\n")
         command = [*command, "--config", str(config)]
     finished = subprocess.run(command, capture_output=True, text=True, env=ENVIRONMENT)
-    rates = [float(m[2].replace(",", "")) for line in finished.stdout.splitlines() if (m := report.match(line))]
+    lines = COLOR.sub("", finished.stdout).splitlines()
+    rates = [float(m[2].replace(",", "")) for line in lines if (m := report.match(line))]
     if finished.returncode != 0 or len(rates) < 2:
         sys.exit(f"{' '.join(command[:4])} failed:\n{finished.stdout[-2000:]}\n{finished.stderr[-2000:]}")
     return statistics.median(rates[1:])
@@ -95,7 +97,7 @@ def main():
                 rates[name].append(runs[name](Path(scratch) / f"{round_}-{len(rates[name])}-{name.split()[0]}"))
                 print(f"round {round_ + 1}: {name}: {rates[name][-1]:,.0f} tokens/s", file=sys.stderr)
     print(f"\nLoRA training on SmolLM2-135M-Instruct (float32), {machine()}")
-    print(f"rank {args.rank}, all linear maps of the last {args.num_layers} blocks, batch {args.batch_size}, ")
+    print(f"rank {args.rank}, all linear maps of the last {args.num_layers} blocks, batch {args.batch_size},")
     print(f"{args.iters} iterations, examples/finetune/data, medians over {args.rounds} interleaved rounds\n")
     ours = statistics.median(rates["minimlx lora"])
     print(f"| {'run':<28} | {'tokens/s':>9} | {'minimlx / it':>12} |")
