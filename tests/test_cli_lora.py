@@ -48,3 +48,13 @@ def test_bad_input_is_one_line(tune_folders, tmp_path, monkeypatch, records, opt
     write_jsonl(tmp_path / "data" / "train.jsonl", records)
     result = lora("--model", tune_folders[0], "--data", "data", "--batch-size", 1, "--iters", 1, *options)
     one_line_error(result, *fragments)
+
+
+def test_an_adapter_for_another_base_is_one_line(tune_folders, tmp_path):
+    from tuning import tiny_llama
+
+    model, data = tune_folders
+    assert lora("--model", model, "--data", data, "--iters", 1, "--adapter-path", tmp_path / "adapter").exit_code == 0
+    wider = tiny_llama(tmp_path / "wider", hidden_size=48)
+    result = lora("--model", wider, "--data", data, "--iters", 1, "--resume-adapter-file", tmp_path / "adapter")
+    one_line_error(result, "has shape (32, 8) but this model", "another base model")

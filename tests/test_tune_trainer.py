@@ -37,6 +37,13 @@ def test_training_lowers_the_validation_loss(tune_folders, tmp_path, kind):
     assert written == expected | {STATE_FILE}
 
 
+def test_packing_trains_on_fewer_fuller_rows(tune_folders, tmp_path):
+    packed = run(tune_folders, tmp_path, iters=2, pack=True, max_seq_length=40)
+    rows = packed.train_batches.rows
+    assert len(rows) == 12 and all(len(row.ids) == 36 for row in rows)  # 48 examples of 9 tokens, 4 a row
+    assert all(loss > 0 for loss in packed.losses)
+
+
 def test_full_fine_tuning_trains_the_last_blocks(tune_folders, tmp_path):
     model, _ = tune_folders
     trainer = run(tune_folders, tmp_path, iters=2, fine_tune_type="full", num_layers=1)

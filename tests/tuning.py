@@ -45,15 +45,17 @@ def word_tokenizer(template: str | None = TEMPLATE) -> Tokenizer:
     return Tokenizer(word_backend(), None, "w1", set(), template)
 
 
-def tiny_llama(folder: Path, seed: int = 0) -> Path:
-    """A random 3-block llama over the words, with the chat template, as a Hugging Face folder."""
+def tiny_llama(folder: Path, seed: int = 0, **changes) -> Path:
+    """A random 3-block llama over the words (`changes` to its config), with the chat template, as a Hugging Face
+    folder."""
+    config = {**CONFIG, **changes}
     mx.random.seed(seed)
-    model = build_model(CONFIG)
+    model = build_model(config)
     mx.eval(model.parameters())
     folder.mkdir(parents=True, exist_ok=True)
     weights = model.config.names.to_theirs(dict(tree_flatten(model.parameters())))
     mx.save_safetensors(str(folder / "model.safetensors"), weights, {"format": "pt"})
-    (folder / "config.json").write_text(json.dumps({**CONFIG, "architectures": ["LlamaForCausalLM"]}))
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     word_backend().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w1"}))
     (folder / "chat_template.jinja").write_text(TEMPLATE)

@@ -53,8 +53,10 @@ class TrainingSettings:
             raise InvalidSettingError(f"--learning-rate must be positive, got {self.learning_rate}")
         if not 0 <= self.warmup < self.iters:
             raise InvalidSettingError(f"--warmup must be from 0 to --iters - 1, got {self.warmup}")
-        if self.val_batches < -1 or self.save_every < 0:
-            raise InvalidSettingError("--val-batches must be -1 (all) or more, --save-every 0 (at the end) or more")
+        if self.val_batches == 0 or self.val_batches < -1 or self.save_every < 0:
+            raise InvalidSettingError(
+                "--val-batches must be -1 (all) or at least 1, --save-every 0 (at the end) or more"
+            )
 
 
 @dataclass
