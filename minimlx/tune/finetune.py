@@ -50,6 +50,8 @@ class FineTune:
             raise InvalidSettingError(f"--max-seq-length must be at least 2, got {self.max_seq_length}")
         if self.num_layers is not None and self.num_layers < 1:
             raise InvalidSettingError(f"--num-layers must be -1 (all) or at least 1, got {self.num_layers}")
+        if self.fine_tune_type == "full" and self.resume_adapter_file:
+            raise InvalidSettingError("--resume-adapter-file reads an adapter; --fine-tune-type full trains no adapter")
         if self.resume and self.resume_adapter_file:
             raise InvalidSettingError("--resume continues a run, --resume-adapter-file starts one: pass one of them")
 
