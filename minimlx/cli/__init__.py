@@ -1,6 +1,7 @@
 """The `minimlx` command: its group (group.py) and one module per subcommand, each adding its command to `main`."""
 
 from . import (  # noqa: F401
+    adapter_effect,
     anatomy,
     archs,
     attention,
@@ -10,6 +11,7 @@ from . import (  # noqa: F401
     compare,
     convert,
     explain,
+    fuse,
     hub,
     lens,
     lora,
