@@ -70,3 +70,12 @@ def kquant_llama(tmp_path_factory):
     from kquant_llama import kquant_llama
 
     return kquant_llama(tmp_path_factory.mktemp("kquant-llama"))
+
+
+@pytest.fixture(scope="session")
+def tune_folders(tmp_path_factory):
+    """(a tiny random llama's folder, a data folder of the reversing task) of tests/tuning.py, written once."""
+    from tuning import copy_task, tiny_llama
+
+    root = tmp_path_factory.mktemp("tune")
+    return tiny_llama(root / "model"), copy_task(root / "data")
