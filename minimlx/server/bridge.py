@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import mlx.core as mx
@@ -47,15 +46,20 @@ class EngineBridge:
         self.dropped = collections.deque()
         self.jobs: collections.deque = collections.deque()  # (function, its future, the future's loop): `run`
         self.stopping = False
+        self.thread: threading.Thread | None = None
 
-    @asynccontextmanager
-    async def lifespan(self, app):
-        thread = threading.Thread(target=self.run_engine, name="minimlx-engine", daemon=True)
-        thread.start()
-        yield
+    def start(self) -> None:
+        """Start the thread that steps the engine."""
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run_engine, name="minimlx-engine", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the engine's thread (once what it is doing is done) and write the prompt cache's folder."""
         self.stopping = True
         self.engine.wake.set()
-        thread.join(timeout=10)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
         if self.engine.prompt_cache is not None:
             self.engine.prompt_cache.flush()  # its folder's files written before the server says it stopped
 
@@ -124,14 +128,21 @@ class EngineBridge:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def submit(
-        self, prompt: list[int], settings: SamplingSettings, n: int, param: str, cache_key: str | None = None
+        self,
+        prompt: list[int],
+        settings: SamplingSettings,
+        n: int,
+        param: str,
+        cache_key: str | None = None,
+        adapter: str | None = None,
     ) -> tuple[list[Generation], asyncio.Queue]:
-        """Start `n` generations of `prompt` (the request's field `param`); their outputs come on the returned queue."""
+        """Start `n` generations of `prompt` (the request's field `param`), with the engine's `adapter` (None: the
+        base model); their outputs come on the returned queue."""
         queue, generations = asyncio.Queue(), []
         try:
             for _ in range(n):
                 with self.listening:
-                    generation = self.engine.submit(Request(prompt, settings, cache_key=cache_key))
+                    generation = self.engine.submit(Request(prompt, settings, cache_key=cache_key, adapter=adapter))
                     self.listeners[generation] = (asyncio.get_running_loop(), queue)
                 generations.append(generation)
         except QueueFullError as e:
