@@ -142,3 +142,21 @@ def test_run_with_a_missing_image_says_so_in_one_line(tmp_path):
 
     result = CliRunner().invoke(main, ["run", "hi", "--image", str(tmp_path / "absent.png")])
     one_line_error(result, "--image", "absent.png", "no such file")
+
+
+def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
+    """The tensors written back (the published checkpoints' names: `vision_tower.vision_model.*`, the patch kernel
+    (dims, channels, p, p)) load into the same soft tokens."""
+    import shutil
+
+    from mlx.utils import tree_flatten
+
+    folder, _, processor, model = gemma3
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    assert written["vision_tower.vision_model.embeddings.patch_embedding.weight"].shape == (32, 3, 7, 7)
+    for name in ("config.json", "preprocessor_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), written)
+    pixels = mx.array(reference_pixels(processor, pictures()))
+    published = minimlx.load_model(tmp_path, dtype="float32")
+    assert np.array_equal(np.array(published.encode_images(pixels)), np.array(model.encode_images(pixels)))
