@@ -85,9 +85,8 @@ def test_logits_of_a_prompt_with_two_images_equal_transformers(gemma3):
     assert relative_error(reference_logits(torch_model, ids, pixels, both_ways=False), reference) > 1e-2
 
 
-def test_generate_with_images_gives_transformers_greedy_ids(gemma3):
+def assert_greedy_ids_match(folder, torch_model, processor):
     torch = require("torch")
-    folder, torch_model, processor, _ = gemma3
     model, tokenizer = minimlx.load(folder, dtype="float32")
     images = pictures()[1:]
     prompt = image_prompt(TEXT_IDS[:12], 2)
@@ -103,6 +102,22 @@ def test_generate_with_images_gives_transformers_greedy_ids(gemma3):
         )
     theirs = out[0, ids.shape[1] :].tolist()
     assert len(ours) >= 2 and ours == theirs[: len(ours)]
+    return model
+
+
+def test_generate_with_images_gives_transformers_greedy_ids(gemma3):
+    folder, torch_model, processor, _ = gemma3
+    assert_greedy_ids_match(folder, torch_model, processor)
+
+
+def test_generate_with_images_over_fixed_capacity_caches(tmp_path):
+    """A model of global layers only decodes over the compiled step's fixed-capacity caches, whose mask has room
+    beyond the prompt."""
+    from minimlx.decode.generate import make_cache
+
+    torch_model, processor = save_gemma3_image_text(tmp_path, seed=1, layer_types=["full_attention"] * 4)
+    model = assert_greedy_ids_match(tmp_path, torch_model, processor)
+    assert {type(cache).__name__ for cache in make_cache(model)} == {"FixedKVCache"}
 
 
 def test_images_need_their_places_in_the_prompt_and_an_image_text_model(gemma3, tmp_path):

@@ -62,13 +62,12 @@ def pictures(shapes=SHAPES, seed: int = 0) -> list:
     return images
 
 
-def save_gemma3_image_text(folder: Path, seed: int = 0):
-    """The tiny random Gemma3ForConditionalGeneration saved to `folder` with Gemma 3's image processor and a word
-    tokenizer; returns the torch model and the transformers image processor."""
+def save_gemma3_image_text(folder: Path, seed: int = 0, **text):
+    """The tiny random Gemma3ForConditionalGeneration (its text config updated with `text`) saved to `folder` with
+    Gemma 3's image processor and a word tokenizer; returns the torch model and the transformers image processor."""
     transformers = require("transformers")
-    model = save_reference(
-        folder, "Gemma3Config", seed, model_class="Gemma3ForConditionalGeneration", **GEMMA3_IMAGE_TEXT
-    )
+    config = {**GEMMA3_IMAGE_TEXT, "text_config": {**TEXT, **text}}
+    model = save_reference(folder, "Gemma3Config", seed, model_class="Gemma3ForConditionalGeneration", **config)
     processor = transformers.Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor.save_pretrained(folder)
     save_tokenizer(folder)

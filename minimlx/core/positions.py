@@ -67,7 +67,8 @@ class Positions:
         """`mask` (of a first pass over an empty cache: its first keys are these tokens, any further columns empty
         room) opened within each block: a token also sees the later tokens of its own block, and within a window
         only those fewer than `window` positions before it."""
-        if not isinstance(self.offset, int) or self.offset != 0:
+        first = self.offset == 0 if isinstance(self.offset, int) else self.offset.size == 1 and self.offset.item() == 0
+        if not first:
             raise ValueError("bidirectional blocks are read in the first pass over an empty cache only")
         here = mx.arange(self.tokens)
         base = here[None, :] <= here[:, None] if isinstance(mask, str) or mask is None else mask
