@@ -61,3 +61,16 @@ def kquant_llama(tmp_path_factory):
     from kquant_llama import kquant_llama
 
     return kquant_llama(tmp_path_factory.mktemp("kquant-llama"))
+
+
+@pytest.fixture(scope="session")
+def hybrid(tmp_path_factory):
+    """(folder, transformers model, minimlx model, tokenizer) of the tiny random hybrid (tests/hybrid_model.py)."""
+    from hybrid_model import hybrid_model
+
+    import minimlx
+
+    folder = tmp_path_factory.mktemp("hybrid")
+    torch_model = hybrid_model(folder)
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    return folder, torch_model, model, tokenizer

@@ -22,7 +22,7 @@ from minimlx.core import (
     gated_delta_chunked,
     gated_delta_recurrent,
 )
-from minimlx.errors import CheckpointError, InvalidSettingError
+from minimlx.errors import CheckpointError
 
 VOCAB = 96
 TOKENS = 80  # over one 64-token chunk of the delta rule
@@ -238,19 +238,6 @@ def test_unknown_layer_kind_is_refused_before_any_tensor():
         kinds = [kind, *config["layer_types"][1:]]
         with pytest.raises(CheckpointError, match=f"layer_types holds \\['{kind}'\\]"):
             build_model({**config, "model_type": model_type, "layer_types": kinds})
-
-
-def test_engine_refuses_what_would_rewind_a_recurrent_state(checkpoint, tmp_path):
-    """Speculation (which cuts rejected drafts off the cache) and a prompt cache folder (key/value caches only) are
-    refused in one line; the engine's batching and in-memory prompt cache run them (tests/test_batch.py)."""
-    from minimlx.decode import Engine
-
-    folder, _, _ = checkpoint
-    model = minimlx.load_model(folder, dtype="float32")
-    with pytest.raises(InvalidSettingError, match="speculative decoding rewinds"):
-        Engine(model, None, max_batch=1, prompt_lookup=2)
-    with pytest.raises(InvalidSettingError, match="prompt cache folder"):
-        Engine(model, None, prompt_cache_size=2, prompt_cache_dir=str(tmp_path))
 
 
 def test_convert_refuses_recurrent_models(checkpoint, tmp_path):

@@ -32,11 +32,22 @@ def activation_names(model: nn.Module, attention: bool = False) -> list[str]:
     order the forward pass produces them."""
     names = ["embed"]
     for i, layer in enumerate(model.layers):
-        block = ("resid_pre", *ATTENTION, *BLOCK_ACTIVATIONS[1:]) if attention else BLOCK_ACTIVATIONS
+        attends = attention and layer.attn.attends  # a recurrent layer records no attention
+        block = ("resid_pre", *ATTENTION, *BLOCK_ACTIVATIONS[1:]) if attends else BLOCK_ACTIVATIONS
         names += [f"layers.{i}.{what}" for what in block]
         if hasattr(layer.ffn, "route"):
             names += [f"layers.{i}.{what}" for what in ROUTING]
     return names + ["final_norm", "logits"]
+
+
+def attention_layers(model: nn.Module) -> list[int]:
+    """The layers whose token-mixer attends (`attends`): those with queries, keys and attention weights."""
+    return [i for i, layer in enumerate(model.layers) if layer.attn.attends]
+
+
+def attention_everywhere(model: nn.Module) -> set[str]:
+    """The attention names every layer would have if each attended (to tell a recurrent layer's apart)."""
+    return {f"layers.{i}.{what}" for i in range(len(model.layers)) for what in ATTENTION}
 
 
 def _as_batch(model: nn.Module, ids) -> mx.array:
@@ -65,6 +76,13 @@ def trace(
     """
     if names is not None:
         unknown = sorted(set(names) - set(activation_names(model, attention=True)))
+        recurrent = [n for n in unknown if n.rpartition(".")[2] in ATTENTION and n in attention_everywhere(model)]
+        if recurrent:
+            layer = recurrent[0].split(".")[1]
+            raise InvalidSettingError(
+                f"layer {layer} is a recurrent layer ({type(model.layers[int(layer)].attn).__name__}): it has no "
+                f"attention to record; pick one of the attention layers {attention_layers(model)}"
+            )
         if unknown:
             raise InvalidSettingError(
                 f"no activation named {unknown[0]!r}; use embed, "

@@ -5,6 +5,7 @@ multi-head attention when `kv_heads == heads`, grouped-query when fewer, multi-q
 """
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -118,6 +119,10 @@ class Attention(nn.Module):
     With `output_gate`, q_proj is twice as wide (each head's queries, then its gate) and the heads' output is
     multiplied by sigmoid(gate) before the output projection.
     """
+
+    attends: ClassVar[bool] = True
+    """A token-mixer's declaration: its tokens read each other through attention weights over `heads` query heads
+    (a trace records its queries, keys and weights; an ablation switches heads off). A recurrent layer has none."""
 
     def __init__(
         self,

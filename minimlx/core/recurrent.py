@@ -12,6 +12,7 @@ growing cache. A block holds one where it would hold attention; its cache is a `
 """
 
 import math
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -196,6 +197,9 @@ class RecurrentLayer(nn.Module):
     """What the recurrent token-mixers share: called as attention is, a `RecurrentCache` per layer, a causal
     convolution (`conv1d`) that continues the cache's and skips a padded pass's padding, and the state a pass
     starts from."""
+
+    attends: ClassVar[bool] = False
+    """No attention weights, no heads to switch off (`Attention.attends`): a trace records what the layer adds."""
 
     def __call__(
         self,

@@ -140,6 +140,7 @@ function minimlxExplain(root, options) {
     w.layers.slice(1).forEach((l, i) => pick.append(el("option", { value: String(i), ...(i === state.layer ? { selected: "" } : {}) }, `block ${l}`)));
     panels.attention.append(el("label", {}, "layer ", pick));
     const weights = await layerWeights(w, state.layer);
+    if (!weights.length) { panels.attention.append(el("p", { class: "mx-recurrent" }, `Block ${state.layer} is a recurrent layer: its tokens meet in a state it carries along, not through attention, so it has no map. Its contribution is in the blocks panel.`)); return; }
     const grid = el("div", { class: "mx-heads" });
     weights.forEach((head, h) => {
       const off = state.ablate.heads.some(([l, k]) => l === state.layer && k === h);
