@@ -248,3 +248,18 @@ def test_convert_refuses_recurrent_models(checkpoint, tmp_path):
     model = minimlx.load_model(folder, dtype="float32")
     with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
         model.config.export_weights({})
+
+
+def test_mlx_lm_folder_of_qwen3_next(tmp_path):
+    """mlx-lm's convert of a Qwen3-Next checkpoint (its layers every `full_attention_interval`-th attending, as
+    mlx-lm reads them; its norms stored whole, its convolution (channels, kernel, 1)) gives transformers' logits."""
+    from mlx_lm_reference import mlx_lm_convert, save_tokenizer
+
+    config = dict(CONFIGS["qwen3_next"][1], layer_types=["linear_attention"] * 3 + ["full_attention"])
+    torch_model = save_reference(tmp_path / "hf", "Qwen3NextConfig", **config)
+    to_v4_layout(tmp_path / "hf")
+    save_tokenizer(tmp_path / "hf")
+    ids = random_ids(VOCAB, tokens=TOKENS)
+    folder = mlx_lm_convert(tmp_path / "hf", tmp_path / "mlx")
+    model = minimlx.load_model(folder, dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4

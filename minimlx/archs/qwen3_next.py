@@ -22,6 +22,20 @@ from .qwen3 import qwen_experts
 from .registry import register
 
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
+OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight")
+OFFSET_NORMS += (".k_norm.weight",)
+"""The norms whose weight a Hugging Face checkpoint stores as the difference from 1 and mlx-lm's whole."""
+
+
+def mlx_lm_layout(weights: dict) -> bool:
+    """Whether the tensors are as mlx-lm writes them: its convolution weights (channels, kernel, 1), as its own reader
+    tells (Hugging Face's are (channels, 1, kernel))."""
+    return any(k.endswith("conv1d.weight") and v.ndim == 3 and v.shape[-1] == 1 for k, v in weights.items())
+
+
+def offset_norms(weights: dict, shift: float) -> dict:
+    """`weights` with `shift` added to the weights of the `OFFSET_NORMS` (-1 reads mlx-lm's, +1 writes them)."""
+    return {k: v + shift if k.endswith(OFFSET_NORMS) and v.ndim == 1 else v for k, v in weights.items()}
 
 
 def delta_net(config: dict, layers: int) -> DeltaNetConfig:
@@ -73,6 +87,10 @@ class Qwen35TextConfig(DecoderConfig):
     def from_config(cls, config: dict):
         arch = super().from_config(config)
         return replace(arch, recurrent=delta_net({**cls.defaults, **config}, arch.layers))
+
+    def convert_weights(self, weights: dict) -> dict:
+        """An mlx-lm folder's norms back to the differences from 1 the model's `OffsetRMSNorm`s hold."""
+        return super().convert_weights(offset_norms(weights, -1.0) if mlx_lm_layout(weights) else weights)
 
 
 @register("qwen3_5_moe_text")
