@@ -7,6 +7,7 @@ and than one chunk of the delta rule), a prompt then one token at a time through
 transformers 4 config layout.
 """
 
+import json
 import shutil
 
 import mlx.core as mx
@@ -240,26 +241,41 @@ def test_unknown_layer_kind_is_refused_before_any_tensor():
             build_model({**config, "model_type": model_type, "layer_types": kinds})
 
 
-def test_convert_refuses_recurrent_models(checkpoint, tmp_path):
-    """Writing an mlx-lm folder is refused in one line rather than written under names mlx-lm would misread."""
+CONVERTS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5")  # the families whose mlx-lm layout is mapped
+
+
+def test_convert_writes_what_it_reads_or_refuses_in_one_line(checkpoint, tmp_path):
+    """`minimlx convert` of Qwen3.5 and Qwen3-Next gives an MLX folder whose logits are transformers'; LFM2's and
+    Granite 4's recurrent layers (not mapped yet) are refused in one line rather than written under names mlx-lm
+    would misread."""
     from minimlx.errors import UnsupportedArchitectureError
 
-    folder, _, _ = checkpoint
-    model = minimlx.load_model(folder, dtype="float32")
-    with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
-        model.config.export_weights({})
+    folder, reference, ids = checkpoint
+    if json.loads((folder / "config.json").read_text())["model_type"] not in CONVERTS:
+        with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
+            minimlx.convert(folder, tmp_path / "mlx")
+        return
+    model = minimlx.load_model(minimlx.convert(folder, tmp_path / "mlx"), dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
 
 
-def test_mlx_lm_folder_of_qwen3_next(tmp_path):
+def test_mlx_lm_folders_of_qwen3_next(tmp_path):
     """mlx-lm's convert of a Qwen3-Next checkpoint (its layers every `full_attention_interval`-th attending, as
-    mlx-lm reads them; its norms stored whole, its convolution (channels, kernel, 1)) gives transformers' logits."""
-    from mlx_lm_reference import mlx_lm_convert, save_tokenizer
+    mlx-lm reads them; its norms stored whole, its convolution (channels, kernel, 1)) gives transformers' logits; and
+    minimlx's convert, float and 8-bit, writes folders mlx-lm reads as minimlx does."""
+    from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 
     config = dict(CONFIGS["qwen3_next"][1], layer_types=["linear_attention"] * 3 + ["full_attention"])
     torch_model = save_reference(tmp_path / "hf", "Qwen3NextConfig", **config)
     to_v4_layout(tmp_path / "hf")
     save_tokenizer(tmp_path / "hf")
     ids = random_ids(VOCAB, tokens=TOKENS)
+    reference = reference_logits(torch_model, ids)
     folder = mlx_lm_convert(tmp_path / "hf", tmp_path / "mlx")
     model = minimlx.load_model(folder, dtype="float32")
-    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+    written = minimlx.convert(tmp_path / "hf", tmp_path / "ours")
+    assert relative_error(mlx_lm_logits(written, ids), reference) <= 1e-4
+    packed = minimlx.convert(tmp_path / "hf", tmp_path / "ours-8bit", bits=8)
+    ours = np.array(minimlx.load_model(packed, dtype="float32")(mx.array(ids)))
+    assert relative_error(ours, mlx_lm_logits(packed, ids)) <= 1e-4

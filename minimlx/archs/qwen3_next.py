@@ -92,6 +92,23 @@ class Qwen35TextConfig(DecoderConfig):
         """An mlx-lm folder's norms back to the differences from 1 the model's `OffsetRMSNorm`s hold."""
         return super().convert_weights(offset_norms(weights, -1.0) if mlx_lm_layout(weights) else weights)
 
+    exports_recurrent = True
+
+    def export_weights(self, weights: dict) -> dict:
+        """mlx-lm's layout: the attention layers' tensors under `self_attn`, the DeltaNet's under `linear_attn`, its
+        convolution (channels, kernel, 1) as the model holds it, the offset norms whole."""
+        theirs = super().export_weights(weights)
+        attending = {str(i) for i in range(self.layers)} - {str(i) for i in self.recurrent.layers}
+
+        def named(name: str) -> str:  # under whatever prefix the names have (an image-text model's too)
+            parts = name.split(".")
+            at = parts.index("layers") if "layers" in parts else -1
+            if 0 <= at < len(parts) - 2 and parts[at + 1] in attending and parts[at + 2] == "linear_attn":
+                parts[at + 2] = "self_attn"
+            return ".".join(parts)
+
+        return offset_norms({named(k): v for k, v in theirs.items()}, 1.0)
+
 
 @register("qwen3_5_moe_text")
 @dataclass
@@ -118,26 +135,59 @@ class Qwen35MoeTextConfig(Qwen35TextConfig):
 class Qwen3NextConfig(Qwen35MoeTextConfig):
     example_config = {**Qwen35MoeTextConfig.example_config, "model_type": "qwen3_next"}
 
+    def export_weights(self, weights: dict) -> dict:
+        """The four projections fused back into in_proj_qkvz and in_proj_ba, interleaved per key head."""
+        net, fused = self.recurrent, {}
+        groups = {"in_proj_qkv": ("in_proj_z", "in_proj_qkvz"), "in_proj_b": ("in_proj_a", "in_proj_ba")}
+        for name, w in weights.items():
+            module, _, leaf = name.rpartition(".")
+            prefix, _, projection = module.rpartition(".")
+            if projection in ("in_proj_z", "in_proj_a"):
+                continue
+            if projection not in groups:
+                fused[name] = w
+                continue
+            partner, joined = groups[projection]
+            other = weights[f"{prefix}.{partner}.{leaf}"]
+            if projection == "in_proj_qkv":
+                key_rows = net.key_heads * net.key_dims
+                parts = [w[:key_rows], w[key_rows : 2 * key_rows], w[2 * key_rows :], other]
+            else:
+                parts = [w, other]
+            fused[f"{prefix}.{joined}.{leaf}"] = interleaved(parts, net.key_heads)
+        return super().export_weights(fused)
+
     def convert_weights(self, weights: dict) -> dict:
-        """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections."""
+        """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections (their
+        weights, and the scales and biases of packed ones)."""
         net, split = self.recurrent, {}
         for name, w in weights.items():
-            prefix = name.removesuffix("in_proj_qkvz.weight").removesuffix("in_proj_ba.weight")
-            if prefix == name:
+            module, _, leaf = name.rpartition(".")
+            prefix, _, projection = module.rpartition(".")
+            if projection not in ("in_proj_qkvz", "in_proj_ba"):
                 split[name] = w
                 continue
-            grouped = w.reshape(net.key_heads, -1, w.shape[-1])
+            grouped = w.reshape(net.key_heads, -1, *w.shape[1:])
             values = net.value_heads // net.key_heads * net.value_dims
-            if name.endswith("in_proj_qkvz.weight"):
+            if projection == "in_proj_qkvz":
                 q, k, v, z = mx.split(grouped, [net.key_dims, 2 * net.key_dims, 2 * net.key_dims + values], axis=1)
-                rows = [a.reshape(-1, w.shape[-1]) for a in (q, k, v, z)]
-                split[prefix + "in_proj_qkv.weight"] = mx.concatenate(rows[:3])
-                split[prefix + "in_proj_z.weight"] = rows[3]
+                rows = [a.reshape(-1, *w.shape[1:]) for a in (q, k, v, z)]
+                split[f"{prefix}.in_proj_qkv.{leaf}"] = mx.concatenate(rows[:3])
+                split[f"{prefix}.in_proj_z.{leaf}"] = rows[3]
             else:
                 b, a = mx.split(grouped, 2, axis=1)
-                split[prefix + "in_proj_b.weight"] = b.reshape(-1, w.shape[-1])
-                split[prefix + "in_proj_a.weight"] = a.reshape(-1, w.shape[-1])
+                split[f"{prefix}.in_proj_b.{leaf}"] = b.reshape(-1, *w.shape[1:])
+                split[f"{prefix}.in_proj_a.{leaf}"] = a.reshape(-1, *w.shape[1:])
         return super().convert_weights(split)
+
+
+def interleaved(parts: list[mx.array], heads: int) -> mx.array:
+    """The rows of `parts` stacked per head: each part's rows of head 0, then of head 1, ... (Qwen3-Next's fused
+    projections). A part without rows per head (convert's one-row module tags) is stacked as it is."""
+    if any(p.shape[0] % heads for p in parts):
+        return mx.concatenate(parts)
+    grouped = [p.reshape(heads, p.shape[0] // heads, *p.shape[1:]) for p in parts]
+    return mx.concatenate(grouped, axis=1).reshape(-1, *parts[0].shape[1:])
 
 
 @register("qwen3_5")
