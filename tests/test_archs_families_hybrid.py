@@ -279,3 +279,31 @@ def test_mlx_lm_folders_of_qwen3_next(tmp_path):
     packed = minimlx.convert(tmp_path / "hf", tmp_path / "ours-8bit", bits=8)
     ours = np.array(minimlx.load_model(packed, dtype="float32")(mx.array(ids)))
     assert relative_error(ours, mlx_lm_logits(packed, ids)) <= 1e-4
+
+
+@pytest.mark.slow
+def test_gguf_files_of_qwen3_5_from_llama_cpp(hybrid, tmp_path):
+    """llama.cpp's converter (`qwen35`: the DeltaNet as `ssm_*` tensors, its value heads tiled, A as -exp(A_log),
+    norms whole) at f32 gives transformers' logits; at q8_0, those of the file's tensors as gguf-py dequantizes them,
+    within the packed form's rounding (its float16 biases, -128 times each block's scale, sit within 5e-4 of gguf-py's
+    values, which the recurrent state carries along: 1.3e-3 relative on these logits)."""
+    from gguf.quants import dequantize
+    from llamacpp import Reader, convert
+    from llamacpp_models import logits_of
+
+    from minimlx.io.gguf_file import read_gguf
+
+    folder, torch_model, _, _ = hybrid
+    files = {kind: tmp_path / f"qwen3_5-{kind}.gguf" for kind in ("f32", "q8_0")}
+    convert([(folder, kind, path, ["--no-mtp"]) for kind, path in files.items()])
+    ids = np.random.default_rng(0).integers(0, 49152, (1, TOKENS))
+    model, _ = minimlx.load(files["f32"], dtype="float32")
+    assert type(model.config).__name__ == "Qwen35TextConfig"
+    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4
+    tensors, metadata = read_gguf(files["q8_0"], mx.float32)
+    assert any(key.endswith(".scales") for key in tensors)
+    floats = {
+        t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(files["q8_0"]).tensors
+    }
+    packed = logits_of(files["q8_0"], tensors, metadata, ids)[0]
+    assert relative_error(packed, logits_of(files["q8_0"], floats, metadata, ids)[0]) <= 3e-3
