@@ -10,24 +10,27 @@ from reference import require, save_reference
 LAYERS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
 
 
+QWEN3_5_SIZES = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    tie_word_embeddings=False,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+)
+"""A tiny Qwen3.5's sizes (tests/test_archs_families_hybrid.py's too): value heads two per key head."""
+
+
 def hybrid_config(vocab: int) -> dict:
     return dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=len(LAYERS),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=8,
-        linear_conv_kernel_dim=4,
-        layer_types=LAYERS,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        QWEN3_5_SIZES, vocab_size=vocab, layer_types=LAYERS, max_position_embeddings=8192, tie_word_embeddings=True
     )
 
 

@@ -13,6 +13,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
+from hybrid_model import QWEN3_5_SIZES
 from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 import minimlx
@@ -29,24 +30,7 @@ VOCAB = 96
 TOKENS = 80  # over one 64-token chunk of the delta rule
 PROMPT = 70
 LINEAR = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
-QWEN3_5 = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
-    layer_types=LINEAR,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
-)
+QWEN3_5 = dict(QWEN3_5_SIZES, vocab_size=VOCAB, layer_types=LINEAR, max_position_embeddings=256)
 EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 CONFIGS = {
     "qwen3_5_text": ("Qwen3_5TextConfig", QWEN3_5),
