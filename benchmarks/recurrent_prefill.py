@@ -9,11 +9,11 @@ recurrent form a decode step runs). Both end in the same state; the script check
 --rounds interleaved rounds and the ratio (chunked tokens/s over token-by-token tokens/s).
 """
 
-import argparse
+import argparse  # noqa: I001  (minimlx before mlx.core: it loads the best BLAS first)
 import statistics
 import time
 
-import minimlx  # noqa: F401, I001  (before mlx.core: the BLAS it loads must come first)
+import minimlx  # noqa: F401
 import mlx.core as mx
 import numpy as np
 
