@@ -20,6 +20,7 @@ from minimlx.distributed.placement import plan
 from minimlx.errors import InvalidSettingError
 from minimlx.explainer.walk import attention_layer, walk
 
+pytestmark = pytest.mark.slow  # transformers' model and SmolLM2's tokenizer, built once a session
 TEXT = "the cat sat on the mat and looked at the door"
 
 

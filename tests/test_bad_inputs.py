@@ -1009,6 +1009,7 @@ def test_bench_past_the_context_of_a_tiny_model_refuses(tiny):
     refused(cli("bench", tiny, "--gen-tokens", 10**9), "context of 64")
 
 
+@pytest.mark.slow  # the hybrid fixture: transformers' model and SmolLM2's tokenizer
 @pytest.mark.parametrize(
     "change, words",
     [
