@@ -66,7 +66,7 @@ class Router(nn.Module):
             threshold = mx.topk(group_scores, self.groups_kept, axis=-1).min(axis=-1, keepdims=True)
             choice = mx.where((group_scores >= threshold)[..., None], grouped, -mx.inf).reshape(choice.shape)
         k = self.experts_per_token
-        expert_indices = mx.argpartition(-choice, k - 1, axis=-1)[..., :k]
+        expert_indices = mx.stop_gradient(mx.argpartition(-choice, k - 1, axis=-1)[..., :k])  # a choice: no gradient
         expert_weights = mx.take_along_axis(scores, expert_indices, axis=-1)
         if self.normalize:
             expert_weights = expert_weights / (expert_weights.sum(axis=-1, keepdims=True) + 1e-20)

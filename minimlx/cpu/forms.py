@@ -15,7 +15,7 @@ from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
-from .linear import NativeLinear, NativeQuantizedLinear, exact, gated_product
+from .linear import NativeLinear, NativeQuantizedEmbedding, NativeQuantizedLinear, exact, gated_product
 
 
 class CpuTransformer(Transformer):
@@ -271,4 +271,21 @@ def use_cpu_forms(model: nn.Module) -> nn.Module:
         form = forms.get(type(module))
         if form is not None:
             module.__class__ = form
+    return model
+
+
+CORE_PARTS = {form: part for part, form in (FORMS | NATIVE_FORMS).items()} | {
+    NativeQuantizedLinear: nn.QuantizedLinear,
+    NativeQuantizedEmbedding: nn.QuantizedEmbedding,
+}
+"""Each CPU form -> the core part (or MLX module) it computes differently."""
+
+
+def use_core_forms(model: nn.Module) -> nn.Module:
+    """Give every part of `model` in a CPU form its core part back (the same object): MLX's own ops, which have
+    gradients, where the native kernel's have none. Training runs the model in these forms."""
+    for _, module in model.named_modules():
+        part = CORE_PARTS.get(type(module))
+        if part is not None:
+            module.__class__ = part
     return model
