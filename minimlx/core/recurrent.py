@@ -44,6 +44,17 @@ def causal_conv(x: mx.array, weight: mx.array, state: mx.array | None, padding: 
     return y, joined[:, joined.shape[1] - kept :]
 
 
+def silu(x: mx.array) -> mx.array:
+    """x * sigmoid(x) as plain ops: mlx.nn's is an `mx.compile`d function, whose traces, made on the stream of the
+    thread that runs the model (the server's engine thread), would outlive it and abort the process at exit."""
+    return x * mx.sigmoid(x)
+
+
+def softplus(x: mx.array) -> mx.array:
+    """log(1 + e^x) as plain ops (see `silu`)."""
+    return mx.logaddexp(x, 0.0)
+
+
 def l2_normalize(x: mx.array, eps: float = 1e-6) -> mx.array:
     """x / sqrt(sum(x^2) + eps) over the last axis."""
     return x * mx.rsqrt((x * x).sum(-1, keepdims=True) + eps)
@@ -164,7 +175,7 @@ class GatedRMSNorm(nn.Module):
         self.eps, self.gate_first, self.groups = eps, gate_first, groups
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
-        gate = nn.silu(gate.astype(mx.float32))
+        gate = silu(gate.astype(mx.float32))
         if not self.gate_first:
             return mx.fast.rms_norm(x, self.weight, self.eps) * gate.astype(x.dtype)
         gated = (x.astype(mx.float32) * gate).reshape(*x.shape[:-1], self.groups, -1)
@@ -262,12 +273,12 @@ class GatedDeltaNet(RecurrentLayer):
         batch, tokens, _ = x.shape
         qkv, conv_state, valid = self.convolve(self.in_proj_qkv(x), cache)
         key_width = self.key_heads * self.key_dims
-        q, k, v = mx.split(nn.silu(qkv), [key_width, 2 * key_width], axis=-1)
+        q, k, v = mx.split(silu(qkv), [key_width, 2 * key_width], axis=-1)
         q = l2_normalize(spread_heads(q, self.key_heads, self.key_dims, self.value_heads)) * self.key_dims**-0.5
         k = l2_normalize(spread_heads(k, self.key_heads, self.key_dims, self.value_heads))
         v = spread_heads(v, self.value_heads, self.value_dims, self.value_heads)
         a = self.in_proj_a(x).astype(mx.float32) + self.dt_bias.astype(mx.float32)
-        g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a)
+        g = -mx.exp(self.A_log.astype(mx.float32)) * softplus(a)
         beta = mx.sigmoid(self.in_proj_b(x).astype(mx.float32))
         if valid is not None:  # padding leaves the state as it was: no decay, no write
             g, beta = mx.where(valid[..., None], g, 0), mx.where(valid[..., None], beta, 0)
@@ -343,8 +354,8 @@ class SelectiveStateSpace(RecurrentLayer):
         inner, width = self.heads * self.head_dims, self.groups * self.state_dims
         z, xbc, dt = mx.split(self.in_proj(x), [inner, 2 * inner + 2 * width], axis=-1)
         xbc, conv_state, valid = self.convolve(xbc, cache)
-        h, b, c = mx.split(nn.silu(xbc), [inner, inner + width], axis=-1)
-        dt = mx.clip(nn.softplus(dt.astype(mx.float32) + self.dt_bias.astype(mx.float32)), *self.dt_limits)
+        h, b, c = mx.split(silu(xbc), [inner, inner + width], axis=-1)
+        dt = mx.clip(softplus(dt.astype(mx.float32) + self.dt_bias.astype(mx.float32)), *self.dt_limits)
         if valid is not None:  # padding leaves the state as it was: no decay, nothing taken in
             dt = mx.where(valid[..., None], dt, 0)
         values = spread_heads(h, self.heads, self.head_dims, self.heads)
