@@ -10,7 +10,7 @@ knowing which device runs it.
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
+from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SharedKVAttention, SwiGLU, Transformer
 from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
@@ -50,6 +50,11 @@ class CpuAttention(Attention):
         return attention.attend_quantized(q, k, v, self.scale, mask, group_size, bits)
 
 
+class CpuSharedKVAttention(SharedKVAttention, CpuAttention):
+    """Attention over another layer's keys and values through `cpu.attention.attend`, as that layer's own (whose
+    cache may hold them in float16)."""
+
+
 def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
     """Whether `attn` caches its float32 keys and values in float16: where the native kernel's attention reads them
     (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
@@ -59,7 +64,8 @@ def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
-    return type(attn.k_proj) is NativeQuantizedLinear and type(attn.v_proj) is NativeQuantizedLinear
+    values_packed = attn.values_from_keys or type(attn.v_proj) is NativeQuantizedLinear
+    return type(attn.k_proj) is NativeQuantizedLinear and values_packed
 
 
 class CpuRoPE(RoPE):
@@ -249,6 +255,7 @@ def step_plan(block: Block) -> StepPlan:
 FORMS = {
     Transformer: CpuTransformer,
     Attention: CpuAttention,
+    SharedKVAttention: CpuSharedKVAttention,
     RoPE: CpuRoPE,
     GatedFFN: CpuGatedFFN,
     SwiGLU: CpuSwiGLU,

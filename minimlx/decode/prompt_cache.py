@@ -38,6 +38,7 @@ from ..core.cache import (
     QuantizedKVCache,
     RecurrentCache,
     RotatingKVCache,
+    SharedKVCache,
     SinkKVCache,
     Snapshot,
     quantized_cache,
@@ -60,6 +61,7 @@ KINDS = {
         LatentCache,
         IndexedLatentCache,
         RecurrentCache,
+        SharedKVCache,
     )
 }
 ARRAYS = {
@@ -70,6 +72,7 @@ ARRAYS = {
     "SinkKVCache": 2,
     "LatentCache": 1,
     "IndexedLatentCache": 2,
+    "SharedKVCache": 0,
 }  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
 log = logging.getLogger("minimlx.prompt_cache")
