@@ -88,6 +88,22 @@ def test_prompt_cache_reuses_a_state_whole_or_at_a_mark(hybrid):
     assert held <= 2_000_000
 
 
+def test_batched_prompts_reuse_states_at_their_rows_marks(hybrid):
+    """Four prompts prefilled and decoded together after a first one: each resumes from the cached state it can (the
+    whole first prompt and answer, a mark at 32 or 48, nothing); sent again, each finds its own row's marks (its
+    prompt but the last token, or the answer's end)."""
+    _, torch_model, model, tokenizer = hybrid
+    first, answer, second, third, expected = conversation(torch_model)
+    others = [second, third, prompt(20, 14), first[:50] + prompt(3, 15)]
+    expected = [*expected, *(reference_greedy(torch_model, p, TOKENS) for p in others[2:])]
+    engine = Engine(model, tokenizer, max_batch=4, prompt_cache_size=4, prefill_step=STEP)
+    assert answers(engine, [first])[0].tokens == answer
+    together = answers(engine, others)
+    assert [g.tokens for g in together] == expected and [g.cached_tokens for g in together] == [69, 32, 0, 48]
+    again = answers(engine, others)
+    assert [g.tokens for g in again] == expected and [g.cached_tokens for g in again] == [78, 46, 19, 52]
+
+
 def test_prompt_cache_folder_keeps_states_and_marks(hybrid, tmp_path):
     _, torch_model, model, tokenizer = hybrid
     first, answer, second, third, expected = conversation(torch_model)
