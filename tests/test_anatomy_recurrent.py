@@ -1,8 +1,9 @@
 """Anatomy, the explainer and the distributed split on a model with recurrent layers (tests/hybrid_model.py: Gated
 DeltaNet in layers 0 and 2, attention in 1 and 3): a recurrent layer declares that it does not attend, so the trace
-records attention for the attention layers only, an attention map or a head of a recurrent layer is refused in one
-line, the explainer's walk shows no map for it, the placement plan counts no per-token cache for it, and a pipeline's
-ranks carry its state: their halves chained give the whole model's logits, a prompt then steps."""
+records attention for the attention layers only (and the recurrent ones' state norms), an attention map or a head
+of a recurrent layer is refused in one line, the explainer's walk shows no map for it, the placement plan counts no
+per-token cache for it, and a pipeline's ranks carry its state: their halves chained give the whole model's logits,
+a prompt then steps."""
 
 import mlx.core as mx
 import numpy as np
@@ -47,6 +48,19 @@ def test_switching_a_recurrent_block_off_leaves_its_stream_as_it_came(hybrid):
     assert np.array_equal(np.array(values["layers.0.resid_pre"]), np.array(values["layers.0.resid_post"]))
 
 
+def test_trace_records_a_recurrent_state_norm(hybrid):
+    """`layers.<i>.state_norm`: the norm of the state the layer's pass leaves, as its cache then holds it."""
+    _, _, model, tokenizer = hybrid
+    ids = tokenizer.encode(TEXT)
+    values = trace(model, ids)
+    assert [i for i in range(4) if f"layers.{i}.state_norm" in values] == [0, 2]
+    cache = model.make_cache()
+    model(mx.array([ids]), cache)
+    for i in (0, 2):
+        expected = np.linalg.norm(np.array(cache[i].recurrent))
+        assert abs(values[f"layers.{i}.state_norm"].item() - expected) <= 1e-4 * expected
+
+
 def test_explainer_walk_shows_no_map_for_a_recurrent_layer(hybrid):
     _, _, model, tokenizer = hybrid
     ids = tokenizer.encode(TEXT)
@@ -54,6 +68,7 @@ def test_explainer_walk_shows_no_map_for_a_recurrent_layer(hybrid):
     assert page["heads"] == [0, 4, 0, 4] and [len(a) for a in page["attention"]] == [0, 4, 0, 4]
     assert attention_layer(model, ids, 0) == [] and len(attention_layer(model, ids, 1)) == 4
     assert all(len(block["attn_norm"]) == len(ids) for block in page["blocks"])  # what each layer adds, per token
+    assert [block["state_norm"] is None for block in page["blocks"]] == [False, True, False, True]
 
 
 class Rank:

@@ -25,6 +25,7 @@ from .ablation import Ablation, Patch, applied
 BLOCK_ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 ROUTING = ("expert_indices", "expert_weights")
 ATTENTION = ("queries", "keys", "attn_weights")
+STATE = "state_norm"  # a recurrent layer's: the norm of the state its pass leaves, (batch,)
 
 
 def activation_names(model: nn.Module, attention: bool = False) -> list[str]:
@@ -32,8 +33,10 @@ def activation_names(model: nn.Module, attention: bool = False) -> list[str]:
     order the forward pass produces them."""
     names = ["embed"]
     for i, layer in enumerate(model.layers):
-        attends = attention and layer.attn.attends  # a recurrent layer records no attention
+        attends = attention and layer.attn.attends  # a recurrent layer records no attention, but its state's norm
         block = ("resid_pre", *ATTENTION, *BLOCK_ACTIVATIONS[1:]) if attends else BLOCK_ACTIVATIONS
+        if not layer.attn.attends:
+            block = ("resid_pre", STATE, *BLOCK_ACTIVATIONS[1:])
         names += [f"layers.{i}.{what}" for what in block]
         if hasattr(layer.ffn, "route"):
             names += [f"layers.{i}.{what}" for what in ROUTING]
@@ -86,8 +89,8 @@ def trace(
         if unknown:
             raise InvalidSettingError(
                 f"no activation named {unknown[0]!r}; use embed, "
-                f"layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ATTENTION + ROUTING)}>, "
-                "final_norm or logits (routing only for MoE layers)"
+                f"layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ATTENTION + ROUTING + (STATE,))}>, "
+                "final_norm or logits (routing only for MoE layers, state_norm for recurrent ones)"
             )
     if names is None:
         names = activation_names(model, attention)

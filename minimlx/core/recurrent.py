@@ -220,7 +220,15 @@ class RecurrentLayer(nn.Module):
         recorder: Recorder | None = None,
         positions: Positions | None = None,
     ) -> mx.array:
-        return self.mix(x, cache)
+        """`mix` over `cache`; a `recorder` that wants it gets `state_norm` (batch,): the norm of the state the pass
+        leaves (the recurrent state, or the convolution's where that is all there is)."""
+        if recorder is None or not recorder.wants("state_norm"):
+            return self.mix(x, cache)
+        held = cache if cache is not None else self.make_cache()
+        out = self.mix(x, held)
+        state = held.state[-1].astype(mx.float32)
+        recorder(state_norm=mx.sqrt((state * state).reshape(state.shape[0], -1).sum(-1)))
+        return out
 
     def mix(self, x: mx.array, cache: RecurrentCache | None) -> mx.array:
         raise NotImplementedError

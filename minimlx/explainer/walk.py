@@ -66,6 +66,7 @@ def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = 
                 "cos_embed": rounded(cosine(post, stream[0])),
                 "cos_prev": rounded(cosine(post, pre)),
                 "routing": routing(model, values, i),
+                "state_norm": state_norm(values, i),
             }
         )
     inline = len(ids) <= INLINE_ATTENTION
@@ -117,6 +118,12 @@ def attention_layer(model: nn.Module, ids: list[int], layer: int, ablate: Ablati
         return []  # a recurrent layer: no heads, no map
     name = f"layers.{layer}.attn_weights"
     return rounded(trace(model, ids, [name], ablate=ablate)[name][0])
+
+
+def state_norm(values: dict, layer: int) -> float | None:
+    """The norm of the state a recurrent layer's pass left (None for an attention layer)."""
+    name = f"layers.{layer}.state_norm"
+    return round(values[name][0].item(), 4) if name in values else None
 
 
 def attention_of(values: dict, layer: int) -> list:

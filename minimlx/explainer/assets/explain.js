@@ -167,7 +167,8 @@ function minimlxExplain(root, options) {
       const cells = [["attn_norm", "#2563eb"], ["mlp_norm", "#16a34a"], ["resid_norm", "#6b7280"]].map(([k, color]) =>
         el("td", { "data-figure": k }, bar(b[k][p], max, color), b[k][p].toFixed(2)));
       const button = live ? el("button", { name: "ablate-block", "data-layer": i, onclick: () => toggle(state.ablate.blocks, i) }, off ? "switch on" : "switch off") : "";
-      table.append(el("tr", { "data-layer": i, class: off ? "mx-off" : "" }, el("th", {}, String(i)), ...cells,
+      const label = b.state_norm == null ? String(i) : `${i} (recurrent; its state's norm after the text: ${b.state_norm.toFixed(2)})`;
+      table.append(el("tr", { "data-layer": i, class: off ? "mx-off" : "" }, el("th", {}, label), ...cells,
         el("td", {}, b.cos_embed[p].toFixed(3)), el("td", {}, b.cos_prev[p].toFixed(3)), el("td", {}, button)));
     });
     panels.blocks.append(el("p", { class: "mx-note" }, `At position ${p} (${shown(w.tokens[p])}; click a token to pick another).`), table);
