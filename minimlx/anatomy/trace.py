@@ -11,7 +11,9 @@ queries and keys rebuilt from the latents), and `attn_weights` (batch, heads, to
 row t is how query token t shares its attention among the tokens it sees (itself and those before
 it, or only the last `window` of them in a sliding-window layer). Each row sums to 1, except in
 layers with attention sinks, where the sink takes its share and the row sums to 1 minus it.
-The weights are formed only while tracing; the fused kernel never forms them.
+The weights are formed only while tracing; the fused kernel never forms them. A recurrent layer (whose token-mixer
+declares that it does not attend) has none of those; it hands over `state_norm` (batch,), the norm of the state its
+pass leaves.
 """
 
 import mlx.core as mx
