@@ -83,3 +83,12 @@ def hybrid(tmp_path_factory):
     torch_model = hybrid_model(folder)
     model, tokenizer = minimlx.load(folder, dtype="float32")
     return folder, torch_model, model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def tune_folders(tmp_path_factory):
+    """(a tiny random llama's folder, a data folder of the reversing task) of tests/tuning.py, written once."""
+    from tuning import copy_task, tiny_llama
+
+    root = tmp_path_factory.mktemp("tune")
+    return tiny_llama(root / "model"), copy_task(root / "data")
