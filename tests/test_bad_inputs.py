@@ -8,6 +8,7 @@ under a timeout: subprocesses with `timeout=`, in-process cases under SIGALRM (`
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -991,3 +992,23 @@ def test_generate_with_a_billion_tokens_stops_at_the_context(loaded, settings):
 
 def test_bench_past_the_context_of_a_tiny_model_refuses(tiny):
     refused(cli("bench", tiny, "--gen-tokens", 10**9), "context of 64")
+
+
+@pytest.mark.slow  # the hybrid fixture: transformers' model and SmolLM2's tokenizer
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"linear_key_head_dim": 32}, ["linear_attn", "shape", "config"]),  # a state of 32 x 8, not 16 x 8
+        ({"linear_conv_kernel_dim": 6}, ["conv1d", "shape", "config"]),  # the convolution's state holds 5 columns
+        ({"layer_types": ["mamba", "full_attention", "linear_attention", "full_attention"]}, ["layer_types", "mamba"]),
+    ],
+)
+def test_a_hybrid_whose_states_or_layer_kinds_disagree_with_its_config(hybrid, tmp_path, change, words):
+    """Refused from the config and the tensors' headers (shapes), before a tensor is read: one line, exit 2."""
+    folder = tmp_path / "hybrid"
+    shutil.copytree(hybrid[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError):
+        minimlx.load(folder)
+    refused(cli("run", "hello", "--model", folder, "--no-chat-template"), *words)

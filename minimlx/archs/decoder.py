@@ -8,6 +8,7 @@ a family's plugin sets fields, as defaults or from its own config keys in `from_
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import mlx.nn as nn
 
@@ -366,6 +367,8 @@ class DecoderConfig:
             vision=self.image_encoder(),
         )
 
+    exports_recurrent: ClassVar[bool] = False
+
     def image_encoder(self) -> nn.Module | None:
         """The image encoder of a family that reads images (its soft tokens join the prompt), None for text only."""
         return None
@@ -398,10 +401,11 @@ class DecoderConfig:
         return weights
 
     def export_weights(self, weights: dict) -> dict:
-        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes)."""
-        if self.recurrent is not None:
+        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes). A family with recurrent
+        layers declares `exports_recurrent` once its plugin writes their mlx-lm names and layouts."""
+        if self.recurrent is not None and not self.exports_recurrent:
             raise UnsupportedArchitectureError(
-                "minimlx convert cannot write models with recurrent layers yet (their mlx-lm names and layouts are "
+                "minimlx convert cannot write this family's recurrent layers yet (their mlx-lm names and layouts are "
                 "not mapped); load the Hugging Face folder directly"
             )
         for fused, parts in self.fused_parts().items():
