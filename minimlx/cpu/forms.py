@@ -15,7 +15,7 @@ from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
-from .linear import NativeLinear, NativeQuantizedLinear, exact, gated_product
+from .linear import NativeBlockLinear, NativeLinear, NativeQuantizedLinear, exact, gated_product
 
 
 class CpuTransformer(Transformer):
@@ -53,13 +53,14 @@ class CpuAttention(Attention):
 def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
     """Whether `attn` caches its float32 keys and values in float16: where the native kernel's attention reads them
     (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
-    packed (4- or 8-bit weights, whose own rounding is far coarser than float16's 2^-11), and `--exact` did not ask for
-    float32 throughout. Decode steps after long prompts read the cache more than the weights: half the bytes."""
+    packed (4- or 8-bit weights or GGUF blocks, whose own rounding is far coarser than float16's 2^-11), and `--exact`
+    did not ask for float32 throughout. Decode steps after long prompts read the cache more than the weights: half the
+    bytes."""
     if native.kernel is None or native.exact_products or k.dtype != mx.float32 or quantized(cache):
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
-    return type(attn.k_proj) is NativeQuantizedLinear and type(attn.v_proj) is NativeQuantizedLinear
+    return all(type(p) in (NativeQuantizedLinear, NativeBlockLinear) for p in (attn.k_proj, attn.v_proj))
 
 
 class CpuRoPE(RoPE):
