@@ -23,7 +23,7 @@ else:
 from minimlx import load  # noqa: E402
 from minimlx.core.steps import decode_steps  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
-from minimlx.cpu.linear import NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
+from minimlx.cpu.linear import GEMM_ROWS, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
 
@@ -170,12 +170,15 @@ def test_a_q4_k_m_file_is_held_as_stored(q4_k_m):
 
 
 def test_q4_k_m_prompt_logits_equal_the_dequantized_models(q4_k_m):
-    """A prompt's products dequantize the stored rows for the float32 GEMM: the logits of the float32 model."""
-    ids = mx.array([[1, 5, 9, 20, 33, 7, 100, 3]])
+    """A prompt's products of at least GEMM_ROWS rows dequantize the stored rows for the float32 GEMM: the logits of the
+    float32 model. Shorter prompts take the integer products, as decode steps do."""
+    ids = mx.array([list(range(1, 1 + 2 * GEMM_ROWS, 2))])
     stored, _ = load(q4_k_m)
     dequantized, _ = load(q4_k_m, dtype="float32")
     want = dequantized(ids)
     assert mx.abs(stored(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
+    short = stored(ids[:, :8])
+    assert 0 < mx.abs(short - want[:, :8]).max().item() <= 0.2 * mx.abs(want).max().item()
 
 
 def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):

@@ -13,9 +13,9 @@ fewer than 28 input rows multiply 8-bit-quantized inputs by the codes with integ
 them (`gated_product`).
 
 GGUF's Q4_K, Q5_K, Q6_K and Q8_0 matrices, held as the file stores them (`quantization.BLOCK_MODES`), run as
-`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' products quantize their inputs to 8 bits per block (as
-llama.cpp's Q8_K and Q8_0 do) and multiply them by the stored codes with integer dot products; prompts' products
-dequantize each block of weight rows once for the float32 GEMM.
+`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' products (and short prompts', `block_exact`) quantize
+their inputs to 8 bits per block of 32 (as llama.cpp's Q8_0 activations) and multiply them by the stored codes with
+integer dot products; longer prompts' products dequantize each block of weight rows once for the float32 GEMM.
 """
 
 import mlx.core as mx
@@ -78,6 +78,18 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
         )
 
 
+GEMM_ROWS = 28
+"""Fewest input rows of a prompt's product with GGUF blocks that dequantize the weight for the float32 GEMM: fewer (a
+short prompt, or the rest of one after a cached prefix) take the integer products, as decode steps do, where
+dequantizing the whole weight for a few rows would cost far more than the product (the kernel's quantized_matmul
+switches at the same 28 rows)."""
+
+
+def block_exact(x: mx.array) -> bool:
+    """Whether a product with GGUF blocks keeps float32 inputs: `--exact`, or a prompt's of at least GEMM_ROWS rows."""
+    return native.exact_products or (not decoding() and x.size // max(x.shape[-1], 1) >= GEMM_ROWS)
+
+
 class BlockWeight(nn.Module):
     """A weight held as GGUF blocks: `weight` (rows, row bytes) uint8, of block mode `mode` (`BLOCK_MODES`)."""
 
@@ -103,7 +115,7 @@ class NativeBlockLinear(BlockWeight):
         return module
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=exact())
+        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
         return y + self.bias if "bias" in self else y
 
 
@@ -119,7 +131,7 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_rows(self.weight, x.astype(mx.int32), self.ggml_type)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=exact())
+        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
 
 
 BLOCK_FORMS = {
@@ -158,7 +170,7 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
     if type(gate) is NativeBlockLinear:
         if gate.weight.shape[0] != up.weight.shape[0]:
             return None
-        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, exact=exact())
+        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, exact=block_exact(x))
     if type(gate) is NativeQuantizedLinear:
         if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
             return None

@@ -150,36 +150,76 @@ inline void dequantize_block_rows(const BlockProblem& p, int row_begin, int row_
     dequantize_blocks(p.type, p.w + n * p.row_bytes, p.K, dst + static_cast<int64_t>(n - row_begin) * p.K);
 }
 
-// The products of output rows [row_begin, row_end) for every input row, by `Dot`, which gives the dot product of a
-// weight row and a quantized input row for each type (k_quant<FIVE> for Q4_K and Q5_K, q6_k, q8_0). Each (input row,
-// output row) pair is summed in the same order whatever the rows beside it, so a batch's row gets what it gets alone.
+// MB input rows of a product: each one's codes, block steps and 16-code sums.
+template <int MB>
+struct InputRows {
+  const int8_t* xq[MB];
+  const float* xd[MB];
+  const int16_t* sums[MB];
+};
+
+// Weight rows per tile of the products: the rows a tile of input rows meets while it stays in L1.
+constexpr int kWeightRowsPerTile = 16;
+
+// Output row n for input rows [m0, m0 + MB), by `Dot`, which gives a weight row's dot products with MB quantized input
+// rows for each type (k_quant<FIVE, MB> for Q4_K and Q5_K, q6_k<MB>, q8_0<MB>), each row's sums in the same order
+// whatever MB is.
+template <class Dot, int MB>
+inline void block_tile(const BlockProblem& p, int n, int m0) {
+  const int blocks = p.K / block_values(p.type);
+  const uint8_t* w = p.w + n * p.row_bytes;
+  InputRows<MB> x;
+  for (int m = 0; m < MB; ++m) {
+    x.xq[m] = p.x.xq + static_cast<int64_t>(m0 + m) * p.K;
+    x.xd[m] = p.x.xd + static_cast<int64_t>(m0 + m) * (p.K / 32);
+    x.sums[m] = p.x.sums + static_cast<int64_t>(m0 + m) * (p.K / 16);
+  }
+  float out[MB];
+  switch (static_cast<Blocks>(p.type)) {
+    case Blocks::q4_k: Dot::template k_quant<false, MB>(w, x, blocks, out); break;
+    case Blocks::q5_k: Dot::template k_quant<true, MB>(w, x, blocks, out); break;
+    case Blocks::q6_k: Dot::template q6_k<MB>(w, x, blocks, out); break;
+    default: Dot::template q8_0<MB>(w, x, blocks, out); break;
+  }
+  for (int m = 0; m < MB; ++m) p.out[static_cast<int64_t>(m0 + m) * p.N + n] = out[m];
+}
+
+// The products of output rows [row_begin, row_end) for every input row: tiles of kWeightRowsPerTile weight rows, each
+// met by the input rows four at a time (their codes unpacked once for the four) and then one at a time. Each (input
+// row, output row) pair is summed in the same order whatever the rows beside it, so a batch's row gets what it gets
+// alone.
 template <class Dot>
 void integer_block_rows(const BlockProblem& p, int row_begin, int row_end) {
-  const int blocks = p.K / block_values(p.type);
-  for (int n = row_begin; n < row_end; ++n) {
-    const uint8_t* w = p.w + n * p.row_bytes;
-    if (n + 1 < row_end)
-      for (int64_t at = 0; at < p.row_bytes; at += 64) __builtin_prefetch(w + p.row_bytes + at);
-    for (int m = 0; m < p.M; ++m) {
-      const int8_t* xq = p.x.xq + static_cast<int64_t>(m) * p.K;
-      const float* xd = p.x.xd + static_cast<int64_t>(m) * (p.K / 32);
-      const int16_t* sums = p.x.sums + static_cast<int64_t>(m) * (p.K / 16);
-      float total;
-      switch (static_cast<Blocks>(p.type)) {
-        case Blocks::q4_k: total = Dot::template k_quant<false>(w, xq, xd, sums, blocks); break;
-        case Blocks::q5_k: total = Dot::template k_quant<true>(w, xq, xd, sums, blocks); break;
-        case Blocks::q6_k: total = Dot::q6_k(w, xq, xd, sums, blocks); break;
-        default: total = Dot::q8_0(w, xq, xd, blocks); break;
+  for (int n0 = row_begin; n0 < row_end; n0 += kWeightRowsPerTile) {
+    const int n1 = std::min(row_end, n0 + kWeightRowsPerTile);
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4)
+      for (int n = n0; n < n1; ++n) block_tile<Dot, 4>(p, n, m);
+    for (; m < p.M; ++m)
+      for (int n = n0; n < n1; ++n) {
+        if (m == 0 && n + 1 < row_end)  // the next weight row, while this one is computed
+          for (int64_t at = 0; at < p.row_bytes; at += 64) __builtin_prefetch(p.w + (n + 1) * p.row_bytes + at);
+        block_tile<Dot, 1>(p, n, m);
       }
-      p.out[static_cast<int64_t>(m) * p.N + n] = total;
-    }
   }
 }
 
-// The block products in plain C++: the reference the SIMD ones are tested against.
+// The block products in plain C++: the reference the SIMD ones are tested against, one input row at a time.
 struct ScalarBlockDot {
+  template <bool FIVE, int MB>
+  static void k_quant(const uint8_t* w, const InputRows<MB>& x, int blocks, float* out) {
+    for (int m = 0; m < MB; ++m) out[m] = k_quant_row<FIVE>(w, x.xq[m], x.xd[m], x.sums[m], blocks);
+  }
+  template <int MB>
+  static void q6_k(const uint8_t* w, const InputRows<MB>& x, int blocks, float* out) {
+    for (int m = 0; m < MB; ++m) out[m] = q6_k_row(w, x.xq[m], x.xd[m], x.sums[m], blocks);
+  }
+  template <int MB>
+  static void q8_0(const uint8_t* w, const InputRows<MB>& x, int blocks, float* out) {
+    for (int m = 0; m < MB; ++m) out[m] = q8_0_row(w, x.xq[m], x.xd[m], blocks);
+  }
   template <bool FIVE>
-  static float k_quant(const uint8_t* w, const int8_t* xq, const float* xd, const int16_t* sums, int blocks) {
+  static float k_quant_row(const uint8_t* w, const int8_t* xq, const float* xd, const int16_t* sums, int blocks) {
     float total = 0.0f;
     for (int b = 0; b < blocks; ++b, w += FIVE ? 176 : 144, xq += 256, xd += 8, sums += 16) {
       uint8_t sc[8], mn[8];
@@ -200,7 +240,7 @@ struct ScalarBlockDot {
     }
     return total;
   }
-  static float q6_k(const uint8_t* w, const int8_t* xq, const float* xd, const int16_t* sums, int blocks) {
+  static float q6_k_row(const uint8_t* w, const int8_t* xq, const float* xd, const int16_t* sums, int blocks) {
     float total = 0.0f;
     for (int b = 0; b < blocks; ++b, w += 210, xq += 256, xd += 8, sums += 16) {
       const uint8_t *ql = w, *qh = w + 128;
@@ -223,7 +263,7 @@ struct ScalarBlockDot {
     }
     return total;
   }
-  static float q8_0(const uint8_t* w, const int8_t* xq, const float* xd, int blocks) {
+  static float q8_0_row(const uint8_t* w, const int8_t* xq, const float* xd, int blocks) {
     float total = 0.0f;
     for (int b = 0; b < blocks; ++b, w += 34, xq += 32) {
       int32_t s = 0;

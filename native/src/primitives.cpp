@@ -1067,9 +1067,8 @@ struct QuantizedBlocks {
   QuantizedBlockInputs inputs() const { return {xq.data(), xd.data(), sums.data()}; }
 };
 
-// Inputs x, w (and with a second weight, x, gate, up: silu(x @ gate.T) * (x @ up.T)), of `types`. Fewer than
-// kIntegerRowsBelow rows of x, unless `exact`, take the integer products; the rest dequantize each block of weight
-// rows once for the float32 GEMM.
+// Inputs x, w (and with a second weight, x, gate, up: silu(x @ gate.T) * (x @ up.T)), of `types`: the integer
+// products, or with `exact` each block of weight rows dequantized once for the float32 GEMM.
 Work block_product_work(std::vector<int> types, bool exact) {
   return [types, exact](const std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
@@ -1079,7 +1078,7 @@ Work block_product_work(std::vector<int> types, bool exact) {
     const float* xs = contiguous(x, copy);
     float* dst = out.data<float>();
     const int product = gated ? 2 : 1, gate = 1;
-    if (exact || M >= kIntegerRowsBelow) {
+    if (exact) {
       auto dequantized = [K](const mx::array& w, int type) {
         return [p = block_problem(w, type, 0, K, nullptr)](int begin, int end, Floats& scratch) {
           scratch.resize(static_cast<size_t>(end - begin) * p.K);
