@@ -3,8 +3,6 @@ against gguf's own dequantization of blocks from ggml's quantizer, products agai
 products within the rounding of their 8-bit inputs, and a Q4_K_M file loaded and decoded through them."""
 
 import os
-import subprocess
-import sys
 
 import mlx.core as mx
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 from llamacpp import ggml_quantize
+from native_checks import integer_against_float, per_instruction_set
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native
@@ -21,8 +20,6 @@ else:
     )
 
 from minimlx import load  # noqa: E402
-from minimlx.core.steps import decode_steps  # noqa: E402
-from minimlx.cpu import native  # noqa: E402
 from minimlx.cpu.linear import GEMM_ROWS, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
@@ -112,7 +109,6 @@ INSTRUCTION_SETS = {"scalar": "scalar", "avx2": "avx2", "avx512": "avx512vnni"}
 def test_every_instruction_set_gives_the_portable_products(tmp_path):
     """MINIMLX_NATIVE_ISA caps the instruction set: AVX2's maddubs and AVX-512 VNNI's vpdpbusd give the scalar code's
     integer products, but for the order of the float32 sums of the sub-blocks."""
-    results = {}
     program = (
         "import sys\nimport numpy as np\nimport minimlx\nimport mlx.core as mx\nimport minimlx_native as k\n"
         "x = mx.random.normal((3, 512), key=mx.random.key(0))\nout = {}\n"
@@ -126,19 +122,9 @@ def test_every_instruction_set_gives_the_portable_products(tmp_path):
         blocks, weight = blocks_of(kind, 40, 512, seed=7)
         np.save(tmp_path / f"{int(kind)}.npy", np.array(blocks))
         bounds[str(int(kind))] = mx.abs(mx.random.normal((3, 512), key=mx.random.key(0))) @ mx.abs(weight).T
-    for isa in INSTRUCTION_SETS:
-        path = tmp_path / f"{isa}.npz"
-        env = dict(os.environ, MINIMLX_NATIVE_ISA=isa)
-        done = subprocess.run(
-            [sys.executable, "-c", program, str(path), str(tmp_path)], env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
-        results[isa] = (done.stdout.split()[-1], mx.load(str(path)))
-    assert results["scalar"][0] == "scalar"
-    reference = results["scalar"][1]
-    for isa, (used, got) in results.items():
-        if used != INSTRUCTION_SETS[isa]:  # this CPU lacks it: a narrower one ran
-            continue
+    results = per_instruction_set(program, INSTRUCTION_SETS, tmp_path, str(tmp_path))
+    reference = results.pop("scalar")
+    for isa, got in results.items():
         for key in reference:
             assert mx.all(mx.abs(got[key] - reference[key]) <= 1e-6 * bounds[key]).item(), (isa, key)
 
@@ -188,19 +174,5 @@ def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):
     re-packing: 244). Random weights leave the largest logits close together, and its down projection's inputs are
     heavy-tailed (largest |x| 51 at a mean of 3), so 8-bit inputs tip more of its choices than a trained model's."""
     model, _ = load(q4_k_m)
-    caches = {exact: model.make_cache() for exact in (True, False)}
-
-    def step(ids, exact):
-        monkeypatch.setattr(native, "exact_products", exact)
-        with decode_steps():
-            return model(ids, caches[exact], last_only=True)[0, -1]
-
-    prompt = mx.array([[1, 5, 9, 20, 33, 7, 100, 3]])
-    logits = {exact: model(prompt, caches[exact], last_only=True)[0, -1] for exact in (True, False)}
-    agree, largest = 0, 0.0
-    for _ in range(256):
-        token = mx.argmax(logits[True]).item()
-        agree += mx.argmax(logits[False]).item() == token
-        largest = max(largest, mx.abs(logits[False] - logits[True]).max().item())
-        logits = {exact: step(mx.array([[token]]), exact) for exact in (True, False)}
+    agree, largest = integer_against_float(model, mx.array([[1, 5, 9, 20, 33, 7, 100, 3]]), 256, monkeypatch)
     assert agree >= 232 and 0 < largest <= 2.0
