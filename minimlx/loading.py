@@ -58,6 +58,7 @@ def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None =
     file's as they are converted, here: with `parallel`, only those of this rank's share (`rank_share`)."""
     if path.is_dir():
         config = read_config(path)
+        plugin_config(config, str(path / "config.json"))  # a bad config is refused before any tensor is read
         raw = read_safetensors(path)
         config, raw = as_language_model(config, raw)
         arch = plugin_config(config, str(path / "config.json"))
@@ -264,7 +265,10 @@ def load_model(path: str | Path, dtype: str | None = None, parallel: str | None 
 
 
 def load(
-    path_or_name: str | Path, dtype: str | None = None, parallel: str | None = None
+    path_or_name: str | Path,
+    dtype: str | None = None,
+    parallel: str | None = None,
+    adapter: str | Path | None = None,
 ) -> tuple[nn.Module, Tokenizer]:
     """Load a model and its tokenizer from a checkpoint folder, a `.gguf` file, a Hugging Face repo id
     (local cache first) or a short name such as `smollm2-135m`.
@@ -272,6 +276,7 @@ def load(
     `dtype`: None picks by device (see `default_dtype`); "float32", "float16" or "bfloat16" casts
     (dequantizing packed weights); "quantized" keeps packed weights packed. `parallel`: "pipeline" or
     "tensor" loads this rank's part of the model, in a process `mlx.launch` started (minimlx.distributed).
+    `adapter`: a LoRA or DoRA adapter folder (PEFT's or mlx-lm's) applied to the model (`minimlx.tune.load_adapter`).
     """
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise InvalidSettingError(f"load takes a folder, a .gguf file or a model name, not {path_or_name!r}")
@@ -287,4 +292,9 @@ def load(
             f"{path}: the tokenizer has {tokenizer.vocab_size} token ids but the model's embedding holds {vocabulary}; "
             "the tokenizer belongs to another model, put the right one beside the weights"
         )
+    if adapter is not None:
+        from .tune.formats import load_adapter
+
+        load_adapter(model, adapter)
+        model.eval()
     return model, tokenizer

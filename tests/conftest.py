@@ -56,6 +56,15 @@ def converted(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fused_families(tmp_path_factory):
+    """adapter_files.py's four families with their adapters, fused outputs and GGUF files (llama's minimlx-saved adapter
+    converted by llama.cpp too), made once."""
+    from adapter_files import fused_families
+
+    return fused_families(tmp_path_factory.mktemp("fused"))
+
+
+@pytest.fixture(scope="session")
 def kquant_llama(tmp_path_factory):
     """kquant_llama.py's tiny llama: its F32, Q4_K_M, Q5_K_S and Q6_K files by type, written once."""
     from kquant_llama import kquant_llama

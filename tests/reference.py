@@ -50,6 +50,22 @@ def reference_logits(model, ids: np.ndarray) -> np.ndarray:
         return model(torch.tensor(ids)).logits.float().numpy()
 
 
+def cache_errors(model, ids: np.ndarray, reference: np.ndarray, prompt: int = 9) -> tuple[float, float, float]:
+    """`model`'s relative errors from `reference` over the whole sequence at once, token by token from an empty
+    cache, and a `prompt`-token prompt then single steps."""
+    import mlx.core as mx
+
+    full = np.array(model(mx.array(ids)))
+    cache = model.make_cache()
+    stepped = mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(ids.shape[1])], 1)
+    cache = model.make_cache()
+    continued = [model(mx.array(ids[:, :prompt]), cache)]
+    continued += [model(mx.array(ids[:, t : t + 1]), cache) for t in range(prompt, ids.shape[1])]
+    return tuple(
+        relative_error(a, reference) for a in (full, np.array(stepped), np.array(mx.concatenate(continued, 1)))
+    )
+
+
 def relative_error(a, b) -> float:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))

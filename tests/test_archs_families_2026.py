@@ -8,7 +8,9 @@ through the cache from the start, and a 9-token prompt then single steps.
 import mlx.core as mx
 import numpy as np
 import pytest
-from reference import random_ids, reference_logits, relative_error, require, save_reference
+from families_2026 import CONFIGS, DEEPSEEK_V32, VOCAB, family_config, save_family
+from models import check_speculation_and_prompt_cache_files
+from reference import cache_errors, random_ids, reference_logits, relative_error, require
 
 import minimlx
 from minimlx.anatomy.ledger import ledger
@@ -16,183 +18,20 @@ from minimlx.archs import plugin_config
 from minimlx.core import ChunkedKVCache, IndexedLatentCache, KVCache, MoE
 from minimlx.errors import CheckpointError
 
-VOCAB = 96
-BASE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    tie_word_embeddings=False,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
-VISION = dict(  # the smallest vision tower: image-text checkpoints hold one, which minimlx skips
-    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
-)
-MINISTRAL3 = dict(
-    BASE,
-    head_dim=16,
-    sliding_window=6,
-    rope_parameters=dict(
-        rope_type="yarn",
-        rope_theta=1000000.0,
-        factor=16.0,
-        original_max_position_embeddings=4,  # the query temperature rises every 4 positions
-        beta_fast=32.0,
-        beta_slow=1.0,
-        mscale=1.0,
-        mscale_all_dim=1.0,
-        llama_4_scaling_beta=0.1,
-    ),
-)
-MISTRAL4 = dict(
-    BASE,
-    num_key_value_heads=4,
-    q_lora_rank=16,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=8,
-    v_head_dim=8,
-    n_routed_experts=8,
-    n_shared_experts=1,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    n_group=2,
-    topk_group=1,
-    routed_scaling_factor=1.5,
-    first_k_dense_replace=1,
-    rope_parameters=dict(MINISTRAL3["rope_parameters"], rope_theta=10000.0, partial_rotary_factor=0.5),
-)
-LLAMA4 = dict(
-    BASE,
-    intermediate_size=32,
-    intermediate_size_mlp=96,
-    head_dim=16,
-    num_local_experts=4,
-    num_experts_per_tok=1,
-    interleave_moe_layer_step=2,  # dense, MoE, dense, MoE
-    no_rope_layers=[1, 1, 1, 0],  # the fourth layer: no RoPE, the whole text, the query temperature
-    attention_chunk_size=4,  # four chunks in the 16 test tokens
-    floor_scale=4,
-    attn_scale=0.5,
-    rope_parameters=dict(
-        rope_type="llama3",
-        rope_theta=500000.0,
-        factor=8.0,
-        low_freq_factor=1.0,
-        high_freq_factor=4.0,
-        original_max_position_embeddings=64,
-    ),
-)
-CONFIGS = {
-    "olmo3": (
-        "Olmo3Config",
-        dict(
-            BASE,
-            sliding_window=4,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
-            rope_parameters=dict(
-                sliding_attention=dict(rope_type="default", rope_theta=100.0),
-                full_attention=dict(rope_type="linear", factor=2.0, rope_theta=500000.0),
-            ),
-        ),
-    ),
-    "ministral3": ("Ministral3Config", MINISTRAL3),
-    "mistral3": (
-        "Mistral3Config",
-        dict(
-            text_config=dict(MINISTRAL3, model_type="ministral3"),
-            vision_config=dict(VISION, head_dim=8),
-            image_token_index=95,
-        ),
-        dict(model_class="Mistral3ForConditionalGeneration"),
-    ),
-    "mistral4": ("Mistral4Config", MISTRAL4, dict(model_class="Mistral4ForCausalLM")),
-    "llama4_text": ("Llama4TextConfig", LLAMA4),
-    "llama4": (
-        "Llama4Config",
-        dict(
-            text_config=LLAMA4,
-            vision_config=dict(VISION, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16),
-            image_token_index=95,
-        ),
-        dict(model_class="Llama4ForConditionalGeneration"),
-    ),
-    "deepseek_v32": (
-        "DeepseekV32Config",
-        DEEPSEEK_V32 := dict(
-            MISTRAL4,
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
-            index_topk=5,  # of up to 16 keys
-            index_n_heads=8,  # enough heads that no two keys tie at an index score of 0 (every head's ReLU at 0)
-            index_head_dim=16,
-        ),
-        dict(random_buffers=("e_score_correction_bias",)),
-    ),
-    "glm4_moe": (
-        "Glm4MoeConfig",
-        dict(
-            BASE,
-            head_dim=16,
-            attention_bias=True,
-            use_qk_norm=True,
-            n_routed_experts=8,
-            n_shared_experts=1,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            n_group=2,
-            topk_group=1,
-            routed_scaling_factor=2.5,
-            first_k_dense_replace=1,
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
-        ),
-        dict(random_buffers=("e_score_correction_bias",)),
-    ),
-    "minimax_m2": (
-        "MiniMaxM2Config",
-        dict(
-            BASE,
-            intermediate_size=32,
-            head_dim=16,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            rotary_dim=8,  # the published key for RoPE on half of each head
-        ),
-        dict(random_buffers=("e_score_correction_bias",)),
-    ),
-}
-
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def checkpoint(request, tmp_path_factory):
-    """(name, folder, transformers' logits, ids); a config's third entry holds `save_reference`'s options."""
-    config_class, config, *options = CONFIGS[request.param]
+    """(name, folder, transformers' logits, ids)."""
     folder = tmp_path_factory.mktemp(request.param)
-    torch_model = save_reference(folder, config_class, **(options[0] if options else {}), **config)
+    torch_model = save_family(folder, request.param)
     ids = random_ids(VOCAB)
     return request.param, folder, reference_logits(torch_model, ids), ids
-
-
-def errors(model, ids, reference) -> tuple[float, float, float]:
-    """Relative errors of the whole sequence at once, token by token from an empty cache, and a 9-token prompt then
-    single steps."""
-    full = np.array(model(mx.array(ids)))
-    cache = model.make_cache()
-    stepped = np.array(mx.concatenate([model(mx.array(ids[:, t : t + 1]), cache) for t in range(ids.shape[1])], 1))
-    cache = model.make_cache()
-    prompt = [model(mx.array(ids[:, :9]), cache)]
-    continued = mx.concatenate(prompt + [model(mx.array(ids[:, t : t + 1]), cache) for t in range(9, ids.shape[1])], 1)
-    return tuple(relative_error(a, reference) for a in (full, stepped, np.array(continued)))
 
 
 def test_logits_match_transformers(checkpoint):
     _, folder, reference, ids = checkpoint
     model = minimlx.load_model(folder, dtype="float32")
-    assert max(errors(model, ids, reference)) <= 1e-4
+    assert max(cache_errors(model, ids, reference)) <= 1e-4
 
 
 @pytest.mark.parametrize("checkpoint", ["olmo3"], indirect=True)
@@ -292,6 +131,32 @@ def test_deepseek_v32_attends_to_the_indexers_top_k_keys(checkpoint):
     assert relative_error(np.array(model(mx.array(ids))), reference) > 1e-3
 
 
+def test_deepseek_v32_breaks_index_ties_as_transformers_does(tmp_path):
+    """A one-head indexer scores many keys 0 (its ReLU), so keys tie at the top-k-th score: minimlx keeps those
+    transformers keeps, over the whole sequence and over a prompt then single steps through the cache (which differ
+    from each other: torch's choice among ties depends on the row, and a cached step's row has no masked keys)."""
+    torch = require("torch")
+    import minimlx.core.sparse_attention as sparse
+
+    torch_model = save_family(tmp_path, "deepseek_v32", family_config("deepseek_v32", index_n_heads=1))
+    ids = random_ids(VOCAB)
+    with torch.no_grad():
+        prompt = torch_model(torch.tensor(ids[:, :9]), use_cache=True)
+        steps, cache = [prompt.logits], prompt.past_key_values
+        for t in range(9, ids.shape[1]):
+            step = torch_model(torch.tensor(ids[:, t : t + 1]), past_key_values=cache, use_cache=True)
+            steps.append(step.logits)
+    stepped = torch.cat(steps, 1).numpy()
+    whole = reference_logits(torch_model, ids)
+    model = minimlx.load_model(tmp_path, dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), whole) <= 1e-4
+    assert cache_errors(model, ids, stepped)[2] <= 1e-4  # the prompt, then single steps
+    assert relative_error(stepped, whole) > 1e-2
+    with pytest.MonkeyPatch.context() as patch:  # the earliest of the tied keys instead: other logits
+        patch.setattr(sparse, "kept", lambda values, k: sorted(np.argsort(-np.array(values), kind="stable")[:k]))
+        assert relative_error(np.array(model(mx.array(ids))), whole) > 1e-2
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -322,24 +187,6 @@ def test_ledger_counts_from_the_config_what_transformers_holds(checkpoint):
 
 @pytest.mark.parametrize("checkpoint", ["llama4_text", "deepseek_v32"], indirect=True)
 def test_new_caches_serve_speculation_and_prompt_cache_files(checkpoint):
-    """Chunked and indexed caches under the engine's other uses: speculation (prompt lookup, whose rejected drafts
-    are taken back, and a draft model) gives plain decoding's greedy tokens, and a cache written as a prompt cache
-    file's layers and read back continues exactly as the cache itself does."""
-    from models import Ids
-
-    from minimlx.decode import stream_generate
-    from minimlx.decode.prompt_cache import columns, restored
-
+    """Chunked and indexed caches under the engine's other uses (`check_speculation_and_prompt_cache_files`)."""
     _, folder, _, ids = checkpoint
-    model = minimlx.load_model(folder, dtype="float32")
-    prompt = ids[0].tolist() + ids[0, :6].tolist()
-    plain = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12)]
-    looked_up = [r.token for r in stream_generate(model, Ids(), prompt, max_tokens=12, prompt_lookup=2)]
-    drafted = list(stream_generate(model, Ids(), prompt, max_tokens=12, draft_model=model, draft_tokens=3))
-    assert looked_up == [r.token for r in drafted] == plain and drafted[-1].drafted_tokens > 0
-    cache = model.make_cache()
-    model(mx.array(ids[:1, :11]), cache)
-    back = [restored(*columns(c)) for c in cache]
-    assert [type(c) for c in back] == [type(c) for c in cache]
-    rest = mx.array(ids[:1, 11:])
-    assert mx.array_equal(model(rest, back), model(rest, cache)).item()
+    check_speculation_and_prompt_cache_files(minimlx.load_model(folder, dtype="float32"), ids)

@@ -25,6 +25,7 @@ from minimlx.core.cache import (
     QuantizedKVCache,
     RecurrentCache,
     RotatingKVCache,
+    SharedKVCache,
     SinkKVCache,
 )
 
@@ -108,7 +109,8 @@ KINDS = {
 }
 CONCRETE = sorted(KINDS, key=lambda cls: cls.__name__)
 # Kinds whose entries are no keys and values, tested through the layers that fill them.
-TESTED_WITH_THEIR_LAYERS = {RecurrentCache}  # tests/test_archs_families_hybrid.py
+# tests/test_archs_families_hybrid.py; tests/test_archs_gemma4.py and test_decode_batching.py (gemma4_text)
+TESTED_WITH_THEIR_LAYERS = {RecurrentCache, SharedKVCache}
 
 
 def arrays(cache: Cache) -> list[np.ndarray]:

@@ -260,3 +260,22 @@ def test_one_token_rope_equals_the_rotation_formula(dims, traditional, scaling):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(1, position / 100))
         eager = np.array(RoPE.rotate(rope, x, Positions(1, position)))  # MLX's fast.rope
         np.testing.assert_allclose(got, eager, rtol=0, atol=2e-5 * max(1, position / 100))
+
+
+@pytest.mark.parametrize("length", [13, 200, 1500])
+def test_top_k_selection_keeps_what_torchs_topk_keeps(length):
+    """Rows full of ties (and -inf, as masked keys score): `kept` and sparse attention's mask choose the indices
+    torch's CPU topk does, by introselect (k * 64 > length) and by heap selection (k * 64 <= length)."""
+    from reference import require
+
+    from minimlx.core.selection import kept
+    from minimlx.core.sparse_attention import top_k_keys
+
+    torch = require("torch")
+    rng = np.random.default_rng(length)
+    rows = rng.choice(np.array([0.0, 0.0, 0.0, 1.0, 2.0, -np.inf, 0.5], np.float32), size=(24, length))
+    for i, row in enumerate(rows):
+        k = int(rng.integers(1, max(2, length // 64) if i % 2 else length))
+        expected = sorted(torch.tensor(row).topk(k).indices.tolist())
+        assert kept(row.tolist(), k) == expected
+        assert np.flatnonzero(np.array(top_k_keys(mx.array(row[None]), k))[0]).tolist() == expected

@@ -20,9 +20,10 @@ else:
     )
 
 from minimlx import load  # noqa: E402
-from minimlx.cpu.linear import GEMM_ROWS, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
+from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
+from minimlx.tune.train import differentiable  # noqa: E402
 
 TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0]
 
@@ -176,3 +177,19 @@ def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):
     model, _ = load(q4_k_m)
     agree, largest = integer_against_float(model, mx.array([[1, 5, 9, 20, 33, 7, 100, 3]]), 256, monkeypatch)
     assert agree >= 232 and 0 < largest <= 2.0
+
+
+def test_training_forms_have_gradients_and_the_same_logits(q4_k_m):
+    """`tune.train.differentiable` puts the block modules in forms of MLX ops: gradients flow to the inputs (the
+    stored blocks stay frozen), and a prompt's logits are those of the native forms' float32 GEMM."""
+    model, _ = load(q4_k_m)
+    ids = mx.array([list(range(1, 1 + 2 * GEMM_ROWS, 2))])
+    want = model(ids)
+    differentiable(model)
+    assert type(model.layers[0].attn.q_proj) is BlockLinearByOps
+    assert mx.abs(model(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
+    x = mx.random.normal((2, 256), key=mx.random.key(3))
+    up = model.layers[0].ffn.up_proj
+    grad = mx.grad(lambda x: (up(x) ** 2).sum())(x)
+    weight = minimlx_native.block_rows(up.weight, mx.arange(up.weight.shape[0]), up.ggml_type)
+    assert mx.allclose(grad, 2 * (x @ weight.T) @ weight, rtol=1e-4, atol=1e-4).item()

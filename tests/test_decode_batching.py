@@ -255,6 +255,30 @@ TINY["ministral3"] = (  # the query temperature read at each row's own positions
 )
 
 
+TINY["gemma4_text"] = (  # windows of 4, two layers over earlier ones' keys, per-layer inputs, experts beside each FFN
+    "Gemma4TextConfig",
+    dict(
+        SMALL,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=12,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"] * 3,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=24,
+    ),
+)
+
+
 @pytest.fixture(scope="module", params=sorted(TINY))
 def tiny(request, tmp_path_factory):
     config_class, config = TINY[request.param]

@@ -90,6 +90,7 @@ def test_k_quant_file_matches_its_reference(wide, name, ftype):
 EQUALLED = [name for name in MODELS if name != "deepseek_v2_lite"]
 
 
+@pytest.mark.slow  # runs llama.cpp's llama-quantize over every family when it is built
 @pytest.mark.parametrize("ftype", FTYPES)
 def test_files_equal_llama_quantize(request, ftype, tmp_path):
     """The files are llama-quantize's, byte for byte: for the seven families' wide models, for the F32 files of

@@ -4,6 +4,8 @@ Components are read off parameter paths (the model naming contract), never off a
 name: `embed` is the token embedding, `positions` the position embedding, `head` the lm_head,
 any `*norm` module a norm, and inside a layer `attn` is attention while `ffn` splits into the
 MoE `router`, the routed `experts`, the `shared_experts` and, for a dense layer, the FFN itself.
+Adapters (`minimlx.tune`'s LoRA and DoRA forms, `lora_a`, `lora_b` and `magnitude`, and the stacks of adapters a
+server applies per row, `decode.adapters`) count apart from the maps they adapt, whose own weights stay in place.
 
 A ledger built from a config never allocates weights: the model is built lazily and only the
 shapes of its (never evaluated) arrays are read, which is why DeepSeek-V3's 671B parameters
@@ -36,6 +38,7 @@ COMPONENTS = {
     "shared_experts": "shared experts",
     "norms": "norms",
     "lm_head": "lm_head",
+    "adapters": "adapters (LoRA/DoRA)",
     "other": "other",
 }
 FFN_PARTS = {
@@ -46,11 +49,14 @@ FFN_PARTS = {
 }
 TOP_LEVEL = {"embed": "token_embedding", "positions": "position_embedding", "head": "lm_head"}
 QUANTIZATION_DATA = ("scales", "biases")
+ADAPTER_PARAMETERS = ("lora_a", "lora_b", "magnitude", "lora_scale", "lora_rescale")
 
 
 def component(path: str) -> str:
     """The component a parameter belongs to, from its path (e.g. `layers.3.ffn.experts.up_proj.weight`)."""
     parts = path.split(".")
+    if parts[-1] in ADAPTER_PARAMETERS:
+        return "adapters"
     if len(parts) > 1 and parts[-2].endswith("norm"):
         return "norms"
     if parts[0] != "layers":

@@ -4,6 +4,7 @@ from . import (  # noqa: F401  (registration happens on import)
     deepseek,
     deepseek_moe,
     gemma,
+    gemma4,
     glm4,
     gpt2,
     gpt_oss,

@@ -16,7 +16,7 @@ import math
 from ..errors import CheckpointError, UnsupportedArchitectureError
 
 MISSING = object()
-ROPE_TYPES = ("linear", "llama3", "yarn", "per_frequency")
+ROPE_TYPES = ("linear", "llama3", "yarn", "per_frequency", "proportional")
 MAX_SIZE = 2**31 - 1  # MLX's largest array dimension
 MAX_LAYERS = 4096  # over 30 times the deepest published model (126): more is a typo, and would not fit in memory
 
@@ -120,7 +120,7 @@ def rope_scaling(config: dict, key: str = "rope_scaling") -> dict | None:
             raise CheckpointError(f"config key 'rope_scaling.factors' must be a list of numbers, got {factors!r}")
         for i in range(len(factors)):
             number(dict(enumerate(factors)), i, kind=float, label=f"rope_scaling.factors[{i}]")
-    else:
+    elif kind != "proportional" or "factor" in scaling:  # proportional RoPE's factor defaults to 1
         number(scaling, "factor", kind=float, label="rope_scaling.factor")
     return scaling
 

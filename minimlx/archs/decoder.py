@@ -20,14 +20,18 @@ from ..core import (
     GatedShortConv,
     Indexer,
     LatentAttention,
+    LayerInputBlock,
+    PerLayerInputs,
     PostNormBlock,
     QueryTemperature,
     RMSNorm,
     RoPE,
     SelectiveStateSpace,
+    SharedKVAttention,
     SwiGLU,
     Transformer,
 )
+from ..core.ffn import ACTIVATIONS
 from ..errors import UnsupportedArchitectureError
 from .config import MAX_LAYERS, flag, number, require, rope_scaling
 from .experts import MoEConfig, stack_experts
@@ -172,6 +176,16 @@ class DecoderConfig:
     index_top_k: int = 0  # set: latent attention sees the top-k keys a lightning indexer of these sizes chooses
     index_heads: int = 0
     index_head_dim: int = 0
+    global_head_dim: int | None = None  # the global layers' own head width and kv heads, where they differ
+    global_kv_heads: int | None = None
+    global_values_from_keys: bool = False  # the global layers' values are their keys' projection (no v_proj)
+    value_norm: bool = False  # each value head RMS-normed (no weight)
+    kv_sources: tuple[tuple[int, int], ...] = ()  # (layer, source): the layer attends over the source's keys/values
+    layer_input_dims: int = 0  # set: each layer reads an input of its own (PerLayerInputs) this wide ...
+    layer_input_vocab: int = 0  # ... from a second embedding of this many tokens
+    layer_scalar: bool = False  # each block's output times a learned scalar
+    wide_ffn_layers: tuple[int, ...] = ()  # layers whose dense FFN is twice `ffn_dims` wide
+    moe_beside_ffn: bool = False  # `moe` runs beside the dense FFN (LayerInputBlock) in every layer, not instead
 
     @classmethod
     def from_config(cls, config: dict):
@@ -215,15 +229,23 @@ class DecoderConfig:
     def chunked(self, layer: int) -> bool:
         return self.chunk is not None and layer not in self.global_layers
 
+    def heads_of(self, layer: int) -> tuple[int, int]:
+        """Layer `layer`'s kv heads and head width: the global layers' own where they have them."""
+        if self.global_head_dim is None or self.sliding(layer):
+            return self.kv_heads, self.head_dim
+        return self.global_kv_heads or self.kv_heads, self.global_head_dim
+
     def rope(self, layer: int) -> RoPE | None:
-        """Layer `layer`'s RoPE: over `rotary_dims`, the windowed layers' own base and scaling where they have them."""
+        """Layer `layer`'s RoPE: over `rotary_dims` (of its heads' width), the windowed layers' own base and scaling
+        where they have them."""
         if layer in self.unrotated_layers:
             return None
         local = self.local_rope_base is not None and self.sliding(layer)
         base, scaling = (
             (self.local_rope_base, self.local_rope_scaling) if local else (self.rope_base, self.rope_scaling)
         )
-        return RoPE(self.rotary_dims, base, scaling, self.max_positions, self.interleaved_rope)
+        dims = self.rotary_dims * self.heads_of(layer)[1] // self.head_dim
+        return RoPE(dims, base, scaling, self.max_positions, self.interleaved_rope)
 
     def attention(self, layer: int) -> nn.Module:
         """Layer `layer`'s token-mixer: grouped-query attention (multi-head when `kv_heads == heads`), latent
@@ -247,11 +269,24 @@ class DecoderConfig:
             )
         rope = self.rope(layer)
         qk_norm = self.qk_norm and (rope is not None or not self.qk_norm_after_rope)
+        kv_heads, head_dim = self.heads_of(layer)
+        sources = dict(self.kv_sources)
+        if layer in sources:
+            return SharedKVAttention(
+                self.dims,
+                self.heads,
+                head_dim,
+                sources[layer],
+                rope,
+                self.norm_eps if qk_norm else None,
+                self.query_scale,
+                self.qk_norm_class or self.norm_class,
+            )
         return Attention(
             self.dims,
             self.heads,
-            self.kv_heads,
-            self.head_dim,
+            kv_heads,
+            head_dim,
             rope,
             self.qkv_bias,
             self.out_bias,
@@ -266,6 +301,9 @@ class DecoderConfig:
             chunk=self.chunk if self.chunked(layer) else None,
             qk_norm_after_rope=self.qk_norm_after_rope,
             output_gate=self.attn_output_gate,
+            values_from_keys=self.global_values_from_keys and not self.sliding(layer),
+            value_norm_eps=self.norm_eps if self.value_norm else None,
+            lends=layer if layer in sources.values() else None,
         )
 
     def indexer(self) -> Indexer:
@@ -280,16 +318,25 @@ class DecoderConfig:
         return QueryTemperature(*self.query_temperature) if self.query_temperature and scaled else None
 
     def ffn(self, layer: int) -> nn.Module:
-        """The dense gated FFN, or a mixture of experts in the layers `moe` covers."""
-        if self.moe is not None and self.moe.covers(layer):
+        """The dense gated FFN, or a mixture of experts in the layers `moe` covers (unless it runs beside the FFN)."""
+        if self.moe is not None and self.moe.covers(layer) and not self.moe_beside_ffn:
             return self.moe.build(self.dims, self.mlp_bias)
+        ffn_dims = self.ffn_dims * (2 if layer in self.wide_ffn_layers else 1)
         if self.activation == "silu":
-            return SwiGLU(self.dims, self.ffn_dims, bias=self.mlp_bias)
-        return GatedFFN(self.dims, self.ffn_dims, self.activation, self.mlp_bias)
+            return SwiGLU(self.dims, ffn_dims, bias=self.mlp_bias)
+        return GatedFFN(self.dims, ffn_dims, self.activation, self.mlp_bias)
 
     def block(self, layer: int) -> Block:
         """Layer `layer`'s attention and FFN, wired to the residual stream with their norms where `norms` puts them."""
         attn, ffn = self.attention(layer), self.ffn(layer)
+        if self.layer_scalar or self.layer_input_dims or self.moe_beside_ffn:
+            beside = self.moe_beside_ffn and self.moe.covers(layer)
+            norms = [
+                self.norm_class(self.dims, self.norm_eps) for _ in range(4 + 2 * beside + bool(self.layer_input_dims))
+            ]
+            moe = self.moe.build(self.dims, self.mlp_bias) if beside else None
+            activation = ACTIVATIONS[self.activation]
+            return LayerInputBlock(attn, ffn, norms, layer, self.dims, moe, self.layer_input_dims, activation)
         norms = [self.norm_class(self.dims, self.norm_eps) for _ in range(4 if self.norms == "both" else 2)]
         if self.residual_scale is not None:
             return BLOCKS[self.norms](attn, ffn, *norms, residual_scale=self.residual_scale)
@@ -300,6 +347,11 @@ class DecoderConfig:
         head = None if self.tied_head else nn.Linear(self.dims, self.vocab_size, bias=False)
         norm = self.norm_class(self.dims, self.norm_eps)
         embed = nn.Embedding(self.vocab_size, self.dims)
+        layer_inputs = None
+        if self.layer_input_dims:
+            layer_inputs = PerLayerInputs(
+                self.layer_input_vocab, self.dims, self.layers, self.layer_input_dims, self.norm_eps
+            )
         return Transformer(
             embed,
             blocks,
@@ -308,6 +360,8 @@ class DecoderConfig:
             embed_scale=self.embed_scale,
             logit_cap=self.logit_cap,
             logit_divisor=self.logit_divisor,
+            layer_inputs=layer_inputs,
+            blocks_apart=not (self.kv_sources or self.layer_input_dims or self.moe_beside_ffn),
         )
 
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
@@ -342,6 +396,11 @@ class DecoderConfig:
         for fused, parts in self.fused_parts().items():
             weights = fuse(weights, fused, [part for part, _ in parts])
         return self.names.to_theirs(weights)
+
+    def export_hf_weights(self, weights: dict) -> dict:
+        """The model's float tensors under the names and layouts transformers reads (`minimlx fuse` to a Hugging
+        Face folder): mlx-lm's, for the families whose layouts are the same."""
+        return self.export_weights(weights)
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:

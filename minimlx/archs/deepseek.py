@@ -19,7 +19,7 @@ from ..errors import UnsupportedArchitectureError
 from .config import flag, number, require
 from .decoder import DecoderConfig
 from .experts import MoEConfig
-from .gguf import Metadata, llama_config
+from .gguf import Metadata, llama_config, moe_config
 from .llama3 import Llama3Config
 from .registry import register
 
@@ -91,13 +91,4 @@ class DeepseekConfig(DecoderConfig):
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
         m = Metadata(metadata)
-        return {
-            **llama_config(metadata, tensors, "deepseek"),
-            "n_routed_experts": m["expert_count"],
-            "num_experts_per_tok": m["expert_used_count"],
-            "moe_intermediate_size": m["expert_feed_forward_length"],
-            "n_shared_experts": m.get("expert_shared_count", 0),
-            "first_k_dense_replace": m.get("leading_dense_block_count", 0),
-            "routed_scaling_factor": m.get("expert_weights_scale", 1.0),
-            "norm_topk_prob": False,
-        }
+        return {**llama_config(metadata, tensors, "deepseek"), **moe_config(m), "norm_topk_prob": False}

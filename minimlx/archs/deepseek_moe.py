@@ -15,8 +15,8 @@ from ..core.rope import yarn_mscale
 from ..errors import UnsupportedArchitectureError
 from .config import flag, number, require
 from .deepseek import DeepseekConfig
-from .gguf import Metadata, llama_config, unpacked
-from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, within_stack
+from .gguf import Metadata, llama_config, moe_config, unpacked
+from .names import GGUF_LAYER_INDEX, LLAMA_GGUF_NAMES, LLAMA_NAMES, within_stack
 from .registry import register
 
 # Latent attention's names; mlx-lm stores kv_b_proj already split per head as embed_q / unembed_out.
@@ -41,10 +41,8 @@ GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
         ("blk.{i}.attn_kv_b.", "layers.{i}.attn.kv_b_proj."),
         ("blk.{i}.attn_k_b.", "layers.{i}.attn.key_up_proj."),
         ("blk.{i}.attn_v_b.", "layers.{i}.attn.value_up_proj."),
-        ("blk.{i}.exp_probs_b.bias", "layers.{i}.ffn.router.score_bias"),
     ]
 )
-GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 KV_B_PROJ = re.compile(r"^(layers\.\d+\.attn\.)kv_b_proj\.weight$")
 
@@ -133,25 +131,15 @@ class DeepseekV2Config(DeepseekConfig):
             "qk_rope_head_dim": rope,
             "v_head_dim": m.get("attention.value_length_mla") or m["attention.value_length"],
             "rope_interleave": True,  # llama.cpp rotates adjacent pairs, as DeepSeek does
-            "n_routed_experts": m.get("expert_count"),
-            "num_experts_per_tok": m.get("expert_used_count"),
-            "moe_intermediate_size": m.get("expert_feed_forward_length"),
-            "n_shared_experts": m.get("expert_shared_count", 0),
-            "first_k_dense_replace": m.get("leading_dense_block_count", 0),
+            **moe_config(m),
             "scoring_func": "sigmoid" if gating == SIGMOID else "softmax",
             "topk_method": "noaux_tc" if gating == SIGMOID else "group_limited_greedy" if groups > 1 else "greedy",
-            "n_group": groups,
-            "topk_group": m.get("expert_group_used_count") or 1,
-            "norm_topk_prob": m.get("expert_weights_norm", False),
-            "routed_scaling_factor": m.get("expert_weights_scale", 1.0),
         }
 
     def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
         """llama.cpp's names -> the model's, as stored (its converter does not permute DeepSeek's q or kv_a rows);
         an older file's attn_kv_b split per head; multi-token-prediction layers dropped."""
-        layer = {name: GGUF_LAYER_INDEX.match(name) for name in tensors}
-        kept = {name: w for name, w in tensors.items() if not layer[name] or int(layer[name][1]) < self.layers}
-        weights = self.gguf_names.to_ours(kept)
+        weights = self.gguf_names.to_ours(within_stack(tensors, self.layers, GGUF_LAYER_INDEX))
         for name in [n for n in weights if KV_B_PROJ.match(n)]:
             weights[name] = unpacked(weights, name)
         return self.split_kv_b_proj(weights)

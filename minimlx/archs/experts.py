@@ -12,7 +12,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Experts, MoE, Router, SwiGLU, clamped_swiglu, is_moe_layer
-from ..core.moe import swiglu
+from ..core.ffn import ACTIVATIONS
+from ..core.moe import glu, swiglu
+from ..core.norms import RMSNorm
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class MoEConfig:
     every: int = 1
     phase: int = 0
     dense_layers: tuple[int, ...] = ()
+    activation: str = "silu"  # of the experts' gate (with no `swiglu_limit`)
+    input_norm_eps: float | None = None  # set: the router reads x RMS-normed and scaled, the experts an RMSNorm of x
+    expert_scale: bool = False  # each chosen weight times its expert's learned scale
 
     def covers(self, layer: int) -> bool:
         return is_moe_layer(layer, self.first_dense, self.every, self.phase, self.dense_layers)
@@ -61,12 +66,18 @@ class MoEConfig:
             self.score_bias,
             self.scale,
             self.router_bias,
+            self.input_norm_eps,
+            self.expert_scale,
         )
         limit, alpha = self.swiglu_limit, self.swiglu_alpha
-        activation = swiglu if limit is None else partial(clamped_swiglu, alpha=alpha, limit=limit)
+        if limit is not None:
+            activation = partial(clamped_swiglu, alpha=alpha, limit=limit)
+        else:
+            activation = swiglu if self.activation == "silu" else partial(glu, activation=ACTIVATIONS[self.activation])
         experts = Experts(dims, self.ffn_dims, self.num_experts, self.expert_bias, activation)
         if not self.shared_ffn_dims:
-            return MoE(router, experts, weighted_inputs=self.weighted_inputs)
+            norm = RMSNorm(dims, self.input_norm_eps) if self.input_norm_eps is not None else None
+            return MoE(router, experts, weighted_inputs=self.weighted_inputs, input_norm=norm)
         gate = nn.Linear(dims, 1, bias=False) if self.shared_gate else None
         return MoE(router, experts, SwiGLU(dims, self.shared_ffn_dims, bias=bias), gate, self.weighted_inputs)
 

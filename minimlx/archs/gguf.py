@@ -53,6 +53,21 @@ def llama_config(metadata: dict, tensors: dict, model_type: str) -> dict:
     }
 
 
+def moe_config(m: Metadata) -> dict:
+    """DeepSeek's mixture-of-experts config keys (DeepSeek-MoE, V2, V3, GLM-4.5) from llama.cpp's expert keys."""
+    return {
+        "n_routed_experts": m["expert_count"],
+        "num_experts_per_tok": m["expert_used_count"],
+        "moe_intermediate_size": m["expert_feed_forward_length"],
+        "n_shared_experts": m.get("expert_shared_count", 0),
+        "first_k_dense_replace": m.get("leading_dense_block_count", 0),
+        "routed_scaling_factor": m.get("expert_weights_scale", 1.0),
+        "n_group": m.get("expert_group_count") or 1,
+        "topk_group": m.get("expert_group_used_count") or 1,
+        "norm_topk_prob": m.get("expert_weights_norm", False),
+    }
+
+
 def windows(m: Metadata, pattern: int, window: int | None = None) -> dict:
     """The sliding window and the layers it covers, as config keys: `attention.sliding_window` (`window` without
     it; 0 means none) and `attention.sliding_window_pattern`, every n-th layer global or a flag per layer (`pattern`

@@ -13,8 +13,15 @@ from dataclasses import dataclass, replace
 from .config import flag
 from .decoder import DecoderConfig
 from .deepseek import deepseek_experts
-from .gguf import Metadata, llama_config, partial_rotary
-from .names import FUSED_GATE_UP_GGUF_NAMES, LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, within_stack
+from .gguf import Metadata, llama_config, moe_config, partial_rotary
+from .names import (
+    FUSED_GATE_UP_GGUF_NAMES,
+    GGUF_LAYER_INDEX,
+    LLAMA_GGUF_NAMES,
+    LLAMA_NAMES,
+    POST_NORM_GGUF_NAMES,
+    within_stack,
+)
 from .phi3 import Phi3Config
 from .registry import register
 
@@ -72,6 +79,9 @@ class Glm4MoeConfig(DecoderConfig):
         "first_k_dense_replace": 1,
         "norm_topk_prob": True,
     }
+    gguf_architectures = ("glm4moe",)
+    # llama.cpp's `glm4moe` names the FFN's input norm after the attention, as transformers does
+    gguf_names = LLAMA_GGUF_NAMES.extended([("blk.{i}.post_attention_norm.", "layers.{i}.ffn_norm.")])
 
     @classmethod
     def from_config(cls, config: dict):
@@ -85,3 +95,18 @@ class Glm4MoeConfig(DecoderConfig):
 
     def convert_weights(self, weights: dict) -> dict:
         return super().convert_weights(within_stack(weights, self.layers))
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """LLaMA's keys, the rotated share of each head, and DeepSeek's expert keys; the multi-token-prediction
+        layers llama.cpp counts in `block_count` are left out."""
+        m = Metadata(metadata)
+        return {
+            **partial_rotary(m, llama_config(metadata, tensors, "glm4_moe")),
+            **moe_config(m),
+            "num_hidden_layers": m["block_count"] - m.get("nextn_predict_layers", 0),
+            "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+        }
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        return super().convert_gguf_weights(within_stack(tensors, self.layers, GGUF_LAYER_INDEX), metadata)

@@ -29,6 +29,7 @@ from .registry import register
 
 # `...experts.gate_up_proj` / `down_proj`, and their `_bias`, `_blocks`, `_scales`
 FUSED_EXPERTS = re.compile(r"^(.*\.experts\.)(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
+SPLIT_EXPERTS = re.compile(r"^(.*\.experts\.)(gate_proj|up_proj|down_proj)\.(weight|bias)$")  # as the model's
 
 
 def split_experts(weights: dict) -> dict:
@@ -50,6 +51,26 @@ def split_experts(weights: dict) -> dict:
         else:  # rows alternate: gate, up, gate, up, ...
             out[f"{experts}gate_proj{tensor}"] = mx.contiguous(w[:, ::2])
             out[f"{experts}up_proj{tensor}"] = mx.contiguous(w[:, 1::2])
+    return out
+
+
+def fuse_experts(weights: dict) -> dict:
+    """Split float experts (`gate_proj`, `up_proj`, `down_proj`) -> the checkpoint's fused, interleaved ones (the
+    inverse of `split_experts`)."""
+    out = {}
+    for name, w in weights.items():
+        match = SPLIT_EXPERTS.match(name)
+        if match is None:
+            out[name] = w
+            continue
+        experts, projection, tensor = match.groups()
+        suffix = "_bias" if tensor == "bias" else ""
+        if projection == "down_proj":
+            out[f"{experts}down_proj{suffix}"] = w if suffix else w.swapaxes(-1, -2)
+        elif projection == "gate_proj":
+            up = weights[f"{experts}up_proj.{tensor}"]
+            both = mx.stack([w, up], axis=2).reshape(w.shape[0], -1, *w.shape[2:])  # rows: gate, up, gate, ...
+            out[f"{experts}gate_up_proj{suffix}"] = both if suffix else both.swapaxes(-1, -2)
     return out
 
 
@@ -104,6 +125,11 @@ class GptOssConfig(DecoderConfig):
     def convert_weights(self, weights: dict) -> dict:
         """The checkpoint's fused experts split apart, then renamed as every family's tensors are."""
         return super().convert_weights(split_experts(weights))
+
+    def export_hf_weights(self, weights: dict) -> dict:
+        """Hugging Face's layout: the experts fused again, gate and up rows interleaved, float weights stored
+        (experts, in, out)."""
+        return fuse_experts(self.export_weights(weights))
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:

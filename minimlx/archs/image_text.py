@@ -19,6 +19,8 @@ TOWERS = (
     r"(^|\.)visual\.",
     r"(^|\.)multi_modal_projector\.",
     r"(^|\.)embed_vision\.",
+    r"(^|\.)audio_tower\.",
+    r"(^|\.)embed_audio\.",
 )
 
 
@@ -64,6 +66,8 @@ class ImageText:
         skipped = len(weights) - len(NameMap([], drop=list(TOWERS)).to_ours(weights))
         if skipped:
             log.warning(
-                "%s: the text model is read; the vision tower's %d tensors are skipped", self.image_text_type, skipped
+                "%s: the text model is read; its towers' (vision, audio) %d tensors are skipped",
+                self.image_text_type,
+                skipped,
             )
         return super().convert_weights(weights)

@@ -12,6 +12,10 @@ The router picks the top `num_experts_per_tok` experts by logit; each reads the 
 
 Checkpoints store each layer's experts fused and transposed, `experts.gate_up_proj` as (experts, dims, 2 * hidden)
 and `experts.down_proj` as (experts, hidden, dims).
+
+llama.cpp's `llama4` files hold LLaMA's keys and the expert sizes, not the chunk, the temperature or the layers
+without RoPE: llama.cpp takes Scout's and Maverick's (chunks of 8192 in three layers of four, floor_scale 8192,
+attn_scale 0.1), unless `attention.sliding_window` is 0 (every layer rotated, whole text).
 """
 
 import re
@@ -21,6 +25,7 @@ from ..core import UnscaledRMSNorm
 from .config import flag, number, require
 from .decoder import DecoderConfig
 from .experts import MoEConfig
+from .gguf import Metadata, llama_config
 from .image_text import ImageText, text_model_names
 from .names import LLAMA_NAMES
 from .registry import register
@@ -32,6 +37,7 @@ NAMES = LLAMA_NAMES.extended(
         ("model.layers.{i}.feed_forward.", "layers.{i}.ffn."),
     ]
 )
+LLAMACPP_CHUNK = 8192  # llama.cpp's chunk and temperature floor for every `llama4` file
 TRANSPOSED_EXPERTS = re.compile(r"\.feed_forward\.experts\.(gate_up_proj|down_proj)$")
 
 
@@ -61,6 +67,8 @@ class Llama4TextConfig(DecoderConfig):
         "floor_scale": 8192,
         "attn_scale": 0.1,
     }
+
+    gguf_architectures = ("llama4",)
 
     interleaved_rope: bool = True
     qk_norm_after_rope: bool = True
@@ -104,6 +112,31 @@ class Llama4TextConfig(DecoderConfig):
             temperature_layers=unrotated,
             moe=llama4_experts(c, layers),
         )
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """Maverick's 128 experts run without the query and key norms, as llama.cpp decides by the expert count."""
+        m = Metadata(metadata)
+        config = llama_config(metadata, tensors, "llama4_text")
+        layers, experts = config["num_hidden_layers"], m["expert_count"]
+        chunked = m.get("attention.sliding_window") != 0
+        # the chunked (rotated) layers: a flag per layer, or all but every n-th
+        pattern = m.get("attention.sliding_window_pattern", 4) if chunked else [1] * layers
+        rotated = pattern if isinstance(pattern, list) else [(i + 1) % pattern != 0 for i in range(layers)]
+        return {
+            **config,
+            "intermediate_size": m["expert_feed_forward_length"],
+            "intermediate_size_mlp": config["intermediate_size"],
+            "num_local_experts": experts,
+            "num_experts_per_tok": m["expert_used_count"],
+            "interleave_moe_layer_step": m["interleave_moe_layer_step"],
+            "no_rope_layers": [int(bool(r)) for r in rotated],
+            "attention_chunk_size": LLAMACPP_CHUNK if chunked else None,
+            "floor_scale": LLAMACPP_CHUNK,
+            "attn_scale": 0.1,
+            "attn_temperature_tuning": chunked,
+            "use_qk_norm": experts != 128,
+        }
 
     def convert_weights(self, weights: dict) -> dict:
         """The fused experts turned to the (experts, out, in) layout before they are split."""

@@ -6,13 +6,14 @@ layer. Queries and keys are RMS-normalised over the whole projection (all heads 
 before RoPE, which turns the first `rotary_dim` features of each head (rotate-half pairs). The router scores experts
 with a sigmoid; a correction bias (`e_score_correction_bias`) shifts the scores that choose the top
 `num_experts_per_tok`, whose unshifted scores are renormalised to sum to 1. Expert tensors are Mixtral's (`w1` gate,
-`w3` up, `w2` down, under `block_sparse_moe`).
+`w3` up, `w2` down, under `block_sparse_moe`). llama.cpp's `minimax-m2` files keep the q/k rows as stored.
 """
 
 from dataclasses import dataclass, replace
 
 from .config import choice, number, require
 from .experts import MoEConfig
+from .gguf import Metadata, llama_config
 from .mistral import MixtralConfig
 from .registry import register
 
@@ -35,6 +36,8 @@ class MiniMaxM2Config(MixtralConfig):
         ]
     )
     defaults = {"rms_norm_eps": 1e-6, "rope_theta": 5000000.0}
+    gguf_architectures = ("minimax-m2",)
+    gguf_rows_permuted = False
 
     qk_norm: bool = True
     qk_norm_per_head: bool = False
@@ -52,3 +55,14 @@ class MiniMaxM2Config(MixtralConfig):
             arch.moe.num_experts, arch.moe.experts_per_token, arch.ffn_dims, "sigmoid", normalize=True, score_bias=True
         )
         return replace(arch, rotary_dims=rotary, moe=moe)
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        m = Metadata(metadata)
+        return {
+            **llama_config(metadata, tensors, "minimax_m2"),
+            "rotary_dim": m["rope.dimension_count"],
+            "num_local_experts": m["expert_count"],
+            "num_experts_per_tok": m["expert_used_count"],
+            "intermediate_size": m["expert_feed_forward_length"],
+        }

@@ -17,6 +17,7 @@ from .config import number, require, sliding_window
 from .decoder import DecoderConfig
 from .deepseek_moe import DeepseekV2Config
 from .experts import MoEConfig
+from .gguf import Metadata, llama_config
 from .image_text import ImageText, text_model_names
 from .llama3 import Llama3Config
 from .names import LLAMA_NAMES
@@ -94,11 +95,28 @@ class Ministral3Config(MistralConfig):
             "llama_4_scaling_beta": 0.1,
         },
     }
+    gguf_architectures = ("mistral3",)
+    gguf_rows_permuted = True  # llama.cpp's converter writes them as LLaMA's
 
     @classmethod
     def from_config(cls, config: dict):
         arch = super().from_config(config)
         return replace(arch, query_temperature=position_temperature(arch.rope_scaling))
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's `mistral3` (the text of Ministral 3 and of Mistral 3's image-text checkpoints): LLaMA's keys,
+        the query temperature's beta as `attention.temperature_scale`, and yarn's `mscale_all_dim` as
+        `rope.scaling.yarn_log_multiplier` (llama.cpp takes mscale to be 1)."""
+        m = Metadata(metadata)
+        config = llama_config(metadata, tensors, "ministral3")
+        scaling = config["rope_scaling"]
+        if scaling is not None and scaling["rope_type"] == "yarn":
+            if (log_mul := m.get("rope.scaling.yarn_log_multiplier")) is not None:
+                scaling.update(mscale=1.0, mscale_all_dim=log_mul)
+            if (beta := m.get("attention.temperature_scale")) is not None:
+                scaling["llama_4_scaling_beta"] = beta
+        return {**config, "sliding_window": m.get("attention.sliding_window")}
 
 
 @register("mistral3")

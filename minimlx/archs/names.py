@@ -55,12 +55,14 @@ class NameMap:
 
 
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+GGUF_LAYER_INDEX = re.compile(r"^blk\.(\d+)\.")
 
 
-def within_stack(weights: dict, layers: int) -> dict:
+def within_stack(weights: dict, layers: int, index: re.Pattern = LAYER_INDEX) -> dict:
     """`weights` without the checkpoint layers past the model's `layers` (a multi-token-prediction module stored as
-    one more layer: DeepSeek-V3's, GLM-4.5's), which minimlx does not run."""
-    return {k: v for k, v in weights.items() if not ((m := LAYER_INDEX.match(k)) and int(m[1]) >= layers)}
+    one more layer: DeepSeek-V3's, GLM-4.5's), which minimlx does not run; `index` finds a tensor's layer
+    (GGUF_LAYER_INDEX for llama.cpp's names)."""
+    return {k: v for k, v in weights.items() if not ((m := index.match(k)) and int(m[1]) >= layers)}
 
 
 # Hugging Face and mlx-lm names (mlx-lm's first where they differ: that is the layout `convert` writes).
@@ -81,7 +83,8 @@ LLAMA_NAMES = NameMap(
     drop=[r"rotary_emb\.inv_freq$"],
 )
 
-# llama.cpp's names (`llama`, and the families that share its tensors; shared experts: Qwen2-MoE's, DeepSeek's).
+# llama.cpp's names (`llama`, and the families that share its tensors; shared experts: Qwen2-MoE's, DeepSeek's;
+# the routers' correction biases: DeepSeek-V3's, GLM-4.5's, MiniMax-M2's).
 LLAMA_GGUF_NAMES = NameMap(
     [
         ("token_embd.", "embed."),
@@ -96,6 +99,7 @@ LLAMA_GGUF_NAMES = NameMap(
         ("blk.{i}.attn_output.", "layers.{i}.attn.o_proj."),
         ("blk.{i}.ffn_norm.", "layers.{i}.ffn_norm."),
         ("blk.{i}.ffn_gate_inp.", "layers.{i}.ffn.router.proj."),
+        ("blk.{i}.exp_probs_b.bias", "layers.{i}.ffn.router.score_bias"),
         ("blk.{i}.ffn_gate_exps.", "layers.{i}.ffn.experts.gate_proj."),
         ("blk.{i}.ffn_up_exps.", "layers.{i}.ffn.experts.up_proj."),
         ("blk.{i}.ffn_down_exps.", "layers.{i}.ffn.experts.down_proj."),

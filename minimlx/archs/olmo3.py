@@ -4,14 +4,17 @@ Blocks: attention -> RMSNorm, added; SwiGLU FFN -> RMSNorm, added (the norms rea
 the stream). Queries and keys are RMS-normalised over the whole projection (all heads at once) before RoPE.
 Three of every four layers attend through a `sliding_window` (`layer_types` says which); the others see the whole
 text, with their own RoPE scaling where `rope_parameters` gives one per layer type.
+
+llama.cpp writes OLMo 2 and 3 as `olmo2`: the windowed layers' base in `rope.freq_base_swa`, turned unscaled.
 """
 
 from dataclasses import dataclass, replace
 
 from .config import global_layers, number, rope_scaling
 from .decoder import DecoderConfig
+from .gguf import Metadata, llama_config, windows
 from .llama3 import Llama3Config
-from .names import LLAMA_NAMES
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 from .registry import register
 
 # OLMo's norms sit after the sub-layers: `post_attention_layernorm` is the attention's output norm, not the FFN's input.
@@ -19,6 +22,12 @@ NORMS_AFTER_SUBLAYERS = LLAMA_NAMES.extended(
     [
         ("model.layers.{i}.post_attention_layernorm.", "layers.{i}.attn_norm."),
         ("model.layers.{i}.post_feedforward_layernorm.", "layers.{i}.ffn_norm."),
+    ]
+)
+GGUF_NORMS_AFTER_SUBLAYERS = LLAMA_GGUF_NAMES.extended(
+    [
+        ("blk.{i}.post_attention_norm.", "layers.{i}.attn_norm."),
+        ("blk.{i}.post_ffw_norm.", "layers.{i}.ffn_norm."),
     ]
 )
 
@@ -33,6 +42,8 @@ class Olmo3Config(DecoderConfig):
         "sliding_window": 4,
     }
     names = NORMS_AFTER_SUBLAYERS
+    gguf_architectures = ("olmo2",)
+    gguf_names = GGUF_NORMS_AFTER_SUBLAYERS
     defaults = {"sliding_window": 4096}
 
     norms: str = "after"
@@ -53,3 +64,10 @@ class Olmo3Config(DecoderConfig):
             local_rope_base=number(c, "rope_local_base_freq", arch.rope_base, float),
             local_rope_scaling=rope_scaling(c, "rope_local_scaling"),
         )
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """LLaMA's keys, the window and the layers it covers (none in OLMo 2's files), the windowed layers' base."""
+        m = Metadata(metadata)
+        config = {**llama_config(metadata, tensors, "olmo3"), **windows(m, 4)}
+        return {**config, "rope_local_base_freq": m.get("rope.freq_base_swa", config["rope_theta"])}

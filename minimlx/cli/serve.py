@@ -84,6 +84,15 @@ def loopback(host: str) -> bool:
 
 @main.command()
 @click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
+@click.option(
+    "--adapter",
+    "adapters",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="Serve the LoRA/DoRA adapter in PATH (PEFT or mlx-lm folder) as NAME, beside the base model; repeatable. A "
+    "request picks it with model 'BASE:NAME' (or 'NAME'), or an 'adapter' field; rows of different adapters decode in "
+    "one batch.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
 @whole_option("--max-batch", 8, "Most sequences decoded together; more requests wait.")
@@ -174,6 +183,7 @@ def loopback(host: str) -> bool:
 @exact_option
 @parallel_options
 def serve(
+    adapters,
     host,
     port,
     max_batch,
@@ -205,6 +215,7 @@ def serve(
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
+    folders = adapter_folders(adapters, options["parallel"])
 
     if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
         from ..distributed import Mirrored as Engine
@@ -224,6 +235,7 @@ def serve(
         prompt_cache_bytes=prompt_cache_bytes,
         prompt_cache_dir=prompt_cache_dir,
         max_kv_size=options["max_kv_size"],
+        adapters=served(model, folders),
     )
     if options["parallel"] and engine.rank != 0:
         return engine.follow()
@@ -248,6 +260,22 @@ def serve(
         log_format=log_format,
         embedder=embedder_of(model, tokenizer, name, pooling),
     )
+
+
+def adapter_folders(specs: tuple[str, ...], parallel) -> dict[str, str]:
+    """--adapter's NAME=PATH options as {name: folder}, checked before the model loads."""
+    if specs and parallel:
+        raise InvalidSettingError("adapters are not served across processes yet; drop --parallel or --adapter")
+    from ..tune.serving import parse_adapter_specs
+
+    return parse_adapter_specs(specs)
+
+
+def served(model, folders: dict[str, str]):
+    """The engine's `Adapters` of `folders` attached to `model`; None without any."""
+    from ..tune.serving import served_adapters
+
+    return served_adapters(model, folders) if folders else None
 
 
 def startup_notes(engine, tokenizer, chat_template, host: str, api_key: str | None, prompt_cache_dir) -> None:

@@ -1,7 +1,7 @@
 """MLX building blocks of decoder-only transformers. No architecture is named here."""
 
-from .attention import Attention, capped_attention, soft_cap
-from .block import Block, FourNormBlock, PostNormBlock
+from .attention import Attention, SharedKVAttention, capped_attention, soft_cap
+from .block import Block, FourNormBlock, LayerInputBlock, PostNormBlock
 from .cache import (
     ChunkedKVCache,
     IndexedLatentCache,
@@ -10,9 +10,11 @@ from .cache import (
     QuantizedKVCache,
     RecurrentCache,
     RotatingKVCache,
+    SharedKVCache,
 )
 from .ffn import MLP, GatedFFN, SwiGLU
 from .latent_attention import LatentAttention
+from .layer_inputs import PerLayerInputs
 from .moe import Experts, MoE, Router, clamped_swiglu, is_moe_layer
 from .norms import LayerNorm, OffsetRMSNorm, RMSNorm, UnscaledRMSNorm
 from .positions import Positions
@@ -59,6 +61,10 @@ __all__ = [
     "KVCache",
     "QuantizedKVCache",
     "LatentAttention",
+    "LayerInputBlock",
+    "PerLayerInputs",
+    "SharedKVAttention",
+    "SharedKVCache",
     "LatentCache",
     "LayerNorm",
     "MLP",

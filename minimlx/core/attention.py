@@ -9,9 +9,9 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import Can, ChunkedKVCache, KVCache, RotatingKVCache, visible
-from .norms import RMSNorm
-from .positions import Positions
+from .cache import Can, ChunkedKVCache, KVCache, RotatingKVCache, SharedKVCache, visible
+from .norms import RMSNorm, UnscaledRMSNorm
+from .positions import LentKV, Positions
 from .recorder import Recorder
 from .rope import RoPE
 from .temperature import QueryTemperature
@@ -116,7 +116,10 @@ class Attention(nn.Module):
     tokens and each token sees only those before it in its own chunk (chunked local attention; its cache keeps at
     most one chunk). With `qk_norm_after_rope`, the per-head query and key norms come after RoPE instead of before.
     With `output_gate`, q_proj is twice as wide (each head's queries, then its gate) and the heads' output is
-    multiplied by sigmoid(gate) before the output projection.
+    multiplied by sigmoid(gate) before the output projection. With `values_from_keys`, there is no v_proj: the values
+    are the keys' projection itself (before the key norm and RoPE). With `value_norm_eps`, each value head goes
+    through a weightless RMSNorm. With `lends` (its layer's index), the keys and values it attends over in a pass,
+    cached ones included, are lent to the later layers that attend over them too (`SharedKVAttention`).
     """
 
     def __init__(
@@ -139,13 +142,20 @@ class Attention(nn.Module):
         chunk: int | None = None,
         qk_norm_after_rope: bool = False,
         output_gate: bool = False,
+        values_from_keys: bool = False,
+        value_norm_eps: float | None = None,
+        lends: int | None = None,
     ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.output_gate = output_gate
         self.q_proj = nn.Linear(dims, heads * head_dim * (2 if output_gate else 1), bias=qkv_bias)
         self.k_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
+        if not values_from_keys:
+            self.v_proj = nn.Linear(dims, kv_heads * head_dim, bias=qkv_bias)
+        if value_norm_eps is not None:
+            self.v_norm = UnscaledRMSNorm(head_dim, value_norm_eps)
+        self.values_from_keys, self.lends = values_from_keys, lends
         self.o_proj = nn.Linear(heads * head_dim, dims, bias=out_bias)
         if qk_norm_eps is not None:
             self.q_norm = qk_norm(head_dim if qk_norm_per_head else heads * head_dim, qk_norm_eps)
@@ -168,7 +178,8 @@ class Attention(nn.Module):
     ) -> mx.array:
         """x: (batch, tokens, dims), continuing `cache` if given; `positions` are the forward pass's."""
         positions = positions or Positions.of(x.shape[1], cache)
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = self.q_proj(x), self.k_proj(x)
+        v = k if self.values_from_keys else self.v_proj(x)
         gate = None
         if self.output_gate:
             q, gate = self.split_gate(q)
@@ -178,6 +189,8 @@ class Attention(nn.Module):
         head_norms = "q_norm" in self and self.qk_norm_per_head
         if head_norms and not self.qk_norm_after_rope:  # over each head's features, whatever the axes' order
             q, k = self.q_norm(q), self.k_norm(k)
+        if "v_norm" in self:
+            v = self.v_norm(v)
         mask = positions.mask(cache, self.window, self.chunk)
         if self.rope is not None:
             q, k = self.rope.rotate(q, positions), self.rope.rotate(k, positions)
@@ -187,6 +200,12 @@ class Attention(nn.Module):
             q = self.query_temperature(q, positions)
         if cache is not None:
             k, v = cache.update(*self.cached(k, v, cache))
+        if self.lends is not None:
+            positions.lend(self.lends, LentKV(k, v, mask, cache))
+        return self.attend_over(q, k, v, mask, cache, recorder, gate)
+
+    def attend_over(self, q: mx.array, k, v, mask, cache, recorder: Recorder | None, gate) -> mx.array:
+        """The heads' output over keys and values as `cache` holds them (quantized or not), projected back."""
         sinks = self.get("sinks")
         if cache is not None and cache.can(Can.QUANTIZED):
             if recorder is None and self.logit_cap is None and sinks is None:
@@ -231,3 +250,51 @@ class Attention(nn.Module):
         if self.chunk is not None:
             return ChunkedKVCache(self.chunk)
         return KVCache() if self.window is None else RotatingKVCache(self.window)
+
+
+class SharedKVAttention(Attention):
+    """Attention over the keys and values an earlier layer (`source`, whose `Attention` lends them) attends over in
+    the same pass (KV shared across layers): queries of its own (projected, normed, rotated), no key or value
+    projections, and a cache (`SharedKVCache`) that only counts the tokens, the source's cache holding their keys
+    and values. The mask is the source's, so a windowed source gives a windowed layer."""
+
+    def __init__(
+        self,
+        dims: int,
+        heads: int,
+        head_dim: int,
+        source: int,
+        rope: RoPE | None = None,
+        qk_norm_eps: float | None = None,
+        scale: float | None = None,
+        qk_norm: Callable[[int, float], nn.Module] = RMSNorm,
+    ):
+        nn.Module.__init__(self)
+        self.heads, self.head_dim, self.source = heads, head_dim, source
+        self.q_proj = nn.Linear(dims, heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, dims, bias=False)
+        if qk_norm_eps is not None:
+            self.q_norm = qk_norm(head_dim, qk_norm_eps)
+        self.rope, self.logit_cap, self.output_gate = rope, None, False
+        self.scale = head_dim**-0.5 if scale is None else scale
+
+    def __call__(
+        self,
+        x: mx.array,
+        cache: SharedKVCache | None = None,
+        recorder: Recorder | None = None,
+        positions: Positions | None = None,
+    ) -> mx.array:
+        positions = positions or Positions.of(x.shape[1], cache)
+        q = split_heads(self.q_proj(x), self.heads)
+        if "q_norm" in self:
+            q = self.q_norm(q)
+        if self.rope is not None:
+            q = self.rope.rotate(q, positions)
+        lent = positions.borrowed(self.source)
+        if cache is not None:
+            cache.update(x.shape[1])
+        return self.attend_over(q, lent.keys, lent.values, lent.mask, lent.cache, recorder, None)
+
+    def make_cache(self) -> SharedKVCache:
+        return SharedKVCache()

@@ -1,5 +1,7 @@
 """A transformer block: two sub-layers, each read through a norm and added to the residual stream."""
 
+from collections.abc import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -76,3 +78,52 @@ class FourNormBlock(Block):
 
     def ffn_branch(self, x: mx.array) -> mx.array:
         return self.post_ffn_norm(super().ffn_branch(x))
+
+
+class LayerInputBlock(FourNormBlock):
+    """`FourNormBlock` with up to two more inputs, and its output times a learned scalar (`layer_scalar`):
+
+    - `moe`, a mixture of experts beside the dense FFN, routed from the residual stream itself: the FFN sub-layer's
+      output is post_ffn_norm(post_dense_norm(ffn(ffn_norm(x))) + post_moe_norm(moe(x)));
+    - `input_dims`, the layer's own input (`Positions.layer_input`, from `PerLayerInputs`): after both sub-layers,
+      + input_norm(input_proj(activation(input_gate(h)) * input)).
+    """
+
+    def __init__(
+        self,
+        attn,
+        ffn,
+        norms: list[nn.Module],
+        layer: int,
+        dims: int,
+        moe: nn.Module | None = None,
+        input_dims: int = 0,
+        activation: Callable | None = None,
+    ):
+        attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, *more = norms
+        super().__init__(attn, ffn, attn_norm, ffn_norm, post_attn_norm, post_ffn_norm)
+        self.layer, self.activation = layer, activation
+        if moe is not None:
+            self.moe = moe
+            self.post_dense_norm, self.post_moe_norm = more[:2]
+        if input_dims:
+            self.input_norm = more[-1]
+            self.input_gate = nn.Linear(dims, input_dims, bias=False)
+            self.input_proj = nn.Linear(input_dims, dims, bias=False)
+        self.input_dims = input_dims
+        self.layer_scalar = mx.ones((1,))
+
+    def ffn_branch(self, x: mx.array) -> mx.array:
+        if "moe" not in self:
+            return super().ffn_branch(x)
+        dense = self.post_dense_norm(self.ffn(self.ffn_input(x)))
+        return self.post_ffn_norm(dense + self.post_moe_norm(self.moe(x)))
+
+    def __call__(
+        self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
+    ) -> mx.array:
+        h = super().__call__(x, cache, recorder, positions)
+        if self.input_dims:
+            own = self.activation(self.input_gate(h)) * positions.layer_input(self.layer)
+            h = h + self.input_norm(self.input_proj(own))
+        return h * self.layer_scalar.astype(h.dtype)

@@ -47,6 +47,9 @@ class Can(enum.Flag):
     BUFFERS = enum.auto()
     """Keys and values in `buffers` that an op writes one token into at `start` (`reserve`, then `written`): the
     compiled step and the native `block_step`."""
+    SHARED = enum.auto()
+    """Holds no entries of its own: the layer attends over another layer's cache (`SharedKVCache`), so that cache's
+    bounds are its bounds."""
     FIXED = enum.auto()
     """A fixed capacity written at an array position (`FixedKVCache`): what the compiled step replays over. It stands
     for the growing kind `saved_as` names."""
@@ -418,6 +421,86 @@ class IndexedLatentCache(GrowingBuffer):
 
     def update(self, latent_keys: mx.array, index_keys: mx.array) -> tuple[mx.array, mx.array]:
         return tuple(self.append(latent_keys, index_keys))
+
+
+class SharedKVCache(Cache):
+    """The cache of a layer that attends over an earlier layer's keys and values (KV shared across layers): the
+    earlier layer's cache holds them and lends each pass's to this layer (`Positions.lend`), so this one holds no
+    entries, only the tokens seen and each row's padding, which batching, trimming and snapshots keep in step with
+    the other layers'."""
+
+    capabilities = Can.SNAPSHOT | Can.CUT | Can.ROWS | Can.SHARED
+
+    def __init__(self):
+        self.offset = 0
+        self.padding: list[int] = []  # per row; empty means no row is padded
+        self.row_count = 1
+
+    def update(self, tokens: int) -> None:
+        """Count `tokens` more tokens seen (their keys and values are the lending layer's)."""
+        self.offset += tokens
+
+    @property
+    def position(self) -> int | mx.array:
+        return row_positions(self.offset, self.padding) if any(self.padding) else self.offset
+
+    def mask(self, tokens: int) -> str | mx.array | None:
+        return "causal" if tokens > 1 else None  # unused: the lending layer's mask comes with its keys and values
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    @property
+    def state(self) -> list[mx.array]:
+        return []
+
+    def empty(self) -> "SharedKVCache":
+        return SharedKVCache()
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot([], self.offset, list(self.padding))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        self.offset, self.padding = snapshot.offset, list(snapshot.padding)
+        self.row_count = max(len(self.padding), 1)
+
+    def keeps(self, count: int) -> bool:
+        return count <= self.offset
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        self.offset -= n
+        return n
+
+    def prefix(self, count: int) -> "SharedKVCache":
+        fresh = SharedKVCache()
+        fresh.offset = count
+        return fresh
+
+    def rows(self) -> int:
+        return self.row_count
+
+    def select(self, rows: list[int]) -> "SharedKVCache":
+        padding = [self.row_padding()[r] for r in rows]
+        picked = SharedKVCache()
+        drop = min(padding)
+        picked.offset, picked.padding, picked.row_count = self.offset - drop, [p - drop for p in padding], len(rows)
+        return picked
+
+    def row_padding(self) -> list[int]:
+        return self.padding or [0] * self.rows()
+
+    @classmethod
+    def merge(cls, caches: list["SharedKVCache"]) -> "SharedKVCache":
+        if len(caches) == 1:
+            return caches[0]
+        merged = SharedKVCache()
+        merged.offset = max(c.offset for c in caches)
+        for c in caches:
+            merged.padding += [p + merged.offset - c.offset for p in c.row_padding()]
+        merged.row_count = len(merged.padding)
+        return merged
 
 
 def visible(

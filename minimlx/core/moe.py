@@ -27,7 +27,9 @@ class Router(nn.Module):
     `groups > 1` the experts form equal groups, each ranked by the sum of its `group_top` best scores, and only
     experts of the `groups_kept` best groups can be chosen. `score_bias` shifts the scores used for choosing only;
     the weights of the chosen experts are the unshifted scores, renormalised to sum to 1 when
-    `normalize`, then multiplied by `scale`.
+    `normalize`, then multiplied by `scale`. With `input_norm_eps`, the router reads x RMS-normed, times a learned
+    `input_scale` per feature and 1/sqrt(dims); with `expert_scale`, each chosen weight is multiplied by its expert's
+    learned `expert_scale`.
     """
 
     def __init__(
@@ -43,8 +45,16 @@ class Router(nn.Module):
         score_bias: bool = False,
         scale: float = 1.0,
         logit_bias: bool = False,
+        input_norm_eps: float | None = None,
+        expert_scale: bool = False,
     ):
         super().__init__()
+        if input_norm_eps is not None:
+            self.input_scale = mx.ones((dims,))
+        self.input_norm_eps = input_norm_eps
+        if expert_scale:
+            self.expert_scale = mx.ones((num_experts,))
+        self.dims = dims
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unsupported expert scoring {scoring!r}; supported: softmax, sigmoid")
         self.proj = nn.Linear(dims, num_experts, bias=logit_bias)
@@ -57,6 +67,8 @@ class Router(nn.Module):
 
     def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """x: (..., dims) -> expert_indices (..., k) int, expert_weights (..., k) float32."""
+        if "input_scale" in self:
+            x = mx.fast.rms_norm(x, self.input_scale * self.dims**-0.5, self.input_norm_eps)
         logits = self.proj(x).astype(mx.float32)
         scores = mx.sigmoid(logits) if self.scoring == "sigmoid" else mx.softmax(logits, axis=-1)
         choice = scores + self.score_bias.astype(mx.float32) if "score_bias" in self else scores
@@ -66,10 +78,12 @@ class Router(nn.Module):
             threshold = mx.topk(group_scores, self.groups_kept, axis=-1).min(axis=-1, keepdims=True)
             choice = mx.where((group_scores >= threshold)[..., None], grouped, -mx.inf).reshape(choice.shape)
         k = self.experts_per_token
-        expert_indices = mx.argpartition(-choice, k - 1, axis=-1)[..., :k]
+        expert_indices = mx.stop_gradient(mx.argpartition(-choice, k - 1, axis=-1)[..., :k])  # a choice: no gradient
         expert_weights = mx.take_along_axis(scores, expert_indices, axis=-1)
         if self.normalize:
             expert_weights = expert_weights / (expert_weights.sum(axis=-1, keepdims=True) + 1e-20)
+        if "expert_scale" in self:
+            expert_weights = expert_weights * self.expert_scale.astype(mx.float32)[expert_indices]
         return expert_indices, expert_weights * self.scale if self.scale != 1.0 else expert_weights
 
 
@@ -117,6 +131,11 @@ class QuantizedExpertLinear(QuantizedWeight):
             **self.quantization(),
         )
         return with_expert_bias(self, y, expert_indices)
+
+
+def glu(gate: mx.array, up: mx.array, activation: Callable = nn.silu) -> mx.array:
+    """activation(gate) * up (a SwiGLU with silu, GeGLU with a GELU)."""
+    return activation(gate) * up
 
 
 def swiglu(gate: mx.array, up: mx.array) -> mx.array:
@@ -175,7 +194,8 @@ class MoE(nn.Module):
 
     With `shared_gate` (a dims -> 1 linear map) the shared experts' output is scaled by a per-token
     sigmoid(shared_gate(x)) before it is added. With `weighted_inputs`, each chosen expert reads the token times its
-    weight, sum_k expert_k(weight_k * x), instead (Llama 4: not the same, the experts are not linear).
+    weight, sum_k expert_k(weight_k * x), instead (Llama 4: not the same, the experts are not linear). With
+    `input_norm`, the router reads x and the experts read input_norm(x).
     """
 
     def __init__(
@@ -185,9 +205,12 @@ class MoE(nn.Module):
         shared_experts: SwiGLU | None = None,
         shared_gate: nn.Linear | None = None,
         weighted_inputs: bool = False,
+        input_norm: nn.Module | None = None,
     ):
         super().__init__()
         self.weighted_inputs = weighted_inputs
+        if input_norm is not None:
+            self.input_norm = input_norm
         self.router = router
         self.experts = experts
         if shared_experts is not None:
@@ -203,6 +226,8 @@ class MoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         expert_indices, expert_weights = self.router(x)
+        if "input_norm" in self:
+            x = self.input_norm(x)
         weights = expert_weights[..., None].astype(x.dtype)
         if self.weighted_inputs:
             out = self.experts(x[..., None, :] * weights, expert_indices, per_choice=True).sum(axis=-2)

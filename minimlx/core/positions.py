@@ -1,10 +1,15 @@
-"""What every layer of one forward pass shares: where its tokens sit, their attention masks and RoPE angles.
+"""What every layer of one forward pass shares: where its tokens sit, their attention masks and RoPE angles, the
+keys and values a layer lends to later ones, and each layer's own input.
 
 The loop builds one `Positions` per pass and hands it to every block, so that what depends on the positions
 alone is computed once per pass instead of once per layer: the mask of each kind of cache (layers whose
 caches are of one kind and window see the same columns) and the angles of each RoPE (layers whose RoPEs
-have the same settings turn by the same angles).
+have the same settings turn by the same angles). A layer whose keys and values later layers attend over (KV shared
+across layers) lends this pass's, with the mask it saw, through `lend`; a model that gives each layer an input of its
+own (per-layer input embeddings) puts them in `layer_inputs` once per pass.
 """
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -21,6 +26,17 @@ def causal(tokens: int, window: int | None = None, chunk: int | None = None) -> 
     return "causal" if tokens > 1 else None
 
 
+@dataclass(frozen=True)
+class LentKV:
+    """What a layer attended over in this pass, for the later layers that attend over it too: its keys and values
+    (as its cache returned them), their mask, and that cache (None without one), which says how they are held."""
+
+    keys: object
+    values: object
+    mask: object
+    cache: object
+
+
 class Positions:
     """`tokens` new tokens from position `offset` (an int, or one position per batch row when rows are padded)."""
 
@@ -28,6 +44,8 @@ class Positions:
         self.tokens, self.offset = tokens, offset
         self.masks: dict = {}
         self.angle_pairs: dict = {}
+        self.lent: dict[int, LentKV] = {}
+        self.layer_inputs: mx.array | None = None  # (batch, tokens, layers, features) where the model has them
 
     @classmethod
     def of(cls, tokens: int, cache=None) -> "Positions":
@@ -42,6 +60,20 @@ class Positions:
         if kind not in self.masks:
             self.masks[kind] = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window, chunk)
         return self.masks[kind]
+
+    def lend(self, layer: int, lent: LentKV) -> None:
+        """Layer `layer`'s keys and values of this pass, for the later layers that attend over them."""
+        self.lent[layer] = lent
+
+    def borrowed(self, layer: int) -> LentKV:
+        """What layer `layer` lent in this pass (it runs before the layers that borrow it)."""
+        if layer not in self.lent:
+            raise ValueError(f"layer {layer} lent no keys and values in this pass; it must run before its borrowers")
+        return self.lent[layer]
+
+    def layer_input(self, layer: int) -> mx.array:
+        """Layer `layer`'s own input, (batch, tokens, features)."""
+        return self.layer_inputs[:, :, layer]
 
     def indices(self) -> mx.array:
         """Each new token's position: (tokens,), or (batch, tokens) for a position per row."""

@@ -92,11 +92,15 @@ class RoPE(nn.Module):
             inv_freq = llama3_inv_freq(inv_freq, scaling, max_positions)
         elif kind == "per_frequency":
             inv_freq = inv_freq / mx.array(scaling["factors"], dtype=mx.float32)
+        elif kind == "proportional":  # the first `partial_rotary_factor` of the frequencies turn, the rest stand still
+            turning = int(scaling.get("partial_rotary_factor", 1.0) * dims // 2)
+            inv_freq = mx.where(mx.arange(dims // 2) < turning, inv_freq, 0.0) / scaling.get("factor", 1.0)
         elif kind == "yarn":
             inv_freq, self.output_scale = _yarn_inv_freq(dims, base, scaling, max_positions)
         elif kind != "default":
             raise ValueError(
-                f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency"
+                f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn, per_frequency, "
+                "proportional"
             )
         self._wavelengths = 1.0 / inv_freq
         self.settings = (dims, base, repr(scaling), max_positions)  # what the wavelengths are made of

@@ -3,18 +3,21 @@
 The indexer (DeepSeek Sparse Attention) scores every visible key for every query cheaply: `heads` small query heads
 (from the query's low-rank code) against one small key per token (its own, normed and partly rotated), each head's
 scores put through a ReLU and weighted by a per-token weight of that head, then summed over the heads. The
-attention then sees only the `top_k` keys of highest index score (where ties are equal, the earliest keys), or
-every visible key while there are no more than `top_k`. The index keys are cached beside the attention's own.
+attention then sees only the `top_k` keys of highest index score, or every visible key while there are no more than
+`top_k`. Where keys tie at the `top_k`-th score (keys every head scores at most 0), the ones kept are those torch's CPU
+topk keeps (selection.py), as transformers does. The index keys are cached beside the attention's own.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .attention import split_heads
 from .cache import visible
 from .norms import LayerNorm
 from .positions import Positions
 from .rope import RoPE
+from .selection import kept
 
 
 def full_mask(mask, tokens: int, keys: int) -> mx.array:
@@ -28,11 +31,19 @@ def full_mask(mask, tokens: int, keys: int) -> mx.array:
 
 
 def top_k_keys(scores: mx.array, k: int) -> mx.array:
-    """Boolean (..., keys): the `k` highest `scores` of each row, ties broken toward the earlier keys."""
+    """Boolean (..., keys): the `k` highest `scores` of each row. A row whose k-th score is tied with scores past the
+    k-th (which torch's topk then chooses among by its own algorithm) is read back and chosen by `kept`."""
     threshold = mx.topk(scores, k, axis=-1).min(axis=-1, keepdims=True)
     above, tied = scores > threshold, scores == threshold
-    room = k - above.sum(axis=-1, keepdims=True)
-    return above | (tied & (mx.cumsum(tied.astype(mx.int32), axis=-1) <= room))
+    chosen = above | tied
+    split = chosen.sum(axis=-1) > k  # rows whose ties do not all fit
+    if not split.any().item():
+        return chosen
+    rows, chosen = scores.reshape(-1, scores.shape[-1]), np.array(chosen).reshape(-1, scores.shape[-1])
+    for row in np.flatnonzero(np.array(split).reshape(-1)):
+        chosen[row] = False
+        chosen[row, kept(rows[row].tolist(), k)] = True
+    return mx.array(chosen).reshape(scores.shape)
 
 
 class Indexer(nn.Module):

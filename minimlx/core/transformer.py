@@ -15,6 +15,10 @@ class Transformer(nn.Module):
     `positions` is a learned position embedding (GPT-2); rotary models leave it None.
     `embed_scale` multiplies the embedded tokens (Gemma: sqrt(dims), rounded to the embedding's dtype as
     transformers does). `logit_cap` soft-caps the logits: cap * tanh(logits / cap); `logit_divisor` divides them.
+    `layer_inputs` gives each layer an input of its own from the tokens and their embedding (`PerLayerInputs`), put
+    in the pass's `Positions` for the blocks to read. `blocks_apart` declares whether each block reads nothing of the
+    pass but the residual stream and its own cache, so that ranks may hold blocks apart (not where a layer attends
+    over another's keys and values, or reads an input of its own).
     """
 
     config = None  # the architecture plugin's config (its `max_positions` the context), set by `archs.build`
@@ -29,9 +33,13 @@ class Transformer(nn.Module):
         embed_scale: float | None = None,
         logit_cap: float | None = None,
         logit_divisor: float | None = None,
+        layer_inputs: nn.Module | None = None,
+        blocks_apart: bool = True,
     ):
         super().__init__()
         self.embed = embed
+        if layer_inputs is not None:
+            self.layer_inputs = layer_inputs
         if positions is not None:
             self.positions = positions
         self.layers = layers
@@ -39,6 +47,7 @@ class Transformer(nn.Module):
         if head is not None:
             self.head = head
         self.embed_scale, self.logit_cap, self.logit_divisor = embed_scale, logit_cap, logit_divisor
+        self.blocks_apart = blocks_apart
 
     @property
     def tied_head(self) -> bool:
@@ -58,6 +67,8 @@ class Transformer(nn.Module):
             start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
             x = x + self.positions(start + mx.arange(ids.shape[1]))
+        if "layer_inputs" in self:
+            positions.layer_inputs = self.layer_inputs(ids, x)
         if recorder is not None:
             recorder(embed=x)
         for i, layer in enumerate(self.layers):

@@ -10,12 +10,22 @@ knowing which device runs it.
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SwiGLU, Transformer
+from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SharedKVAttention, SwiGLU, Transformer
 from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
-from .linear import NativeBlockLinear, NativeLinear, NativeQuantizedLinear, exact, gated_product
+from .linear import (
+    BlockEmbeddingByOps,
+    BlockLinearByOps,
+    NativeBlockEmbedding,
+    NativeBlockLinear,
+    NativeLinear,
+    NativeQuantizedEmbedding,
+    NativeQuantizedLinear,
+    exact,
+    gated_product,
+)
 
 
 class CpuTransformer(Transformer):
@@ -50,6 +60,11 @@ class CpuAttention(Attention):
         return attention.attend_quantized(q, k, v, self.scale, mask, group_size, bits)
 
 
+class CpuSharedKVAttention(SharedKVAttention, CpuAttention):
+    """Attention over another layer's keys and values through `cpu.attention.attend`, as that layer's own (whose
+    cache may hold them in float16)."""
+
+
 def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
     """Whether `attn` caches its float32 keys and values in float16: where the native kernel's attention reads them
     (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
@@ -60,7 +75,8 @@ def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
-    return all(type(p) in (NativeQuantizedLinear, NativeBlockLinear) for p in (attn.k_proj, attn.v_proj))
+    packed = (NativeQuantizedLinear, NativeBlockLinear)
+    return type(attn.k_proj) in packed and (attn.values_from_keys or type(attn.v_proj) in packed)
 
 
 class CpuRoPE(RoPE):
@@ -250,6 +266,7 @@ def step_plan(block: Block) -> StepPlan:
 FORMS = {
     Transformer: CpuTransformer,
     Attention: CpuAttention,
+    SharedKVAttention: CpuSharedKVAttention,
     RoPE: CpuRoPE,
     GatedFFN: CpuGatedFFN,
     SwiGLU: CpuSwiGLU,
@@ -272,4 +289,23 @@ def use_cpu_forms(model: nn.Module) -> nn.Module:
         form = forms.get(type(module))
         if form is not None:
             module.__class__ = form
+    return model
+
+
+CORE_PARTS = {form: part for part, form in (FORMS | NATIVE_FORMS).items()} | {
+    NativeQuantizedLinear: nn.QuantizedLinear,
+    NativeQuantizedEmbedding: nn.QuantizedEmbedding,
+    NativeBlockLinear: BlockLinearByOps,  # weights held as GGUF blocks have no MLX module: dequantized as they are used
+    NativeBlockEmbedding: BlockEmbeddingByOps,
+}
+"""Each CPU form -> the core part (or MLX module) it computes differently."""
+
+
+def use_core_forms(model: nn.Module) -> nn.Module:
+    """Give every part of `model` in a CPU form its core part back (the same object): MLX's own ops, which have
+    gradients, where the native kernel's have none. Training runs the model in these forms."""
+    for _, module in model.named_modules():
+        part = CORE_PARTS.get(type(module))
+        if part is not None:
+            module.__class__ = part
     return model

@@ -134,6 +134,28 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
 
 
+class BlockLinearByOps(NativeBlockLinear):
+    """`NativeBlockLinear` as MLX ops that have gradients (training): the frozen weight dequantized (no gradient flows
+    into the stored blocks), then `x @ W.T`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = x @ dequantized(self).T
+        return y + self.bias if "bias" in self else y
+
+
+class BlockEmbeddingByOps(NativeBlockEmbedding):
+    """`NativeBlockEmbedding` whose tied-head product is MLX's matmul over the dequantized table (training)."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return x @ dequantized(self).T
+
+
+def dequantized(module: BlockWeight) -> mx.array:
+    """The float32 weight of a module held as GGUF blocks, as a constant of the graph."""
+    rows = mx.arange(module.weight.shape[0], dtype=mx.int32)
+    return mx.stop_gradient(native.kernel.block_rows(module.weight, rows, module.ggml_type))
+
+
 BLOCK_FORMS = {
     nn.Linear: NativeBlockLinear.from_linear,
     nn.Embedding: NativeBlockEmbedding.from_embedding,

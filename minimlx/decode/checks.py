@@ -20,7 +20,7 @@ def check_max_kv_size(model: nn.Module, max_kv_size: int | None, kv_bits: int | 
             "max_kv_size keeps each sequence's first tokens, which batched sequences of other lengths cannot share; "
             "decode one at a time (--max-batch 1)"
         )
-    if not all(c.can(Can.WINDOW) for c in bounded):
+    if not all(c.can(Can.WINDOW) or c.can(Can.SHARED) for c in bounded):
         raise InvalidSettingError("max_kv_size bounds key and value caches, not latent attention's; drop it")
 
 

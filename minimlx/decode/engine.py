@@ -42,6 +42,7 @@ import mlx.nn as nn
 
 from ..core.cache import quantized_cache, sink_cache
 from ..errors import InvalidSettingError
+from .adapters import Adapters
 from .checks import check_max_kv_size, check_recurrent
 from .compiled import decoder
 from .generation import Generation, Request
@@ -67,7 +68,9 @@ class Engine:
     quantized (`QuantizedKVCache`; `FixedQuantizedKVCache` for the compiled step), and `max_kv_size` bounds it to the
     first tokens and a window of the latest (`SinkKVCache`, one sequence at a time; such caches decode eagerly). The
     prompt cache keeps `prompt_cache_size` finished sequences (and at most `prompt_cache_bytes` of them), mirrored to
-    the folder `prompt_cache_dir` when given.
+    the folder `prompt_cache_dir` when given. `adapters` (`Adapters`, attached to `model`) lets each request name
+    the adapter it decodes with: rows of different adapters share every step, which then runs eagerly; the prompt
+    cache keeps only sequences on the base model.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class Engine:
         prompt_cache_bytes: int | None = None,
         prompt_cache_dir: str | None = None,
         max_kv_size: int | None = None,
+        adapters: Adapters | None = None,
     ):
         check_whole("prefill_step", prefill_step, 1)
         check_kv_bits(kv_bits)
@@ -95,7 +99,9 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.kv_bits, self.max_kv_size = kv_bits, max_kv_size
-        self.decoder = decoder(model, compiled and max_kv_size is None)
+        self.adapters = adapters
+        # the rows' adapters change between steps: a traced step would replay the first ones
+        self.decoder = decoder(model, compiled and max_kv_size is None and adapters is None)
         # a sequence at a time, kept by nobody: caches of a fixed capacity from the start, which the compiled step
         # reads as they are; else growing ones, which batches merge and the prompt cache keeps
         self.fixed_caches = self.decoder is not model and max_batch == 1 and not prompt_cache_size
@@ -123,7 +129,7 @@ class Engine:
         # a model split across processes (minimlx.distributed) guards each step and agrees on the sampled tokens
         self.shared = model if isinstance(model, SharedSteps) else SharedSteps()
         self.scheduler = Scheduler(max_batch, max_queue, prefill_step, self.lookup, keeps)
-        self.runner = Runner(self.decoder, prefill_step, self.drafter, self.shared, self.prompt_cache)
+        self.runner = Runner(self.decoder, prefill_step, self.drafter, self.shared, self.prompt_cache, adapters)
         self.batch = Batch([])
         self.lock = self.scheduler.lock
         self.wake = threading.Event()  # set when there is work
@@ -143,13 +149,17 @@ class Engine:
         tokens it holds."""
         cache = generation.request.cache
         cached = 0
-        if cache is None and self.prompt_cache is not None:
+        if cache is None and self.prompt_cache is not None and generation.request.adapter is None:
             cached, cache = self.prompt_cache.fetch(generation.request.prompt)
         return cached, cache if cache is not None else self.make_cache()
 
     def submit(self, request: Request) -> Generation:
         settings = request.settings
         check_speculation(self.drafter is not None, settings)
+        if request.adapter is not None:
+            if self.adapters is None:
+                raise InvalidSettingError(f"adapter {request.adapter!r} asked, but no adapters are served", "adapter")
+            self.adapters.index_of(request.adapter)
         vocab = vocab_size(self.model)
         for token, _ in settings.logit_bias:
             if vocab is not None and token >= vocab:

@@ -21,7 +21,8 @@ class Request:
     A seed in the settings makes the draws reproducible (the key of token n is the n-th split of the seed's key);
     `stop_ids` end the sequence (default: the tokenizer's end-of-sequence ids; empty: never); `cache` continues a
     conversation: the prompt then holds only the tokens after it. `cache_key` names the conversation the request
-    belongs to (a client's `prompt_cache_key`): the prompt cache keeps one entry per key, its latest.
+    belongs to (a client's `prompt_cache_key`): the prompt cache keeps one entry per key, its latest. `adapter`
+    names one of the engine's adapters (`Adapters`) this sequence decodes with (None: the base model).
     """
 
     prompt: list[int]
@@ -29,6 +30,7 @@ class Request:
     stop_ids: frozenset[int] | None = None
     cache: list | None = None
     cache_key: str | None = None
+    adapter: str | None = None
 
 
 class Sampling:

@@ -36,6 +36,7 @@ from ..core.cache import (
     LatentCache,
     QuantizedKVCache,
     RotatingKVCache,
+    SharedKVCache,
     SinkKVCache,
     Snapshot,
     quantized_cache,
@@ -57,6 +58,7 @@ KINDS = {
         SinkKVCache,
         LatentCache,
         IndexedLatentCache,
+        SharedKVCache,
     )
 }
 ARRAYS = {
@@ -67,6 +69,7 @@ ARRAYS = {
     "SinkKVCache": 2,
     "LatentCache": 1,
     "IndexedLatentCache": 2,
+    "SharedKVCache": 0,
 }  # per layer
 SAMPLES = 64  # elements of each weight the weights' digest reads
 log = logging.getLogger("minimlx.prompt_cache")

@@ -3,6 +3,7 @@ row's token (its sampling, its grammar's mask, its logprobs) and speculative rou
 sequence's cache to whoever keeps it."""
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -11,6 +12,7 @@ import numpy as np
 
 from ..core.sampling import greedy
 from ..core.steps import decode_steps
+from .adapters import Adapters
 from .generation import Generation
 from .output import Output
 from .prefill import prefill, prefill_prompt
@@ -47,12 +49,30 @@ Prefilled = tuple[list[Generation], list, mx.array]  # (generations, their cache
 
 class Runner:
     """Executes what the scheduler planned on `decoder` (the model, or its compiled step), feeding prompts
-    `prefill_step` tokens a pass; with a `drafter`, decodes in speculative rounds."""
+    `prefill_step` tokens a pass; with a `drafter`, decodes in speculative rounds; with `adapters`, each pass runs
+    every row with its request's adapter. `batch_sizes` counts the decode steps by how many rows they ran."""
 
-    def __init__(self, decoder: nn.Module, prefill_step: int, drafter, shared: SharedSteps, prompt_cache):
+    def __init__(
+        self, decoder: nn.Module, prefill_step: int, drafter, shared: SharedSteps, prompt_cache, adapters=None
+    ):
         self.decoder, self.prefill_step, self.drafter, self.shared = decoder, prefill_step, drafter, shared
         self.prompt_cache: PromptCache | None = prompt_cache
+        self.adapters: Adapters | None = adapters
         self.biases: tuple[list[Generation], mx.array] | None = None  # `row_biases`: the rows and their biases
+        self.batch_sizes: Counter[int] = Counter()
+
+    @contextlib.contextmanager
+    def adapted(self, rows: list[Generation]):
+        """The passes queued inside run `rows` (in row order), each with its request's adapter; any other pass of
+        the model (an embedding, a trace) runs on the base."""
+        if self.adapters is None:
+            yield
+            return
+        self.adapters.select([s.request.adapter for s in rows])
+        try:
+            yield
+        finally:
+            self.adapters.select([])
 
     def prefill(self, plan: Prefill) -> Prefilled:
         """Joiners prefill together in one pass (`prefill_together`), a lone one alone. Even a joiner that needs one
@@ -66,13 +86,15 @@ class Runner:
     def feed(self, chunk: Chunk) -> None:
         """Feed one chunk of a long prompt into its cache, evaluated (its pass runs between the batch's steps)."""
         prompt = chunk.sequence.request.prompt
-        prefill(self.decoder, prompt[chunk.start : chunk.start + chunk.count], chunk.cache, self.prefill_step)
+        with self.adapted([chunk.sequence]):
+            prefill(self.decoder, prompt[chunk.start : chunk.start + chunk.count], chunk.cache, self.prefill_step)
         mx.eval([c.state for c in chunk.cache])
 
     def prefill_alone(self, generation: Generation, cache: list, fed: int | None = None) -> Prefilled:
         """Feed the prompt from token `fed` (its cached tokens by default) and sample the first token."""
         start = generation.cached_tokens if fed is None else fed
-        logits = prefill_prompt(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
+        with self.adapted([generation]):
+            logits = prefill_prompt(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])
         mx.eval(first, pending([generation]), [c.state for c in cache])
         return [generation], cache, first
@@ -101,10 +123,11 @@ class Runner:
             before = layer.row_padding() if layer.state else [0] * len(group)
             layer.padding = [p + extra for p, extra in zip(before, padding)]
         rows = mx.array(rows, dtype=mx.int32)
-        if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
-            self.decoder(rows[:, :-1], batch, last_only=True)
-            mx.eval([c.state for c in batch])
-        logits = self.decoder(rows[:, -1:], batch, last_only=True)
+        with self.adapted([s for s, _ in group]):
+            if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
+                self.decoder(rows[:, :-1], batch, last_only=True)
+                mx.eval([c.state for c in batch])
+            logits = self.decoder(rows[:, -1:], batch, last_only=True)
         first = mx.concatenate([self.first_token(s, logits[i : i + 1, -1, :]) for i, (s, _) in enumerate(group)])
         mx.eval(first, pending([s for s, _ in group]), [c.state for c in batch])
         return [s for s, _ in group], batch, first
@@ -123,7 +146,8 @@ class Runner:
         pass is queued first, the previous tokens are read (and their grammars advanced) while it runs, and the
         sampling is queued after the masks are made. Otherwise the whole step is queued before the read.
         """
-        with decode_steps():
+        self.batch_sizes[len(rows)] += 1
+        with self.adapted(rows), decode_steps():
             logits = self.decoder(inputs[:, None], cache)[:, -1, :]
         constrained = any(s.matcher is not None for s in rows)
         if constrained:
@@ -190,14 +214,15 @@ class Runner:
             drafts = drafts[: matcher.checked(drafts)]
             q = q[: len(drafts)] if q is not None else None
         rollback = Rollback(cache)
-        with decode_steps():  # the check of each draft computes as the decode step it stands for
+        with self.adapted([generation]), decode_steps():  # each draft's check computes as its decode step would
             raw = self.decoder(mx.array([context[-1:] + drafts]), cache)[0]
         logits = raw
         if matcher is not None:
             mx.async_eval(raw)  # the pass runs while the host computes the grammar's mask at each position
             logits = mx.where(mx.array(matcher.masks(drafts)), raw, -mx.inf)
         accepted, token = speculation.verifier.verify(sampling.biased(logits), drafts, q)
-        rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
+        with self.adapted([generation]):  # a recurrent cache re-fed what was kept
+            rollback.keep(self.decoder, context[-1:] + drafts[:accepted], len(drafts) - accepted)
         speculation.drafted += len(drafts)
         speculation.accepted += accepted
         new = drafts[:accepted] + [token]
@@ -216,7 +241,7 @@ class Runner:
         """Hand a finished generation's own `cache` to its conversation, or to the prompt cache, evaluated: a row
         selected from the batch is a lazy gather that would keep the whole batch's buffers alive until read."""
         conversation = generation.request.cache is not None
-        if not conversation and (self.prompt_cache is None or generation.cancelled):
+        if not conversation and (self.prompt_cache is None or generation.cancelled or generation.request.adapter):
             return
         mx.eval([c.state for c in cache])
         if conversation:
@@ -228,7 +253,8 @@ class Runner:
     def keep_prefix(self, generation: Generation, cache: list, fed: int) -> None:
         """A prompt cancelled while it prefilled: its fed part goes to the prompt cache, so that a client retrying the
         same request (after its own timeout) starts from there."""
-        if self.prompt_cache is not None and generation.request.cache is None and fed:
+        request = generation.request
+        if self.prompt_cache is not None and request.cache is None and request.adapter is None and fed:
             self.prompt_cache.store(generation.request.prompt[:fed], cache, generation.request.cache_key)
 
 

@@ -47,6 +47,7 @@ class PipelineSplit(Split):
     """This rank's range of blocks, linked to the previous and the next rank's."""
 
     mode = "pipeline"
+    flag = "--pipeline"
 
     def first(self) -> bool:
         return self.rank == 0

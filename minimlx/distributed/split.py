@@ -21,6 +21,7 @@ class Split(ABC):
     checkpoint tensors (in the whole model's names) this rank keeps, once `shard` has run."""
 
     mode: str  # the --parallel name of the strategy ("pipeline", "tensor")
+    flag: str  # the command line's option for it
 
     def __init__(self, group: mx.distributed.Group, room: int):
         self.group, self.room = group, room
@@ -49,6 +50,11 @@ class Split(ABC):
     ) -> tuple[nn.Module, dict[str, mx.array]]:
         """This rank's part of `model` (built, not loaded) and the (unread) tensors it needs, under its names;
         `dtype` is the one floating tensors will be cast to when installed."""
+        if not model.blocks_apart:
+            raise InvalidSettingError(
+                f"{self.flag} cannot split this model yet: its layers read other layers' keys and values "
+                "or inputs of their own, or hold experts beside the FFN (Gemma 4); run it on one machine"
+            )
         self.check_same(model, weights)
         weights = self.cut(model, weights)
         self.check_room(weights, dtype)

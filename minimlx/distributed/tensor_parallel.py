@@ -82,6 +82,7 @@ class TensorSplit(Split):
     """This rank's share of every layer, whose sub-layers end in an all_sum."""
 
     mode = "tensor"
+    flag = "--tensor-parallel"
 
     def __init__(self, group: mx.distributed.Group, room: int):
         super().__init__(group, room)

@@ -23,6 +23,7 @@ from ..decode import Engine
 from ..embedding import Embedder, reranker
 from . import chat, embeddings, messages, ollama, responses
 from .access_log import AccessLog, current_request, log_to_stderr
+from .adapters import AdapterChoice, chosen
 from .answer import Answer
 from .bridge import EngineBridge
 from .fields import APIError, Body, bad, sampling_settings
@@ -42,12 +43,11 @@ class Server:
     """The HTTP side: routes, the API key, body limits, errors in each API's shape; turns started through the
     renderer and the engine bridge (the `TurnServer` the endpoints are written against).
 
-    `model_name` is what responses report; with `served_model_name` given, it is also the only `model` a request
-    may name (404 otherwise), else any name is answered by the one model loaded. `max_tokens` bounds every answer
-    (serve's --max-tokens; else the room left in the context); `heartbeat` is the longest a stream stays silent;
-    each request leaves a log line (`log_format` "text" or "json") and its counts in the metrics; `embedder` (the
-    model with a pooling) answers /v1/embeddings and /api/embed.
-    """
+    `model_name` is what responses report (BASE:NAME for a request on the engine's adapter NAME); with
+    `served_model_name` given, it is also the only `model` a request may name (404 otherwise), else any name is
+    answered by the one model loaded. `max_tokens` bounds every answer (serve's --max-tokens; else the room left in
+    the context); `heartbeat` is the longest a stream stays silent; each request leaves a log line (`log_format`
+    "text" or "json") and its counts in the metrics; `embedder` (the model with a pooling) answers /v1/embeddings."""
 
     def __init__(
         self,
@@ -66,8 +66,9 @@ class Server:
         embedder: Embedder | None = None,
     ):
         self.engine, self.tokenizer, self.api_key = engine, engine.tokenizer, api_key
-        self.model_name, self.served_model_name = served_model_name or model_name, served_model_name
+        self.served_model_name = served_model_name
         self.bridge = EngineBridge(engine, request_timeout)
+        self.adapters = AdapterChoice(served_model_name or model_name, engine.adapters, served_model_name is None)
         self.renderer = Renderer(engine.tokenizer, chat_template, reasoning, forced_call)
         self.max_body = int(max_request_mb * 1e6)
         self.max_tokens, self.heartbeat = max_tokens, heartbeat
@@ -103,6 +104,8 @@ class Server:
         )
         self.metrics.endpoints = frozenset(route.path for route in self.app.routes)
 
+    model_name = property(lambda self: self.adapters.answered(), doc="the model's name, or BASE:NAME on adapter NAME")
+
     @property
     def listeners(self) -> dict:
         return self.bridge.listeners
@@ -132,7 +135,7 @@ class Server:
         limit = (self.max_tokens if bounded else None) or self.engine.context or UNBOUNDED_MAX_TOKENS
         fields = {**turn.settings, "max_tokens": limit if asked is None else min(asked, limit)}
         settings = sampling_settings(turn.params, **fields, constraint=turn.constraint, logprobs=turn.logprobs)
-        generations, queue = self.bridge.submit(prompt, settings, turn.n, param, turn.cache_key)
+        generations, queue = self.bridge.submit(prompt, settings, turn.n, param, turn.cache_key, chosen.get())
         answer = Answer(self.bridge, self.renderer, generations, queue, self.heartbeat)
         given = generations[0].max_tokens
         if asked is not None and given < asked:  # llama-server's rule: the answer is capped, and this says so
@@ -158,8 +161,8 @@ class Server:
 
     async def models(self, request: HTTPRequest) -> JSONResponse:
         self.authorize(request)
-        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "minimlx"}
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [{"id": m, "object": "model", "created": 0, "owned_by": "minimlx"} for m in self.adapters.models()]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def read(self, request: HTTPRequest) -> dict:
         """The JSON body, after the API key check and the model name check; 503 once the server is draining, also
@@ -177,9 +180,9 @@ class Server:
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_json")
         body = Body(body)
-        model = body.get("model")
+        model, adapted = body.get("model"), self.adapters.read(body)
         named = model if not isinstance(model, str) else model.removesuffix(":latest")  # Ollama's clients add a tag
-        if self.served_model_name is not None and model is not None and named != self.served_model_name:
+        if self.served_model_name not in (None, named) and model is not None and not adapted:
             message = f"the model '{model}' is not served here; this server answers to '{self.served_model_name}'"
             raise APIError(404, message, "model", "model_not_found", kind="not_found_error")
         return body
@@ -212,8 +215,7 @@ class Server:
             raise APIError(401, message, code="invalid_api_key", kind="authentication_error")
 
     async def api_error(self, request: HTTPRequest, error: APIError) -> JSONResponse:
-        """The error in the shape of the API asked: Anthropic's under /v1/messages, Ollama's under /api, OpenAI's
-        elsewhere."""
+        """The error in the API's shape: Anthropic's under /v1/messages, Ollama's under /api, else OpenAI's."""
         record = current_request.get()
         if record is not None:
             record.error = error.message

@@ -124,14 +124,21 @@ class EngineBridge:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def submit(
-        self, prompt: list[int], settings: SamplingSettings, n: int, param: str, cache_key: str | None = None
+        self,
+        prompt: list[int],
+        settings: SamplingSettings,
+        n: int,
+        param: str,
+        cache_key: str | None = None,
+        adapter: str | None = None,
     ) -> tuple[list[Generation], asyncio.Queue]:
-        """Start `n` generations of `prompt` (the request's field `param`); their outputs come on the returned queue."""
+        """Start `n` generations of `prompt` (the request's field `param`), with the engine's `adapter` (None: the
+        base model); their outputs come on the returned queue."""
         queue, generations = asyncio.Queue(), []
         try:
             for _ in range(n):
                 with self.listening:
-                    generation = self.engine.submit(Request(prompt, settings, cache_key=cache_key))
+                    generation = self.engine.submit(Request(prompt, settings, cache_key=cache_key, adapter=adapter))
                     self.listeners[generation] = (asyncio.get_running_loop(), queue)
                 generations.append(generation)
         except QueueFullError as e:

@@ -1,0 +1,255 @@
+"""Adapter folders as the ecosystem writes them: PEFT's (written and read) and mlx-lm's (read).
+
+PEFT: `adapter_config.json` (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules,
+use_dora, base_model_name_or_path) and `adapter_model.safetensors` holding, for each adapted Hugging Face module M,
+`base_model.model.M.lora_A.weight` (rank, in), `base_model.model.M.lora_B.weight` (out, rank) and, for DoRA,
+`base_model.model.M.lora_magnitude_vector` (out,): what transformers + PEFT, vLLM and llama.cpp's
+`convert_lora_to_gguf.py` read. Module names go through the family's `NameMap`, so they are the Hugging Face model's.
+
+mlx-lm: `adapter_config.json` (fine_tune_type lora or dora, lora_parameters {rank, scale, dropout, keys}) and
+`adapters.safetensors` with `M.lora_a` (in, rank), `M.lora_b` (rank, out) and DoRA's `M.m`, M in mlx-lm's names.
+
+In memory an adapter is `Adapter`: its settings and its tensors under the model's names in PEFT's layouts
+(`<path>.lora_a`, `<path>.lora_b`, `<path>.magnitude`, as `lora.adapter_weights` gives them).
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import CheckpointError, InvalidSettingError, ModelNotFoundError
+from .lora import (
+    ADAPTER_FORMS,
+    AdapterSettings,
+    DoRALinear,
+    adapter_weights,
+    adapters,
+    checkpoint_name,
+    is_linear,
+    linear_dims,
+    wrap,
+)
+
+PEFT_CONFIG, PEFT_WEIGHTS, MLX_LM_WEIGHTS = "adapter_config.json", "adapter_model.safetensors", "adapters.safetensors"
+PEFT_PREFIX = "base_model.model."
+PEFT_SUFFIXES = {".lora_A.weight": "lora_a", ".lora_B.weight": "lora_b", ".lora_magnitude_vector": "magnitude"}
+MLX_LM_SUFFIXES = {".lora_a": "lora_a", ".lora_b": "lora_b", ".m": "magnitude"}
+
+
+@dataclass
+class Adapter:
+    """An adapter read from a folder: its settings, its tensors (model names, PEFT's layouts: see the module
+    docstring), the base model it names and the format it came in ("peft" or "mlx-lm")."""
+
+    settings: AdapterSettings
+    weights: dict[str, mx.array]
+    base_model: str | None = None
+    source: str = "peft"
+
+    @property
+    def paths(self) -> list[str]:
+        """The adapted modules' paths (model names)."""
+        return sorted({name.rpartition(".")[0] for name in self.weights})
+
+
+def settings_of(model: nn.Module) -> AdapterSettings:
+    """The settings of the adapters attached to `model` (rank, alpha, dropout and form from the modules; targets the
+    Hugging Face names they adapt; layers None)."""
+    found = adapters(model)
+    if not found:
+        raise CheckpointError("the model has no adapter to save; attach one first (minimlx.tune.attach)")
+    first = next(iter(found.values()))
+    targets = tuple(sorted({checkpoint_name(model, path).rpartition(".")[2] for path in found}))
+    return AdapterSettings(
+        rank=first.rank,
+        alpha=first.scale * first.rank,
+        dropout=first.dropout,
+        targets=targets,
+        dora=isinstance(first, DoRALinear),
+    )
+
+
+def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = None) -> Path:
+    """Write the model's adapters to `folder` as PEFT writes them; `base_model` is recorded as
+    base_model_name_or_path (a Hugging Face repo id lets the other tools find the base). Returns the folder."""
+    settings = settings_of(model)
+    split = {part for parts in model.config.fused_parts().values() for part, _ in parts}
+    stacked = sorted({path.rpartition(".")[2] for path in adapters(model)} & split)
+    if stacked:
+        raise InvalidSettingError(
+            f"this family's checkpoints stack {', '.join(stacked)} in one projection "
+            f"({', '.join(model.config.fused)}), which PEFT adapts as one; minimlx cannot write adapters of the parts "
+            "yet: adapt the other projections",
+            "targets",
+        )
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    layers = sorted({int(path.split(".")[1]) for path in adapters(model)})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": settings.rank,
+        "lora_alpha": settings.alpha,
+        "lora_dropout": settings.dropout,
+        "target_modules": list(settings.targets),
+        "use_dora": settings.dora,
+        "use_rslora": False,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "layers_to_transform": layers if len(layers) < len(model.layers) else None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "modules_to_save": None,
+        "base_model_name_or_path": base_model,
+    }
+    suffix_of = {ours: theirs for theirs, ours in PEFT_SUFFIXES.items()}
+    tensors = {}
+    for name, value in adapter_weights(model).items():
+        path, _, kind = name.rpartition(".")
+        tensors[f"{PEFT_PREFIX}{checkpoint_name(model, path)}{suffix_of[kind]}"] = value
+    mx.save_safetensors(str(folder / PEFT_WEIGHTS), tensors, metadata={"format": "pt"})
+    (folder / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def read_adapter(model: nn.Module, folder: str | Path) -> Adapter:
+    """The adapter in `folder` (PEFT's or mlx-lm's), its tensors renamed for `model` and checked against it: every
+    adapted module a linear map of `model`, every tensor of the shape that map takes. A mismatch is a CheckpointError
+    naming the tensor (an adapter made for another base)."""
+    folder = Path(folder)
+    if not (folder / PEFT_CONFIG).is_file():
+        raise ModelNotFoundError(
+            f"{folder} holds no adapter_config.json; pass the folder PEFT, mlx-lm or minimlx wrote the adapter to"
+        )
+    config = json.loads((folder / PEFT_CONFIG).read_text())
+    if (folder / PEFT_WEIGHTS).is_file():
+        adapter = read_peft(model, folder, config)
+    elif (folder / MLX_LM_WEIGHTS).is_file():
+        adapter = read_mlx_lm(model, folder, config)
+    else:
+        raise ModelNotFoundError(f"{folder} has an adapter_config.json but neither {PEFT_WEIGHTS} nor {MLX_LM_WEIGHTS}")
+    check_adapter(model, adapter, folder)
+    return adapter
+
+
+def model_path(model: nn.Module, checkpoint_module: str) -> str:
+    """The model's module path of a checkpoint's module name (the family's NameMap)."""
+    return model.config.names.to_ours({f"{checkpoint_module}.weight": None}).popitem()[0].removesuffix(".weight")
+
+
+def renamed(model: nn.Module, tensors: dict, suffixes: dict[str, str], prefix: str, folder: Path) -> dict:
+    """`tensors` (checkpoint module name + one of `suffixes`) under model names (`<path>.<kind>`)."""
+    out = {}
+    for name, value in tensors.items():
+        suffix = next((s for s in suffixes if name.endswith(s)), None)
+        if suffix is None or not name.startswith(prefix):
+            raise CheckpointError(
+                f"{folder}: tensor {name} is not a LoRA matrix of a linear map, which minimlx cannot apply; "
+                "train the adapter with linear-map targets only"
+            )
+        module = name[len(prefix) : -len(suffix)]
+        out[f"{model_path(model, module)}.{suffixes[suffix]}"] = value
+    return out
+
+
+def read_peft(model: nn.Module, folder: Path, config: dict) -> Adapter:
+    if config.get("peft_type", "LORA") != "LORA":
+        raise CheckpointError(f"{folder} holds a {config['peft_type']} adapter; minimlx applies LoRA and DoRA only")
+    unsupported = [k for k in ("rank_pattern", "alpha_pattern") if config.get(k)]
+    if unsupported or config.get("fan_in_fan_out"):
+        raise CheckpointError(
+            f"{folder}: adapter_config.json sets {', '.join(unsupported) or 'fan_in_fan_out'}, which minimlx does not "
+            "apply; train the adapter with one rank and alpha for every module"
+        )
+    tensors = mx.load(str(folder / PEFT_WEIGHTS))
+    tensors = {k.replace(".lora_magnitude_vector.weight", ".lora_magnitude_vector"): v for k, v in tensors.items()}
+    weights = renamed(model, tensors, PEFT_SUFFIXES, PEFT_PREFIX, folder)
+    rank = config.get("r", 8)
+    alpha = config.get("lora_alpha", rank)
+    if config.get("use_rslora"):  # scale alpha / sqrt(rank): the same scale as this alpha over rank
+        alpha = alpha * math.sqrt(rank)
+    targets = config.get("target_modules") or ()
+    settings = AdapterSettings(
+        rank=rank,
+        alpha=alpha,
+        dropout=config.get("lora_dropout", 0.0),
+        targets=targets if isinstance(targets, str) else tuple(targets),
+        dora=bool(config.get("use_dora")),
+    )
+    return Adapter(settings, weights, config.get("base_model_name_or_path"), "peft")
+
+
+def read_mlx_lm(model: nn.Module, folder: Path, config: dict) -> Adapter:
+    kind = config.get("fine_tune_type", "lora")
+    if kind not in ("lora", "dora"):
+        raise CheckpointError(
+            f"{folder} holds mlx-lm's {kind!r} fine-tune, which is a whole model, not an adapter; load it as a model"
+        )
+    parameters = config.get("lora_parameters") or {}
+    tensors = {
+        k: v.T if k.endswith((".lora_a", ".lora_b")) else v for k, v in mx.load(str(folder / MLX_LM_WEIGHTS)).items()
+    }
+    weights = renamed(model, tensors, MLX_LM_SUFFIXES, "", folder)
+    ranks = {v.shape[0] for k, v in weights.items() if k.endswith(".lora_a")}
+    rank = parameters.get("rank") or (ranks.pop() if len(ranks) == 1 else 8)
+    keys = parameters.get("keys") or ()
+    settings = AdapterSettings(
+        rank=rank,
+        alpha=parameters.get("scale", 20.0) * rank,
+        dropout=parameters.get("dropout", 0.0),
+        targets=tuple(sorted({key.rpartition(".")[2] for key in keys})) or "all-linear",
+        dora=kind == "dora",
+    )
+    return Adapter(settings, weights, config.get("model"), "mlx-lm")
+
+
+def check_adapter(model: nn.Module, adapter: Adapter, folder: Path) -> None:
+    """Every adapted module is a linear map of `model` and every tensor has the shape it takes (before anything is
+    wrapped)."""
+    modules = dict(model.named_modules())
+    made_for = f" ({adapter.base_model})" if adapter.base_model else ""
+    fix = f"this adapter was made for another base model{made_for}; load it on that model"
+    for name, value in adapter.weights.items():
+        path, _, kind = name.rpartition(".")
+        base = modules.get(path)
+        base = base.base if isinstance(base, ADAPTER_FORMS) else base
+        if base is None or not is_linear(base):
+            raise CheckpointError(f"{folder}: the adapter adapts {path}, which is no linear map of this model; {fix}")
+        in_dims, out_dims = linear_dims(base)
+        expected = {
+            "lora_a": (adapter.settings.rank, in_dims),
+            "lora_b": (out_dims, adapter.settings.rank),
+            "magnitude": (out_dims,),
+        }[kind]
+        if tuple(value.shape) != expected:
+            raise CheckpointError(
+                f"{folder}: adapter tensor for {path}.{kind} has shape {tuple(value.shape)} but this model's "
+                f"{path} takes {expected}; {fix}"
+            )
+
+
+def load_adapter(model: nn.Module, folder: str | Path) -> Adapter:
+    """Read the adapter in `folder` (PEFT's or mlx-lm's), wrap the modules it adapts and install its tensors.
+    The forms are in eval mode (no dropout: an adapter read is for use; `model.train()` to train it on). Returns the
+    adapter."""
+    adapter = read_adapter(model, folder)
+    wrap(model, adapter.paths, adapter.settings)
+    install(model, adapter.weights)
+    for module in adapters(model).values():
+        module.eval()
+    return adapter
+
+
+def install(model: nn.Module, weights: dict[str, mx.array]) -> None:
+    """Put adapter tensors (model names) into the model's adapter forms."""
+    modules = dict(model.named_modules())
+    for name, value in weights.items():
+        path, _, kind = name.rpartition(".")
+        modules[path][kind] = value.astype(mx.float32)
