@@ -121,7 +121,8 @@ class NativeBlockLinear(BlockWeight):
 
 class NativeBlockEmbedding(BlockWeight):
     """An embedding whose table is held as GGUF blocks: rows dequantized as they are looked up (`block_rows`), and its
-    tied-head product (`as_linear`) in the native kernel as `NativeBlockLinear`'s."""
+    tied-head product (`as_linear`) in the native kernel with float32 inputs, as `NativeQuantizedEmbedding`'s (each
+    table row dequantized once per call for a decode step's few rows)."""
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, group_size: int, bits: int, mode: str) -> "NativeBlockEmbedding":
@@ -131,7 +132,7 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_rows(self.weight, x.astype(mx.int32), self.ggml_type)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=True)
 
 
 class BlockLinearByOps(NativeBlockLinear):

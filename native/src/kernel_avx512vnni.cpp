@@ -105,6 +105,10 @@ void block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end) {
   integer_block_rows<X86BlockDot<VnniSums>>(p, row_begin, row_end);
 }
 
+void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end) {
+  float_block_rows(p, row_begin, row_end);
+}
+
 void dequantize_blocks_avx512vnni(const BlockProblem& p, int row_begin, int row_end, float* dst) {
   dequantize_block_rows(p, row_begin, row_end, dst);
 }

@@ -151,6 +151,10 @@ void block_rows_scalar(const BlockProblem& p, int row_begin, int row_end) {
   integer_block_rows<ScalarBlockDot>(p, row_begin, row_end);
 }
 
+void float_block_rows_scalar(const BlockProblem& p, int row_begin, int row_end) {
+  float_block_rows(p, row_begin, row_end);
+}
+
 void dequantize_blocks_scalar(const BlockProblem& p, int row_begin, int row_end, float* dst) {
   dequantize_block_rows(p, row_begin, row_end, dst);
 }

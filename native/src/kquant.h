@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernel.h"
 
@@ -59,6 +60,7 @@ struct BlockProblem {
   QuantizedBlockInputs x;
   float* out;
   int M, N, K;
+  const float* xf = nullptr;  // x in float32 (M x K), for `float_block_rows`
 };
 
 // A row of x (K values, a multiple of 32) quantized per block of 32 values into xq, xd and the 16-code sums.
@@ -148,6 +150,26 @@ inline void dequantize_blocks(int type, const uint8_t* row, int K, float* out) {
 inline void dequantize_block_rows(const BlockProblem& p, int row_begin, int row_end, float* dst) {
   for (int n = row_begin; n < row_end; ++n)
     dequantize_blocks(p.type, p.w + n * p.row_bytes, p.K, dst + static_cast<int64_t>(n - row_begin) * p.K);
+}
+
+// Output rows [row_begin, row_end) for every input row from float32 inputs `p.xf` (the exact products of a few rows:
+// a tied head's, `--exact`): each weight row dequantized once into L1, then dotted with each input row in 16 float32
+// partial sums (vectors of the file's instruction set), added in a fixed order.
+inline void float_block_rows(const BlockProblem& p, int row_begin, int row_end) {
+  thread_local std::vector<float> row;
+  row.resize(p.K);
+  for (int n = row_begin; n < row_end; ++n) {
+    dequantize_blocks(p.type, p.w + n * p.row_bytes, p.K, row.data());
+    for (int m = 0; m < p.M; ++m) {
+      const float* x = p.xf + static_cast<int64_t>(m) * p.K;
+      float partial[16] = {};
+      for (int k = 0; k < p.K; k += 16)
+        for (int i = 0; i < 16; ++i) partial[i] += x[k + i] * row[k + i];
+      float total = 0.0f;
+      for (int i = 0; i < 16; ++i) total += partial[i];
+      p.out[static_cast<int64_t>(m) * p.N + n] = total;
+    }
+  }
 }
 
 // MB input rows of a product: each one's codes, block steps and 16-code sums.
@@ -276,11 +298,14 @@ struct ScalarBlockDot {
 
 // Each instruction set's block products and dequantization.
 void block_rows_scalar(const BlockProblem& p, int row_begin, int row_end);
+void float_block_rows_scalar(const BlockProblem& p, int row_begin, int row_end);
 void dequantize_blocks_scalar(const BlockProblem& p, int row_begin, int row_end, float* dst);
 #if defined(__x86_64__) || defined(_M_X64)
 void block_rows_avx2(const BlockProblem& p, int row_begin, int row_end);
+void float_block_rows_avx2(const BlockProblem& p, int row_begin, int row_end);
 void dequantize_blocks_avx2(const BlockProblem& p, int row_begin, int row_end, float* dst);
 void block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end);
+void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end);
 void dequantize_blocks_avx512vnni(const BlockProblem& p, int row_begin, int row_end, float* dst);
 #endif
 

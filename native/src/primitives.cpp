@@ -56,6 +56,7 @@ struct IntegerIsa {
 // The products with GGUF's block-quantized weights (kquant.h) of one instruction set.
 struct BlockIsa {
   void (*rows)(const BlockProblem&, int, int);
+  void (*float_rows)(const BlockProblem&, int, int);
   void (*dequantize)(const BlockProblem&, int, int, float*);
   const char* name;
 };
@@ -102,7 +103,7 @@ int widest_rank() {
 Isa best_isa() {
   const int rank = widest_rank();
   const IntegerIsa scalar_integer{integer_rows_scalar, quantize_inputs, 32, 32, 1, "scalar"};
-  const BlockIsa scalar_blocks{block_rows_scalar, dequantize_blocks_scalar, "scalar"};
+  const BlockIsa scalar_blocks{block_rows_scalar, float_block_rows_scalar, dequantize_blocks_scalar, "scalar"};
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   const bool avx2 = rank >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -111,8 +112,9 @@ Isa best_isa() {
   const bool avx512 = rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("f16c");
   const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-  const BlockIsa blocks = avx512vnni ? BlockIsa{block_rows_avx512vnni, dequantize_blocks_avx512vnni, "avx512vnni"}
-                          : avx2     ? BlockIsa{block_rows_avx2, dequantize_blocks_avx2, "avx2"}
+  const BlockIsa blocks = avx512vnni ? BlockIsa{block_rows_avx512vnni, float_block_rows_avx512vnni,
+                                               dequantize_blocks_avx512vnni, "avx512vnni"}
+                          : avx2     ? BlockIsa{block_rows_avx2, float_block_rows_avx2, dequantize_blocks_avx2, "avx2"}
                                      : scalar_blocks;
   const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, quantize_inputs_avx512vnni, 128, 64, 16,
                                                       "avx512vnni"}
@@ -1068,7 +1070,8 @@ struct QuantizedBlocks {
 };
 
 // Inputs x, w (and with a second weight, x, gate, up: silu(x @ gate.T) * (x @ up.T)), of `types`: the integer
-// products, or with `exact` each block of weight rows dequantized once for the float32 GEMM.
+// products, or with `exact` float32 ones: for fewer than kDequantizedGemmRows rows each weight row dequantized once
+// and dotted with them, else each block of weight rows dequantized once for the float32 GEMM.
 Work block_product_work(std::vector<int> types, bool exact) {
   return [types, exact](const std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
@@ -1078,7 +1081,7 @@ Work block_product_work(std::vector<int> types, bool exact) {
     const float* xs = contiguous(x, copy);
     float* dst = out.data<float>();
     const int product = gated ? 2 : 1, gate = 1;
-    if (exact) {
+    if (exact && M >= kDequantizedGemmRows) {
       auto dequantized = [K](const mx::array& w, int type) {
         return [p = block_problem(w, type, 0, K, nullptr)](int begin, int end, Floats& scratch) {
           scratch.resize(static_cast<size_t>(end - begin) * p.K);
@@ -1091,21 +1094,24 @@ Work block_product_work(std::vector<int> types, bool exact) {
       return gemm_product(xs, M, in[product].shape(0), K, dst, weights, gated ? &gate_rows : nullptr);
     }
     thread_local QuantizedBlocks quantized;
-    quantized.quantize(xs, M, K);
+    if (!exact) quantized.quantize(xs, M, K);
     BlockProblem p = block_problem(in[product], types[product - 1], M, K, dst);
     p.x = quantized.inputs();
+    p.xf = xs;
     BlockProblem g{};
     if (gated) {
       gate_out.resize(static_cast<size_t>(M) * p.N);
       g = block_problem(in[gate], types[0], M, K, gate_out.data());
       g.x = p.x;
+      g.xf = xs;
     }
+    const auto rows_of = exact ? kIsa.blocks.float_rows : kIsa.blocks.rows;
     const int rows = block_product_rows(p);
     share((p.N + rows - 1) / rows, [&](int b) {
       const int begin = b * rows, end = std::min(p.N, begin + rows);
-      kIsa.blocks.rows(p, begin, end);
+      rows_of(p, begin, end);
       if (!gated) return;
-      kIsa.blocks.rows(g, begin, end);
+      rows_of(g, begin, end);
       apply_gate(g.out, p.out, M, p.N, begin, end);
     });
   };
@@ -1636,9 +1642,9 @@ NB_MODULE(_ext, m) {
           return minimlx_native::block_product("minimlx_native.block_matmul", x, {w}, {type}, exact);
         }, "x"_a, "w"_a, "type"_a, "exact"_a = false,
         "x @ W.T for float32 x (..., K) and W held as GGUF stores it: w (N, row bytes) uint8, each row K / 256 "
-        "super-blocks of Q4_K (type 12), Q5_K (13) or Q6_K (14), or K / 32 blocks of Q8_0 (8). Products of fewer "
-        "than 28 rows of x quantize x to 8 bits per block (as llama.cpp's Q8_K / Q8_0) and use integer dot "
-        "products, unless `exact`.");
+        "super-blocks of Q4_K (type 12), Q5_K (13) or Q6_K (14), or K / 32 blocks of Q8_0 (8). x is quantized to 8 "
+        "bits per block of 32 (as llama.cpp's Q8_0) for integer dot products, unless `exact`: x stays float32, each "
+        "weight row dequantized once for fewer than 28 rows of x, the float32 GEMM from 28.");
   m.def("block_swiglu", [](const mx::array& x, const mx::array& gate_w, int gate_type, const mx::array& up_w,
                            int up_type, bool exact) {
           return minimlx_native::block_product("minimlx_native.block_swiglu", x, {gate_w, up_w}, {gate_type, up_type},
