@@ -40,3 +40,8 @@ class PromptTooLongError(InvalidSettingError):
 
 class PromptCacheError(MinimlxError):
     """A prompt cache file cannot be used: unreadable, damaged, or made by another model."""
+
+
+class DataError(MinimlxError):
+    """A training or validation data set cannot be used: a missing folder or split, a malformed record (named by its
+    file and line), a record with nothing to train on."""

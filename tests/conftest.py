@@ -70,3 +70,25 @@ def kquant_llama(tmp_path_factory):
     from kquant_llama import kquant_llama
 
     return kquant_llama(tmp_path_factory.mktemp("kquant-llama"))
+
+
+@pytest.fixture(scope="session")
+def hybrid(tmp_path_factory):
+    """(folder, transformers model, minimlx model, tokenizer) of the tiny random hybrid (tests/hybrid_model.py)."""
+    from hybrid_model import hybrid_model
+
+    import minimlx
+
+    folder = tmp_path_factory.mktemp("hybrid")
+    torch_model = hybrid_model(folder)
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    return folder, torch_model, model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def tune_folders(tmp_path_factory):
+    """(a tiny random llama's folder, a data folder of the reversing task) of tests/tuning.py, written once."""
+    from tuning import copy_task, tiny_llama
+
+    root = tmp_path_factory.mktemp("tune")
+    return tiny_llama(root / "model"), copy_task(root / "data")

@@ -217,15 +217,16 @@ DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import convert_hf_to_gguf
-for folder, outtype, outfile in json.loads(sys.argv[2]):
-    sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", outfile]
+for folder, outtype, outfile, *flags in json.loads(sys.argv[2]):
+    sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", outfile, *sum(flags, [])]
     convert_hf_to_gguf.main()
 """
 
 
-def convert(jobs: list[tuple[Path, str, Path]], sources: Path | None = None, processes: int = 2) -> None:
-    """Convert Hugging Face folders to GGUF files with llama.cpp's converter: `(folder, outtype, outfile)` each,
-    outtype one of its `--outtype` choices (f32, f16, bf16, q8_0, ...). The jobs are shared among up to
+def convert(jobs: list[tuple], sources: Path | None = None, processes: int = 2) -> None:
+    """Convert Hugging Face folders to GGUF files with llama.cpp's converter: `(folder, outtype, outfile)` each, and
+    optionally a list of further converter flags (`--no-mtp`), outtype one of its `--outtype` choices (f32, f16, bf16,
+    q8_0, ...). The jobs are shared among up to
     `processes` processes, each importing the converter once (which takes longer than converting a tiny model);
     a failing one's log is shown."""
     sources = sources or llamacpp_sources()
@@ -235,7 +236,7 @@ def convert(jobs: list[tuple[Path, str, Path]], sources: Path | None = None, pro
     with tempfile.TemporaryDirectory() as logs:
         running = []
         for k, share in enumerate(shares):
-            args = json.dumps([[str(folder), outtype, str(out)] for folder, outtype, out in share])
+            args = json.dumps([[str(folder), outtype, str(out), *flags] for folder, outtype, out, *flags in share])
             with open(Path(logs) / f"{k}.log", "w") as log:
                 command = [sys.executable, "-c", DRIVER, str(sources), args]
                 running.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))

@@ -2,14 +2,20 @@
 are marked slow), and helpers that drive it; tiny random chat models built at test time."""
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm_reference import save_tokenizer
 from reference import save_reference
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
 
 from minimlx import stream_generate
+from minimlx.archs import build_model
 from minimlx.decode import Engine, encode_prompt
 from minimlx.io.resolve import short_name_path
 
@@ -68,21 +74,29 @@ TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor 
 
 
 def chat_model(folder, context: int, config_class: str = "LlamaConfig", **config):
-    """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template."""
-    save_reference(
-        folder,
-        config_class,
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        **config,
-    )
+    """A tiny random llama (or `config_class`) with a word-level tokenizer and a plain chat template; `config` adds to
+    or replaces its settings (a larger hidden_size, a seed)."""
+    shape = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    shape |= dict(num_key_value_heads=2, max_position_embeddings=context)
+    save_reference(folder, config_class, **shape | config)
     save_tokenizer(folder)
     (folder / "chat_template.jinja").write_text(TEMPLATE)
+    return folder
+
+
+def write_model(folder: Path, config: dict, words: int = 64, seed: int = 0) -> Path:
+    """A tiny random checkpoint folder without torch: config.json, safetensors (minimlx's own random weights, seeded)
+    and a word-level tokenizer (w0..w{words-1}, eos w1)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.random.seed(seed)
+    model = build_model(config)
+    weights = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    backend = Tokenizer(WordLevel({f"w{i}": i for i in range(words)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w1"}))
     return folder
 
 

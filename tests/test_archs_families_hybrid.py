@@ -7,11 +7,13 @@ and than one chunk of the delta rule), a prompt then one token at a time through
 transformers 4 config layout.
 """
 
+import json
 import shutil
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from hybrid_model import QWEN3_5_SIZES
 from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 import minimlx
@@ -22,30 +24,13 @@ from minimlx.core import (
     gated_delta_chunked,
     gated_delta_recurrent,
 )
-from minimlx.errors import CheckpointError, InvalidSettingError
+from minimlx.errors import CheckpointError
 
 VOCAB = 96
 TOKENS = 80  # over one 64-token chunk of the delta rule
 PROMPT = 70
 LINEAR = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
-QWEN3_5 = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
-    layer_types=LINEAR,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
-)
+QWEN3_5 = dict(QWEN3_5_SIZES, vocab_size=VOCAB, layer_types=LINEAR, max_position_embeddings=256)
 EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 CONFIGS = {
     "qwen3_5_text": ("Qwen3_5TextConfig", QWEN3_5),
@@ -240,24 +225,69 @@ def test_unknown_layer_kind_is_refused_before_any_tensor():
             build_model({**config, "model_type": model_type, "layer_types": kinds})
 
 
-def test_engine_refuses_what_would_rewind_a_recurrent_state(checkpoint, tmp_path):
-    """Speculation (which cuts rejected drafts off the cache) and a prompt cache folder (key/value caches only) are
-    refused in one line; the engine's batching and in-memory prompt cache run them (tests/test_batch.py)."""
-    from minimlx.decode import Engine
-
-    folder, _, _ = checkpoint
-    model = minimlx.load_model(folder, dtype="float32")
-    with pytest.raises(InvalidSettingError, match="speculative decoding rewinds"):
-        Engine(model, None, max_batch=1, prompt_lookup=2)
-    with pytest.raises(InvalidSettingError, match="prompt cache folder"):
-        Engine(model, None, prompt_cache_size=2, prompt_cache_dir=str(tmp_path))
+CONVERTS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5")  # the families whose mlx-lm layout is mapped
 
 
-def test_convert_refuses_recurrent_models(checkpoint, tmp_path):
-    """Writing an mlx-lm folder is refused in one line rather than written under names mlx-lm would misread."""
+def test_convert_writes_what_it_reads_or_refuses_in_one_line(checkpoint, tmp_path):
+    """`minimlx convert` of Qwen3.5 and Qwen3-Next gives an MLX folder whose logits are transformers'; LFM2's and
+    Granite 4's recurrent layers (not mapped yet) are refused in one line rather than written under names mlx-lm
+    would misread."""
     from minimlx.errors import UnsupportedArchitectureError
 
-    folder, _, _ = checkpoint
+    folder, reference, ids = checkpoint
+    if json.loads((folder / "config.json").read_text())["model_type"] not in CONVERTS:
+        with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
+            minimlx.convert(folder, tmp_path / "mlx")
+        return
+    model = minimlx.load_model(minimlx.convert(folder, tmp_path / "mlx"), dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+
+
+def test_mlx_lm_folders_of_qwen3_next(tmp_path):
+    """mlx-lm's convert of a Qwen3-Next checkpoint (its layers every `full_attention_interval`-th attending, as
+    mlx-lm reads them; its norms stored whole, its convolution (channels, kernel, 1)) gives transformers' logits; and
+    minimlx's convert, float and 8-bit, writes folders mlx-lm reads as minimlx does."""
+    from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
+
+    config = dict(CONFIGS["qwen3_next"][1], layer_types=["linear_attention"] * 3 + ["full_attention"])
+    torch_model = save_reference(tmp_path / "hf", "Qwen3NextConfig", **config)
+    to_v4_layout(tmp_path / "hf")
+    save_tokenizer(tmp_path / "hf")
+    ids = random_ids(VOCAB, tokens=TOKENS)
+    reference = reference_logits(torch_model, ids)
+    folder = mlx_lm_convert(tmp_path / "hf", tmp_path / "mlx")
     model = minimlx.load_model(folder, dtype="float32")
-    with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
-        model.config.export_weights({})
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+    written = minimlx.convert(tmp_path / "hf", tmp_path / "ours")
+    assert relative_error(mlx_lm_logits(written, ids), reference) <= 1e-4
+    packed = minimlx.convert(tmp_path / "hf", tmp_path / "ours-8bit", bits=8)
+    ours = np.array(minimlx.load_model(packed, dtype="float32")(mx.array(ids)))
+    assert relative_error(ours, mlx_lm_logits(packed, ids)) <= 1e-4
+
+
+@pytest.mark.slow
+def test_gguf_files_of_qwen3_5_from_llama_cpp(hybrid, tmp_path):
+    """llama.cpp's converter (`qwen35`: the DeltaNet as `ssm_*` tensors, its value heads tiled, A as -exp(A_log),
+    norms whole) at f32 gives transformers' logits; at q8_0, those of the file's tensors as gguf-py dequantizes them,
+    within the packed form's rounding (its float16 biases, -128 times each block's scale, sit within 5e-4 of gguf-py's
+    values, which the recurrent state carries along: 1.3e-3 relative on these logits)."""
+    from gguf.quants import dequantize
+    from llamacpp import Reader, convert
+    from llamacpp_models import logits_of
+
+    from minimlx.io.gguf_file import read_gguf
+
+    folder, torch_model, _, _ = hybrid
+    files = {kind: tmp_path / f"qwen3_5-{kind}.gguf" for kind in ("f32", "q8_0")}
+    convert([(folder, kind, path, ["--no-mtp"]) for kind, path in files.items()], processes=1)  # one import
+    ids = np.random.default_rng(0).integers(0, 49152, (1, TOKENS))
+    model, _ = minimlx.load(files["f32"], dtype="float32")
+    assert type(model.config).__name__ == "Qwen35TextConfig"
+    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4
+    tensors, metadata = read_gguf(files["q8_0"], mx.float32)
+    assert any(key.endswith(".scales") for key in tensors)
+    floats = {
+        t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(files["q8_0"]).tensors
+    }
+    packed = logits_of(files["q8_0"], tensors, metadata, ids)[0]
+    assert relative_error(packed, logits_of(files["q8_0"], floats, metadata, ids)[0]) <= 3e-3

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from minimlx.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN_SOURCES = sorted(p for p in (ROOT / "examples").glob("*/*.py"))
+# the example folders that are packages (examples/finetune holds data)
+PLUGIN_SOURCES = sorted(p for p in (ROOT / "examples").glob("*/*.py") if (p.parent / "pyproject.toml").is_file())
 
 
 def private_uses(source: str) -> list[str]:

@@ -8,6 +8,7 @@ under a timeout: subprocesses with `timeout=`, in-process cases under SIGALRM (`
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +20,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from mlx.utils import tree_flatten
-from tokenizers import Tokenizer, models, pre_tokenizers
+from models import write_model
 
 import minimlx
 from minimlx.anatomy.lens import logit_lens
@@ -72,23 +72,9 @@ def within_a_minute():
     signal.signal(signal.SIGALRM, previous)
 
 
-def write_model(folder: Path, config: dict = CONFIG, words: int = 64) -> Path:
-    """A tiny random checkpoint folder: config.json, safetensors and a word-level tokenizer (w0..w{words-1}, eos w1)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    model = build_model(config)
-    weights = model.config.export_weights(dict(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(folder / "model.safetensors"), weights)
-    backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(words)}, unk_token="w0"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w1"}))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("tiny") / "model")
+    return write_model(tmp_path_factory.mktemp("tiny") / "model", CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +211,7 @@ def test_a_broken_checkpoint_file_is_a_checkpoint_error(broken, case):
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both_sizes(tmp_path):
-    folder = write_model(tmp_path / "model", words=100)
+    folder = write_model(tmp_path / "model", CONFIG, words=100)
     with pytest.raises(CheckpointError, match="100 token ids.*holds 64"):
         minimlx.load(folder)
     for command in (["run", "w2", "--model", folder], ["bench", folder], ["lens", folder, "w2"]):
@@ -233,7 +219,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both_sizes(tmp_
 
 
 def test_a_tokenizer_smaller_than_the_embedding_is_fine(tmp_path):
-    model, tokenizer = minimlx.load(write_model(tmp_path / "model", words=40))
+    model, tokenizer = minimlx.load(write_model(tmp_path / "model", CONFIG, words=40))
     assert tokenizer.vocab_size == 40 and model.config.vocab_size == 64
 
 
@@ -1006,3 +992,23 @@ def test_generate_with_a_billion_tokens_stops_at_the_context(loaded, settings):
 
 def test_bench_past_the_context_of_a_tiny_model_refuses(tiny):
     refused(cli("bench", tiny, "--gen-tokens", 10**9), "context of 64")
+
+
+@pytest.mark.slow  # the hybrid fixture: transformers' model and SmolLM2's tokenizer
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"linear_key_head_dim": 32}, ["linear_attn", "shape", "config"]),  # a state of 32 x 8, not 16 x 8
+        ({"linear_conv_kernel_dim": 6}, ["conv1d", "shape", "config"]),  # the convolution's state holds 5 columns
+        ({"layer_types": ["mamba", "full_attention", "linear_attention", "full_attention"]}, ["layer_types", "mamba"]),
+    ],
+)
+def test_a_hybrid_whose_states_or_layer_kinds_disagree_with_its_config(hybrid, tmp_path, change, words):
+    """Refused from the config and the tensors' headers (shapes), before a tensor is read: one line, exit 2."""
+    folder = tmp_path / "hybrid"
+    shutil.copytree(hybrid[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError):
+        minimlx.load(folder)
+    refused(cli("run", "hello", "--model", folder, "--no-chat-template"), *words)

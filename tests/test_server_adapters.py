@@ -61,6 +61,7 @@ def test_six_requests_on_two_adapters_and_the_base_decode_in_one_batch(tmp_path,
     import minimlx
     from minimlx.decode import Engine, Request, SamplingSettings
     from minimlx.server import app, bridge
+    from minimlx.server.models import Models
     from minimlx.tune.serving import served_adapters
 
     torch_model = save_hf_model(tmp_path / "base", "llama")
@@ -77,7 +78,7 @@ def test_six_requests_on_two_adapters_and_the_base_decode_in_one_batch(tmp_path,
     requests = [
         ({**pick, "prompt": prompts[i % 2], "max_tokens": 10, "temperature": 0}) for i, pick in enumerate(picks)
     ]
-    with TestClient(app.Server(engine, "tiny").app) as client:
+    with TestClient(app.Server(Models.one(engine, "tiny")).app) as client:
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda body: client.post("/v1/completions", json=body), requests))
         listed = [card["id"] for card in client.get("/v1/models").json()["data"]]

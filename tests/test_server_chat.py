@@ -548,6 +548,7 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
     from minimlx.decode import Engine
     from minimlx.decode.engine import Generation
     from minimlx.server.app import Server
+    from minimlx.server.models import Models
 
     save_hf_model(tmp_path, "llama")
     model, tokenizer = minimlx.load(tmp_path)
@@ -560,7 +561,7 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(Generation, "sample", failing)
     body = {"prompt": "w3 w4 w5", "max_tokens": 40, "temperature": 1.0}
-    with TestClient(Server(Engine(model, tokenizer, max_batch=4), "tiny").app) as client:
+    with TestClient(Server(Models.one(Engine(model, tokenizer, max_batch=4), "tiny")).app) as client:
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(lambda seed: client.post("/v1/completions", json={**body, "seed": seed}), [13, 1]))
     failed, answered = answers
@@ -580,6 +581,7 @@ def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path,
     from minimlx.decode import Engine
     from minimlx.decode.runner import Runner
     from minimlx.server import app, bridge
+    from minimlx.server.models import Models
 
     save_hf_model(tmp_path, "llama")
     model, tokenizer = minimlx.load(tmp_path)
@@ -588,7 +590,7 @@ def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path,
     monkeypatch.setattr(Runner, "prefill_together", lambda self, g: groups.append(len(g)) or together(self, g))
     monkeypatch.setattr(Runner, "prefill_alone", lambda self, *a: groups.append(1) or alone(self, *a))
     body = {"prompt": "w3 w4 w5", "max_tokens": 4, "temperature": 0}
-    with TestClient(app.Server(Engine(model, tokenizer, max_batch=4), "tiny").app) as client:
+    with TestClient(app.Server(Models.one(Engine(model, tokenizer, max_batch=4), "tiny")).app) as client:
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda _: client.post("/v1/completions", json=body), range(4)))
     assert [a.status_code for a in answers] == [200] * 4
@@ -613,10 +615,12 @@ def test_a_request_refused_starts_nothing(tmp_path, path, body):
     import minimlx
     from minimlx.decode import Engine
     from minimlx.server.app import Server
+    from minimlx.server.models import Models, Serving
 
     save_hf_model(tmp_path, "llama")
     engine = Engine(*minimlx.load(tmp_path), max_batch=4)
-    server = Server(engine, "tiny", chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    server = Server(Models.one(engine, "tiny", Serving(chat_template=template)))
     with TestClient(server.app) as client:
         refusal = client.post(path, json={**body, "max_tokens": 200})
         assert refusal.status_code == 400 and ("stream" in refusal.text or "include_usage" in refusal.text)

@@ -49,6 +49,11 @@ class Ablation:
             if not 0 <= layer < layers:
                 raise InvalidSettingError(f"layer must be between 0 and {layers - 1}, got {layer}")
         for layer, head in self.heads:
+            if not model.layers[layer].attn.attends:
+                raise InvalidSettingError(
+                    f"layer {layer} is a recurrent layer: it has no attention heads to switch off; switch its block "
+                    "off instead"
+                )
             heads = model.layers[layer].attn.heads
             if not 0 <= head < heads:
                 raise InvalidSettingError(f"head must be between 0 and {heads - 1} in layer {layer}, got {head}")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import mlx.nn as nn
 
 from ..errors import InvalidSettingError
-from .trace import trace
+from .trace import attention_layers, trace
 
 
 @dataclass
@@ -32,13 +32,20 @@ class AttentionPattern:
 def attention_pattern(
     model: nn.Module, tokenizer, prompt: str, layer: int | None = None, head: int | None = None
 ) -> AttentionPattern:
-    """The attention pattern of `prompt` (encoded as is, no chat template) in `layer` (default the last),
+    """The attention pattern of `prompt` (encoded as is, no chat template) in `layer` (default the last that attends),
     for query head `head` (default the mean over all heads)."""
-    layers = len(model.layers)
-    layer = layers - 1 if layer is None else layer
+    layers, attending = len(model.layers), attention_layers(model)
+    if not attending:
+        raise InvalidSettingError("this model has no attention layer (every token-mixer is recurrent): no pattern")
+    layer = attending[-1] if layer is None else layer
     if not 0 <= layer < layers:
         raise InvalidSettingError(
             f"layer must be between 0 and {layers - 1} (the model has {layers} layers), got {layer}"
+        )
+    if layer not in attending:
+        raise InvalidSettingError(
+            f"layer {layer} is a recurrent layer: it has no attention pattern; pick one of the attention layers "
+            f"{attending}"
         )
     heads = model.layers[layer].attn.heads
     if head is not None and not 0 <= head < heads:

@@ -11,7 +11,9 @@ queries and keys rebuilt from the latents), and `attn_weights` (batch, heads, to
 row t is how query token t shares its attention among the tokens it sees (itself and those before
 it, or only the last `window` of them in a sliding-window layer). Each row sums to 1, except in
 layers with attention sinks, where the sink takes its share and the row sums to 1 minus it.
-The weights are formed only while tracing; the fused kernel never forms them.
+The weights are formed only while tracing; the fused kernel never forms them. A recurrent layer (whose token-mixer
+declares that it does not attend) has none of those; it hands over `state_norm` (batch,), the norm of the state its
+pass leaves.
 """
 
 import mlx.core as mx
@@ -25,6 +27,7 @@ from .ablation import Ablation, Patch, applied
 BLOCK_ACTIVATIONS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 ROUTING = ("expert_indices", "expert_weights")
 ATTENTION = ("queries", "keys", "attn_weights")
+STATE = "state_norm"  # a recurrent layer's: the norm of the state its pass leaves, (batch,)
 
 
 def activation_names(model: nn.Module, attention: bool = False) -> list[str]:
@@ -32,11 +35,24 @@ def activation_names(model: nn.Module, attention: bool = False) -> list[str]:
     order the forward pass produces them."""
     names = ["embed"]
     for i, layer in enumerate(model.layers):
-        block = ("resid_pre", *ATTENTION, *BLOCK_ACTIVATIONS[1:]) if attention else BLOCK_ACTIVATIONS
+        attends = attention and layer.attn.attends  # a recurrent layer records no attention, but its state's norm
+        block = ("resid_pre", *ATTENTION, *BLOCK_ACTIVATIONS[1:]) if attends else BLOCK_ACTIVATIONS
+        if not layer.attn.attends:
+            block = ("resid_pre", STATE, *BLOCK_ACTIVATIONS[1:])
         names += [f"layers.{i}.{what}" for what in block]
         if hasattr(layer.ffn, "route"):
             names += [f"layers.{i}.{what}" for what in ROUTING]
     return names + ["final_norm", "logits"]
+
+
+def attention_layers(model: nn.Module) -> list[int]:
+    """The layers whose token-mixer attends (`attends`): those with queries, keys and attention weights."""
+    return [i for i, layer in enumerate(model.layers) if layer.attn.attends]
+
+
+def attention_everywhere(model: nn.Module) -> set[str]:
+    """The attention names every layer would have if each attended (to tell a recurrent layer's apart)."""
+    return {f"layers.{i}.{what}" for i in range(len(model.layers)) for what in ATTENTION}
 
 
 def _as_batch(model: nn.Module, ids) -> mx.array:
@@ -65,11 +81,18 @@ def trace(
     """
     if names is not None:
         unknown = sorted(set(names) - set(activation_names(model, attention=True)))
+        recurrent = [n for n in unknown if n.rpartition(".")[2] in ATTENTION and n in attention_everywhere(model)]
+        if recurrent:
+            layer = recurrent[0].split(".")[1]
+            raise InvalidSettingError(
+                f"layer {layer} is a recurrent layer ({type(model.layers[int(layer)].attn).__name__}): it has no "
+                f"attention to record; pick one of the attention layers {attention_layers(model)}"
+            )
         if unknown:
             raise InvalidSettingError(
                 f"no activation named {unknown[0]!r}; use embed, "
-                f"layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ATTENTION + ROUTING)}>, "
-                "final_norm or logits (routing only for MoE layers)"
+                f"layers.<i>.<{'|'.join(BLOCK_ACTIVATIONS + ATTENTION + ROUTING + (STATE,))}>, "
+                "final_norm or logits (routing only for MoE layers, state_norm for recurrent ones)"
             )
     if names is None:
         names = activation_names(model, attention)

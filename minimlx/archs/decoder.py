@@ -8,6 +8,7 @@ a family's plugin sets fields, as defaults or from its own config keys in `from_
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import mlx.nn as nn
 
@@ -364,6 +365,8 @@ class DecoderConfig:
             blocks_apart=not (self.kv_sources or self.layer_input_dims or self.moe_beside_ffn),
         )
 
+    exports_recurrent: ClassVar[bool] = False
+
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
         """The checkpoint's fused modules (`fused`), each with the projections it stacks and their rows."""
         kv_rows = self.kv_heads * self.head_dim
@@ -387,10 +390,11 @@ class DecoderConfig:
         return weights
 
     def export_weights(self, weights: dict) -> dict:
-        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes)."""
-        if self.recurrent is not None:
+        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes). A family with recurrent
+        layers declares `exports_recurrent` once its plugin writes their mlx-lm names and layouts."""
+        if self.recurrent is not None and not self.exports_recurrent:
             raise UnsupportedArchitectureError(
-                "minimlx convert cannot write models with recurrent layers yet (their mlx-lm names and layouts are "
+                "minimlx convert cannot write this family's recurrent layers yet (their mlx-lm names and layouts are "
                 "not mapped); load the Hugging Face folder directly"
             )
         for fused, parts in self.fused_parts().items():

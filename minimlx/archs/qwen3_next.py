@@ -16,12 +16,65 @@ import mlx.core as mx
 from ..core import OffsetRMSNorm
 from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
+from .gguf import Metadata, llama_config, partial_rotary
 from .image_text import ImageText, text_model_names
+from .names import LLAMA_GGUF_NAMES
 from .qwen2 import Qwen2MoeConfig
 from .qwen3 import qwen_experts
 from .registry import register
 
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
+OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight")
+OFFSET_NORMS += (".k_norm.weight",)
+"""The norms whose weight a Hugging Face checkpoint stores as the difference from 1 and mlx-lm's whole."""
+
+
+GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
+    [
+        ("blk.{i}.post_attention_norm.", "layers.{i}.ffn_norm."),
+        ("blk.{i}.attn_qkv.", "layers.{i}.attn.in_proj_qkv."),
+        ("blk.{i}.attn_gate.", "layers.{i}.attn.in_proj_z."),
+        ("blk.{i}.ssm_alpha.", "layers.{i}.attn.in_proj_a."),
+        ("blk.{i}.ssm_beta.", "layers.{i}.attn.in_proj_b."),
+        ("blk.{i}.ssm_conv1d.", "layers.{i}.attn.conv1d."),
+        ("blk.{i}.ssm_dt.bias", "layers.{i}.attn.dt_bias"),
+        ("blk.{i}.ssm_a", "layers.{i}.attn.A_log"),
+        ("blk.{i}.ssm_norm.", "layers.{i}.attn.norm."),
+        ("blk.{i}.ssm_out.", "layers.{i}.attn.out_proj."),
+    ]
+)
+"""llama.cpp's names of Qwen3.5's tensors (`qwen35`): the DeltaNet's as its `ssm_*`."""
+GGUF_OFFSET_NORMS = (".attn_norm.weight", ".ffn_norm.weight", ".q_norm.weight", ".k_norm.weight")
+
+
+def grouped_heads(a: mx.array, axis: int, key_heads: int, head_dims: int) -> mx.array:
+    """Value heads along `axis` from llama.cpp's tiled order (head j of every key head's group, for each j) back to
+    the checkpoint's grouped one (each key head's group together)."""
+    shape = list(a.shape)
+    per_key = shape[axis] // (key_heads * head_dims)
+    tiled = a.reshape(*shape[:axis], per_key, key_heads, head_dims, *shape[axis + 1 :])
+    return mx.swapaxes(tiled, axis, axis + 1).reshape(shape)
+
+
+def unpacked(weights: dict, module: str, columns: int) -> mx.array:
+    """The float weight of `module` in `weights` (of `columns` inputs), taking its scales and biases out where it is
+    packed: its columns are to be reordered, which a packed row's groups cannot be."""
+    w = weights[f"{module}.weight"]
+    if f"{module}.scales" not in weights:
+        return w
+    scales, biases = weights.pop(f"{module}.scales"), weights.pop(f"{module}.biases")
+    return mx.dequantize(w, scales, biases, columns // scales.shape[-1], w.shape[-1] * 32 // columns)
+
+
+def mlx_lm_layout(weights: dict) -> bool:
+    """Whether the tensors are as mlx-lm writes them: its convolution weights (channels, kernel, 1), as its own reader
+    tells (Hugging Face's are (channels, 1, kernel))."""
+    return any(k.endswith("conv1d.weight") and v.ndim == 3 and v.shape[-1] == 1 for k, v in weights.items())
+
+
+def offset_norms(weights: dict, shift: float) -> dict:
+    """`weights` with `shift` added to the weights of the `OFFSET_NORMS` (-1 reads mlx-lm's, +1 writes them)."""
+    return {k: v + shift if k.endswith(OFFSET_NORMS) and v.ndim == 1 else v for k, v in weights.items()}
 
 
 def delta_net(config: dict, layers: int) -> DeltaNetConfig:
@@ -74,6 +127,85 @@ class Qwen35TextConfig(DecoderConfig):
         arch = super().from_config(config)
         return replace(arch, recurrent=delta_net({**cls.defaults, **config}, arch.layers))
 
+    def convert_weights(self, weights: dict) -> dict:
+        """An mlx-lm folder's norms back to the differences from 1 the model's `OffsetRMSNorm`s hold."""
+        return super().convert_weights(offset_norms(weights, -1.0) if mlx_lm_layout(weights) else weights)
+
+    gguf_architectures = ("qwen35",)
+    gguf_names = GGUF_NAMES
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's keys: the DeltaNet's as its `ssm.*` (state_size the key heads' size, group_count their number,
+        time_step_rank the value heads'), the recurrent layers as `attention.recurrent_layers`. Its multimodal RoPE
+        sections turn a text's positions as plain RoPE does (one position on every axis)."""
+        m = Metadata(metadata)
+        config = partial_rotary(m, llama_config(metadata, tensors, cls.gguf_model_type))
+        value_heads = m["ssm.time_step_rank"]
+        return {
+            **config,
+            "linear_conv_kernel_dim": m["ssm.conv_kernel"],
+            "linear_key_head_dim": m["ssm.state_size"],
+            "linear_num_key_heads": m["ssm.group_count"],
+            "linear_num_value_heads": value_heads,
+            "linear_value_head_dim": m["ssm.inner_size"] // value_heads,
+            "layer_types": ["linear_attention" if r else "full_attention" for r in m["attention.recurrent_layers"]],
+        }
+
+    gguf_model_type = "qwen3_5_text"
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's tensors back to the checkpoint's: norms as differences from 1, A_log from its -exp(A_log),
+        the convolution (channels, kernel, 1), and the value heads from its tiled order to the grouped one."""
+        net = self.recurrent
+        weights = {}
+        for name, w in super().convert_gguf_weights(tensors, metadata).items():
+            if name == "norm.weight" or name.endswith(GGUF_OFFSET_NORMS):
+                w = w - 1
+            elif name.endswith(".A_log"):
+                w = mx.log(-w)
+            elif name.endswith(".conv1d.weight"):
+                w = w[..., None]
+            weights[name] = w
+        if net.key_heads == net.value_heads:
+            return weights
+        keys, key_rows = net.key_heads, 2 * net.key_heads * net.key_dims
+        for i in net.layers:
+            at = f"layers.{i}.attn."
+            for module, rows, dims in (
+                ("in_proj_qkv", key_rows, net.value_dims),
+                ("conv1d", key_rows, net.value_dims),
+                ("in_proj_z", 0, net.value_dims),
+                ("in_proj_a", 0, 1),
+                ("in_proj_b", 0, 1),
+            ):
+                for leaf in ("weight", "scales", "biases"):  # a packed tensor's rows with their scales and biases
+                    if (name := f"{at}{module}.{leaf}") in weights:
+                        w = weights[name]
+                        weights[name] = mx.concatenate([w[:rows], grouped_heads(w[rows:], 0, keys, dims)])
+            for name in ("A_log", "dt_bias"):
+                weights[at + name] = grouped_heads(weights[at + name], 0, keys, 1)
+            out = unpacked(weights, at + "out_proj", net.value_heads * net.value_dims)
+            weights[at + "out_proj.weight"] = grouped_heads(out, 1, keys, net.value_dims)
+        return weights
+
+    exports_recurrent = True
+
+    def export_weights(self, weights: dict) -> dict:
+        """mlx-lm's layout: the attention layers' tensors under `self_attn`, the DeltaNet's under `linear_attn`, its
+        convolution (channels, kernel, 1) as the model holds it, the offset norms whole."""
+        theirs = super().export_weights(weights)
+        attending = {str(i) for i in range(self.layers)} - {str(i) for i in self.recurrent.layers}
+
+        def named(name: str) -> str:  # under whatever prefix the names have (an image-text model's too)
+            parts = name.split(".")
+            at = parts.index("layers") if "layers" in parts else -1
+            if 0 <= at < len(parts) - 2 and parts[at + 1] in attending and parts[at + 2] == "linear_attn":
+                parts[at + 2] = "self_attn"
+            return ".".join(parts)
+
+        return offset_norms({named(k): v for k, v in theirs.items()}, 1.0)
+
 
 @register("qwen3_5_moe_text")
 @dataclass
@@ -100,26 +232,59 @@ class Qwen35MoeTextConfig(Qwen35TextConfig):
 class Qwen3NextConfig(Qwen35MoeTextConfig):
     example_config = {**Qwen35MoeTextConfig.example_config, "model_type": "qwen3_next"}
 
+    def export_weights(self, weights: dict) -> dict:
+        """The four projections fused back into in_proj_qkvz and in_proj_ba, interleaved per key head."""
+        net, fused = self.recurrent, {}
+        groups = {"in_proj_qkv": ("in_proj_z", "in_proj_qkvz"), "in_proj_b": ("in_proj_a", "in_proj_ba")}
+        for name, w in weights.items():
+            module, _, leaf = name.rpartition(".")
+            prefix, _, projection = module.rpartition(".")
+            if projection in ("in_proj_z", "in_proj_a"):
+                continue
+            if projection not in groups:
+                fused[name] = w
+                continue
+            partner, joined = groups[projection]
+            other = weights[f"{prefix}.{partner}.{leaf}"]
+            if projection == "in_proj_qkv":
+                key_rows = net.key_heads * net.key_dims
+                parts = [w[:key_rows], w[key_rows : 2 * key_rows], w[2 * key_rows :], other]
+            else:
+                parts = [w, other]
+            fused[f"{prefix}.{joined}.{leaf}"] = interleaved(parts, net.key_heads)
+        return super().export_weights(fused)
+
     def convert_weights(self, weights: dict) -> dict:
-        """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections."""
+        """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections (their
+        weights, and the scales and biases of packed ones)."""
         net, split = self.recurrent, {}
         for name, w in weights.items():
-            prefix = name.removesuffix("in_proj_qkvz.weight").removesuffix("in_proj_ba.weight")
-            if prefix == name:
+            module, _, leaf = name.rpartition(".")
+            prefix, _, projection = module.rpartition(".")
+            if projection not in ("in_proj_qkvz", "in_proj_ba"):
                 split[name] = w
                 continue
-            grouped = w.reshape(net.key_heads, -1, w.shape[-1])
+            grouped = w.reshape(net.key_heads, -1, *w.shape[1:])
             values = net.value_heads // net.key_heads * net.value_dims
-            if name.endswith("in_proj_qkvz.weight"):
+            if projection == "in_proj_qkvz":
                 q, k, v, z = mx.split(grouped, [net.key_dims, 2 * net.key_dims, 2 * net.key_dims + values], axis=1)
-                rows = [a.reshape(-1, w.shape[-1]) for a in (q, k, v, z)]
-                split[prefix + "in_proj_qkv.weight"] = mx.concatenate(rows[:3])
-                split[prefix + "in_proj_z.weight"] = rows[3]
+                rows = [a.reshape(-1, *w.shape[1:]) for a in (q, k, v, z)]
+                split[f"{prefix}.in_proj_qkv.{leaf}"] = mx.concatenate(rows[:3])
+                split[f"{prefix}.in_proj_z.{leaf}"] = rows[3]
             else:
                 b, a = mx.split(grouped, 2, axis=1)
-                split[prefix + "in_proj_b.weight"] = b.reshape(-1, w.shape[-1])
-                split[prefix + "in_proj_a.weight"] = a.reshape(-1, w.shape[-1])
+                split[f"{prefix}.in_proj_b.{leaf}"] = b.reshape(-1, *w.shape[1:])
+                split[f"{prefix}.in_proj_a.{leaf}"] = a.reshape(-1, *w.shape[1:])
         return super().convert_weights(split)
+
+
+def interleaved(parts: list[mx.array], heads: int) -> mx.array:
+    """The rows of `parts` stacked per head: each part's rows of head 0, then of head 1, ... (Qwen3-Next's fused
+    projections). A part without rows per head (convert's one-row module tags) is stacked as it is."""
+    if any(p.shape[0] % heads for p in parts):
+        return mx.concatenate(parts)
+    grouped = [p.reshape(heads, p.shape[0] // heads, *p.shape[1:]) for p in parts]
+    return mx.concatenate(grouped, axis=1).reshape(-1, *parts[0].shape[1:])
 
 
 @register("qwen3_5")

@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     fuse,
     hub,
     lens,
+    lora,
     run,
     serve,
 )

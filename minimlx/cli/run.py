@@ -127,10 +127,24 @@ def speculation(options: dict) -> dict:
 
 def open_model(options: dict):
     """(model, tokenizer) on the chosen device; without --model the smollm2-135m package's GGUF."""
-    import mlx.core as mx
-
     from ..io.resolve import DEFAULT_MODEL, GET_DEFAULT, short_name_path
     from ..loading import load
+
+    use_device(options)
+    name = options["model"]
+    if name is None:
+        if short_name_path(DEFAULT_MODEL) is None:
+            raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
+        name = DEFAULT_MODEL
+    model, tokenizer = load(name, options["dtype"], options.get("parallel"), options.get("adapter"))
+    if options.get("chat_template") is not None:
+        tokenizer.chat_template = options["chat_template"]
+    return model, tokenizer
+
+
+def use_device(options: dict) -> None:
+    """Make --device the default device (and, in a parallel run, let rank 0 alone speak)."""
+    import mlx.core as mx
 
     if options["device"] == "gpu":
         if not mx.is_available(mx.gpu):
@@ -143,15 +157,6 @@ def open_model(options: dict):
 
         rank_zero_speaks()
     cpu_notes()
-    name = options["model"]
-    if name is None:
-        if short_name_path(DEFAULT_MODEL) is None:
-            raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
-        name = DEFAULT_MODEL
-    model, tokenizer = load(name, options["dtype"], options.get("parallel"), options.get("adapter"))
-    if options.get("chat_template") is not None:
-        tokenizer.chat_template = options["chat_template"]
-    return model, tokenizer
 
 
 def saved_prompt(options: dict, model, tokenizer):

@@ -17,7 +17,7 @@ from .group import (
     max_kv_size_option,
     parallel_options,
 )
-from .run import open_model, whole_option
+from .run import open_model, use_device, whole_option
 
 
 def one_blas_thread() -> None:
@@ -83,7 +83,13 @@ def loopback(host: str) -> bool:
 
 
 @main.command()
-@click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m.")
+@click.option(
+    "--model",
+    "-m",
+    multiple=True,
+    help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m; repeat it to serve several models, "
+    "each loaded on the first request that names it.",
+)
 @click.option(
     "--adapter",
     "adapters",
@@ -92,6 +98,32 @@ def loopback(host: str) -> bool:
     help="Serve the LoRA/DoRA adapter in PATH (PEFT or mlx-lm folder) as NAME, beside the base model; repeatable. A "
     "request picks it with model 'BASE:NAME' (or 'NAME'), or an 'adapter' field; rows of different adapters decode in "
     "one batch.",
+)
+@click.option(
+    "--models-dir",
+    metavar="DIR",
+    multiple=True,
+    help="Serve the checkpoint folders and .gguf files in DIR, and the models in the Hugging Face cache, each by "
+    "its name, loaded on the first request that names it.",
+)
+@click.option(
+    "--max-memory",
+    metavar="SIZE",
+    help="Most memory the loaded models' weights take (e.g. 8GB): to load another, the least recently used idle "
+    "models are unloaded first (one answering requests is waited for). Default: no bound.",
+)
+@click.option(
+    "--keep-alive",
+    metavar="SECONDS",
+    help="Unload a model once it has been idle this long (seconds, or 5m, 1h); Ollama's keep_alive field sets it "
+    "per request. Default: models stay loaded.",
+)
+@click.option(
+    "--allow-model",
+    metavar="PATTERN",
+    multiple=True,
+    help="Serve only models whose name or path matches PATTERN (shell-style: 'Qwen/*', '*-0.6B'); repeatable. "
+    "Requests for others are refused (403).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
@@ -186,6 +218,10 @@ def serve(
     adapters,
     host,
     port,
+    models_dir,
+    max_memory,
+    keep_alive,
+    allow_model,
     max_batch,
     max_queue,
     prompt_cache,
@@ -205,67 +241,67 @@ def serve(
     reasoning_format,
     **options,
 ):
-    """Answer OpenAI and Anthropic API requests over HTTP until Ctrl-C.
+    """Answer OpenAI, Anthropic and Ollama API requests over HTTP until Ctrl-C.
 
-    Chat completions, completions and Responses (OpenAI), Messages (Anthropic).
+    Chat completions, completions, Responses and embeddings (OpenAI), Messages (Anthropic), /api/* (Ollama); one
+    model, or several (--model repeated, --models-dir) loaded on demand within --max-memory.
     """
-    from ..decode import Engine
-    from ..io.resolve import DEFAULT_MODEL
     from ..server import serve as run_server
+    from ..server.models import Models, Serving
+    from ..server.residency import FOREVER, Residency, byte_size, seconds
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
-    folders = adapter_folders(adapters, options["parallel"])
-
-    if options["parallel"]:  # every rank steps the engine; rank 0 alone listens (minimlx.distributed.Mirrored)
-        from ..distributed import Mirrored as Engine
-        from ..distributed import world
-    if not options["parallel"] or world().rank() == 0:
+    serving = Serving(chat_template, reasoning_format != "none", request_timeout, max_tokens, forced_call, heartbeat)
+    budget = byte_size(max_memory) if max_memory is not None else None
+    idle = seconds(keep_alive, "--keep-alive") if keep_alive is not None else FOREVER
+    engine_options = dict(max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
+    engine_options |= dict(prompt_cache_bytes=prompt_cache_bytes, prompt_cache_dir=prompt_cache_dir)
+    engine_options |= {name: options[name] for name in ("kv_bits", "max_kv_size")}
+    several = len(options["model"]) > 1 or bool(models_dir)
+    folders = adapter_folders(adapters, options["parallel"], several)
+    if options["parallel"] and several:
+        raise InvalidSettingError("--parallel serves one model; give one --model and no --models-dir")
+    if options["parallel"] or not several:
+        options["model"] = options["model"][0] if options["model"] else None
+    if not options["parallel"] or world_rank() == 0:
         check_address(host, port)
     one_blas_thread()
     freed_buffers_return()
-    model, tokenizer = open_model(options)
-    engine = Engine(
-        model,
-        tokenizer,
-        max_batch=max_batch,
-        max_queue=max_queue,
-        prompt_cache_size=prompt_cache,
-        kv_bits=options["kv_bits"],
-        prompt_cache_bytes=prompt_cache_bytes,
-        prompt_cache_dir=prompt_cache_dir,
-        max_kv_size=options["max_kv_size"],
-        adapters=served(model, folders),
-    )
-    if options["parallel"] and engine.rank != 0:
-        return engine.follow()
-    name = options["model"] or DEFAULT_MODEL
-    startup_notes(engine, tokenizer, chat_template, host, api_key, prompt_cache_dir)
-    click.echo(f"minimlx serves {served_model_name or name} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
+    loader = ModelLoader(options, engine_options, serving, pooling, per_model_folders=several, adapters=folders)
+    if several:
+        catalog, preloaded = several_models(options["model"], models_dir, allow_model, options), ()
+        if served_model_name is not None:
+            raise InvalidSettingError("--served-model-name names the one model served; models go by their names")
+    else:
+        served = one_model(loader, options, served_model_name)
+        if served is None:  # a parallel run's other ranks follow rank 0's engine
+            return
+        catalog, preloaded = one_catalog(served, allow_model, served_model_name), (served,)
+        startup_notes(served.engine, served.tokenizer, chat_template, prompt_cache_dir)
+    names = ", ".join(known.name for known in catalog.models)
+    if api_key is None and not loopback(host):
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    click.echo(f"minimlx serves {names} on http://{host}:{port}/v1 (Ctrl-C stops)", err=True)
+    models = Models(catalog, loader, Residency(budget, idle), preloaded)
     run_server(
-        engine,
-        name,
+        models,
         host,
         port,
         api_key=api_key,
         max_request_mb=max_request_mb,
-        served_model_name=served_model_name,
-        chat_template=chat_template,
-        reasoning=reasoning_format != "none",
-        request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout,
-        max_tokens=max_tokens,
-        forced_call=forced_call,
-        heartbeat=heartbeat,
         log_format=log_format,
-        embedder=embedder_of(model, tokenizer, name, pooling),
     )
 
 
-def adapter_folders(specs: tuple[str, ...], parallel) -> dict[str, str]:
+def adapter_folders(specs: tuple[str, ...], parallel, several: bool) -> dict[str, str]:
     """--adapter's NAME=PATH options as {name: folder}, checked before the model loads."""
     if specs and parallel:
         raise InvalidSettingError("adapters are not served across processes yet; drop --parallel or --adapter")
+    if specs and several:
+        message = "--adapter serves adapters of the one model given; give one --model and no --models-dir"
+        raise InvalidSettingError(message)
     from ..tune.serving import parse_adapter_specs
 
     return parse_adapter_specs(specs)
@@ -278,11 +314,95 @@ def served(model, folders: dict[str, str]):
     return served_adapters(model, folders) if folders else None
 
 
-def startup_notes(engine, tokenizer, chat_template, host: str, api_key: str | None, prompt_cache_dir) -> None:
-    """What the operator should know before the first request: an open server without a key, the prompts read back
-    from `prompt_cache_dir`, a model without a chat template and none given."""
-    if api_key is None and not loopback(host):
-        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+def world_rank() -> int:
+    from ..distributed import world
+
+    return world().rank()
+
+
+class ModelLoader:
+    """Loads a known model as the server runs it: its weights (--dtype), its engine (serve's engine options; with
+    several models each keeps its prompt cache in a folder of its own under --prompt-cache-dir), its embedder."""
+
+    def __init__(
+        self, options: dict, engine_options: dict, serving, pooling: str | None, per_model_folders: bool, adapters=None
+    ):
+        self.options, self.engine_options, self.serving, self.pooling = options, engine_options, serving, pooling
+        self.per_model_folders, self.adapters = per_model_folders, adapters or {}
+
+    def engine(self, model, tokenizer, name: str):
+        from ..decode import Engine
+
+        if self.options["parallel"]:  # every rank steps the engine; rank 0 alone listens (distributed.Mirrored)
+            from ..distributed import Mirrored as Engine
+        engine_options = dict(self.engine_options)
+        folder = engine_options["prompt_cache_dir"]
+        if folder is not None and self.per_model_folders:
+            engine_options["prompt_cache_dir"] = os.path.join(folder, name.replace("/", "--").replace(":", "-"))
+        return Engine(model, tokenizer, **engine_options, adapters=served(model, self.adapters))
+
+    def __call__(self, known):
+        from ..loading import load
+        from ..server.models import ServedModel
+
+        model, tokenizer = load(known.path, self.options["dtype"])
+        if self.serving.chat_template is not None:
+            tokenizer.chat_template = self.serving.chat_template
+        engine = self.engine(model, tokenizer, known.name)
+        return ServedModel(engine, known, self.serving, embedder_of(model, tokenizer, known.path, self.pooling))
+
+
+def one_model(loader: ModelLoader, options: dict, served_model_name: str | None):
+    """The one model, loaded before the server starts (as its errors should show at once); None on the ranks of a
+    parallel run other than 0, once rank 0 has stopped."""
+    from ..io.resolve import DEFAULT_MODEL
+    from ..server.catalog import Known, path_of
+    from ..server.models import ServedModel
+
+    model, tokenizer = open_model(options)
+    name = options["model"] or DEFAULT_MODEL
+    engine = loader.engine(model, tokenizer, name)
+    if options["parallel"] and engine.rank != 0:
+        engine.follow()
+        return None
+    known = Known(served_model_name or name, served_model_name or name, path_of(name))
+    return ServedModel(engine, known, loader.serving, embedder_of(model, tokenizer, name, loader.pooling))
+
+
+def one_catalog(served, allow: tuple[str, ...], served_model_name: str | None):
+    from ..server.catalog import Catalog
+
+    catalog = Catalog([served.known], allow, any_name=served_model_name is None)
+    if not catalog.models:
+        raise InvalidSettingError(f"the model {served.name} does not match --allow-model {' '.join(allow)}")
+    return catalog
+
+
+def several_models(given: tuple[str, ...], folders: tuple[str, ...], allow: tuple[str, ...], options: dict):
+    """The catalog of several models: those given (found, or downloaded, now), then the folders', then the Hugging
+    Face cache's."""
+    from pathlib import Path
+
+    from ..io.resolve import resolve
+    from ..server import catalog
+
+    use_device(options)
+    known = [catalog.given(name, resolve(name)) for name in given]
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise InvalidSettingError(f"--models-dir {folder} is not a folder; give the folder that holds the models")
+        known += catalog.in_folder(Path(folder))
+    known += catalog.in_hub_cache() if folders else []
+    found = catalog.Catalog(known, allow)
+    if not found.models:
+        where = ", ".join([*given, *folders]) or "the Hugging Face cache"
+        raise InvalidSettingError(f"no model to serve in {where}" + (" matches --allow-model" if allow else ""))
+    return found
+
+
+def startup_notes(engine, tokenizer, chat_template, prompt_cache_dir) -> None:
+    """What the operator should know of the one model before the first request: the prompts read back from
+    `prompt_cache_dir`, a model without a chat template and none given."""
     if prompt_cache_dir is not None:
         entries = engine.prompt_cache.entries
         held = sum(c.nbytes for _, cache in entries for c in cache)

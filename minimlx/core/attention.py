@@ -5,6 +5,7 @@ multi-head attention when `kv_heads == heads`, grouped-query when fewer, multi-q
 """
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -121,6 +122,10 @@ class Attention(nn.Module):
     through a weightless RMSNorm. With `lends` (its layer's index), the keys and values it attends over in a pass,
     cached ones included, are lent to the later layers that attend over them too (`SharedKVAttention`).
     """
+
+    attends: ClassVar[bool] = True
+    """A token-mixer's declaration: its tokens read each other through attention weights over `heads` query heads
+    (a trace records its queries, keys and weights; an ablation switches heads off). A recurrent layer has none."""
 
     def __init__(
         self,

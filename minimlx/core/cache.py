@@ -63,6 +63,12 @@ class Snapshot:
     arrays: list[mx.array]
     offset: int
     padding: list[int] = field(default_factory=list)
+    marks: list[dict[int, list[mx.array]]] = field(default_factory=list)
+    """A kind that cannot be cut: per row, its states at earlier token counts (`Cache.mark`), by count."""
+
+    def held(self) -> list[mx.array]:
+        """Every array it holds, its marks' included (to evaluate them all)."""
+        return self.arrays + [a for row in self.marks for arrays in row.values() for a in arrays]
 
 
 class Cache(ABC):
@@ -138,6 +144,15 @@ class Cache(ABC):
         """Whether the first `count` tokens can be had back (by `trim` or `prefix`): all or none of them, for a kind
         that cannot be cut."""
         return count in (0, self.offset)
+
+    def latest_kept(self, count: int) -> int:
+        """The most first tokens, `count` at most, that can be had back (`keeps`): 0 when none can."""
+        return count if self.keeps(count) else 0
+
+    def mark(self) -> None:
+        """Remember the state at the tokens seen so far, so that `keeps`, `trim` and `prefix` can go back to it later:
+        nothing to do for a kind that can be `CUT` (whoever feeds a prompt marks every chunk's end)."""
+        return None
 
     def trim(self, n: int) -> int:
         """Forget the last `n` tokens (at most `offset`); return how many were forgotten."""
@@ -875,12 +890,20 @@ class FixedQuantizedKVCache(Quantized, FixedKVCache):
         return [*self.keys, *self.values] if self.keys is not None else None
 
 
+MARKS = 8
+"""The states a recurrent cache remembers per row (`RecurrentCache.mark`): its memory stays a constant per layer."""
+RECENT = 4
+"""Of those, the latest ones always kept (a speculative round's, a prompt's end); the older are thinned evenly."""
+
+
 class RecurrentCache(Cache):
     """What a recurrent token-mixer carries from one pass to the next: a short convolution's last inputs and a
     recurrent state, each a function of the whole prefix (no token axis).
 
-    It can be snapshotted and restored, and its rows batched (`ROWS`), but never cut (no `CUT`): `keeps(count)` holds
-    for all its tokens or none, so a prompt cache stores or reuses such a state only for exactly the tokens it saw.
+    It can be snapshotted and restored, and its rows batched (`ROWS`), but never cut (no `CUT`): it goes back only to
+    the counts it remembers, all its tokens, none, or a count `mark` remembered (each prefill chunk's end: the prompt
+    cache restores the latest at or before the start a new prompt shares, and speculation's draft model each drafted
+    token's). At most MARKS marks per row are kept, so its memory is the states times a constant.
 
     Rows may have seen different numbers of tokens (`lengths`). `padding` is set by whoever left-pads the next pass:
     that many leading columns of each row hold no token; the layer leaves the state unchanged over them (`valid`),
@@ -894,6 +917,7 @@ class RecurrentCache(Cache):
         self.recurrent: mx.array | None = None
         self.lengths: list[int] = [0]
         self.padding: list[int] = []
+        self.marks: list[dict[int, list[mx.array]]] = [{}]  # per row: its states (rows of one) by token count
 
     @property
     def offset(self) -> int:
@@ -934,35 +958,81 @@ class RecurrentCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state)
+        """The states' bytes and those of the marks (each array once: the latest mark may be the state itself)."""
+        held = {id(a): a for a in self.state}
+        held |= {id(a): a for row in self.marks for arrays in row.values() for a in arrays}
+        return sum(a.nbytes for a in held.values())
+
+    def row_state(self, row: int) -> list[mx.array]:
+        """The states of one row, as a cache of one row holds them."""
+        return self.state if self.rows() == 1 else [a[row : row + 1] for a in self.state]
+
+    def mark(self) -> None:
+        """Remember each row's state at its length (arrays are immutable: later passes replace them, so a mark is a
+        reference), then thin the row's marks to MARKS."""
+        if not self.state:
+            return
+        for row, (length, marks) in enumerate(zip(self.lengths, self.marks)):
+            if length and length not in marks:
+                marks[length] = self.row_state(row)
+                thin(marks)
+
+    def keeps(self, count: int) -> bool:
+        """All tokens, none, or a marked count (of one row)."""
+        return count in (0, self.offset) or (self.rows() == 1 and count in self.marks[0])
+
+    def latest_kept(self, count: int) -> int:
+        if self.keeps(count):
+            return count
+        return max((n for n in self.marks[0] if n <= count), default=0) if self.rows() == 1 else 0
 
     def empty(self) -> "RecurrentCache":
         return type(self)()
 
     def snapshot(self) -> Snapshot:
-        """The states (arrays are immutable: later passes replace them) and each row's length, as its padding below
-        the longest."""
-        return Snapshot(self.state, self.offset, [self.offset - n for n in self.lengths])
+        """The states (arrays are immutable: later passes replace them), each row's length as its padding below the
+        longest, and the marks."""
+        marks = [dict(row) for row in self.marks]
+        return Snapshot(self.state, self.offset, [self.offset - n for n in self.lengths], marks)
 
     def restore(self, snapshot: Snapshot) -> None:
         arrays = list(snapshot.arrays) + [None, None]
         self.conv, self.recurrent = arrays[0], arrays[1]
         self.lengths = [snapshot.offset - p for p in snapshot.padding] or [snapshot.offset]
         self.padding = []
+        marks = snapshot.marks or [{} for _ in self.lengths]
+        self.marks = [{n: m for n, m in row.items() if n <= length} for row, length in zip(marks, self.lengths)]
+
+    def back_to(self, count: int) -> "RecurrentCache":
+        """A new cache of this one row's state at the marked `count`, with the marks before it."""
+        back = self.empty()
+        back.restore(Snapshot(self.marks[0][count], count, [0], [dict(self.marks[0])]))
+        return back
 
     def trim(self, n: int) -> int:
-        if 0 < min(n, self.offset) < self.offset:
+        n = min(self.offset, n)
+        count = self.offset - n
+        if 0 < count < self.offset and self.keeps(count):
+            self.restore(self.back_to(count).snapshot())
+            return n
+        if 0 < count < self.offset:
             raise ValueError(
                 f"a recurrent layer's state cannot forget its last {n} tokens (it is a function of the whole prefix); "
                 "restore a snapshot taken before them instead"
             )
         return super().trim(n)
 
+    def prefix(self, count: int) -> "RecurrentCache":
+        if 0 < count < self.offset and self.keeps(count):
+            return self.back_to(count)
+        return super().prefix(count)
+
     def select(self, rows: list[int]) -> "RecurrentCache":
         if rows == list(range(self.rows())):
             return self
         picked, index = self.empty(), mx.array(rows)
         picked.lengths = [self.lengths[r] for r in rows]
+        picked.marks = [dict(self.marks[r]) for r in rows]
         picked.conv, picked.recurrent = (a[index] if a is not None else None for a in (self.conv, self.recurrent))
         return picked
 
@@ -973,6 +1043,7 @@ class RecurrentCache(Cache):
             return caches[0]
         merged = caches[0].empty()
         merged.lengths = [n for c in caches for n in c.lengths]
+        merged.marks = [dict(row) for c in caches for row in c.marks]
         filled = [c for c in caches if c.conv is not None]
         if filled:
             like = filled[0].state
@@ -981,5 +1052,15 @@ class RecurrentCache(Cache):
                 for c in caches
             ]
             held = [mx.concatenate(rows) for rows in zip(*parts)]
-            merged.restore(Snapshot(held, merged.offset, [merged.offset - n for n in merged.lengths]))
+            merged.restore(Snapshot(held, merged.offset, [merged.offset - n for n in merged.lengths], merged.marks))
         return merged
+
+
+def thin(marks: dict[int, list[mx.array]]) -> None:
+    """Drop marks until MARKS are left: the latest RECENT stay; of the older, the one closest to the mark before it
+    goes first, which keeps the others spread over the prefix."""
+    while len(marks) > MARKS:
+        counts = sorted(marks)
+        older = counts[:-RECENT]
+        gaps = [b - a for a, b in zip([0, *older], older)]
+        del marks[older[gaps.index(min(gaps))]]

@@ -11,6 +11,8 @@ the query side (`q_nope . W_uk c = (q_nope W_uk) . c`) and W_uv to the output si
 attends over the cached latents directly and never rebuilds the whole context's keys and values.
 """
 
+from typing import ClassVar
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -53,6 +55,8 @@ class LatentAttention(nn.Module):
     """Queries (nope_dims + rope_dims per head), optionally from a normed low-rank `q_lora_rank` code, scaled with their
     position after RoPE by `query_temperature` where given. With an `indexer` (which reads the query code), each
     query attends to the keys the indexer chooses for it only (top-k sparse attention)."""
+
+    attends: ClassVar[bool] = True  # as `Attention.attends`
 
     def __init__(
         self,

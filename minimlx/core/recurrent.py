@@ -12,6 +12,7 @@ growing cache. A block holds one where it would hold attention; its cache is a `
 """
 
 import math
+from typing import ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -38,8 +39,20 @@ def causal_conv(x: mx.array, weight: mx.array, state: mx.array | None, padding: 
         pad = mx.array(padding)[:, None]
         source = mx.where(j < pad + kept, j - pad, j)
         joined = mx.take_along_axis(joined, mx.maximum(source, 0)[..., None], axis=1) * (j >= pad)[..., None]
-    y = mx.conv1d(joined, weight, groups=channels)
+    # the window's few taps as shifted products: a depthwise conv1d of thousands of channels is far slower on the CPU
+    y = sum(joined[:, j : j + tokens] * weight[:, j, 0] for j in range(kept + 1))
     return y, joined[:, joined.shape[1] - kept :]
+
+
+def silu(x: mx.array) -> mx.array:
+    """x * sigmoid(x) as plain ops: mlx.nn's is an `mx.compile`d function, whose traces, made on the stream of the
+    thread that runs the model (the server's engine thread), would outlive it and abort the process at exit."""
+    return x * mx.sigmoid(x)
+
+
+def softplus(x: mx.array) -> mx.array:
+    """log(1 + e^x) as plain ops (see `silu`)."""
+    return mx.logaddexp(x, 0.0)
 
 
 def l2_normalize(x: mx.array, eps: float = 1e-6) -> mx.array:
@@ -162,7 +175,7 @@ class GatedRMSNorm(nn.Module):
         self.eps, self.gate_first, self.groups = eps, gate_first, groups
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
-        gate = nn.silu(gate.astype(mx.float32))
+        gate = silu(gate.astype(mx.float32))
         if not self.gate_first:
             return mx.fast.rms_norm(x, self.weight, self.eps) * gate.astype(x.dtype)
         gated = (x.astype(mx.float32) * gate).reshape(*x.shape[:-1], self.groups, -1)
@@ -197,6 +210,9 @@ class RecurrentLayer(nn.Module):
     convolution (`conv1d`) that continues the cache's and skips a padded pass's padding, and the state a pass
     starts from."""
 
+    attends: ClassVar[bool] = False
+    """No attention weights, no heads to switch off (`Attention.attends`): a trace records what the layer adds."""
+
     def __call__(
         self,
         x: mx.array,
@@ -204,7 +220,15 @@ class RecurrentLayer(nn.Module):
         recorder: Recorder | None = None,
         positions: Positions | None = None,
     ) -> mx.array:
-        return self.mix(x, cache)
+        """`mix` over `cache`; a `recorder` that wants it gets `state_norm` (batch,): the norm of the state the pass
+        leaves (the recurrent state, or the convolution's where that is all there is)."""
+        if recorder is None or not recorder.wants("state_norm"):
+            return self.mix(x, cache)
+        held = cache if cache is not None else self.make_cache()
+        out = self.mix(x, held)
+        state = held.state[-1].astype(mx.float32)
+        recorder(state_norm=mx.sqrt((state * state).reshape(state.shape[0], -1).sum(-1)))
+        return out
 
     def mix(self, x: mx.array, cache: RecurrentCache | None) -> mx.array:
         raise NotImplementedError
@@ -257,12 +281,12 @@ class GatedDeltaNet(RecurrentLayer):
         batch, tokens, _ = x.shape
         qkv, conv_state, valid = self.convolve(self.in_proj_qkv(x), cache)
         key_width = self.key_heads * self.key_dims
-        q, k, v = mx.split(nn.silu(qkv), [key_width, 2 * key_width], axis=-1)
+        q, k, v = mx.split(silu(qkv), [key_width, 2 * key_width], axis=-1)
         q = l2_normalize(spread_heads(q, self.key_heads, self.key_dims, self.value_heads)) * self.key_dims**-0.5
         k = l2_normalize(spread_heads(k, self.key_heads, self.key_dims, self.value_heads))
         v = spread_heads(v, self.value_heads, self.value_dims, self.value_heads)
         a = self.in_proj_a(x).astype(mx.float32) + self.dt_bias.astype(mx.float32)
-        g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a)
+        g = -mx.exp(self.A_log.astype(mx.float32)) * softplus(a)
         beta = mx.sigmoid(self.in_proj_b(x).astype(mx.float32))
         if valid is not None:  # padding leaves the state as it was: no decay, no write
             g, beta = mx.where(valid[..., None], g, 0), mx.where(valid[..., None], beta, 0)
@@ -338,8 +362,8 @@ class SelectiveStateSpace(RecurrentLayer):
         inner, width = self.heads * self.head_dims, self.groups * self.state_dims
         z, xbc, dt = mx.split(self.in_proj(x), [inner, 2 * inner + 2 * width], axis=-1)
         xbc, conv_state, valid = self.convolve(xbc, cache)
-        h, b, c = mx.split(nn.silu(xbc), [inner, inner + width], axis=-1)
-        dt = mx.clip(nn.softplus(dt.astype(mx.float32) + self.dt_bias.astype(mx.float32)), *self.dt_limits)
+        h, b, c = mx.split(silu(xbc), [inner, inner + width], axis=-1)
+        dt = mx.clip(softplus(dt.astype(mx.float32) + self.dt_bias.astype(mx.float32)), *self.dt_limits)
         if valid is not None:  # padding leaves the state as it was: no decay, nothing taken in
             dt = mx.where(valid[..., None], dt, 0)
         values = spread_heads(h, self.heads, self.head_dims, self.heads)

@@ -22,6 +22,7 @@ class Transformer(nn.Module):
     """
 
     config = None  # the architecture plugin's config (its `max_positions` the context), set by `archs.build`
+    checkpoint_blocks = False  # training: keep only each block's input and recompute its inside for the gradients
 
     def __init__(
         self,
@@ -82,7 +83,11 @@ class Transformer(nn.Module):
         return logits
 
     def run_layer(self, layer: nn.Module, x: mx.array, cache, recorder: Recorder | None, positions: Positions):
-        """One block of the loop (a backend's form of the model may schedule it differently)."""
+        """One block of the loop (a backend's form of the model may schedule it differently). With
+        `checkpoint_blocks`, a pass without cache or recorder (training's) is checkpointed per block: the backward
+        pass recomputes the block's activations from its input instead of holding them (`mx.checkpoint`)."""
+        if self.checkpoint_blocks and cache is None and recorder is None:
+            return checkpointed(layer, x, positions)
         return layer(x, cache, recorder, positions)
 
     def unembed(self, x: mx.array) -> mx.array:
@@ -95,3 +100,13 @@ class Transformer(nn.Module):
     def make_cache(self) -> list:
         """One cache per layer, of the kind that layer's attention needs."""
         return [layer.attn.make_cache() for layer in self.layers]
+
+
+def checkpointed(layer: nn.Module, x: mx.array, positions: Positions) -> mx.array:
+    """`layer(x)` under `mx.checkpoint`, its trainable parameters passed in so that their gradients flow."""
+
+    def run(parameters, x):
+        layer.update(parameters)
+        return layer(x, None, None, positions)
+
+    return mx.checkpoint(run)(layer.trainable_parameters(), x)

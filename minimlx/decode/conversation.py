@@ -8,7 +8,7 @@ import mlx.nn as nn
 
 from ..errors import InvalidSettingError
 from .generate import GenerationResponse, make_cache, stream_generate
-from .prefill import shared_start
+from .prefill import reusable, shared_start
 from .prompt_cache import SavedPrompt
 from .settings import NAMES, SamplingSettings, sampling_settings
 
@@ -56,10 +56,9 @@ class Conversation:
         return self.tokenizer.encode(self.prompt, add_special_tokens=False)
 
     def keep(self, count: int) -> int:
-        """Forget every cached token after the first `count` (all of them where a sliding-window layer no longer
-        holds those): the number kept."""
-        if not all(c.keeps(count) for c in self.cache):
-            count = 0
+        """Forget every cached token after the first `count` (back to fewer where a layer cannot go back there: a
+        recurrent state to its latest mark before, a sliding window to none): the number kept."""
+        count = reusable(self.cache, count)
         for c in self.cache:
             c.trim(c.offset - count)
         self.cached_ids = self.cached_ids[:count]

@@ -43,7 +43,7 @@ import mlx.nn as nn
 from ..core.cache import quantized_cache, sink_cache
 from ..errors import InvalidSettingError
 from .adapters import Adapters
-from .checks import check_max_kv_size, check_recurrent
+from .checks import check_max_kv_size
 from .compiled import decoder
 from .generation import Generation, Request
 from .output import Output, split_at_stop
@@ -95,7 +95,6 @@ class Engine:
         check_kv_bits(kv_bits)
         check_max_kv_size(model, max_kv_size, kv_bits, max_batch)
         check_speculation((draft_model is not None) + bool(prompt_lookup))
-        check_recurrent(model, draft_model, bool(prompt_lookup), prompt_cache_dir is not None)
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_queue, self.prefill_step = max_batch, max_queue, prefill_step
         self.kv_bits, self.max_kv_size = kv_bits, max_kv_size

@@ -10,14 +10,26 @@ import mlx.nn as nn
 def prefill(model: nn.Module, ids: list[int], cache: list, step: int) -> mx.array | None:
     """Feed `ids` into `cache`, `step` tokens per forward pass: the logits (1, 1, vocab) of the last one (lazy),
     None without ids. Each pass but the last is evaluated before the next is built, so that memory holds the
-    activations of one chunk only; the caller evaluates the last with what it reads from it."""
+    activations of one chunk only; the caller evaluates the last with what it reads from it.
+
+    The cache is marked (`Cache.mark`) where the feed starts and after every pass: a recurrent state can later go
+    back to those counts (a prompt sharing only the start of this one restores the latest at or before it)."""
     tokens = mx.array(ids, dtype=mx.int32)
     logits = None
+    marked(cache)
     for start in range(0, tokens.size, step):
         if logits is not None:
             mx.eval([c.state for c in cache])
         logits = model(tokens[None, start : start + step], cache, last_only=True)
+        marked(cache)
     return logits
+
+
+def marked(cache: list) -> list:
+    """`cache`, each layer marked at the tokens it holds."""
+    for c in cache:
+        c.mark()
+    return cache
 
 
 def prefill_prompt(model: nn.Module, ids: list[int], cache: list, step: int) -> mx.array:
@@ -32,7 +44,9 @@ def prefill_prompt(model: nn.Module, ids: list[int], cache: list, step: int) -> 
     prefill(model, ids[:-1], cache, step)
     if len(ids) > 1:
         mx.eval([c.state for c in cache])
-    return model(mx.array([ids[-1:]], dtype=mx.int32), cache, last_only=True)
+    logits = model(mx.array([ids[-1:]], dtype=mx.int32), cache, last_only=True)
+    marked(cache)  # the whole prompt: where a conversation's next turn continues when the answer is written anew
+    return logits
 
 
 def shared_start(held: list[int], ids: list[int]) -> int:
@@ -43,3 +57,11 @@ def shared_start(held: list[int], ids: list[int]) -> int:
     while shared < limit and held[shared] == ids[shared]:
         shared += 1
     return shared
+
+
+def reusable(cache: list, count: int) -> int:
+    """The most first tokens, `count` at most, that every layer of `cache` can go back to (a recurrent state only to
+    a count it marked, a window not before what it dropped): 0 when none."""
+    while (kept := min(c.latest_kept(count) for c in cache)) != count:
+        count = kept
+    return count

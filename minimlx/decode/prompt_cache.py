@@ -8,8 +8,9 @@ what follows.
   it back as a `SavedPrompt` (`run --prompt-cache-file`, `stream_generate(prompt_cache=...)`).
 
 A file is safetensors: each layer's cached columns as arrays `layer.{i}.{j}` (keys and values; codes, scales and
-biases of a quantized cache; latent vectors), and metadata naming what made them: the model's architecture,
-digests of its config, weights and tokenizer, the token ids, the dtype and `kv_bits`. A file made by another model
+biases of a quantized cache; latent vectors; a recurrent layer's states, then those of its marks), and metadata
+naming what made them: the model's architecture, digests of its config, weights and tokenizer, the token ids, the
+dtype and `kv_bits`. A file made by another model
 (or the same at another --dtype or --kv-bits) would give wrong answers without failing, so reading one is refused.
 """
 
@@ -35,6 +36,7 @@ from ..core.cache import (
     KVCache,
     LatentCache,
     QuantizedKVCache,
+    RecurrentCache,
     RotatingKVCache,
     SharedKVCache,
     SinkKVCache,
@@ -43,7 +45,7 @@ from ..core.cache import (
     sink_cache,
 )
 from ..errors import InvalidSettingError, PromptCacheError
-from .prefill import prefill, shared_start
+from .prefill import prefill, reusable, shared_start
 from .prompt import check_ids, vocab_size
 from .settings import check_kv_bits
 
@@ -58,6 +60,7 @@ KINDS = {
         SinkKVCache,
         LatentCache,
         IndexedLatentCache,
+        RecurrentCache,
         SharedKVCache,
     )
 }
@@ -112,28 +115,48 @@ def kind(cache) -> dict:
 
 
 def columns(cache) -> tuple[dict, list[mx.array]]:
-    """(what a file says of one layer's cache, the arrays of the tokens it holds): the cache's snapshot."""
+    """(what a file says of one layer's cache, its arrays): the cache's snapshot; for a kind that cannot be cut, how
+    many arrays its state is and the counts of its marks, whose states follow its own."""
     snapshot = cache.snapshot()
     if any(snapshot.padding) or cache.rows() != 1:
         raise ValueError("a prompt cache file holds one sequence, unpadded")
     described = kind(cache) | {"offset": snapshot.offset}
     if cache.can(Can.QUANTIZED):
         described["group_size"] = cache.group_size
+    if not cache.can(Can.CUT):
+        marks = snapshot.marks[0] if snapshot.marks else {}
+        described |= {"arrays": len(snapshot.arrays), "marks": sorted(marks)}
+        return described, snapshot.arrays + [a for count in sorted(marks) for a in marks[count]]
     return described, snapshot.arrays
 
 
-def held(described: dict) -> int:
-    """The columns a layer's arrays hold: its tokens, or a window's last ones (and sinks)."""
+def held(described: dict) -> int | None:
+    """The columns a layer's arrays hold: its tokens, or a window's last ones (and sinks); None for a state, which
+    holds no columns."""
+    if "marks" in described:
+        return None
     offset = described["offset"]
     bound = described.get("window") or described.get("chunk")
     return min(offset, bound - 1) if bound else offset
+
+
+def layer_arrays(described: dict) -> int:
+    """How many arrays a file holds of a layer: its kind's, or a state's and as many per mark."""
+    if "marks" in described:
+        return described["arrays"] * (1 + len(described["marks"]))
+    return ARRAYS[described["kind"]]
 
 
 def restored(described: dict, arrays: list[mx.array]):
     """The cache of one layer from what a file holds of it."""
     settings = {key: described[key] for key in ("bits", "group_size", "window", "chunk", "sinks") if key in described}
     cache = KINDS[described["kind"]](**settings)
-    cache.restore(Snapshot(arrays, described["offset"]))
+    marks = []
+    if "marks" in described:
+        count = described["arrays"]
+        states = [arrays[i : i + count] for i in range(0, len(arrays), count)] if count else [[]]
+        arrays, marks = states[0], [dict(zip(described["marks"], states[1:]))]
+    cache.restore(Snapshot(arrays, described["offset"], marks=marks))
     return cache
 
 
@@ -220,9 +243,7 @@ class SavedPrompt:
         """(how many first tokens of `prompt` the saved cache supplies, a cache holding them): all the saved tokens
         when `prompt` continues them, else the start they share (the last prompt token is always left to feed,
         its logits are what comes next), none where a sliding-window layer has dropped what that start needs."""
-        count = shared_start(self.ids, prompt)
-        if not all(c.keeps(count) for c in self.cache):
-            count = 0
+        count = reusable(self.cache, shared_start(self.ids, prompt))
         return count, self.holding(count, fresh)
 
 
@@ -267,11 +288,14 @@ def read_file(
             raise ValueError("its layers' caches are not of the kinds this model uses")
         cache = []
         for i, described in enumerate(layers):
-            state = [arrays[f"layer.{i}.{j}"] for j in range(ARRAYS[described["kind"]])]
-            if described["offset"] != len(ids) or any(a.shape[-2] != held(described) for a in state):
+            state = [arrays[f"layer.{i}.{j}"] for j in range(layer_arrays(described))]
+            columns_held = held(described)
+            if described["offset"] != len(ids) or any(
+                columns_held is not None and a.shape[-2] != columns_held for a in state
+            ):
                 raise ValueError(f"layer {i} holds other columns than its {len(ids)} tokens")
             cache.append(restored(described, state))
-        mx.eval([c.state for c in cache])
+        mx.eval([c.snapshot().held() for c in cache])  # here, on this thread's stream: the marks with the states
     except PromptCacheError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
@@ -307,6 +331,11 @@ def nbytes(cache: list) -> int:
     return sum(c.nbytes for c in cache)
 
 
+def holds(ids: list[int], cache: list, other: list[int]) -> bool:
+    """Whether `cache` (of `ids`) can give every token of `other`: it starts `ids`, and every layer goes back there."""
+    return ids[: len(other)] == other and reusable(cache, len(other)) == len(other)
+
+
 class PromptCache:
     """The caches of the last `size` finished sequences (at most `max_bytes` of them in all), by token ids, for
     prompts that start the same way; the least recently used leave first. With a `folder`, each entry is also a
@@ -334,8 +363,8 @@ class PromptCache:
         if not self.fits([(ids, cache)]):
             return
         superseded = self.latest.get(key) if key is not None else None
-        kept = [  # not those the new one holds, nor its conversation's previous entry
-            entry for entry in self.entries if ids[: len(entry[0])] != entry[0] and entry[0] is not superseded
+        kept = [  # not those the new one holds (and can go back to), nor its conversation's previous entry
+            entry for entry in self.entries if not holds(ids, cache, entry[0]) and entry[0] is not superseded
         ]
         kept.append((ids, cache))
         if key is not None:
@@ -350,12 +379,13 @@ class PromptCache:
         self.entries = kept
 
     def fetch(self, prompt: list[int]) -> tuple[int, list | None]:
-        """(tokens reused, a fresh cache holding them) for the entry sharing the longest start with `prompt`;
-        the last prompt token is always left to feed."""
+        """(tokens reused, a fresh cache holding them) for the entry sharing the longest start with `prompt` that it
+        can go back to (a recurrent state: its latest mark at or before the shared start); the last prompt token is
+        always left to feed."""
         best, found = 0, None
         for i, (ids, cache) in enumerate(self.entries):
-            shared = shared_start(ids, prompt)
-            if shared > best and all(c.keeps(shared) for c in cache):
+            shared = reusable(cache, shared_start(ids, prompt))
+            if shared > best:
                 best, found = shared, i
         if found is None:
             return 0, None

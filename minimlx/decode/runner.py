@@ -15,7 +15,7 @@ from ..core.steps import decode_steps
 from .adapters import Adapters
 from .generation import Generation
 from .output import Output
-from .prefill import prefill, prefill_prompt
+from .prefill import marked, prefill, prefill_prompt
 from .prompt_cache import PromptCache
 from .scheduler import Chunk, Prefill
 from .speculative import Rollback, Verifier
@@ -126,8 +126,9 @@ class Runner:
         with self.adapted([s for s, _ in group]):
             if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
                 self.decoder(rows[:, :-1], batch, last_only=True)
-                mx.eval([c.state for c in batch])
+                mx.eval([c.state for c in marked(batch)])
             logits = self.decoder(rows[:, -1:], batch, last_only=True)
+        marked(batch)
         first = mx.concatenate([self.first_token(s, logits[i : i + 1, -1, :]) for i, (s, _) in enumerate(group)])
         mx.eval(first, pending([s for s, _ in group]), [c.state for c in batch])
         return [s for s, _ in group], batch, first

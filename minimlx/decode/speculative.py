@@ -28,7 +28,7 @@ from ..core.cache import Cache, Can
 from ..core.sampling import filtered_logits
 from ..core.steps import decode_steps
 from ..errors import InvalidSettingError
-from .prefill import prefill, shared_start
+from .prefill import marked, prefill, reusable, shared_start
 from .settings import SamplingSettings, check_whole
 
 
@@ -81,10 +81,9 @@ class DraftModel:
     def draft(self, context: list[int], count: int, verifier: "Verifier") -> tuple[list[int], mx.array]:
         """(`count` drafted tokens, the distributions (count, vocab) they were drawn from, filtered as the
         verifier filters the model's)."""
-        shared = shared_start(self.read, context)
-        if not all(c.keeps(shared) for c in self.cache):  # a window has dropped what that start needs
+        shared = reusable(self.cache, shared_start(self.read, context))  # a window may have dropped what it needs
+        if shared == 0:
             self.reset()
-            shared = 0
         for c in self.cache:
             c.trim(c.offset - shared)
         prefill(self.model, context[shared:-1], self.cache, self.prefill_step)
@@ -92,7 +91,7 @@ class DraftModel:
         feed, drafts, rows = mx.array([context[-1:]]), [], []
         for _ in range(count):  # queued lazily, evaluated once
             with decode_steps():
-                logits = self.model(feed, self.cache)[:, -1]
+                logits = self.model(feed, marked(self.cache))[:, -1]
             q = verifier.probabilities(logits)
             feed = mx.random.categorical(mx.log(q), key=verifier.next_key())[:, None]
             drafts.append(feed)
@@ -106,25 +105,33 @@ class DraftModel:
 
 class Rollback:
     """Takes a round's rejected drafts back out of the model's cache. Per-token entries that nothing drops are trimmed;
-    other kinds (a window, which may have dropped the tokens trimming would go back to; a state that cannot be cut)
-    get a snapshot before the pass, restored afterwards and fed the tokens kept."""
+    other kinds (a window, which may have dropped the tokens trimming would go back to; a recurrent state, which
+    cannot be cut) get a snapshot before the pass, restored afterwards (the others trimmed back as far) and fed the
+    tokens kept."""
 
     def __init__(self, cache: list[Cache]):
         self.cache = cache
-        cut = all(c.can(Can.CUT) and not c.can(Can.WINDOW) for c in cache)
-        self.snapshots = None if cut else [c.snapshot() for c in cache]
+        self.snapshots = [None if cuts(c) else c.snapshot() for c in cache]
 
     def keep(self, model: nn.Module, kept: list[int], rejected: int) -> None:
         """Forget the last `rejected` tokens the pass fed, `kept` being those it fed before them."""
-        if self.snapshots is None or all(c.keeps(c.offset - rejected) for c in self.cache):
+        if all(c.keeps(c.offset - rejected) for c in self.cache):
             for c in self.cache:
                 c.trim(rejected)
             return
         for c, snapshot in zip(self.cache, self.snapshots):
-            c.restore(snapshot)
+            if snapshot is None:
+                c.trim(len(kept) + rejected)
+            else:
+                c.restore(snapshot)
         with decode_steps():
             model(mx.array([kept]), self.cache)
         mx.eval([c.state for c in self.cache])
+
+
+def cuts(cache: Cache) -> bool:
+    """Whether `cache` goes back to any earlier count by `trim` alone (per-token entries that nothing drops)."""
+    return cache.can(Can.CUT) and not cache.can(Can.WINDOW)
 
 
 class Verifier:

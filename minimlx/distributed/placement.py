@@ -75,8 +75,11 @@ class RankPlan:
 
 
 def cache_bytes_per_token(layer: nn.Module, itemsize: int) -> int:
-    """Bytes one token adds to a layer's cache: keys and values of every KV head, or one latent and its rope key."""
+    """Bytes one token adds to a layer's cache: keys and values of every KV head, or one latent and its rope key; none
+    to a recurrent layer's, whose state stays the same size."""
     attn = layer.attn
+    if not attn.attends:
+        return 0
     if isinstance(attn, LatentAttention):
         return (attn.latent_dims + attn.rope_dims) * itemsize
     return 2 * attn.kv_heads * attn.head_dim * itemsize

@@ -22,7 +22,7 @@ def model_info(model: nn.Module, tokenizer, name: str, second_name: str | None =
     return {
         "model": name,
         "layers": len(model.layers),
-        "heads": [layer.attn.heads for layer in model.layers],
+        "heads": [layer.attn.heads if layer.attn.attends else 0 for layer in model.layers],  # 0: a recurrent layer
         "experts": experts,
         "chat_template": tokenizer.chat_template is not None,
         "max_tokens": MAX_TOKENS,

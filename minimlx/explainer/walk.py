@@ -66,6 +66,7 @@ def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = 
                 "cos_embed": rounded(cosine(post, stream[0])),
                 "cos_prev": rounded(cosine(post, pre)),
                 "routing": routing(model, values, i),
+                "state_norm": state_norm(values, i),
             }
         )
     inline = len(ids) <= INLINE_ATTENTION
@@ -73,7 +74,7 @@ def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = 
         "ids": ids,
         "tokens": [decode([i]) for i in ids],
         "layers": ["embed"] + [str(i) for i in range(layers)],
-        "heads": [layer.attn.heads for layer in model.layers],
+        "heads": [layer.attn.heads if layer.attn.attends else 0 for layer in model.layers],  # 0: a recurrent layer
         "lens": [
             [
                 {"tokens": [decode([t]) for t in top], "ids": top, "probs": probs}
@@ -81,7 +82,7 @@ def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = 
             ]
             for row_ids, row_probs in zip(lens_ids, lens_probs)
         ],
-        "attention": [rounded(values[f"layers.{i}.attn_weights"][0]) for i in range(layers)] if inline else None,
+        "attention": [attention_of(values, i) for i in range(layers)] if inline else None,
         "blocks": blocks,
         "next": top_tokens(tokenizer, values["logits"][0, -1], NEXT_TOP),
     }
@@ -113,8 +114,22 @@ def attention_layer(model: nn.Module, ids: list[int], layer: int, ablate: Ablati
     """One layer's attention weights (heads, tokens, tokens) for `ids`: the page's on-demand map of a long prompt."""
     if not 0 <= layer < len(model.layers):
         raise InvalidSettingError(f"layer must be between 0 and {len(model.layers) - 1}, got {layer}")
+    if not model.layers[layer].attn.attends:
+        return []  # a recurrent layer: no heads, no map
     name = f"layers.{layer}.attn_weights"
     return rounded(trace(model, ids, [name], ablate=ablate)[name][0])
+
+
+def state_norm(values: dict, layer: int) -> float | None:
+    """The norm of the state a recurrent layer's pass left (None for an attention layer)."""
+    name = f"layers.{layer}.state_norm"
+    return round(values[name][0].item(), 4) if name in values else None
+
+
+def attention_of(values: dict, layer: int) -> list:
+    """A traced layer's attention weights (heads, tokens, tokens), rounded; none for a recurrent layer."""
+    name = f"layers.{layer}.attn_weights"
+    return rounded(values[name][0]) if name in values else []
 
 
 def sampled(

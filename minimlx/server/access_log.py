@@ -1,6 +1,6 @@
-"""One log line per HTTP request, in uvicorn's access-log style or as JSON: who asked what, the status, and for an
-answer its prompt, cached and generated tokens, time to first token, total time, any cap on its length and, for a
-4xx or 5xx, the error's message."""
+"""One log line per HTTP request, in uvicorn's access-log style or as JSON: who asked what, the status, the model it
+used, and for an answer its prompt, cached and generated tokens, time to first token, total time, any cap on its
+length and, for a 4xx or 5xx, the error's message."""
 
 import contextvars
 import json
@@ -22,9 +22,12 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None
     answer: object | None = None  # the server's Answer, once the request started one
+    held: list[str] = field(default_factory=list)  # the models it holds loaded until its response is over
 
     def fields(self) -> dict:
         line = {"client": self.client, "method": self.method, "path": self.path, "status": self.status}
+        if self.held:
+            line["model"] = self.held[0]
         answer = self.answer
         if answer is not None:
             usage = answer.usage()
@@ -53,6 +56,8 @@ def text_line(line: dict) -> str:
     if "ttft_s" in line:
         figures.append(f"ttft={line['ttft_s']:.3f}s")
     figures.append(f"total={line['total_s']:.3f}s")
+    if "model" in line:
+        figures.append(f"model={line['model']}")
     if "max_tokens_capped" in line:
         figures.append(f"max_tokens={line['max_tokens_capped']['asked']}->{line['max_tokens_capped']['given']}")
     if "error" in line:
@@ -94,6 +99,9 @@ class AccessLog:
             log.info(json.dumps(line) if self.json_lines else text_line(line))
             for observe in self.observers:
                 observe(record)
+            # uvicorn's keep-alive timer, set while the response was sent, holds a copy of this request's context (and
+            # so this record) for --keep-alive seconds: the answer, and through it its model, must not stay with it
+            record.answer = None
 
 
 class JSONFormatter(logging.Formatter):

@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import mlx.core as mx
@@ -47,15 +46,20 @@ class EngineBridge:
         self.dropped = collections.deque()
         self.jobs: collections.deque = collections.deque()  # (function, its future, the future's loop): `run`
         self.stopping = False
+        self.thread: threading.Thread | None = None
 
-    @asynccontextmanager
-    async def lifespan(self, app):
-        thread = threading.Thread(target=self.run_engine, name="minimlx-engine", daemon=True)
-        thread.start()
-        yield
+    def start(self) -> None:
+        """Start the thread that steps the engine."""
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run_engine, name="minimlx-engine", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the engine's thread (once what it is doing is done) and write the prompt cache's folder."""
         self.stopping = True
         self.engine.wake.set()
-        thread.join(timeout=10)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
         if self.engine.prompt_cache is not None:
             self.engine.prompt_cache.flush()  # its folder's files written before the server says it stopped
 

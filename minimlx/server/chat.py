@@ -40,18 +40,20 @@ def routes(server: "TurnServer") -> list[Route]:
         body = await server.read(request)
         turn, stream = chat_turn(body), streaming(body)
         ignore_unread(body, "chat")
-        answer = await server.start(turn)
-        reply = Reply(server.model_name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
+        model = await server.model(body)
+        answer = await model.start(turn)
+        reply = Reply(model.name, chat=True, choices=turn.n, logprobs=turn.logprobs is not None)
         return await respond(request, reply, answer, stream, body)
 
     async def completions(request: HTTPRequest):
         body = await server.read(request)
         check_body(body, "completions")
+        model = await server.model(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
-            prompt = server.tokenizer.encode(prompt)
+            prompt = model.tokenizer.encode(prompt)
         elif not (isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)):
             raise bad("prompt", "'prompt' must be a non-empty string or a list of token ids")
         logprobs = integer(body, "logprobs", None)
@@ -61,13 +63,15 @@ def routes(server: "TurnServer") -> list[Route]:
         turn.constraint = constraint_fields(body)
         stream = streaming(body)
         ignore_unread(body, "completions")
-        answer = await server.start_raw(prompt, turn, "prompt")
-        reply = Reply(server.model_name, chat=False, choices=turn.n, logprobs=logprobs is not None)
+        answer = await model.start_raw(prompt, turn, "prompt")
+        reply = Reply(model.name, chat=False, choices=turn.n, logprobs=logprobs is not None)
         return await respond(request, reply, answer, stream, body)
 
     async def apply_template(request: HTTPRequest):
         """llama.cpp's /apply-template: the prompt text a chat body renders to, nothing generated."""
-        return JSONResponse({"prompt": server.render(chat_turn(await server.read(request)))})
+        body = await server.read(request)
+        turn = chat_turn(body)
+        return JSONResponse({"prompt": (await server.model(body)).render(turn)})
 
     async def tokenize(request: HTTPRequest):
         """llama.cpp's /tokenize: the token ids of `content` (no special tokens added unless `add_special`)."""
@@ -77,7 +81,8 @@ def routes(server: "TurnServer") -> list[Route]:
             raise bad("content", "'content' must be the text to tokenize")
         add_special = flag(body, "add_special")
         ignore_unread(body, "tokenize")
-        return JSONResponse({"tokens": server.tokenizer.encode(content, add_special_tokens=add_special)})
+        model = await server.model(body)
+        return JSONResponse({"tokens": model.tokenizer.encode(content, add_special_tokens=add_special)})
 
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

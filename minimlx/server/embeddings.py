@@ -11,36 +11,23 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..embedding import Embedder, Reranker
 from ..errors import InvalidSettingError
 from .fields import APIError, bad, ignore_unread, integer, optional
+from .ollama import held_model
 
 if TYPE_CHECKING:
-    from .bridge import EngineBridge
+    from .models import ServedModel
     from .protocol import TurnServer
 
 MAX_INPUTS = 2048  # texts in one request (OpenAI's limit)
 
 
 class EmbeddingAPI:
-    """/v1/embeddings, Ollama's /api/embed and /v1/rerank over the model's Embedder and Reranker (either may be
-    missing: the endpoint then answers 400), computed on the engine's thread (`bridge.run`)."""
+    """/v1/embeddings, Ollama's /api/embed and /v1/rerank over the Embedder and Reranker of the model a request names
+    (either may be missing: the endpoint then answers 400), computed on that model's engine thread (`bridge.run`)."""
 
-    def __init__(
-        self,
-        server: "TurnServer",
-        bridge: "EngineBridge",
-        embedder: Embedder | None,
-        reranker: Reranker | None,
-        context: int | None,
-    ):
-        self.server, self.bridge, self.embedder, self.reranker, self.context = (
-            server,
-            bridge,
-            embedder,
-            reranker,
-            context,
-        )
+    def __init__(self, server: "TurnServer"):
+        self.server = server
 
     @staticmethod
     def texts_of(body, param: str) -> list:
@@ -54,8 +41,8 @@ class EmbeddingAPI:
             raise bad(param, f"each of '{param}' must be a non-empty string or a list of token ids")
         return texts
 
-    async def embed(self, body, param: str, api: str) -> tuple[np.ndarray, int]:
-        if self.embedder is None:
+    async def embed(self, body, param: str, api: str, model: "ServedModel") -> tuple[np.ndarray, int]:
+        if model.embedder is None:
             message = (
                 "this model has no pooling (no sentence-transformers modules.json): it makes no embeddings; start "
                 "the server with --pooling mean|lasttoken|cls for a decoder's hidden states"
@@ -64,13 +51,13 @@ class EmbeddingAPI:
         texts = self.texts_of(body, param)
         dimensions = integer(body, "dimensions", None)
         ignore_unread(body, api)
-        ids = self.embedder.ids(texts)
-        longest = max(len(row) for row in ids)
-        if self.context is not None and longest > self.context:
-            message = f"a text of '{param}' holds {longest} tokens; this model reads at most {self.context}"
+        ids = model.embedder.ids(texts)
+        longest, context = max(len(row) for row in ids), model.engine.context
+        if context is not None and longest > context:
+            message = f"a text of '{param}' holds {longest} tokens; this model reads at most {context}"
             raise APIError(400, message, param, "context_length_exceeded")
         try:
-            vectors = await self.bridge.run(lambda: self.embedder(ids, dimensions))
+            vectors = await model.bridge.run(lambda: model.embedder(ids, dimensions))
         except InvalidSettingError as e:
             raise bad(e.field or param, str(e)) from None
         return vectors, sum(len(row) for row in ids)
@@ -81,24 +68,26 @@ class EmbeddingAPI:
         if encoding not in ("float", "base64"):
             raise bad("encoding_format", f'\'encoding_format\' must be "float" or "base64", got {encoding!r}')
         body.get("user")
-        vectors, tokens = await self.embed(body, "input", "embeddings")
+        model = await self.server.model(body)
+        vectors, tokens = await self.embed(body, "input", "embeddings", model)
         data = [
             {"object": "embedding", "index": i, "embedding": encoded(vector, encoding)}
             for i, vector in enumerate(vectors)
         ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        reply = {"object": "list", "data": data, "model": self.server.model_name, "usage": usage}
-        return JSONResponse(reply | {"pooling": self.embedder.pooling.mode}, headers=body.headers())
+        reply = {"object": "list", "data": data, "model": model.name, "usage": usage}
+        return JSONResponse(reply | {"pooling": model.embedder.pooling.mode}, headers=body.headers())
 
     async def ollama_embed(self, request: HTTPRequest):
         started = time.monotonic_ns()
         body = await self.server.read(request)
-        for name in ("truncate", "options", "keep_alive"):
+        for name in ("truncate", "options"):
             body.get(name)
-        vectors, tokens = await self.embed(body, "input", "ollama")
+        model = await held_model(self.server, body, strict=False)
+        vectors, tokens = await self.embed(body, "input", "ollama", model)
         total = time.monotonic_ns() - started
-        reply = {"model": self.server.model_name, "embeddings": vectors.tolist(), "total_duration": total}
-        reply |= {"load_duration": 0, "prompt_eval_count": tokens, "pooling": self.embedder.pooling.mode}
+        reply = {"model": model.name, "embeddings": vectors.tolist(), "total_duration": total}
+        reply |= {"load_duration": 0, "prompt_eval_count": tokens, "pooling": model.embedder.pooling.mode}
         return JSONResponse(reply, headers=body.headers())
 
     async def rerank(self, request: HTTPRequest):
@@ -122,11 +111,12 @@ class EmbeddingAPI:
         instruction = optional(body, "instruction", str, "a string")
         given_documents = body.get("return_documents", False) is True
         ignore_unread(body, "rerank")
-        if self.reranker is None:
+        model = await self.server.model(body)
+        if model.reranker is None:
             message = "this model's vocabulary has no single 'yes' and 'no' tokens, which reranking scores with"
             raise APIError(400, message, "model", "model_not_supported")
-        prompts = [self.reranker.prompt(query, text, instruction) for text in texts]
-        scores = await self.bridge.run(lambda: self.reranker.scores(prompts))
+        prompts = [model.reranker.prompt(query, text, instruction) for text in texts]
+        scores = await model.bridge.run(lambda: model.reranker.scores(prompts))
         best = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
         results = [
             {"index": i, "relevance_score": float(scores[i])}
@@ -134,7 +124,7 @@ class EmbeddingAPI:
             for i in best
         ]
         tokens = sum(len(prompt) for prompt in prompts)
-        reply = {"model": self.server.model_name, "results": results, "usage": {"total_tokens": tokens}}
+        reply = {"model": model.name, "results": results, "usage": {"total_tokens": tokens}}
         return JSONResponse(reply, headers=body.headers())
 
     def routes(self) -> list[Route]:

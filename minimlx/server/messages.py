@@ -60,8 +60,9 @@ def routes(server: "TurnServer") -> list[Route]:
         turn.settings = sampling(body)
         stream = flag(body, "stream")
         ignore_unread(body, "messages")
-        answer = await server.start(turn)
-        reply, headers = Reply(server.model_name, answer), answer.headers(body)
+        model = await server.model(body)
+        answer = await model.start(turn)
+        reply, headers = Reply(model.name, answer), answer.headers(body)
         if stream:
             return StreamingResponse(reply.events(), media_type="text/event-stream", headers=headers)
         return JSONResponse(await until_disconnected(request, reply.whole()), headers=headers)
@@ -70,7 +71,7 @@ def routes(server: "TurnServer") -> list[Route]:
         body = await server.read(request)
         turn = read_turn(body)
         ignore_unread(body, "messages")
-        return JSONResponse({"input_tokens": server.count_tokens(turn)})
+        return JSONResponse({"input_tokens": (await server.model(body)).count_tokens(turn)})
 
     return [
         Route("/v1/messages", create, methods=["POST"]),

@@ -4,9 +4,9 @@ official `ollama` client speak.
 A translation, like the OpenAI and Anthropic endpoints: `/api/chat` and `/api/generate` read their body into a
 `Turn` (Ollama's `options` into sampling settings, `format` into a grammar, `think` into the template's variables)
 and write the `Answer`'s pieces as Ollama's NDJSON stream (or one object with `stream: false`); `/api/tags`,
-`/api/show`, `/api/ps` and `/api/version` describe the loaded model (`ModelCard`); `/api/pull` downloads from the
-Hugging Face Hub (minimlx/io/hub.py). Errors are Ollama's
-`{"error": "..."}`.
+`/api/show` and `/api/ps` describe the models (each loaded one by its `ModelCard`, card.py), `keep_alive` sets how
+long a model stays loaded once idle; `/api/pull` downloads from the Hugging Face Hub (minimlx/io/hub.py). Errors
+are Ollama's `{"error": "..."}`.
 """
 
 import asyncio
@@ -14,27 +14,26 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_flatten
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ..decode.grammar import Constraint
-from ..errors import MinimlxError
+from ..errors import InvalidSettingError, MinimlxError
 from ..io import hub
 from .fields import APIError, Body, bad, checked_schema, flag, ignore_unread, optional, text_content
 from .hangups import until_disconnected
+from .residency import FOREVER, Resident, seconds
 from .turns import Turn
 
 if TYPE_CHECKING:
     from .answer import Answer
+    from .catalog import Known
+    from .models import ServedModel
     from .protocol import TurnServer
 
 VERSION = "0.12.0"  # the Ollama API version whose shapes these are (clients check it is recent enough)
@@ -45,119 +44,32 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "mi
 OLLAMA_TEMPERATURE = 0.8  # Ollama's default, which its clients expect when they send none
 
 
-@dataclass(frozen=True)
-class ModelCard:
-    """How the Ollama API describes the loaded model: its name as clients write it (`name:tag`), bytes held,
-    parameters, family, file format, quantization, context and a digest of its weights."""
-
-    name: str
-    source: str  # the model as the server was given it (a path, a repo id, a short name)
-    size: int
-    parameters: int
-    family: str
-    format: str
-    quantization: str
-    context: int | None
-    digest: str
-    modified_at: str
-    capabilities: tuple[str, ...]
-
-    @classmethod
-    def of(cls, model: nn.Module, name: str, source: str, capabilities: tuple[str, ...]) -> "ModelCard":
-        from ..io.resolve import resolve
-
-        try:
-            path = resolve(source)
-            when = path.stat().st_mtime
-        except (MinimlxError, OSError):  # a model handed over already loaded (tests, the Python API)
-            path, when = Path(source), time.time()
-        arrays = [a for _, a in tree_flatten(model.parameters())]
-        config = model.config
-        bits = {getattr(m, "bits", None) for m in model.modules() if isinstance(m, nn.QuantizedLinear)}
-        dtype = next((a.dtype for a in arrays if mx.issubdtype(a.dtype, mx.floating)), mx.float32)
-        quantization = f"Q{max(bits)}" if bits else str(dtype).removeprefix("mlx.core.").upper().replace("LOAT", "")
-        digest = hashlib.sha256(repr(config).encode() + str(sum(a.nbytes for a in arrays)).encode()).hexdigest()
-        short = Path(name).name.removesuffix(".gguf") if Path(name).exists() else name  # a path: its own name
-        return cls(
-            name=short if ":" in short else f"{short}:latest",
-            source=name,
-            size=sum(a.nbytes for a in arrays),
-            parameters=parameter_count(model),
-            family=type(config).__name__.removesuffix("Config").lower(),
-            format="gguf" if str(path).endswith(".gguf") else "safetensors",
-            quantization=quantization,
-            context=config.max_positions,
-            digest=digest,
-            modified_at=datetime.fromtimestamp(when, timezone.utc).isoformat(),
-            capabilities=capabilities,
-        )
-
-    def details(self) -> dict:
-        return {
-            "parent_model": "",
-            "format": self.format,
-            "family": self.family,
-            "families": [self.family],
-            "parameter_size": parameter_size(self.parameters),
-            "quantization_level": self.quantization,
-        }
-
-    def listing(self) -> dict:
-        """The model as /api/tags lists it."""
-        common = {"name": self.name, "model": self.name, "size": self.size, "digest": self.digest}
-        return common | {"modified_at": self.modified_at, "details": self.details()}
-
-    def answers_to(self, name: str | None) -> bool:
-        """Whether a request naming `name` (`model`, with or without `:latest`) is for this model."""
-        return name is None or name in (self.name, self.source) or f"{name}:latest" == self.name
-
-
-def parameter_count(model: nn.Module) -> int:
-    """The parameters `model` holds, a packed weight counted as the values it stands for (its scales not counted)."""
-    count = 0
-    for _, module in model.named_modules():
-        own = module.parameters()
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            rows, packed = own["weight"].shape[-2:]
-            count += rows * packed * 32 // module.bits + (own["bias"].size if "bias" in own else 0)
-            continue
-        count += sum(a.size for a in own.values() if isinstance(a, mx.array))  # its own arrays, not its children's
-    return count
-
-
-def parameter_size(count: int) -> str:
-    """Ollama's way of writing a parameter count: 135.0M, 8.0B."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.1f}{unit}"
-    return str(count)
-
-
 class OllamaAPI:
-    """The /api/* endpoints over a server (`TurnServer`) and the card of its model."""
+    """The /api/* endpoints over a server (`TurnServer`) and its models."""
 
-    def __init__(self, server: "TurnServer", card: ModelCard):
-        self.server, self.card = server, card
+    def __init__(self, server: "TurnServer"):
+        self.server, self.models = server, server.models
 
-    def model_of(self, body: Body) -> None:
-        name = optional(body, "model", str, "a model name such as 'llama3.2:latest'")
-        if name is None:
-            raise bad("model", "'model' is required: the name of a model /api/tags lists")
-        if not self.card.answers_to(name):
-            raise APIError(404, f"model '{name}' not found; /api/tags lists {self.card.name}", "model", "not_found")
+    async def model_of(self, body: Body) -> "ServedModel":
+        return await held_model(self.server, body)
 
     async def chat(self, request: HTTPRequest):
         body = await self.server.read(request)
-        self.model_of(body)
         turn = Turn(chat_messages(body.get("messages")), tools=tools(body))
         return await self.answer(request, body, turn, "message")
 
     async def generate(self, request: HTTPRequest):
+        """A completion of `prompt`; without one, Ollama's way to load a model (or, with keep_alive 0, unload it)."""
         body = await self.server.read(request)
-        self.model_of(body)
         prompt = optional(body, "prompt", str, "a string") or ""
         if optional(body, "images", list, "a list of base64 images"):
             raise bad("images", "image input is not supported by this model; send text")
+        if not prompt:
+            model = await self.model_of(body)
+            unloading = self.models.residency.residents[model.known.name].keep_alive == 0
+            now = datetime.now(timezone.utc).isoformat()
+            done = {"model": model.card.name, "created_at": now, "response": "", "done": True}
+            return JSONResponse(done | {"done_reason": "unload" if unloading else "load"})
         system = optional(body, "system", str, "a string")
         turn = Turn(([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}])
         return await self.answer(request, body, turn, "response")
@@ -167,40 +79,50 @@ class OllamaAPI:
         turn.constraint = answer_format(body.get("format"))
         stream = body.get("stream") is None or flag(body, "stream")
         raw = kind == "response" and flag(body, "raw")
+        model = await self.model_of(body)
         ignore_unread(body, "ollama")
         if raw:
-            prompt = self.server.tokenizer.encode(turn.messages[-1]["content"])
-            started = await self.server.start_raw(prompt, turn, "prompt")
+            prompt = model.tokenizer.encode(turn.messages[-1]["content"])
+            started = await model.start_raw(prompt, turn, "prompt")
         else:
-            started = await self.server.start(turn)
-        reply = Reply(self.card.name, kind, started)
+            started = await model.start(turn)
+        reply = Reply(model.card.name, kind, started)
         if stream:
             return StreamingResponse(reply.lines(), media_type=NDJSON, headers=started.headers(body))
         whole = await until_disconnected(request, reply.whole())
         return JSONResponse(whole, headers=started.headers(body))
 
     async def tags(self, request: HTTPRequest):
-        return JSONResponse({"models": [self.card.listing()]})
+        """Every model a request may name: a loaded one as its card says, the others as their files do."""
+        loaded = {name: served.card for name, served in self.models.loaded.items()}
+        listed = [loaded[k.name].listing() if k.name in loaded else listing(k) for k in self.models.catalog.models]
+        return JSONResponse({"models": listed})
 
     async def show(self, request: HTTPRequest):
         body = await self.server.read(request)
-        name = body.get("model") or body.get("name")
-        if not self.card.answers_to(name) or name is None:
-            raise APIError(404, f"model '{name}' not found; /api/tags lists {self.card.name}", "model", "not_found")
-        info = {"general.architecture": self.card.family, "general.parameter_count": self.card.parameters}
-        if self.card.context is not None:
-            info[f"{self.card.family}.context_length"] = self.card.context
-        template = self.server.tokenizer.chat_template or ""
-        card = self.card
+        if body.get("model") is None and isinstance(body.get("name"), str):  # older clients send `name`
+            body["model"] = body["name"]
+        model = await self.model_of(body)
+        card = model.card
+        info = {"general.architecture": card.family, "general.parameter_count": card.parameters}
+        if card.context is not None:
+            info[f"{card.family}.context_length"] = card.context
+        template = model.tokenizer.chat_template or ""
         return JSONResponse(
             {"modelfile": f"FROM {card.name}\n", "parameters": "", "template": template, "details": card.details(),
              "model_info": info, "capabilities": list(card.capabilities), "modified_at": card.modified_at}
         )  # fmt: skip
 
     async def ps(self, request: HTTPRequest):
-        running = self.card.listing() | {"expires_at": "2999-01-01T00:00:00Z", "context_length": self.card.context or 0}
+        """The loaded models, the memory each holds and when each leaves if no request comes."""
         on_device = mx.default_device() == mx.gpu
-        return JSONResponse({"models": [running | {"size_vram": self.card.size if on_device else 0}]})
+        running = []
+        for name, served in list(self.models.loaded.items()):
+            card = served.card
+            expires = expiry(self.models.residency.residents[name])
+            extra = {"expires_at": expires, "context_length": card.context or 0, "size_vram": card.size * on_device}
+            running.append(card.listing() | extra)
+        return JSONResponse({"models": running})
 
     async def pull(self, request: HTTPRequest):
         """Ollama's pull, through the Hugging Face Hub (`minimlx pull`): `model` is a repo id, with a :QUANT tag
@@ -244,8 +166,44 @@ class OllamaAPI:
         ]
 
 
+async def held_model(server: "TurnServer", body: Body, strict: bool = True) -> "ServedModel":
+    """The model an Ollama body names, loaded and held for this request; its `keep_alive` is how long the model stays
+    once idle (seconds or a duration such as "5m"; 0 unloads it after this request, negative keeps it). `strict`: the
+    name must be a model's, also on a server of one model (Ollama's chat and generate; /api/embed answers any)."""
+    name = optional(body, "model", str, "a model name such as 'llama3.2:latest'")
+    if name is None:
+        raise bad("model", "'model' is required: the name of a model /api/tags lists")
+    keep_alive = body.get("keep_alive")
+    try:
+        keep = None if keep_alive is None else seconds(keep_alive, "keep_alive")
+    except InvalidSettingError as e:
+        raise bad("keep_alive", str(e)) from None
+    return await server.model(body, keep, strict)
+
+
 def error_body(error: APIError) -> dict:
     return {"error": error.message}
+
+
+def listing(known: "Known") -> dict:
+    """A model not loaded, as /api/tags lists it: from its files (the details its config gives once loaded)."""
+    name = known.name if ":" in known.name else f"{known.name}:latest"
+    when = datetime.fromtimestamp(known.path.stat().st_mtime, timezone.utc).isoformat()
+    digest = hashlib.sha256(str(known.path.resolve()).encode()).hexdigest()
+    form = "gguf" if known.path.suffix == ".gguf" else "safetensors"
+    details = {"parent_model": "", "format": form, "family": "", "families": [], "parameter_size": "",
+               "quantization_level": hub.quant_tag(known.path.name) if form == "gguf" else ""}  # fmt: skip
+    return {"name": name, "model": name, "size": known.disk_bytes, "digest": digest, "modified_at": when} | {
+        "details": details
+    }
+
+
+def expiry(resident: Resident) -> str:
+    """When a loaded model leaves if no request comes, as /api/ps writes it (a far date for never)."""
+    if resident.keep_alive == FOREVER:
+        return "2999-01-01T00:00:00Z"
+    idle_since = time.time() if resident.in_flight else time.time() - (time.monotonic() - resident.last_used)
+    return datetime.fromtimestamp(idle_since + resident.keep_alive, timezone.utc).isoformat()
 
 
 # ---- the request ----

@@ -58,8 +58,9 @@ def routes(server: "TurnServer") -> list[Route]:
         turn, echo, namespaces = read_request(body)
         stream = flag(body, "stream")
         ignore_unread(body, "responses")
-        answer = await server.start(turn)
-        reply, headers = Reply(server.model_name, echo, answer, namespaces), answer.headers(body)
+        model = await server.model(body)
+        answer = await model.start(turn)
+        reply, headers = Reply(model.name, echo, answer, namespaces), answer.headers(body)
         if stream:
             return StreamingResponse(reply.events(), media_type="text/event-stream", headers=headers)
         return JSONResponse(await until_disconnected(request, reply.whole()), headers=headers)

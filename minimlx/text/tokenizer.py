@@ -95,11 +95,17 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, **variables
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        continue_final_message: bool = True,
+        **variables,
     ) -> str:
         """The prompt for OpenAI-shaped `messages` and `tools`; `variables` (chat_template_kwargs such as
         enable_thinking) reach the template. With `add_generation_prompt` False a final assistant message is
-        continued: the prompt ends where its content does (as transformers' continue_final_message)."""
+        continued: the prompt ends where its content does (as transformers' continue_final_message), unless
+        `continue_final_message` is False (a finished conversation, its end-of-turn marker kept: training data)."""
         if self.chat_template is None:
             raise InvalidSettingError(
                 "This model has no chat template; pass --no-chat-template to send the prompt as raw text"
@@ -115,7 +121,9 @@ class Tokenizer:
             **variables,
         )
         final = messages[-1] if messages else {}
-        if add_generation_prompt or final.get("role") != "assistant" or not isinstance(final.get("content"), str):
+        if add_generation_prompt or not continue_final_message or final.get("role") != "assistant":
+            return prompt
+        if not isinstance(final.get("content"), str):
             return prompt
         content = final["content"].strip()
         return prompt[: prompt.rindex(content) + len(content)] if content in prompt else prompt

@@ -140,6 +140,7 @@ function minimlxExplain(root, options) {
     w.layers.slice(1).forEach((l, i) => pick.append(el("option", { value: String(i), ...(i === state.layer ? { selected: "" } : {}) }, `block ${l}`)));
     panels.attention.append(el("label", {}, "layer ", pick));
     const weights = await layerWeights(w, state.layer);
+    if (!weights.length) { panels.attention.append(el("p", { class: "mx-recurrent" }, `Block ${state.layer} is a recurrent layer: its tokens meet in a state it carries along, not through attention, so it has no map. Its contribution is in the blocks panel.`)); return; }
     const grid = el("div", { class: "mx-heads" });
     weights.forEach((head, h) => {
       const off = state.ablate.heads.some(([l, k]) => l === state.layer && k === h);
@@ -166,7 +167,8 @@ function minimlxExplain(root, options) {
       const cells = [["attn_norm", "#2563eb"], ["mlp_norm", "#16a34a"], ["resid_norm", "#6b7280"]].map(([k, color]) =>
         el("td", { "data-figure": k }, bar(b[k][p], max, color), b[k][p].toFixed(2)));
       const button = live ? el("button", { name: "ablate-block", "data-layer": i, onclick: () => toggle(state.ablate.blocks, i) }, off ? "switch on" : "switch off") : "";
-      table.append(el("tr", { "data-layer": i, class: off ? "mx-off" : "" }, el("th", {}, String(i)), ...cells,
+      const label = b.state_norm == null ? String(i) : `${i} (recurrent; its state's norm after the text: ${b.state_norm.toFixed(2)})`;
+      table.append(el("tr", { "data-layer": i, class: off ? "mx-off" : "" }, el("th", {}, label), ...cells,
         el("td", {}, b.cos_embed[p].toFixed(3)), el("td", {}, b.cos_prev[p].toFixed(3)), el("td", {}, button)));
     });
     panels.blocks.append(el("p", { class: "mx-note" }, `At position ${p} (${shown(w.tokens[p])}; click a token to pick another).`), table);
