@@ -130,6 +130,22 @@ def block_modules(params: dict[str, mx.array], weights: dict[str, mx.array]) -> 
     return spec
 
 
+def dequantize_stored(blocks: mx.array, in_dims: int | None = None) -> mx.array:
+    """The float32 weight of rows held as GGUF blocks (uint8, `BLOCK_MODES`), for a layout that must be re-ordered
+    along its columns: the mode is the one whose rows of `in_dims` values take this many bytes, or when in_dims is not
+    known, the only mode whose block size divides them."""
+    if in_dims is not None:
+        modes = [mode] if (mode := block_mode(blocks.shape, in_dims)) else []
+    else:
+        modes = [mode for mode, (_, _, size, _) in BLOCK_MODES.items() if blocks.shape[-1] % size == 0]
+    if len(modes) != 1:
+        raise CheckpointError(
+            f"cannot tell the GGUF block type of a {tuple(blocks.shape)} byte tensor to re-order it; load the model "
+            "with --dtype float32"
+        )
+    return dequantize_blocks(blocks, modes[0])
+
+
 def dequantize_blocks(blocks: mx.array, mode: str) -> mx.array:
     """The float32 weight of one held as GGUF blocks (`BLOCK_MODES`), by gguf's reference dequantization."""
     from gguf import GGMLQuantizationType

@@ -20,9 +20,12 @@ else:
     )
 
 from minimlx import load  # noqa: E402
+from minimlx.archs.gguf import unpacked  # noqa: E402
 from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
+from minimlx.errors import CheckpointError  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
+from minimlx.quantization import dequantize_stored  # noqa: E402
 from minimlx.tune.train import differentiable  # noqa: E402
 
 TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0]
@@ -193,3 +196,13 @@ def test_training_forms_have_gradients_and_the_same_logits(q4_k_m):
     grad = mx.grad(lambda x: (up(x) ** 2).sum())(x)
     weight = minimlx_native.block_rows(up.weight, mx.arange(up.weight.shape[0]), up.ggml_type)
     assert mx.allclose(grad, 2 * (x @ weight.T) @ weight, rtol=1e-4, atol=1e-4).item()
+
+
+def test_layouts_reordered_along_columns_read_stored_blocks():
+    """A plugin that transposes or re-orders a tensor's columns (DeepSeek's kv_b, Qwen3-Next's out_proj) reads stored
+    blocks as gguf's float32 values: the type known from the columns, or from the row bytes alone where one fits."""
+    blocks, weight = blocks_of(T.Q4_K, 16, 512, seed=8)
+    assert mx.array_equal(unpacked({"a.weight": blocks}, "a.weight"), weight).item()
+    assert mx.array_equal(dequantize_stored(blocks, 512), weight).item()
+    with pytest.raises(CheckpointError, match="--dtype float32"):
+        dequantize_stored(mx.zeros((2, 1584), mx.uint8))  # 11 Q4_K or 9 Q5_K super-blocks
