@@ -2,6 +2,11 @@
 
     python benchmarks/compare.py [--prompt-tokens 128] [--gen-tokens 64] [--long-tokens 4096] [--rounds 3]
                                  [--build-llamacpp] [--skip NAMES]
+    python benchmarks/compare.py --gguf FILE [--gguf FILE ...] [--synthetic llama-1b:Q4_K_M,qwen3-4b:Q8_0 | all]
+
+With `--gguf` (any GGUF file) or `--synthetic` (benchmarks/synthetic_gguf.py's standard files, made by llama.cpp's
+converter and llama-quantize from random weights on first use: LLaMA-shaped 1B and 3B, Qwen3-shaped 4B, each as
+Q4_K_M, Q5_K_M, Q6_K and Q8_0; `all` for the twelve), only the table against llama-bench is made, one per file.
 
 Peers, each left out when not installed (they are benchmarks only, never minimlx dependencies):
 mlx-lm on the GGUF's weights written as mlx-lm folders (4-bit as shipped, and dequantized to
@@ -615,6 +620,31 @@ def report(args, results: dict[str, list[dict]], first_token: dict[str, list[flo
     return "\n".join(lines)
 
 
+def synthetic_files(args) -> list[Path]:
+    """The files `--synthetic` names, made now where they are missing."""
+    import synthetic_gguf
+
+    pairs = (
+        args.synthetic.split(",")
+        if args.synthetic != "all"
+        else [f"{model}:{ftype}" for model in ("llama-1b", "llama-3b", "qwen3-4b") for ftype in synthetic_gguf.TYPES]
+    )
+    files = []
+    for pair in filter(None, pairs):
+        model, ftype = pair.split(":")
+        print(f"making (or reusing) {model} {ftype}", file=sys.stderr)
+        files.append(synthetic_gguf.build(model, ftype, args.work / "synthetic"))
+    return files
+
+
+def gguf_tables(args) -> None:
+    """The table against llama-bench for each file of `--gguf` and `--synthetic`, with its size."""
+    binaries = llamacpp_peer.binaries(args.build_llamacpp)
+    for gguf in [*args.gguf, *synthetic_files(args)]:
+        print(f"\n### {gguf.name} ({gguf.stat().st_size / 1e9:.2f} GB)\n")
+        print(llamacpp_table(args, gguf, binaries), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -646,6 +676,10 @@ def main() -> None:
     parser.add_argument(
         "--build-llamacpp", action="store_true", help="build llama.cpp's llama-bench first if it is not built"
     )
+    parser.add_argument("--gguf", type=Path, action="append", default=[], help="a GGUF file to compare on (repeatable)")
+    parser.add_argument(
+        "--synthetic", default="", help="synthetic_gguf.py's files, as model:type pairs (llama-1b:Q4_K_M,...) or all"
+    )
     parser.add_argument("--worker", choices=[*RUNNERS, "workload"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--prompt-lookup", type=int, default=0, help=argparse.SUPPRESS)
@@ -655,6 +689,8 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, args.model, args.prompt_tokens, args.gen_tokens)
 
+    if args.gguf or args.synthetic:
+        return gguf_tables(args)
     gguf = smollm2_gguf()
     configs = {
         name: c

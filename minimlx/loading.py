@@ -19,7 +19,7 @@ from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetens
 from .io.config import read_config
 from .io.gguf_file import GGUFFile, open_gguf, read_gguf
 from .io.resolve import resolve
-from .quantization import dequantize_weights, packed_modules, quantize_modules
+from .quantization import BLOCK_MODES, dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
 
 DTYPE_CHOICES = ("quantized", *DTYPES)
@@ -68,8 +68,19 @@ def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None =
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
     if parallel is not None:
         return rank_share(path, dtype, parallel)
-    tensors, metadata = read_gguf(path, DTYPES.get(dtype))
+    tensors, metadata = read_gguf(path, DTYPES.get(dtype), stored=stored_blocks(dtype))
     return gguf_checkpoint(path, metadata, tensors, tensors)
+
+
+def stored_blocks(dtype: str | None) -> frozenset:
+    """The GGUF block types whose matrices are read as the file stores them: on the CPU, where packed weights stay
+    packed, those the native kernel multiplies as they are (`cpu.linear.BLOCK_FORMS`); none elsewhere (a GPU's
+    kernels read MLX's layouts)."""
+    if mx.default_device() != mx.cpu or dtype not in (None, "quantized"):
+        return frozenset()
+    from .cpu.linear import stored_block_types
+
+    return stored_block_types()
 
 
 def as_language_model(config: dict, raw: dict[str, mx.array]) -> tuple[dict, dict[str, mx.array]]:
@@ -214,10 +225,12 @@ def prepare(checkpoint: Checkpoint, dtype: str | None, split) -> tuple[nn.Module
             on_kernel = packed_on_kernel(model, spec)
             quantize_on_kernel(model, on_kernel)
         rest = {path: q for path, q in spec.items() if path not in on_kernel}
+        blocks = {path: q for path, q in rest.items() if q["mode"] in BLOCK_MODES}  # MLX has no kernel for them
         if on_cpu and dtype is None:
             dequantize_weights(weights, rest)
         else:
-            quantize_modules(model, rest)
+            dequantize_weights(weights, blocks)
+            quantize_modules(model, {path: q for path, q in rest.items() if path not in blocks})
         execution = mx.float32 if on_cpu else None
     else:
         dequantize_weights(weights, spec)

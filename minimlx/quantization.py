@@ -19,6 +19,7 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from .errors import CheckpointError, InvalidSettingError
@@ -33,6 +34,20 @@ SCALED_FLOAT_MODES = {
     (32, 8): "mxfp8",
     (16, 4): "nvfp4",
 }  # (group size, bits): uint8 scales, no biases
+
+
+BLOCK_MODES = {"q8_0": (8, 32, 34, 8), "q4_k": (12, 256, 144, 4), "q5_k": (13, 256, 176, 5), "q6_k": (14, 256, 210, 6)}
+"""GGUF's block types held as the file stores them (io/gguf_file.py, where the native CPU kernel reads them): mode ->
+(ggml's number for the type, values per block, bytes per block, the bits of its codes). Such a weight is one uint8
+array, (rows, bytes of a row's blocks), with no scales or biases beside it."""
+
+
+def block_mode(packed: tuple, in_dims: int) -> str | None:
+    """The block mode whose rows of `in_dims` values take `packed[-1]` bytes, if any."""
+    for mode, (_, values, size, _) in BLOCK_MODES.items():
+        if in_dims % values == 0 and packed[-1] == in_dims // values * size:
+            return mode
+    return None
 
 
 def declared(entry: dict | None) -> tuple[str, set[int], set[int]]:
@@ -64,7 +79,7 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
     """
     mode, bits_declared, groups_declared = declared(entry)
     params = dict(tree_flatten(model.parameters()))
-    spec = {}
+    spec = block_modules(params, weights)
     for name in weights:
         module = name.removesuffix(".scales")
         if not name.endswith(".scales") or f"{module}.weight" not in params or f"{module}.weight" not in weights:
@@ -96,6 +111,50 @@ def packed_modules(model: nn.Module, weights: dict[str, mx.array], entry: dict |
     return spec
 
 
+def block_modules(params: dict[str, mx.array], weights: dict[str, mx.array]) -> dict[str, dict]:
+    """The modules whose weight `weights` holds as GGUF blocks (`BLOCK_MODES`: uint8 rows of blocks, no scales)."""
+    spec = {}
+    for name, w in weights.items():
+        module = name.removesuffix(".weight")
+        if not name.endswith(".weight") or w.dtype != mx.uint8 or f"{module}.scales" in weights or name not in params:
+            continue
+        shape = params[name].shape
+        mode = block_mode(w.shape, shape[-1]) if w.ndim == len(shape) == 2 and w.shape[0] == shape[0] else None
+        if mode is None:
+            raise CheckpointError(
+                f"tensor {name} holds {tuple(w.shape)} bytes, which are no GGUF block type's rows for a "
+                f"{tuple(shape)} weight; {FIX}"
+            )
+        _, values, _, bits = BLOCK_MODES[mode]
+        spec[module] = {"group_size": values, "bits": bits, "mode": mode}
+    return spec
+
+
+def dequantize_stored(blocks: mx.array, in_dims: int | None = None) -> mx.array:
+    """The float32 weight of rows held as GGUF blocks (uint8, `BLOCK_MODES`), for a layout that must be re-ordered
+    along its columns: the mode is the one whose rows of `in_dims` values take this many bytes, or when in_dims is not
+    known, the only mode whose block size divides them."""
+    if in_dims is not None:
+        modes = [mode] if (mode := block_mode(blocks.shape, in_dims)) else []
+    else:
+        modes = [mode for mode, (_, _, size, _) in BLOCK_MODES.items() if blocks.shape[-1] % size == 0]
+    if len(modes) != 1:
+        raise CheckpointError(
+            f"cannot tell the GGUF block type of a {tuple(blocks.shape)} byte tensor to re-order it; load the model "
+            "with --dtype float32"
+        )
+    return dequantize_blocks(blocks, modes[0])
+
+
+def dequantize_blocks(blocks: mx.array, mode: str) -> mx.array:
+    """The float32 weight of one held as GGUF blocks (`BLOCK_MODES`), by gguf's reference dequantization."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as dequantize_gguf
+
+    kind = GGMLQuantizationType(BLOCK_MODES[mode][0])
+    return mx.array(dequantize_gguf(np.array(blocks, copy=False), kind).astype(np.float32))
+
+
 def mxfp4_from_blocks(blocks: mx.array) -> mx.array:
     """Hugging Face MXFP4 blocks (..., groups, 16) uint8, 32 E2M1 values per group two to a byte (the lower nibble
     first), as MLX's packed mxfp4 weight (..., groups * 4) uint32: the same bytes, read as little-endian words."""
@@ -105,6 +164,8 @@ def mxfp4_from_blocks(blocks: mx.array) -> mx.array:
 def dequantize(packed: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int, mode: str):
     """The float32 weight of a packed one. Affine weights are unpacked as `scale * q + bias` in float32,
     the same numbers as `mx.dequantize` and several times faster on the CPU."""
+    if mode in BLOCK_MODES:
+        return dequantize_blocks(packed, mode)
     if mode != "affine":
         return mx.dequantize(packed, scales, biases, group_size, bits, mode=mode).astype(mx.float32)
     shifts = mx.arange(0, 32, bits, dtype=mx.uint32) if 32 % bits == 0 else None
@@ -119,7 +180,7 @@ def dequantize(packed: mx.array, scales: mx.array, biases: mx.array | None, grou
 def dequantize_weights(weights: dict[str, mx.array], spec: dict[str, dict]) -> dict[str, mx.array]:
     """Replace each packed triple in `weights` by its float32 weight (lazily: nothing is computed until evaluated)."""
     for module, q in spec.items():
-        scales, biases = weights.pop(f"{module}.scales"), weights.pop(f"{module}.biases", None)
+        scales, biases = weights.pop(f"{module}.scales", None), weights.pop(f"{module}.biases", None)
         weights[f"{module}.weight"] = dequantize(weights[f"{module}.weight"], scales, biases, **q)
     return weights
 

@@ -11,6 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from models import smollm2_path
+from native_checks import integer_against_float, per_instruction_set
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native
@@ -207,31 +208,22 @@ INSTRUCTION_SETS = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avxvnni", "a
 def test_every_instruction_set_gives_the_portable_products(tmp_path):
     """MINIMLX_NATIVE_ISA caps the instruction set: each the CPU runs (maddubs, AVX-VNNI, AVX-512 VNNI) gives the
     scalar integer products, but for the order of the float32 sums of the blocks."""
-    results = {}
-    for isa in INSTRUCTION_SETS:
-        path = tmp_path / f"{isa}.npz"
-        program = (
-            "import sys\nimport minimlx\nimport mlx.core as mx\nimport minimlx_native as k\n"
-            "mx.random.seed(0)\nx = mx.random.normal((5, 448))\nout = {}\n"
-            "for bits in (4, 8):\n"
-            "    for group_size in (32, 64):\n"
-            "        w, s, b = mx.quantize(mx.random.normal((40, 448)), group_size, bits)\n"
-            "        if group_size == 64:\n"
-            "            s, b = s.astype(mx.float16), b.astype(mx.float16)\n"
-            "        out[f'{bits}-{group_size}'] = k.quantized_matmul(x, w, s, b, group_size, bits)\n"
-            "        weight = mx.dequantize(w, s, b, group_size, bits)\n"
-            "        out[f'{bits}-{group_size}-bound'] = mx.abs(x) @ mx.abs(weight).T\n"
-            "mx.savez(sys.argv[1], **out)\nprint(k.integer_isa)\n"
-        )
-        env = dict(os.environ, MINIMLX_NATIVE_ISA=isa)
-        done = subprocess.run([sys.executable, "-c", program, str(path)], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        results[isa] = (done.stdout.split()[-1], mx.load(str(path)))
-    assert results["scalar"][0] == "scalar"
-    reference = results["scalar"][1]
-    for isa, (used, got) in results.items():
-        if used != INSTRUCTION_SETS[isa]:  # this CPU lacks it: a narrower one ran
-            continue
+    program = (
+        "import sys\nimport minimlx\nimport mlx.core as mx\nimport minimlx_native as k\n"
+        "mx.random.seed(0)\nx = mx.random.normal((5, 448))\nout = {}\n"
+        "for bits in (4, 8):\n"
+        "    for group_size in (32, 64):\n"
+        "        w, s, b = mx.quantize(mx.random.normal((40, 448)), group_size, bits)\n"
+        "        if group_size == 64:\n"
+        "            s, b = s.astype(mx.float16), b.astype(mx.float16)\n"
+        "        out[f'{bits}-{group_size}'] = k.quantized_matmul(x, w, s, b, group_size, bits)\n"
+        "        weight = mx.dequantize(w, s, b, group_size, bits)\n"
+        "        out[f'{bits}-{group_size}-bound'] = mx.abs(x) @ mx.abs(weight).T\n"
+        "mx.savez(sys.argv[1], **out)\nprint(k.integer_isa)\n"
+    )
+    results = per_instruction_set(program, INSTRUCTION_SETS, tmp_path)
+    reference = results.pop("scalar")
+    for isa, got in results.items():
         for key in reference:
             if not key.endswith("bound"):
                 assert mx.all(mx.abs(got[key] - reference[key]) <= 1e-6 * reference[key + "-bound"]).item(), (isa, key)
@@ -253,21 +245,8 @@ def test_smollm2_integer_products_follow_the_float_path(smollm2_quantized, monke
     AVX-512 VNNI, AVX2 and the scalar code, 1.26 at most over 4 x 512 steps, 0.17-0.24 at the median) and their
     greedy ids agree on at least 62 of 64 (63 or 64 measured; 2,038 of 2,048 over 4 x 512)."""
     model, tokenizer = smollm2_quantized
-    caches = {exact: model.make_cache() for exact in (True, False)}
-
-    def step(ids, exact):
-        monkeypatch.setattr(native, "exact_products", exact)
-        with decode_steps():
-            return model(ids, caches[exact], last_only=True)[0, -1]
-
     prompt = mx.array([tokenizer.encode("Write a short story about a robot who learns to paint.")])
-    logits = {exact: model(prompt, caches[exact], last_only=True)[0, -1] for exact in (True, False)}  # float32 both
-    agree, largest = 0, 0.0
-    for _ in range(64):
-        token = mx.argmax(logits[True]).item()
-        agree += mx.argmax(logits[False]).item() == token
-        largest = max(largest, mx.abs(logits[False] - logits[True]).max().item())
-        logits = {exact: step(mx.array([[token]]), exact) for exact in (True, False)}
+    agree, largest = integer_against_float(model, prompt, 64, monkeypatch)
     assert agree >= 62 and 0 < largest <= 1.0
 
 

@@ -5,10 +5,17 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 from gguf_files import CONFIG, load_gguf, write_gguf
 from reference import reference_logits, relative_error, require
 
 from minimlx.errors import CheckpointError, UnsupportedArchitectureError
+from minimlx.loading import stored_blocks
+
+
+def stored_names() -> set[str]:
+    """The GGUF types a quantized CPU load holds as stored (with the native kernel)."""
+    return {GGMLQuantizationType(t).name for t in stored_blocks("quantized")}
 
 
 def transformers_from_gguf(path):
@@ -44,8 +51,11 @@ def test_gguf_kept_quantized(tmp_path, tensor_type, bits):
     path = write_gguf(tmp_path / "model.gguf", tensor_type)
     model, _ = load_gguf(path, "quantized")
     q_proj = model.layers[0].attn.q_proj
-    assert isinstance(q_proj, nn.QuantizedLinear) and (q_proj.bits, q_proj.group_size) == (bits, 32)
-    assert isinstance(model.embed, nn.QuantizedEmbedding)
+    if tensor_type in stored_names():  # held as the file stores it, where the native kernel reads it so
+        assert (q_proj.mode, q_proj.weight.dtype, model.embed.mode) == (tensor_type.lower(), mx.uint8, q_proj.mode)
+    else:
+        assert isinstance(q_proj, nn.QuantizedLinear) and (q_proj.bits, q_proj.group_size) == (bits, 32)
+        assert isinstance(model.embed, nn.QuantizedEmbedding)
     on_cpu = mx.default_device() == mx.cpu  # float32 there: MLX's CPU quantized matmul is slow with float16 scales
     assert model.layers[0].attn_norm.weight.dtype == (mx.float32 if on_cpu else mx.float16)
     ours = np.array(model(mx.array(IDS)).astype(mx.float32))

@@ -9,6 +9,7 @@ rows of LLaMA-style models for interleaved RoPE (`unpermute_rows` undoes that). 
 import mlx.core as mx
 
 from ..errors import CheckpointError, UnsupportedArchitectureError
+from ..quantization import dequantize_stored
 
 
 class Metadata:
@@ -133,8 +134,11 @@ def unpermute_rows(w: mx.array, heads: int) -> mx.array:
 
 def unpacked(weights: dict, name: str) -> mx.array:
     """Remove tensor `name` (`X.weight`) from `weights` and return it as floats, dequantized if GGUF packed it
-    (`X.scales` and `X.biases` beside it, groups of 32), in float32: for layouts that need a transpose."""
+    (`X.scales` and `X.biases` beside it, groups of 32, or its blocks as stored), in float32: for layouts that need a
+    transpose."""
     w, stem = weights.pop(name), name.removesuffix(".weight")
+    if w.dtype == mx.uint8:  # held as the file's blocks (io/gguf_file.py's `stored`)
+        return dequantize_stored(w)
     if f"{stem}.scales" not in weights:
         return w
     scales, biases = weights.pop(f"{stem}.scales"), weights.pop(f"{stem}.biases")

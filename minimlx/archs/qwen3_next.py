@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 
 from ..core import OffsetRMSNorm
+from ..quantization import dequantize_stored
 from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
 from .gguf import Metadata, llama_config, partial_rotary
@@ -60,6 +61,8 @@ def unpacked(weights: dict, module: str, columns: int) -> mx.array:
     """The float weight of `module` in `weights` (of `columns` inputs), taking its scales and biases out where it is
     packed: its columns are to be reordered, which a packed row's groups cannot be."""
     w = weights[f"{module}.weight"]
+    if w.dtype == mx.uint8:  # held as the file's blocks (io/gguf_file.py's `stored`)
+        return dequantize_stored(w, columns)
     if f"{module}.scales" not in weights:
         return w
     scales, biases = weights.pop(f"{module}.scales"), weights.pop(f"{module}.biases")

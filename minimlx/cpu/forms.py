@@ -15,7 +15,17 @@ from ..core.cache import Can
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
-from .linear import NativeLinear, NativeQuantizedEmbedding, NativeQuantizedLinear, exact, gated_product
+from .linear import (
+    BlockEmbeddingByOps,
+    BlockLinearByOps,
+    NativeBlockEmbedding,
+    NativeBlockLinear,
+    NativeLinear,
+    NativeQuantizedEmbedding,
+    NativeQuantizedLinear,
+    exact,
+    gated_product,
+)
 
 
 class CpuTransformer(Transformer):
@@ -58,14 +68,15 @@ class CpuSharedKVAttention(SharedKVAttention, CpuAttention):
 def halves_cache(attn: Attention, k: mx.array, cache) -> bool:
     """Whether `attn` caches its float32 keys and values in float16: where the native kernel's attention reads them
     (no sinks, no capped scores, heads of a multiple of 16 features, a plain or windowed cache), its projections are
-    packed (4- or 8-bit weights, whose own rounding is far coarser than float16's 2^-11), and `--exact` did not ask for
-    float32 throughout. Decode steps after long prompts read the cache more than the weights: half the bytes."""
+    packed (4- or 8-bit weights or GGUF blocks, whose own rounding is far coarser than float16's 2^-11), and `--exact`
+    did not ask for float32 throughout. Decode steps after long prompts read the cache more than the weights: half the
+    bytes."""
     if native.kernel is None or native.exact_products or k.dtype != mx.float32 or quantized(cache):
         return False
     if "sinks" in attn or attn.logit_cap is not None or attn.head_dim % 16:
         return False
-    values_packed = attn.values_from_keys or type(attn.v_proj) is NativeQuantizedLinear
-    return type(attn.k_proj) is NativeQuantizedLinear and values_packed
+    packed = (NativeQuantizedLinear, NativeBlockLinear)
+    return type(attn.k_proj) in packed and (attn.values_from_keys or type(attn.v_proj) in packed)
 
 
 class CpuRoPE(RoPE):
@@ -284,6 +295,8 @@ def use_cpu_forms(model: nn.Module) -> nn.Module:
 CORE_PARTS = {form: part for part, form in (FORMS | NATIVE_FORMS).items()} | {
     NativeQuantizedLinear: nn.QuantizedLinear,
     NativeQuantizedEmbedding: nn.QuantizedEmbedding,
+    NativeBlockLinear: BlockLinearByOps,  # weights held as GGUF blocks have no MLX module: dequantized as they are used
+    NativeBlockEmbedding: BlockEmbeddingByOps,
 }
 """Each CPU form -> the core part (or MLX module) it computes differently."""
 

@@ -11,6 +11,11 @@ directly (float16 scales are widened as they are read). Decode steps' products (
 fewer than 28 input rows multiply 8-bit-quantized inputs by the codes with integer dot products unless
 `native.exact_products`; the rest run in float32. Their gate and up projections fuse with the SwiGLU between
 them (`gated_product`).
+
+GGUF's Q4_K, Q5_K, Q6_K and Q8_0 matrices, held as the file stores them (`quantization.BLOCK_MODES`), run as
+`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' products (and short prompts', `block_exact`) quantize
+their inputs to 8 bits per block of 32 (as llama.cpp's Q8_0 activations) and multiply them by the stored codes with
+integer dot products; longer prompts' products dequantize each block of weight rows once for the float32 GEMM.
 """
 
 import mlx.core as mx
@@ -18,6 +23,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
 from ..core.steps import decoding
+from ..quantization import BLOCK_MODES
 from . import native
 
 NATIVE_ROWS = 2
@@ -72,6 +78,103 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
         )
 
 
+GEMM_ROWS = 28
+"""Fewest input rows of a prompt's product with GGUF blocks that dequantize the weight for the float32 GEMM: fewer (a
+short prompt, or the rest of one after a cached prefix) take the integer products, as decode steps do, where
+dequantizing the whole weight for a few rows would cost far more than the product (the kernel's quantized_matmul
+switches at the same 28 rows)."""
+
+
+def block_exact(x: mx.array) -> bool:
+    """Whether a product with GGUF blocks keeps float32 inputs: `--exact`, or a prompt's of at least GEMM_ROWS rows."""
+    return native.exact_products or (not decoding() and x.size // max(x.shape[-1], 1) >= GEMM_ROWS)
+
+
+class BlockWeight(nn.Module):
+    """A weight held as GGUF blocks: `weight` (rows, row bytes) uint8, of block mode `mode` (`BLOCK_MODES`)."""
+
+    def __init__(self, rows: int, in_dims: int, mode: str):
+        super().__init__()
+        ggml_type, values, size, _ = BLOCK_MODES[mode]
+        self.mode, self.ggml_type, self.in_dims = mode, ggml_type, in_dims
+        self.weight = mx.zeros((rows, in_dims // values * size), mx.uint8)
+
+    def _extra_repr(self) -> str:
+        return f"rows={self.weight.shape[0]}, in_dims={self.in_dims}, mode={self.mode}"
+
+
+class NativeBlockLinear(BlockWeight):
+    """A linear map whose weight is held as GGUF blocks, its products in the native kernel (`block_matmul`)."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int, bits: int, mode: str) -> "NativeBlockLinear":
+        rows, in_dims = linear.weight.shape
+        module = cls(rows, in_dims, mode)
+        if "bias" in linear:
+            module.bias = linear.bias
+        return module
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+        return y + self.bias if "bias" in self else y
+
+
+class NativeBlockEmbedding(BlockWeight):
+    """An embedding whose table is held as GGUF blocks: rows dequantized as they are looked up (`block_rows`), and its
+    tied-head product (`as_linear`) in the native kernel as `NativeBlockLinear`'s: a decode step's with integer
+    products (with float32 inputs, dequantizing each table row for one step's row takes several times as long)."""
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, group_size: int, bits: int, mode: str) -> "NativeBlockEmbedding":
+        return cls(*embedding.weight.shape, mode)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return native.kernel.block_rows(self.weight, x.astype(mx.int32), self.ggml_type)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+
+
+class BlockLinearByOps(NativeBlockLinear):
+    """`NativeBlockLinear` as MLX ops that have gradients (training): the frozen weight dequantized (no gradient flows
+    into the stored blocks), then `x @ W.T`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = x @ dequantized(self).T
+        return y + self.bias if "bias" in self else y
+
+
+class BlockEmbeddingByOps(NativeBlockEmbedding):
+    """`NativeBlockEmbedding` whose tied-head product is MLX's matmul over the dequantized table (training)."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return x @ dequantized(self).T
+
+
+def dequantized(module: BlockWeight) -> mx.array:
+    """The float32 weight of a module held as GGUF blocks, as a constant of the graph."""
+    rows = mx.arange(module.weight.shape[0], dtype=mx.int32)
+    return mx.stop_gradient(native.kernel.block_rows(module.weight, rows, module.ggml_type))
+
+
+BLOCK_FORMS = {
+    nn.Linear: NativeBlockLinear.from_linear,
+    nn.Embedding: NativeBlockEmbedding.from_embedding,
+}
+"""The native kernel's form of each module type it runs from weights held as GGUF blocks."""
+
+
+STORED_MODES = ("q4_k", "q5_k", "q6_k")
+"""The block modes loading keeps as stored where the kernel is installed. Q8_0 stays in MLX's affine 8-bit groups
+(exactly its values, 9 bits a weight for 8.5), whose products with float32 inputs (a tied head's, as SmolLM2's Q8_0
+embedding is) read the codes directly at 7x the speed of dequantizing Q8_0 rows first."""
+
+
+def stored_block_types() -> frozenset[int]:
+    """The GGUF types (ggml's numbers) the native kernel multiplies as stored; none without it."""
+    return frozenset(BLOCK_MODES[m][0] for m in STORED_MODES) if native.kernel is not None else frozenset()
+
+
 QUANTIZED_FORMS = {
     nn.Linear: NativeQuantizedLinear.from_linear,
     nn.Embedding: NativeQuantizedEmbedding.from_embedding,
@@ -83,6 +186,8 @@ def runs_packed(module: nn.Module, group_size: int, bits: int, mode: str) -> boo
     """Whether the native kernel computes `module`'s products from its packed weight: linear maps and embeddings
     (whose `as_linear` is a tied head) in affine 4- or 8-bit with groups of a multiple of 32, whether their scales
     and biases are held in float32 or float16."""
+    if mode in BLOCK_MODES:
+        return type(module) in BLOCK_FORMS
     return type(module) in QUANTIZED_FORMS and mode == "affine" and bits in (4, 8) and group_size % 32 == 0
 
 
@@ -91,6 +196,10 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
     products share one pass over the kernel's threads, the silu and product happen on the way); else None."""
     if type(gate) is not type(up) or "bias" in gate or "bias" in up:
         return None
+    if type(gate) is NativeBlockLinear:
+        if gate.weight.shape[0] != up.weight.shape[0]:
+            return None
+        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, exact=block_exact(x))
     if type(gate) is NativeQuantizedLinear:
         if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
             return None
@@ -116,6 +225,9 @@ def quantize_on_kernel(model: nn.Module, spec: dict[str, dict]) -> None:
     """Swap the modules `spec` names (chosen by `packed_on_kernel`) for their native quantized forms."""
 
     def swap(path: str, module: nn.Module) -> nn.Module:
-        return QUANTIZED_FORMS[type(module)](module, **spec[path]) if path in spec else module
+        if path not in spec:
+            return module
+        forms = BLOCK_FORMS if spec[path]["mode"] in BLOCK_MODES else QUANTIZED_FORMS
+        return forms[type(module)](module, **spec[path])
 
     model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))

@@ -30,6 +30,9 @@ OPS = (
     "rotate",
     "block_step",
     "integer_isa",
+    "block_matmul",
+    "block_swiglu",
+    "block_rows",
 )
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""
 

@@ -12,6 +12,9 @@ chunk at a time), so reading holds the converted tensors plus one chunk, and no 
   gives; a K-quant group's scale is a float16 super-block scale times a 6-bit integer, rounded to float16 here
   (2^-11 relative at most: docs/formats.md gives the measured error), unless a float `dequantized_dtype` is asked
   for: then Q4_K and Q5_K are dequantized as the types below are, exactly.
+- Where the caller asks for them `stored` (the native CPU kernel, which multiplies them as they are:
+  quantization.BLOCK_MODES), Q4_K, Q5_K, Q6_K and Q8_0 matrices stay as the file stores them: `name` holds each
+  row's blocks as uint8, (rows, row bytes), and nothing else, so memory is the file's bytes.
 - MXFP4 (gpt-oss's experts) is MLX's mxfp4: the same E2M1 values and E8M0 exponents, repacked as `name` (uint32)
   and `name.scales` (uint8), no biases.
 - Every other type `gguf.quants` can dequantize (Q2_K, Q3_K, Q6_K, IQ*, TQ*, ...) is dequantized in float32 with
@@ -105,11 +108,16 @@ class GGUFFile:
             return numbers.tolist()
         return [self.value(item) for _ in range(count)]
 
-    def layout(self, name: str, dequantized_dtype: mx.Dtype | None = None) -> dict[str, tuple[tuple, mx.Dtype]]:
-        """The arrays `read` gives for tensor `name`: names -> (shape, dtype)."""
+    def layout(
+        self, name: str, dequantized_dtype: mx.Dtype | None = None, stored: frozenset = frozenset()
+    ) -> dict[str, tuple[tuple, mx.Dtype]]:
+        """The arrays `read` gives for tensor `name`: names -> (shape, dtype). Matrices of the types in `stored` are
+        kept as stored (their blocks' bytes a row)."""
         kind, shape, _ = self.tensors[name]
         if kind in FLOAT_TYPES:
             return {name: (shape, FLOAT_TYPES[kind])}
+        if kind in stored and dequantized_dtype is None and len(shape) == 2:
+            return {name: ((shape[0], nbytes(kind, shape[1:])), mx.uint8)}
         stem, rows, columns = name.removesuffix(".weight"), shape[:-1], shape[-1]
         if kind == T.MXFP4:
             return {name: ((*rows, columns // 8), mx.uint32), f"{stem}.scales": ((*rows, columns // 32), mx.uint8)}
@@ -127,17 +135,19 @@ class GGUFFile:
         groups = ((*rows, columns // 32), mx.float16)
         return {name: ((*rows, columns * bits // 32), mx.uint32), f"{stem}.scales": groups, f"{stem}.biases": groups}
 
-    def read(self, name: str, dequantized_dtype: mx.Dtype | None = None) -> dict[str, mx.array]:
+    def read(
+        self, name: str, dequantized_dtype: mx.Dtype | None = None, stored: frozenset = frozenset()
+    ) -> dict[str, mx.array]:
         """Tensor `name` as the arrays `layout` names, read from the file a chunk of rows at a time into them."""
         kind, shape, offset = self.tensors[name]
-        layout = self.layout(name, dequantized_dtype)
+        layout = self.layout(name, dequantized_dtype, stored)
         held = {
             part: mx.zeros(size, mx.uint16 if dtype == mx.bfloat16 else dtype) for part, (size, dtype) in layout.items()
         }
         mx.eval(held)
         views = [np.array(a, copy=False) for a in held.values()]  # writing into these fills the arrays
         with open(self.path, "rb", buffering=0) as file:
-            if kind in FLOAT_TYPES:
+            if kind in FLOAT_TYPES or layout[name][1] == mx.uint8:  # floats, or blocks kept as stored
                 read_at(file, self.start + offset, views[0])
             else:
                 block, size = GGML_QUANT_SIZES[kind]
@@ -209,14 +219,14 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 def read_gguf(
-    path: str | Path, dequantized_dtype: mx.Dtype | None = None, names=None
+    path: str | Path, dequantized_dtype: mx.Dtype | None = None, names=None, stored: frozenset = frozenset()
 ) -> tuple[dict[str, mx.array], dict]:
     """Tensors (named as in the file, shapes row-major) and metadata (Python values; arrays as lists); only the
-    tensors `names` lists when given (the file's names)."""
+    tensors `names` lists when given (the file's names); matrices of the types in `stored` as stored."""
     file = open_gguf(path)
     tensors = {}
     for name in file.tensors if names is None else names:
-        tensors.update(file.read(name, dequantized_dtype))
+        tensors.update(file.read(name, dequantized_dtype, stored))
     return tensors, file.metadata
 
 

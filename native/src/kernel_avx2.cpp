@@ -2,6 +2,7 @@
 #include "attention.h"
 #include "gemm.h"
 #include "integer.h"
+#include "kquant_x86.h"
 #include "rows.h"
 #include "simd_avx2.h"
 
@@ -104,5 +105,25 @@ void attend_quantized_avx2(const QuantizedAttention& a, int row, int head, int h
 void silu_avx2(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
 void halves_avx2(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
+// kquant_x86.h's integer steps with maddubs and madd.
+struct Avx2Sums {
+  static __m256i bytes(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
+  static __m256i scaled(__m256i acc, __m256i p, __m256i s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
+};
+
+void block_rows_avx2(const BlockProblem& p, int row_begin, int row_end) {
+  integer_block_rows<X86BlockDot<Avx2Sums>>(p, row_begin, row_end);
+}
+
+void float_block_rows_avx2(const BlockProblem& p, int row_begin, int row_end) {
+  float_block_rows(p, row_begin, row_end);
+}
+
+void dequantize_blocks_avx2(const BlockProblem& p, int row_begin, int row_end, float* dst) {
+  dequantize_block_rows(p, row_begin, row_end, dst);
+}
 
 }  // namespace minimlx_native

@@ -6,6 +6,7 @@
 #include "attention.h"
 #include "gemm.h"
 #include "integer.h"
+#include "kquant.h"
 #include "rows.h"
 
 namespace minimlx_native {
@@ -145,5 +146,17 @@ void attend_quantized_scalar(const QuantizedAttention& a, int row, int head, int
 void silu_scalar(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
 void halves_scalar(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
+void block_rows_scalar(const BlockProblem& p, int row_begin, int row_end) {
+  integer_block_rows<ScalarBlockDot>(p, row_begin, row_end);
+}
+
+void float_block_rows_scalar(const BlockProblem& p, int row_begin, int row_end) {
+  float_block_rows(p, row_begin, row_end);
+}
+
+void dequantize_blocks_scalar(const BlockProblem& p, int row_begin, int row_end, float* dst) {
+  dequantize_block_rows(p, row_begin, row_end, dst);
+}
 
 }  // namespace minimlx_native

@@ -36,6 +36,7 @@
 #include "mlx/primitives.h"
 
 #include "kernel.h"
+#include "kquant.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -52,6 +53,14 @@ struct IntegerIsa {
   const char* name;
 };
 
+// The products with GGUF's block-quantized weights (kquant.h) of one instruction set.
+struct BlockIsa {
+  void (*rows)(const BlockProblem&, int, int);
+  void (*float_rows)(const BlockProblem&, int, int);
+  void (*dequantize)(const BlockProblem&, int, int, float*);
+  const char* name;
+};
+
 // The kernels of one instruction set.
 struct Isa {
   void (*rows)(const Problem&, int, int);
@@ -65,6 +74,7 @@ struct Isa {
   int panel_rows;  // input rows per panel of `pack`: two vectors
   const char* name;
   IntegerIsa integer;
+  BlockIsa blocks;
 };
 
 // The instruction sets by rank, widest last; MINIMLX_NATIVE_ISA names the widest to use (to run a narrower one
@@ -93,6 +103,7 @@ int widest_rank() {
 Isa best_isa() {
   const int rank = widest_rank();
   const IntegerIsa scalar_integer{integer_rows_scalar, quantize_inputs, 32, 32, 1, "scalar"};
+  const BlockIsa scalar_blocks{block_rows_scalar, float_block_rows_scalar, dequantize_blocks_scalar, "scalar"};
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   const bool avx2 = rank >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -100,7 +111,11 @@ Isa best_isa() {
   const bool avxvnni = rank >= 2 && avx2 && __builtin_cpu_supports("avxvnni");
   const bool avx512 = rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("f16c");
-  const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+  const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  const BlockIsa blocks = avx512vnni ? BlockIsa{block_rows_avx512vnni, float_block_rows_avx512vnni,
+                                               dequantize_blocks_avx512vnni, "avx512vnni"}
+                          : avx2     ? BlockIsa{block_rows_avx2, float_block_rows_avx2, dequantize_blocks_avx2, "avx2"}
+                                     : scalar_blocks;
   const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, quantize_inputs_avx512vnni, 128, 64, 16,
                                                       "avx512vnni"}
                              : avxvnni  ? IntegerIsa{integer_rows_avxvnni, quantize_inputs_avx2, 64, 32, 8, "avxvnni"}
@@ -108,10 +123,10 @@ Isa best_isa() {
                                         : scalar_integer;
   if (avx512)
     return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, halves_avx512, dequantize_avx512,
-            pack_avx512, gemm_avx512, 32, "avx512", integer};
+            pack_avx512, gemm_avx512, 32, "avx512", integer, blocks};
   if (avx2)
     return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, halves_avx2, dequantize_avx2, pack_avx2,
-            gemm_avx2, 16, "avx2", integer};
+            gemm_avx2, 16, "avx2", integer, blocks};
 #elif defined(__aarch64__)
 #if defined(__APPLE__)
   const bool dotprod = true;  // every Apple arm64 CPU
@@ -121,10 +136,11 @@ Isa best_isa() {
   if (rank >= 1)
     return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, halves_neon, dequantize_neon, pack_neon,
             gemm_neon, 8, "neon",
-            dotprod ? IntegerIsa{integer_rows_neon, quantize_inputs, 32, 32, 4, "neondot"} : scalar_integer};
+            dotprod ? IntegerIsa{integer_rows_neon, quantize_inputs, 32, 32, 4, "neondot"} : scalar_integer,
+            scalar_blocks};
 #endif
   return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, halves_scalar, dequantize_scalar,
-          pack_scalar, gemm_scalar, 2, "scalar", scalar_integer};
+          pack_scalar, gemm_scalar, 2, "scalar", scalar_integer, scalar_blocks};
 }
 
 const Isa kIsa = best_isa();
@@ -1020,6 +1036,136 @@ mx::array quantized_swiglu(const mx::array& x, const mx::array& gate_w, const mx
   return product({x, up_w, up_scales, up_biases, gate_w, gate_scales, gate_biases}, group_size, bits, exact);
 }
 
+// Products with GGUF's block-quantized weights read as stored (kquant.h): weights w (N, row bytes) uint8 of a type
+// (ggml's number), x float32 (..., K).
+
+// The block problem of weight w of `type` for M rows of x into out (the inputs' fields are the caller's to fill).
+BlockProblem block_problem(const mx::array& w, int type, int M, int K, float* out) {
+  return BlockProblem{w.data<uint8_t>(), w.shape(1), type, {}, out, M, w.shape(0), K};
+}
+
+// Weight rows per block of a block product: about kBlockBytes of weights per block, the rows split evenly into a
+// multiple of the pool's threads blocks (as `block_rows` above).
+int block_product_rows(const BlockProblem& p) {
+  const int most = static_cast<int>(std::max<int64_t>(8, kBlockBytes / std::max<int64_t>(1, p.row_bytes)));
+  const int threads = pool().size(), blocks = ((p.N + most - 1) / most + threads - 1) / threads * threads;
+  return std::max(8, (p.N + blocks - 1) / blocks);
+}
+
+// The inputs quantized per block of 32 for the integer products (kquant.h), a row a block of the pool's.
+struct QuantizedBlocks {
+  std::vector<int8_t, CacheAligned<int8_t>> xq;
+  Floats xd;
+  std::vector<int16_t> sums;
+  void quantize(const float* x, int M, int K) {
+    xq.resize(static_cast<size_t>(M) * K);
+    xd.resize(static_cast<size_t>(M) * (K / 32));
+    sums.resize(static_cast<size_t>(M) * (K / 16));
+    share(M, [&](int m) {
+      quantize_blocks(x + static_cast<int64_t>(m) * K, K, xq.data() + static_cast<int64_t>(m) * K,
+                      xd.data() + static_cast<int64_t>(m) * (K / 32), sums.data() + static_cast<int64_t>(m) * (K / 16));
+    });
+  }
+  QuantizedBlockInputs inputs() const { return {xq.data(), xd.data(), sums.data()}; }
+};
+
+// Inputs x, w (and with a second weight, x, gate, up: silu(x @ gate.T) * (x @ up.T)), of `types`: the integer
+// products, or with `exact` float32 ones: for fewer than kDequantizedGemmRows rows each weight row dequantized once
+// and dotted with them, else each block of weight rows dequantized once for the float32 GEMM.
+Work block_product_work(std::vector<int> types, bool exact) {
+  return [types, exact](const std::vector<mx::array>& in, mx::array& out) {
+    const auto& x = in[0];
+    const int K = x.shape(-1), M = static_cast<int>(x.size() / K);
+    const bool gated = in.size() == 3;
+    thread_local Floats copy, gate_out;
+    const float* xs = contiguous(x, copy);
+    float* dst = out.data<float>();
+    const int product = gated ? 2 : 1, gate = 1;
+    if (exact && M >= kDequantizedGemmRows) {
+      auto dequantized = [K](const mx::array& w, int type) {
+        return [p = block_problem(w, type, 0, K, nullptr)](int begin, int end, Floats& scratch) {
+          scratch.resize(static_cast<size_t>(end - begin) * p.K);
+          kIsa.blocks.dequantize(p, begin, end, scratch.data());
+          return static_cast<const float*>(scratch.data());
+        };
+      };
+      const WeightRows weights = dequantized(in[product], types[product - 1]);
+      const WeightRows gate_rows = dequantized(in[gate], types[0]);
+      return gemm_product(xs, M, in[product].shape(0), K, dst, weights, gated ? &gate_rows : nullptr);
+    }
+    thread_local QuantizedBlocks quantized;
+    if (!exact) quantized.quantize(xs, M, K);
+    BlockProblem p = block_problem(in[product], types[product - 1], M, K, dst);
+    p.x = quantized.inputs();
+    p.xf = xs;
+    BlockProblem g{};
+    if (gated) {
+      gate_out.resize(static_cast<size_t>(M) * p.N);
+      g = block_problem(in[gate], types[0], M, K, gate_out.data());
+      g.x = p.x;
+      g.xf = xs;
+    }
+    const auto rows_of = exact ? kIsa.blocks.float_rows : kIsa.blocks.rows;
+    const int rows = block_product_rows(p);
+    share((p.N + rows - 1) / rows, [&](int b) {
+      const int begin = b * rows, end = std::min(p.N, begin + rows);
+      rows_of(p, begin, end);
+      if (!gated) return;
+      rows_of(g, begin, end);
+      apply_gate(g.out, p.out, M, p.N, begin, end);
+    });
+  };
+}
+
+// The K input features of weight w of `type`, checked: the message starts with `name`.
+int block_features(const std::string& name, const mx::array& w, int type) {
+  const int bytes = block_bytes(type);
+  if (bytes == 0) throw std::invalid_argument(name + ": type " + std::to_string(type) + " is none of Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14)");
+  if (w.dtype() != mx::uint8 || w.ndim() != 2 || w.shape(1) % bytes)
+    throw std::invalid_argument(name + ": w must be (N, row bytes) uint8, whole blocks of its type a row");
+  return w.shape(1) / bytes * block_values(type);
+}
+
+mx::array block_product(const std::string& name, const mx::array& x, std::vector<mx::array> weights,
+                        std::vector<int> types, bool exact) {
+  if (x.dtype() != mx::float32 || x.ndim() < 1) throw std::invalid_argument(name + ": x must be float32, at least 1-D");
+  for (size_t i = 0; i < weights.size(); ++i)
+    if (block_features(name, weights[i], types[i]) != x.shape(-1))
+      throw std::invalid_argument(name + ": the weights' rows hold a number of features other than x's " +
+                                  std::to_string(x.shape(-1)));
+  if (weights.size() == 2 && weights[0].shape(0) != weights[1].shape(0))
+    throw std::invalid_argument(name + ": the gate and up weights must have as many rows");
+  auto shape = x.shape();
+  shape.back() = weights[0].shape(0);
+  std::vector<mx::array> inputs{x};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  std::vector<float> params{exact ? 1.0f : 0.0f};
+  for (int t : types) params.push_back(static_cast<float>(t));
+  return cpu_op(weights.size() == 2 ? "MinimlxNativeBlockSwiglu" : "MinimlxNativeBlockMatmul", params,
+                block_product_work(types, exact), std::move(inputs), shape);
+}
+
+// Rows `ids` (int32, any shape) of weight w of `type`, dequantized to float32: (*ids.shape, K).
+mx::array block_rows_of(const mx::array& w, const mx::array& ids, int type) {
+  const std::string name = "minimlx_native.block_rows";
+  const int K = block_features(name, w, type);
+  if (ids.dtype() != mx::int32) throw std::invalid_argument(name + ": ids must be int32");
+  auto shape = ids.shape();
+  shape.push_back(K);
+  Work work = [type, K](const std::vector<mx::array>& in, mx::array& out) {
+    std::vector<int32_t> ids(in[0].size());
+    gather(in[0], ids.data());
+    const BlockProblem p = block_problem(in[1], type, 0, K, nullptr);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int row = ids[i];
+      float* dst = out.data<float>() + static_cast<int64_t>(i) * K;
+      if (row < 0 || row >= p.N) std::fill(dst, dst + K, 0.0f);  // as no row: zeros
+      else kIsa.blocks.dequantize(p, row, row + 1, dst);
+    }
+  };
+  return cpu_op("MinimlxNativeBlockRows", {static_cast<float>(type)}, work, {ids, w}, shape);
+}
+
 // One decode step of a pre-norm block in one op (`block_step`, below), where MLX runs about 20 on the CPU, each
 // scheduled onto its CPU stream's thread for several microseconds (docs/performance.md). Each part is computed by the
 // work of the op that computes it alone, over the same inputs, so the step gives the same bits as those ops.
@@ -1492,6 +1638,23 @@ NB_MODULE(_ext, m) {
         "k's, v's and o's (w, scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, "
         "gate's and down's; `layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products. "
         "Returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
+  m.def("block_matmul", [](const mx::array& x, const mx::array& w, int type, bool exact) {
+          return minimlx_native::block_product("minimlx_native.block_matmul", x, {w}, {type}, exact);
+        }, "x"_a, "w"_a, "type"_a, "exact"_a = false,
+        "x @ W.T for float32 x (..., K) and W held as GGUF stores it: w (N, row bytes) uint8, each row K / 256 "
+        "super-blocks of Q4_K (type 12), Q5_K (13) or Q6_K (14), or K / 32 blocks of Q8_0 (8). x is quantized to 8 "
+        "bits per block of 32 (as llama.cpp's Q8_0) for integer dot products, unless `exact`: x stays float32, each "
+        "weight row dequantized once for fewer than 28 rows of x, the float32 GEMM from 28.");
+  m.def("block_swiglu", [](const mx::array& x, const mx::array& gate_w, int gate_type, const mx::array& up_w,
+                           int up_type, bool exact) {
+          return minimlx_native::block_product("minimlx_native.block_swiglu", x, {gate_w, up_w}, {gate_type, up_type},
+                                               exact);
+        }, "x"_a, "gate_w"_a, "gate_type"_a, "up_w"_a, "up_type"_a, "exact"_a = false,
+        "silu(x @ gate.T) * (x @ up.T) for weights held as block_matmul's, of as many rows: a SwiGLU's gated "
+        "product in one op.");
+  m.def("block_rows", &minimlx_native::block_rows_of, "w"_a, "ids"_a, "type"_a,
+        "Rows `ids` (int32) of a weight held as block_matmul's, dequantized to float32: (*ids.shape, K).");
+  m.attr("block_isa") = minimlx_native::kIsa.blocks.name;
   m.attr("isa") = minimlx_native::kIsa.name;
   m.attr("integer_isa") = minimlx_native::kIsa.integer.name;
   m.attr("threads") = minimlx_native::pool().size();

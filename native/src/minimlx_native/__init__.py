@@ -10,9 +10,12 @@ the same over keys and values quantized as `mx.quantize` holds them (8 or 4 bits
 `silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several, and
 `block_step(...)` is a pre-norm block's one-token decode step in one op, which writes the token's keys and values
-into the cache's buffers. `isa` names the instruction
+into the cache's buffers. `block_matmul(x, w, type)` is `x @ W.T` for W held as a GGUF file stores it (rows of Q4_K,
+Q5_K, Q6_K or Q8_0 blocks, uint8), with integer dot products for a few rows of x, `block_swiglu` its gated form and
+`block_rows(w, ids, type)` its rows dequantized (an embedding's lookup). `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `integer_isa` the one of the integer products (avx512vnni, avxvnni, avx2,
-neondot or scalar; `MINIMLX_NATIVE_ISA` names the widest to use), `threads` the threads that split the output rows.
+neondot or scalar; `MINIMLX_NATIVE_ISA` names the widest to use), `block_isa` the one of the block products,
+`threads` the threads that split the output rows.
 """
 
 import mlx.core as mx
@@ -37,6 +40,10 @@ swiglu = _ext.swiglu
 rms_norm = _ext.rms_norm
 rotate = _ext.rotate
 block_step = _ext.block_step
+block_matmul = _ext.block_matmul
+block_swiglu = _ext.block_swiglu
+block_rows = _ext.block_rows
 isa: str = _ext.isa
 integer_isa: str = _ext.integer_isa
+block_isa: str = _ext.block_isa
 threads: int = _ext.threads
