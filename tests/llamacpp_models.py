@@ -334,6 +334,6 @@ def logits_of(path, tensors: dict, metadata: dict, ids=IDS) -> tuple[np.ndarray,
     """load_gguf(path, "float32")'s logits and model, with `tensors` and `metadata` as what read_gguf reads (the
     test's own reading of the file, or something made of it)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loading, "read_gguf", lambda *_: (dict(tensors), metadata))
+        patch.setattr(loading, "read_gguf", lambda *_, **__: (dict(tensors), metadata))
         model, _ = load_gguf(path, "float32")
     return np.array(model(mx.array(ids))), model
