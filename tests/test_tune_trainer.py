@@ -101,29 +101,14 @@ def test_checkpointing_and_accumulation_keep_the_numbers(tune_folders, tmp_path)
 def test_gradient_checkpointing_keeps_less_memory():
     """Per block, the backward pass recomputes what the forward pass made instead of holding it: the same loss and
     gradients in less peak memory (a 4-block model over 2 x 256 tokens: attention scores dominate)."""
-    import mlx.nn as nn
+    from memory_peaks import checkpointing_peaks, in_fresh_process
     from tuning import CONFIG
 
-    from minimlx.archs import build_model
-    from minimlx.tune import attach, masked_loss
-
-    model = build_model({**CONFIG, "num_hidden_layers": 4})
-    attach(model, AdapterSettings(rank=4, targets="all-linear"))
-    mx.eval(model.parameters())
-    ids = mx.random.randint(0, 64, (2, 257), key=mx.random.key(0))
-    step = nn.value_and_grad(model, lambda m, ids: masked_loss(m, ids, mx.ones(ids.shape))[0])
-    results = {}
-    for checkpointed in (False, True):
-        model.checkpoint_blocks = checkpointed
-        mx.clear_cache()
-        mx.reset_peak_memory()
-        loss, grads = step(model, ids)
-        mx.eval(loss, grads)
-        results[checkpointed] = loss.item(), dict(tree_flatten(grads)), mx.get_peak_memory()
+    results = in_fresh_process(checkpointing_peaks, CONFIG)
     (plain_loss, plain_grads, plain_peak), (loss, grads, peak) = results[False], results[True]
     assert loss == plain_loss and peak < 0.75 * plain_peak
     for name, grad in grads.items():
-        np.testing.assert_allclose(np.array(grad), np.array(plain_grads[name]), rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(grad, plain_grads[name], rtol=1e-4, atol=1e-7)
 
 
 def test_resume_adapter_file_starts_from_its_weights(tune_folders, tmp_path):

@@ -21,6 +21,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..core import Router
+from ..cpu.linear import NativeBlockLinear
+from ..cpu.linear import dequantized as block_weight
 from ..errors import InvalidSettingError
 
 ALL_LINEAR = "all-linear"
@@ -60,17 +62,21 @@ class AdapterSettings:
 
 
 def is_linear(module: nn.Module) -> bool:
-    return isinstance(module, (nn.Linear, nn.QuantizedLinear))
+    return isinstance(module, (nn.Linear, nn.QuantizedLinear, NativeBlockLinear))
 
 
 def linear_dims(base: nn.Module) -> tuple[int, int]:
-    """(in, out) features of a linear map, packed or not."""
+    """(in, out) features of a linear map, packed (MLX's groups or GGUF's blocks) or not."""
     out_dims, width = base.weight.shape
+    if isinstance(base, NativeBlockLinear):
+        return base.in_dims, out_dims
     return (width * 32 // base.bits if isinstance(base, nn.QuantizedLinear) else width), out_dims
 
 
 def base_weight(base: nn.Module) -> mx.array:
     """The (out, in) float weight of a linear map: a packed one dequantized."""
+    if isinstance(base, NativeBlockLinear):
+        return block_weight(base)
     if not isinstance(base, nn.QuantizedLinear):
         return base.weight
     biases = base.get("biases")
