@@ -107,6 +107,10 @@ def v4_config(config: dict) -> dict:
         config["num_experts"] = config.pop("num_local_experts")
     if config.get("model_type") == "gpt2":
         config["n_ctx"] = config["n_positions"]
+    if config.get("model_type") == "granitemoehybrid":  # Granite 4's layer kinds; its Mamba2 limits not a setting
+        published = {"linear_attention": "mamba", "full_attention": "attention"}
+        config["layer_types"] = [published.get(kind, kind) for kind in config["layer_types"]]
+        config.pop("time_step_limit", None)
     return config
 
 
