@@ -107,6 +107,10 @@ def v4_config(config: dict) -> dict:
         config["num_experts"] = config.pop("num_local_experts")
     if config.get("model_type") == "gpt2":
         config["n_ctx"] = config["n_positions"]
+    kinds = config.get("layer_types") if config.get("model_type") == "qwen3_next" else None
+    if kinds == ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(len(kinds or []))]:
+        del config["layer_types"]  # Qwen3-Next's published configs: every fourth layer attends
+        config["full_attention_interval"] = 4
     if config.get("model_type") == "granitemoehybrid":  # Granite 4's layer kinds; its Mamba2 limits not a setting
         published = {"linear_attention": "mamba", "full_attention": "attention"}
         config["layer_types"] = [published.get(kind, kind) for kind in config["layer_types"]]

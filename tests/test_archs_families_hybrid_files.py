@@ -73,11 +73,12 @@ def test_mlx_lm_4bit_folder_matches_mlx_lm(mlx_lm_folders):
 
 GGUF_VOCAB = 49152  # SmolLM2's tokenizer, one llama.cpp's converter recognises
 # name (llama.cpp's architecture) -> (transformers config class, config); qwen35: the `hybrid` fixture's model
+INTERVAL = ["linear_attention"] * 3 + ["full_attention"]  # as published Qwen3-Next configs give it (no layer_types)
 GGUF_SIZES = dict(vocab_size=GGUF_VOCAB, tie_word_embeddings=True)  # the head tied: the vocabulary is most of a file
 GGUF = {
     "lfm2": ("Lfm2Config", dict(FAMILIES["lfm2"][1], **GGUF_SIZES)),
     "granitehybrid": ("GraniteMoeHybridConfig", dict(DENSE_GRANITE, position_embedding_type="nope", **GGUF_SIZES)),
-    "qwen3next": ("Qwen3NextConfig", dict(FAMILIES["qwen3_next"][1], **GGUF_SIZES)),
+    "qwen3next": ("Qwen3NextConfig", dict(FAMILIES["qwen3_next"][1], layer_types=INTERVAL, **GGUF_SIZES)),
     "qwen35moe": ("Qwen3_5MoeTextConfig", dict(FAMILIES["qwen3_5_moe_text"][1], **GGUF_SIZES)),
     "qwen35": None,
 }
@@ -100,7 +101,7 @@ def gguf_files(hybrid, tmp_path_factory):
         else:
             folder, (config_class, config) = root / name, source
             model = save_reference(folder, config_class, **config)
-            to_v4_layout(folder)  # the layer kinds llama.cpp's converter reads (Granite 4's)
+            to_v4_layout(folder)  # as published: layer kinds as llama.cpp's converter reads them
             shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
         references[name] = reference_logits(model, ids)
         flags = ["--no-mtp"] if name.startswith("qwen") else []  # Qwen's multi-token-prediction layer left out
@@ -133,3 +134,16 @@ def test_q8_0_gguf_matches_its_reference_dequantization(gguf_files, name):
     assert relative_error(logits_of(path, tensors, metadata, ids)[0], expected) <= 1e-5
     packed, _ = load_gguf(path, "quantized")
     assert relative_error(np.array(packed(mx.array(ids)).astype(mx.float32)), expected) <= 1e-4
+
+
+@pytest.mark.slow
+def test_qwen3next_file_without_recurrent_layers_attends_every_interval(gguf_files):
+    """A file that names no recurrent layers (an older converter's) attends in every `full_attention_interval`-th
+    layer, as llama.cpp reads it."""
+    from llamacpp_models import logits_of
+
+    root, references, ids = gguf_files
+    path = root / "qwen3next-f32.gguf"
+    tensors, metadata = read_gguf(path)
+    del metadata["qwen3next.attention.recurrent_layers"]
+    assert relative_error(logits_of(path, tensors, metadata, ids)[0], references["qwen3next"]) <= 1e-4
