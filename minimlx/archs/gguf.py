@@ -148,8 +148,8 @@ def unpermute_rows(w: mx.array, heads: int) -> mx.array:
 
 def unpacked(weights: dict, name: str, in_dims: int | None = None) -> mx.array:
     """Remove tensor `name` (`X.weight`, of `in_dims` columns where known) from `weights` and return it as floats,
-    dequantized if GGUF packed it (`X.scales` and `X.biases` beside it, groups of 32, or its blocks as stored), in
-    float32, exactly: for layouts that need a transpose or re-order their columns."""
+    dequantized if GGUF packed it (`X.scales` and `X.biases` beside it, groups of 32, or its blocks as stored) in
+    float32, not in the scales' float16: for layouts that need a transpose or re-order their columns."""
     w, stem = weights.pop(name), name.removesuffix(".weight")
     if w.dtype == mx.uint8:  # held as the file's blocks (io/gguf_file.py's `stored`)
         return dequantize_stored(w, in_dims)

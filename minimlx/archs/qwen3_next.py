@@ -137,7 +137,7 @@ class Qwen35TextConfig(DecoderConfig):
         value_heads = m["ssm.time_step_rank"]
         if (recurrent := m.get("attention.recurrent_layers")) is not None:
             kinds = {"layer_types": ["linear_attention" if r else "full_attention" for r in recurrent]}
-        else:  # a checkpoint without layer_types: every full_attention_interval-th layer attends
+        else:  # an older converter's file: every full_attention_interval-th layer attends
             kinds = {"full_attention_interval": m["full_attention_interval"]}
         return {
             **config,
