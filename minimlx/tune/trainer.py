@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,6 +22,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import CheckpointError, DataError, InvalidSettingError
 from .data import Batches
+from .stages import stagewise_loss_and_grad
 from .train import adamw, masked_loss
 
 STATE_FILE = "training_state.safetensors"
@@ -101,8 +103,8 @@ class Trainer:
         self.optimizer = adamw(settings.learning_rate, settings.iters, settings.warmup, 0.0, settings.weight_decay)
         self.iteration = 0
         self.losses: list[float] = []  # each iteration's training loss, from `iteration` on
-        self.loss_and_grad = nn.value_and_grad(model, lambda m, ids, mask: masked_loss(m, ids, mask))
-        model.checkpoint_blocks = settings.grad_checkpoint
+        self.loss_and_grad = stagewise_loss_and_grad if settings.grad_checkpoint else compiled_loss_and_grad(model)
+        model.checkpoint_blocks = settings.grad_checkpoint  # where the stages cannot be apart: `mx.checkpoint`
 
     def run(self) -> list[float]:
         """Train from `self.iteration` to `iters`; returns the losses of the iterations it ran."""
@@ -193,6 +195,20 @@ class Trainer:
         self.optimizer.state = tree_unflatten(list(part["optimizer."].items()))
         self.iteration = int(metadata["iteration"])
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
+
+
+def compiled_loss_and_grad(model: nn.Module):
+    """`masked_loss` and its gradients as one compiled graph (`mx.compile`: its elementwise ops fused), recompiled for
+    each batch shape (`data.PAD_TO` keeps those few). The model's parameters and the random state (LoRA dropout's) are
+    read as they are at each call."""
+    value_and_grad = nn.value_and_grad(model, masked_loss)
+    state = [model.state, mx.random.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def loss_and_grad(ids: mx.array, mask: mx.array):
+        return value_and_grad(model, ids, mask)
+
+    return lambda model, ids, mask: loss_and_grad(ids, mask)
 
 
 def saved_state(folder: Path) -> Path:
