@@ -12,6 +12,7 @@ from memory_peaks import in_fresh_process, qlora_peaks
 from mlx.utils import tree_flatten, tree_unflatten
 from reference import relative_error, require, save_reference
 from tune_models import (
+    EXPERTS,
     FAMILIES,
     SMALL,
     TARGETS,
@@ -38,7 +39,8 @@ from minimlx.tune import (
     masked_loss,
     save_adapter,
 )
-from minimlx.tune.lora import base_weight
+from minimlx.tune.formats import peft_layout
+from minimlx.tune.lora import base_weight, expert_adapters
 
 RANK, ALPHA = 4, 8.0
 
@@ -78,19 +80,26 @@ def settings_for(family: str, dora: bool = False) -> AdapterSettings:
     return AdapterSettings(rank=RANK, alpha=ALPHA, targets=TARGETS[family], dora=dora)
 
 
-def gradient_errors(family_folder, tmp_path, family: str, dora: bool) -> tuple[float, dict[str, float]]:
-    """(|loss - PEFT's|, relative error of each adapter gradient against PEFT's) for one batch."""
+def gradient_errors(
+    family_folder, tmp_path, family: str, dora: bool, settings: AdapterSettings | None = None, tokens: int = 12
+) -> tuple[float, dict[str, float]]:
+    """(|loss - PEFT's|, relative error of each adapter gradient against PEFT's, in PEFT's layouts) for one batch."""
     folder = family_folder(family)
-    settings = settings_for(family, dora)
+    settings = settings or settings_for(family, dora)
     model = adapted(folder, settings)
     save_adapter(model, tmp_path)
     twin = peft_twin(torch_model(folder), settings, tmp_path)
-    ids, mask = batches(1)[0]
+    ids, mask = batches(1, tokens=tokens)[0]
     loss, grads = nn.value_and_grad(model, loss_of)(model, mx.array(ids), mx.array(mask))
     reference = torch_loss(twin, ids, mask)
     reference.backward()
     theirs = dict(twin.named_parameters())
-    errors = {name: relative_error(g, theirs[peft_name(model, name)].grad.numpy()) for name, g in tree_flatten(grads)}
+    errors = {
+        name: relative_error(
+            peft_layout(g, name.rpartition(".")[2]) if g.ndim == 3 else g, theirs[peft_name(model, name)].grad.numpy()
+        )
+        for name, g in tree_flatten(grads)
+    }
     assert len(errors) == sum(p.requires_grad for p in theirs.values())
     return abs(loss.item() - reference.item()), errors
 
@@ -107,6 +116,19 @@ def test_gradients_equal_peft_llama(family_folder, tmp_path, dora):
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_gradients_equal_peft(family_folder, tmp_path, family, dora):
     loss_error, errors = gradient_errors(family_folder, tmp_path, family, dora)
+    assert loss_error < 1e-5
+    assert max(errors.values()) < 1e-4, max(errors.items(), key=lambda kv: kv[1])
+
+
+def test_expert_gradients_equal_peft(family_folder, tmp_path):
+    """LoRA on the stacked experts of a mixture (PEFT's target_parameters gate_up_proj and down_proj, adapted by its
+    ParamWrapper) beside two attention projections: one batch's gradients equal PEFT + torch's. 40 tokens a row: the
+    (token, expert) pairs are many enough to be sorted by expert."""
+    settings = AdapterSettings(rank=RANK, alpha=ALPHA, **EXPERTS)
+    loss_error, errors = gradient_errors(family_folder, tmp_path, "qwen3_moe", False, settings, tokens=40)
+    assert {name for name in errors if ".experts." in name} == {
+        f"layers.1.ffn.experts.{p}.{k}" for p in ("gate_up_proj", "down_proj") for k in ("lora_a", "lora_b")
+    }
     assert loss_error < 1e-5
     assert max(errors.values()) < 1e-4, max(errors.items(), key=lambda kv: kv[1])
 
@@ -234,6 +256,40 @@ def test_mlx_lm_adapter_loads(hf_folder, tmp_path, dora):
     adapter = load_adapter(model, tmp_path)
     assert adapter.source == "mlx-lm" and sorted(adapters(model)) == ["layers.1.attn.q_proj", "layers.1.ffn.down_proj"]
     assert np.abs(np.array(model(ids)) - np.array(reference(ids))).max() < 1e-3
+
+
+def test_expert_adapters_load_both_ways(family_folder, tmp_path):
+    """An adapter of the experts (and attention) minimlx saved loads with PeftModel.from_pretrained and gives minimlx's
+    logits; one PEFT made (get_peft_model with target_parameters, non-zero tensors, save_pretrained) loads into
+    minimlx with PEFT's logits."""
+    peft, torch = require("peft"), require("torch")
+    folder = family_folder("qwen3_moe")
+    settings = AdapterSettings(rank=RANK, alpha=ALPHA, **EXPERTS)
+    model = adapted(folder, settings)
+    save_adapter(model, tmp_path / "ours", base_model=str(folder))
+    config = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
+    assert config["target_parameters"] == ["gate_up_proj", "down_proj"]
+    twin = peft.PeftModel.from_pretrained(torch_model(folder), tmp_path / "ours")
+    ids = batches(1)[0][0]
+    with torch.no_grad():
+        expected = twin(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.array(model(mx.array(ids))) - expected).max() < 1e-3
+    assert np.abs(np.array(load_model(folder)(mx.array(ids))) - expected).max() > 0.1  # the adapter counts
+
+    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["k_proj"], target_parameters=["down_proj"])
+    twin = peft.get_peft_model(torch_model(folder), config)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in twin.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn_like(p) * 0.2)
+    twin.save_pretrained(tmp_path / "theirs")
+    model = load_model(folder)
+    adapter = load_adapter(model, tmp_path / "theirs")
+    assert adapter.settings.experts == ("down_proj",) and list(expert_adapters(model)) == ["layers.1.ffn.experts"]
+    with torch.no_grad():
+        expected = twin(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.array(model(mx.array(ids))) - expected).max() < 1e-3
 
 
 def test_adapter_for_another_base_is_refused(family_folder, tmp_path):

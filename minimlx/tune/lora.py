@@ -11,6 +11,13 @@ the gradient (as PEFT and the DoRA paper do).
 
 Targets are named as Hugging Face names the projections (`q_proj`, `down_proj`): each linear map's module path is
 turned into its checkpoint name by the family's `NameMap`, and matched as PEFT matches `target_modules`.
+
+`LoRAExperts` adapts a mixture's routed experts as PEFT's `ParamWrapper` adapts transformers' stacked expert
+parameters (PEFT's `target_parameters`: `gate_up_proj`, (experts, 2 * hidden, dims), and `down_proj`, (experts, dims,
+hidden)): each expert e has its own low-rank change scale * B_e A_e of the stacked matrix, A (experts, rank, in) and
+B (experts, out, rank), so a token adds scale * x A_e^T B_e^T for each expert e it is routed to. minimlx holds gate
+and up apart, so the change of `gate_up_proj` is one A_e for both and a B_e whose first `hidden` rows change the
+gate, the rest the up projection.
 """
 
 import math
@@ -20,20 +27,24 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..core import Router
+from ..core import Experts, Router
+from ..core.quantized import QuantizedWeight
 from ..cpu.linear import NativeBlockLinear
 from ..cpu.linear import dequantized as block_weight
 from ..errors import InvalidSettingError
 
 ALL_LINEAR = "all-linear"
+# transformers' stacked expert parameters, in the order its expert modules define them (PEFT nests its wrappers so)
+EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
 class AdapterSettings:
     """What an adapter is: its rank, alpha (scale = alpha / rank), dropout on the adapter's input, the projections it
     adapts (Hugging Face's names, or "all-linear": every linear map of the blocks but the routers, as PEFT's
-    `all-linear` on dense models; on mixtures of experts PEFT's also adapts the stacked experts and the routers,
-    which minimlx does not), DoRA or plain LoRA, and the layers it covers (None: all; N: the last N)."""
+    `all-linear` on dense models), the stacked expert projections it adapts (`experts`, PEFT's `target_parameters`:
+    gate_up_proj, down_proj; PEFT adapts them with neither dropout nor DoRA), DoRA or plain LoRA, and the layers it
+    covers (None: all; N: the last N)."""
 
     rank: int = 8
     alpha: float = 16.0
@@ -41,6 +52,7 @@ class AdapterSettings:
     targets: tuple[str, ...] | str = ("q_proj", "v_proj")
     dora: bool = False
     layers: int | None = None
+    experts: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -53,8 +65,22 @@ class AdapterSettings:
             object.__setattr__(self, "targets", (self.targets,))
         elif not isinstance(self.targets, str):
             object.__setattr__(self, "targets", tuple(self.targets))
-        if not self.targets:
+        experts = (self.experts,) if isinstance(self.experts, str) else tuple(self.experts)
+        unknown = sorted(set(experts) - set(EXPERT_PARAMETERS))
+        if unknown:
+            raise InvalidSettingError(
+                f"the experts have no stacked projection {unknown[0]!r}; name {' or '.join(EXPERT_PARAMETERS)}",
+                "targets",
+            )
+        object.__setattr__(self, "experts", tuple(p for p in EXPERT_PARAMETERS if p in experts))
+        if not self.targets and not self.experts:
             raise InvalidSettingError("no projections to adapt; name some (q_proj, v_proj) or all-linear", "targets")
+        if self.experts and (self.dropout or self.dora):
+            raise InvalidSettingError(
+                f"adapters of the experts take {'no DoRA' if self.dora else 'no dropout'} (PEFT's cannot hold "
+                "one); adapt the experts with plain LoRA and --dropout 0",
+                "targets",
+            )
 
     @property
     def scale(self) -> float:
@@ -74,10 +100,11 @@ def linear_dims(base: nn.Module) -> tuple[int, int]:
 
 
 def base_weight(base: nn.Module) -> mx.array:
-    """The (out, in) float weight of a linear map: a packed one dequantized."""
+    """The (out, in) float weight of a linear map (a stacked (experts, out, in) one of a core part): a packed one
+    dequantized."""
     if isinstance(base, NativeBlockLinear):
         return block_weight(base)
-    if not isinstance(base, nn.QuantizedLinear):
+    if not isinstance(base, (nn.QuantizedLinear, QuantizedWeight)):
         return base.weight
     biases = base.get("biases")
     scales = base.scales if biases is None else base.scales.astype(mx.float32)
@@ -158,6 +185,93 @@ class DoRALinear(LoRALinear):
 ADAPTER_FORMS = (LoRALinear, DoRALinear)
 
 
+class ExpertLowRank(nn.Module):
+    """One stacked expert projection's adapter: each expert e's rows add scale * x A_e^T B_e^T, `lora_a` (experts,
+    rank, in) and `lora_b` (experts, out, rank), PEFT's `ParamWrapper` factors per expert, each gathered for its
+    rows inside the matrix product (`mx.gather_mm`, as the base's)."""
+
+    def __init__(self, num_experts: int, in_dims: int, out_dims: int, rank: int, scale: float):
+        super().__init__()
+        bound = 1 / math.sqrt(in_dims)  # PEFT's initial A, as for a linear map
+        self.lora_a = mx.random.uniform(-bound, bound, (num_experts, rank, in_dims))
+        self.lora_b = mx.zeros((num_experts, out_dims, rank))
+        self.scale = scale
+
+    def __call__(self, rows: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        """rows (..., 1, in), each with its expert in `expert_indices` -> scale * x A_e^T B_e^T (..., 1, out)."""
+        low = mx.gather_mm(
+            rows, self.lora_a.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices
+        )
+        return mx.gather_mm(
+            self.scale * low, self.lora_b.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices
+        )
+
+    def delta(self) -> mx.array:
+        """What the adapter adds to the stacked (experts, out, in) weight: scale * B_e A_e for each expert."""
+        return self.scale * (self.lora_b @ self.lora_a)
+
+
+def expert_dims(base: nn.Module) -> tuple[int, int, int]:
+    """(experts, in, out) of a stacked expert projection, packed or not."""
+    num_experts, out_dims, width = base.weight.shape
+    return num_experts, (width * 32 // base.bits if isinstance(base, QuantizedWeight) else width), out_dims
+
+
+class LoRAExperts(nn.Module):
+    """Routed experts (core's `Experts`, their weights float or packed, frozen) with adapters of their stacked
+    projections `gate_up_proj` and/or `down_proj` (see the module docstring): gate, up and down computed as the
+    base computes them, each plus its expert's low-rank change."""
+
+    def __init__(self, base: Experts, parameters: tuple[str, ...], rank: int, scale: float):
+        super().__init__()
+        self.base = base
+        self.base.freeze()
+        num_experts, dims, hidden = expert_dims(base.gate_proj)
+        if "gate_up_proj" in parameters:
+            self.gate_up_proj = ExpertLowRank(num_experts, dims, 2 * hidden, rank, scale)
+        if "down_proj" in parameters:
+            self.down_proj = ExpertLowRank(num_experts, hidden, dims, rank, scale)
+
+    @property
+    def adapted(self) -> tuple[str, ...]:
+        """The stacked projections adapted, in `EXPERT_PARAMETERS`' order."""
+        return tuple(p for p in EXPERT_PARAMETERS if p in self)
+
+    @property
+    def rank(self) -> int:
+        return self[self.adapted[0]].lora_a.shape[1]
+
+    @property
+    def scale(self) -> float:
+        return self[self.adapted[0]].scale
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, per_choice: bool = False) -> mx.array:
+        base = self.base
+        rows, indices, order = base.grouped(x, expert_indices, per_choice)
+        sort = order is not None
+        gate, up = base.gate_proj(rows, indices, sort), base.up_proj(rows, indices, sort)
+        if "gate_up_proj" in self:
+            gate_change, up_change = mx.split(self.gate_up_proj(rows, indices, sort).astype(gate.dtype), 2, axis=-1)
+            gate, up = gate + gate_change, up + up_change
+        hidden = base.activation(gate, up)
+        out = base.down_proj(hidden, indices, sort)
+        if "down_proj" in self:
+            out = out + self.down_proj(hidden, indices, sort).astype(out.dtype)
+        return base.ungrouped(out, order, expert_indices.shape)
+
+    def fused_weights(self) -> dict[str, mx.array]:
+        """The adapted projections' stacked (experts, out, in) float32 weights with the adapters folded in, by the
+        name of the base's projection (gate_proj, up_proj, down_proj)."""
+        fused = {}
+        if "gate_up_proj" in self:
+            gate, up = mx.split(self.gate_up_proj.delta().astype(mx.float32), 2, axis=1)
+            fused["gate_proj"] = base_weight(self.base.gate_proj).astype(mx.float32) + gate
+            fused["up_proj"] = base_weight(self.base.up_proj).astype(mx.float32) + up
+        if "down_proj" in self:
+            fused["down_proj"] = base_weight(self.base.down_proj).astype(mx.float32) + self.down_proj.delta()
+        return fused
+
+
 def checkpoint_name(model: nn.Module, path: str) -> str:
     """The Hugging Face module name of the model's module at `path` (`layers.0.attn.q_proj` ->
     `model.layers.0.self_attn.q_proj`), by the family's `NameMap`."""
@@ -169,11 +283,17 @@ def layer_of(path: str) -> int | None:
     return int(parts[1]) if len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit() else None
 
 
+def first_layer(model: nn.Module, settings: AdapterSettings) -> int:
+    return len(model.layers) - settings.layers if settings.layers is not None else 0
+
+
 def targeted(model: nn.Module, settings: AdapterSettings) -> list[str]:
     """The module paths of the linear maps `settings` adapts, as PEFT matches `target_modules` on the Hugging Face
     names: a target names the last part(s) of a module's name."""
+    if not settings.targets:
+        return []
     parents = {path: module for path, module in model.named_modules()}
-    first = len(model.layers) - settings.layers if settings.layers is not None else 0
+    first = first_layer(model, settings)
     paths = []
     for path, module in model.named_modules():
         layer = layer_of(path)
@@ -195,6 +315,35 @@ def targeted(model: nn.Module, settings: AdapterSettings) -> list[str]:
     return sorted(paths, key=lambda p: (layer_of(p), p))
 
 
+def targeted_experts(model: nn.Module, settings: AdapterSettings) -> list[str]:
+    """The module paths of the routed experts (core's `Experts`) whose stacked projections `settings` adapts."""
+    if not settings.experts:
+        return []
+    first = first_layer(model, settings)
+    paths = [
+        path
+        for path, module in model.named_modules()
+        if isinstance(module, Experts) and layer_of(path) is not None and layer_of(path) >= first
+    ]
+    if not paths:
+        raise InvalidSettingError(
+            "this model has no routed experts in the adapted layers to adapt; drop experts from the targets", "targets"
+        )
+    return sorted(paths, key=lambda p: (layer_of(p), p))
+
+
+def wrap_experts(model: nn.Module, adapted: dict[str, tuple[str, ...]], settings: AdapterSettings) -> list[str]:
+    """Wrap the routed experts at each path of `adapted` in `LoRAExperts` adapting the stacked projections it names
+    (their base frozen; `wrap`, called first, froze the rest of the model)."""
+    modules = dict(model.named_modules())
+    for path, parameters in adapted.items():
+        parent, _, name = path.rpartition(".")
+        if isinstance(modules[path], LoRAExperts):
+            raise InvalidSettingError(f"{path} already has an adapter; load the base model again to attach another")
+        modules[parent][name] = LoRAExperts(modules[path], parameters, settings.rank, settings.scale)
+    return list(adapted)
+
+
 def wrap(model: nn.Module, paths: list[str], settings: AdapterSettings) -> list[str]:
     """Wrap the linear maps at `paths` in the adapter form `settings` asks for; the rest of the model is frozen."""
     model.freeze()
@@ -212,8 +361,15 @@ def wrap(model: nn.Module, paths: list[str], settings: AdapterSettings) -> list[
 def attach(model: nn.Module, settings: AdapterSettings) -> list[str]:
     """Wrap the linear maps `settings` targets in `LoRALinear` (or `DoRALinear`), in place; freeze everything else.
     Returns the wrapped module paths (model names). The forms are in training mode (dropout on, as MLX modules
-    start); `model.eval()` turns dropout off for inference."""
-    return wrap(model, targeted(model, settings), settings)
+    start); `model.eval()` turns dropout off for inference. The routed experts `settings.experts` adapts are wrapped
+    in `LoRAExperts` (their paths follow the linear maps')."""
+    linear, experts = targeted(model, settings), targeted_experts(model, settings)
+    return wrap(model, linear, settings) + wrap_experts(model, dict.fromkeys(experts, settings.experts), settings)
+
+
+def expert_adapters(model: nn.Module) -> dict[str, LoRAExperts]:
+    """The model's adapted routed experts by module path."""
+    return {path: m for path, m in model.named_modules() if isinstance(m, LoRAExperts)}
 
 
 def adapters(model: nn.Module) -> dict[str, LoRALinear]:
@@ -223,14 +379,20 @@ def adapters(model: nn.Module) -> dict[str, LoRALinear]:
 
 def adapter_weights(model: nn.Module) -> dict[str, mx.array]:
     """The adapters' parameters under model names: `<path>.lora_a` (rank, in), `<path>.lora_b` (out, rank) and, for
-    DoRA, `<path>.magnitude` (out,)."""
+    DoRA, `<path>.magnitude` (out,); for adapted experts at `<path>`, `<path>.gate_up_proj.lora_a` (experts, rank,
+    in), `<path>.gate_up_proj.lora_b` (experts, out, rank), and the same of `down_proj`."""
+    forms = adapters(model) | expert_adapters(model)
     return {
         f"{path}.{name}": value
-        for path, module in adapters(model).items()
+        for path, module in forms.items()
         for name, value in tree_flatten(module.trainable_parameters())
     }
 
 
 def fused_weights(model: nn.Module) -> dict[str, mx.array]:
-    """Each adapted map's (out, in) float weight with its adapter folded in, under `<path>.weight`."""
-    return {f"{path}.weight": module.fused_weight() for path, module in adapters(model).items()}
+    """Each adapted map's (out, in) float weight with its adapter folded in, under `<path>.weight`; each adapted
+    experts' stacked projections under `<path>.gate_proj.weight` and so on."""
+    fused = {f"{path}.weight": module.fused_weight() for path, module in adapters(model).items()}
+    for path, module in expert_adapters(model).items():
+        fused |= {f"{path}.{name}.weight": weight for name, weight in module.fused_weights().items()}
+    return fused
