@@ -36,6 +36,7 @@ from ..errors import InvalidSettingError
 ALL_LINEAR = "all-linear"
 # transformers' stacked expert parameters, in the order its expert modules define them (PEFT nests its wrappers so)
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
+EXPERTS, ALL = "experts", "all"  # --targets' names for the experts' stacked projections, and for those and all-linear
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,22 @@ class AdapterSettings:
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+
+def named_targets(names: str) -> dict:
+    """`--targets` as `AdapterSettings`' fields: Hugging Face projection names separated by commas (`experts` among
+    them for the routed experts' stacked projections), all-linear, or all (all-linear and the experts, where the
+    model has them)."""
+    names = names.strip()
+    if names == ALL:
+        return {"targets": ALL_LINEAR, "experts": EXPERT_PARAMETERS}
+    if names == ALL_LINEAR:
+        return {"targets": ALL_LINEAR}
+    listed = [name.strip() for name in names.split(",") if name.strip()]
+    return {
+        "targets": tuple(name for name in listed if name != EXPERTS),
+        "experts": EXPERT_PARAMETERS if EXPERTS in listed else (),
+    }
 
 
 def is_linear(module: nn.Module) -> bool:
@@ -325,7 +342,7 @@ def targeted_experts(model: nn.Module, settings: AdapterSettings) -> list[str]:
         for path, module in model.named_modules()
         if isinstance(module, Experts) and layer_of(path) is not None and layer_of(path) >= first
     ]
-    if not paths:
+    if not paths and settings.targets != ALL_LINEAR:  # all-linear with the experts: the experts where there are any
         raise InvalidSettingError(
             "this model has no routed experts in the adapted layers to adapt; drop experts from the targets", "targets"
         )
