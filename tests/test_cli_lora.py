@@ -64,10 +64,9 @@ def test_targets_all_adapts_the_experts(tune_folders, tmp_path):
     """`--targets all` on a mixture of experts: every linear map of the blocks (the routers excepted) and the experts'
     stacked projections, written as PEFT's target_parameters with its tensor names."""
     from safetensors import safe_open
-    from tuning import tiny_llama
+    from tuning import MOE, tiny_llama
 
-    moe = dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
-    model = tiny_llama(tmp_path / "moe", **moe)
+    model = tiny_llama(tmp_path / "moe", **MOE)
     out = tmp_path / "adapter"
     result = lora(
         "--model", model, "--data", tune_folders[1], "--iters", 1, "--rank", 4, "--targets", "all",

@@ -93,18 +93,16 @@ def test_fuse_refuses_what_it_cannot_write_before_anything_loads(args, message, 
     assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_an_expert_adapter_fuses(tmp_path):
     """An adapter of a mixture's stacked experts (and queries), fused into an MLX and a Hugging Face folder, gives the
     adapted model's greedy tokens from each; on a base packed in 8 bits the experts are packed again in 8 bits."""
-    from tuning import tiny_llama
+    from tuning import MOE, tiny_llama
 
     from minimlx.tune import AdapterSettings, attach, save_adapter
     from minimlx.tune.fuse import fuse
     from minimlx.tune.lora import expert_adapters
 
-    moe = dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
-    base = tiny_llama(tmp_path / "moe", **moe)
+    base = tiny_llama(tmp_path / "moe", **MOE)
     model = minimlx.load_model(base, "float32")
     attach(model, AdapterSettings(rank=4, alpha=8, targets=("q_proj",), experts=("gate_up_proj", "down_proj")))
     mx.random.seed(3)
