@@ -25,6 +25,7 @@ from tune_models import (
 )
 
 from minimlx import convert, load_model
+from minimlx.core.moe import ExpertLinear, QuantizedExpertLinear
 from minimlx.cpu.linear import NativeBlockLinear
 from minimlx.errors import CheckpointError, InvalidSettingError
 from minimlx.tune import (
@@ -353,9 +354,13 @@ def packed_folder(source, target, group_size: int = 32):
 
 def dequantized(model):
     """`model` with each packed linear map (MLX's groups or GGUF's blocks) replaced by a float32 `nn.Linear` holding
-    its dequantized weight."""
+    its dequantized weight, and each packed stack of experts' maps by an `ExpertLinear`."""
     modules = dict(model.named_modules())
     for path, module in modules.items():
+        if isinstance(module, QuantizedExpertLinear):
+            parent, _, name = path.rpartition(".")
+            modules[parent][name] = ExpertLinear(1, 1, 1)
+            modules[parent][name].weight = base_weight(module).astype(mx.float32)
         if isinstance(module, (nn.QuantizedLinear, NativeBlockLinear)):
             parent, _, name = path.rpartition(".")
             weight = base_weight(module)
@@ -389,6 +394,22 @@ def test_qlora_gradients_through_packed_weights(hf_folder, tmp_path, dora):
     settings = AdapterSettings(rank=RANK, alpha=ALPHA, targets="all-linear", dora=dora)
     bases, error, loss_error = packed_and_float_gradients(folder, settings)
     assert len(bases) == 14 and all(type(b) is nn.QuantizedLinear and b.weight.dtype == mx.uint32 for b in bases)
+    assert error < 1e-4 and loss_error < 1e-4
+
+
+def test_qlora_on_packed_experts(tmp_path):
+    """LoRA on the stacked experts of a 4-bit MLX mixture (and on its queries) keeps the experts packed, and its
+    gradients equal those of the same adapter on the experts dequantized to float32: they flow through the gathered
+    quantized products."""
+    from tuning import MOE, tiny_llama
+
+    moe = MOE | dict(vocab_size=SMALL["vocab_size"], moe_intermediate_size=32)  # every map packable in groups of 32
+    folder = packed_folder(tiny_llama(tmp_path / "moe", **moe), tmp_path / "q4")
+    settings = AdapterSettings(rank=RANK, alpha=ALPHA, **EXPERTS)
+    _, error, loss_error = packed_and_float_gradients(folder, settings)
+    packed = adapted(folder, settings, dtype="quantized")
+    bases = [form.base[p] for form in expert_adapters(packed).values() for p in ("gate_proj", "up_proj", "down_proj")]
+    assert len(bases) == 9 and all(type(b) is QuantizedExpertLinear and b.weight.dtype == mx.uint32 for b in bases)
     assert error < 1e-4 and loss_error < 1e-4
 
 
