@@ -97,7 +97,8 @@ def gradient_errors(
     theirs = dict(twin.named_parameters())
     errors = {
         name: relative_error(
-            peft_layout(g, name.rpartition(".")[2]) if g.ndim == 3 else g, theirs[peft_name(model, name)].grad.numpy()
+            peft_layout(g, name, model.config.experts_layout) if g.ndim == 3 else g,
+            theirs[peft_name(model, name)].grad.numpy(),
         )
         for name, g in tree_flatten(grads)
     }
@@ -114,21 +115,27 @@ def test_gradients_equal_peft_llama(family_folder, tmp_path, dora):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("llama", "gpt_oss")])
 def test_gradients_equal_peft(family_folder, tmp_path, family, dora):
     loss_error, errors = gradient_errors(family_folder, tmp_path, family, dora)
     assert loss_error < 1e-5
     assert max(errors.values()) < 1e-4, max(errors.items(), key=lambda kv: kv[1])
 
 
-def test_expert_gradients_equal_peft(family_folder, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_expert_gradients_equal_peft(family_folder, tmp_path, family):
     """LoRA on the stacked experts of a mixture (PEFT's target_parameters gate_up_proj and down_proj, adapted by its
-    ParamWrapper) beside two attention projections: one batch's gradients equal PEFT + torch's. 40 tokens a row: the
-    (token, expert) pairs are many enough to be sorted by expert."""
+    ParamWrapper) beside two attention projections: one batch's gradients equal PEFT + torch's, on Qwen3-MoE's
+    experts (stored (experts, out, in), gate rows first) and gpt-oss's ((experts, in, out), gate and up interleaved,
+    biased). 40 tokens a row: the (token, expert) pairs are many enough to be sorted by expert."""
     settings = AdapterSettings(rank=RANK, alpha=ALPHA, **EXPERTS)
-    loss_error, errors = gradient_errors(family_folder, tmp_path, "qwen3_moe", False, settings, tokens=40)
+    loss_error, errors = gradient_errors(family_folder, tmp_path, family, False, settings, tokens=40)
+    layers = [1] if family == "qwen3_moe" else [0, 1]  # Qwen3-MoE's first layer is dense
     assert {name for name in errors if ".experts." in name} == {
-        f"layers.1.ffn.experts.{p}.{k}" for p in ("gate_up_proj", "down_proj") for k in ("lora_a", "lora_b")
+        f"layers.{i}.ffn.experts.{p}.{k}"
+        for i in layers
+        for p in ("gate_up_proj", "down_proj")
+        for k in ("lora_a", "lora_b")
     }
     assert loss_error < 1e-5
     assert max(errors.values()) < 1e-4, max(errors.items(), key=lambda kv: kv[1])
@@ -259,12 +266,14 @@ def test_mlx_lm_adapter_loads(hf_folder, tmp_path, dora):
     assert np.abs(np.array(model(ids)) - np.array(reference(ids))).max() < 1e-3
 
 
-def test_expert_adapters_load_both_ways(family_folder, tmp_path):
+@pytest.mark.parametrize("family, theirs", [("qwen3_moe", "down_proj"), ("gpt_oss", "gate_up_proj")])
+def test_expert_adapters_load_both_ways(family_folder, tmp_path, family, theirs):
     """An adapter of the experts (and attention) minimlx saved loads with PeftModel.from_pretrained and gives minimlx's
-    logits; one PEFT made (get_peft_model with target_parameters, non-zero tensors, save_pretrained) loads into
-    minimlx with PEFT's logits."""
+    logits; one PEFT made (get_peft_model with target_parameters `theirs`, non-zero tensors, save_pretrained) loads
+    into minimlx with PEFT's logits. gpt-oss's gate_up_proj is stored (experts, in, out), gate and up interleaved:
+    so are the outputs of PEFT's adapter of it."""
     peft, torch = require("peft"), require("torch")
-    folder = family_folder("qwen3_moe")
+    folder = family_folder(family)
     settings = AdapterSettings(rank=RANK, alpha=ALPHA, **EXPERTS)
     model = adapted(folder, settings)
     save_adapter(model, tmp_path / "ours", base_model=str(folder))
@@ -277,7 +286,7 @@ def test_expert_adapters_load_both_ways(family_folder, tmp_path):
     assert np.abs(np.array(model(mx.array(ids))) - expected).max() < 1e-3
     assert np.abs(np.array(load_model(folder)(mx.array(ids))) - expected).max() > 0.1  # the adapter counts
 
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["k_proj"], target_parameters=["down_proj"])
+    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["k_proj"], target_parameters=[theirs])
     twin = peft.get_peft_model(torch_model(folder), config)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -287,7 +296,9 @@ def test_expert_adapters_load_both_ways(family_folder, tmp_path):
     twin.save_pretrained(tmp_path / "theirs")
     model = load_model(folder)
     adapter = load_adapter(model, tmp_path / "theirs")
-    assert adapter.settings.experts == ("down_proj",) and list(expert_adapters(model)) == ["layers.1.ffn.experts"]
+    layers = [1] if family == "qwen3_moe" else [0, 1]
+    assert adapter.settings.experts == (theirs,)
+    assert sorted(expert_adapters(model)) == [f"layers.{i}.ffn.experts" for i in layers]
     with torch.no_grad():
         expected = twin(torch.tensor(ids)).logits.numpy()
     assert np.abs(np.array(model(mx.array(ids))) - expected).max() < 1e-3

@@ -49,6 +49,22 @@ FAMILIES = {
             mlp_only_layers=[0],
         ),
     ),
+    # experts in every layer, stored (experts, in, out) with gate and up interleaved; biases, sinks, windows of 4
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            SMALL,
+            intermediate_size=16,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=32, truncate=False
+            ),
+        ),
+    ),
 }
 TARGETS = {
     "llama": "all-linear",
@@ -57,6 +73,7 @@ TARGETS = {
     # attention only: on transformers' MoE models PEFT turns FFN targets (and all-linear) into its adapters of the
     # experts' stacked parameters (and the routers'), with twice the rank on gate_up_proj (EXPERTS adapts those)
     "qwen3_moe": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "gpt_oss": ("q_proj", "k_proj", "v_proj", "o_proj"),
 }
 # the experts' stacked projections (PEFT's target_parameters) beside two attention projections
 EXPERTS = dict(targets=("q_proj", "v_proj"), experts=("gate_up_proj", "down_proj"))

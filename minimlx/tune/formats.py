@@ -26,6 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..archs.experts import GATE_FIRST, ExpertsLayout
 from ..core import Experts
 from ..errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .lora import (
@@ -120,19 +121,27 @@ def peft_names(model: nn.Module) -> dict[str, str]:
     return names
 
 
-def peft_layout(value: mx.array, kind: str) -> mx.array:
-    """An expert adapter's factor in PEFT's layout: A (experts, rank, in) -> (experts * rank, in), B (experts, out,
-    rank) -> (out, rank * experts)."""
+def peft_layout(value: mx.array, name: str, layout: ExpertsLayout) -> mx.array:
+    """An expert adapter's factor `<parameter>.<kind>` in PEFT's layout: A (experts, rank, in) -> (experts * rank,
+    in), B (experts, out, rank) -> (out, rank * experts); gate_up_proj's outputs (gate then up in `LoRAExperts`) in
+    the order the family's checkpoints fuse them, its declared `layout`."""
+    parameter, kind = name.split(".")[-2:]
     if kind == "lora_a":
         return value.reshape(-1, value.shape[-1])
+    if parameter == "gate_up_proj":
+        value = layout.fuse_gate_up(*GATE_FIRST.split_gate_up(value, axis=1), axis=1)
     return value.transpose(1, 2, 0).reshape(value.shape[1], -1)
 
 
-def expert_layout(value: mx.array, kind: str, num_experts: int) -> mx.array:
+def expert_layout(value: mx.array, name: str, num_experts: int, layout: ExpertsLayout) -> mx.array:
     """`peft_layout` undone."""
+    parameter, kind = name.split(".")[-2:]
     if kind == "lora_a":
         return value.reshape(num_experts, -1, value.shape[-1])
-    return value.reshape(value.shape[0], -1, num_experts).transpose(2, 0, 1)
+    value = value.reshape(value.shape[0], -1, num_experts).transpose(2, 0, 1)
+    if parameter == "gate_up_proj":
+        value = GATE_FIRST.fuse_gate_up(*layout.split_gate_up(value, axis=1), axis=1)
+    return value
 
 
 def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = None) -> Path:
@@ -174,7 +183,7 @@ def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = 
     }
     names = peft_names(model)
     tensors = {
-        names[name]: peft_layout(value, name.rpartition(".")[2]) if value.ndim == 3 else value
+        names[name]: peft_layout(value, name, model.config.experts_layout) if value.ndim == 3 else value
         for name, value in adapter_weights(model).items()
     }
     mx.save_safetensors(str(folder / PEFT_WEIGHTS), tensors, metadata={"format": "pt"})
@@ -285,7 +294,8 @@ def expert_tensors(model: nn.Module, tensors: dict, experts: list[str], rank: in
                 f"{folder}: adapter tensor {name} has shape {tuple(value.shape)}, not that of rank {rank} on this "
                 f"model's {num_experts} experts at {path}; this adapter was made for another base model"
             )
-        out[f"{path}.{experts[len(experts) - 1 - nested]}.{kind}"] = expert_layout(value, kind, num_experts)
+        ours = f"{path}.{experts[len(experts) - 1 - nested]}.{kind}"
+        out[ours] = expert_layout(value, ours, num_experts, model.config.experts_layout)
     return out
 
 
