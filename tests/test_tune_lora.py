@@ -266,6 +266,54 @@ def test_mlx_lm_adapter_loads(hf_folder, tmp_path, dora):
     assert np.abs(np.array(model(ids)) - np.array(reference(ids))).max() < 1e-3
 
 
+def test_mlx_lm_expert_adapter_loads(tmp_path):
+    """An adapter mlx-lm makes of a mixture (its default keys: every linear map of the last two blocks, the routers
+    too, and its LoRASwitchLinear on switch_mlp's gate, up and down projections apart, each expert its own A and B),
+    saved as its trainer saves it, gives mlx-lm's logits in minimlx, loaded and served per row. minimlx does not
+    write it as PEFT's, which cannot hold gate and up adapted apart."""
+    require("mlx_lm")
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from mlx_lm.utils import load_model as mlx_lm_load
+    from tuning import MOE, tiny_llama
+
+    from minimlx.tune.serving import served_adapters
+
+    mlx_lm_keys = dict(decoder_sparse_step=1, mlp_only_layers=[], head_dim=8, norm_topk_prob=True)  # it requires
+    folder = tiny_llama(tmp_path / "moe", **MOE, **mlx_lm_keys, vocab_size=SMALL["vocab_size"])
+    reference, _ = mlx_lm_load(folder)
+    reference.freeze()
+    parameters = {"rank": RANK, "scale": 2.5, "dropout": 0.0}
+    linear_to_lora_layers(reference, 2, parameters)
+    rng = np.random.default_rng(3)
+    trained = {
+        k: mx.array(rng.normal(0, 0.3, v.shape).astype(np.float32))
+        for k, v in tree_flatten(reference.trainable_parameters())
+    }
+    assert trained["model.layers.2.mlp.switch_mlp.gate_proj.lora_a"].shape == (4, RANK, 32)  # (experts, rank, in)
+    reference.update(tree_unflatten(list(trained.items())))
+    adapter_folder = tmp_path / "adapter"
+    adapter_folder.mkdir()
+    mx.save_safetensors(str(adapter_folder / "adapters.safetensors"), trained)
+    config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": parameters}
+    (adapter_folder / "adapter_config.json").write_text(json.dumps(config))
+    ids = mx.array(batches(1, tokens=40)[0][0])  # enough (token, expert) pairs to be sorted by expert
+    expected = np.array(reference(ids))
+
+    model = load_model(folder)
+    adapter = load_adapter(model, adapter_folder)
+    assert adapter.settings.experts == ("gate_proj", "up_proj", "down_proj")
+    assert sorted(expert_adapters(model)) == ["layers.1.ffn.experts", "layers.2.ffn.experts"]
+    assert "layers.2.ffn.router.proj" in adapters(model)
+    assert np.abs(np.array(model(ids)) - expected).max() < 1e-4
+    assert np.abs(np.array(load_model(folder)(ids)) - expected).max() > 0.1  # the adapter counts
+    with pytest.raises(InvalidSettingError, match="gate_proj and up_proj apart, as mlx-lm's LoRASwitchLinear"):
+        save_adapter(model, tmp_path / "peft")
+
+    model = load_model(folder)
+    served_adapters(model, {"mlx-lm": adapter_folder}).select(["mlx-lm", "mlx-lm"])
+    assert np.abs(np.array(model(ids)) - expected).max() < 1e-4
+
+
 @pytest.mark.parametrize("family, theirs", [("qwen3_moe", "down_proj"), ("gpt_oss", "gate_up_proj")])
 def test_expert_adapters_load_both_ways(family_folder, tmp_path, family, theirs):
     """An adapter of the experts (and attention) minimlx saved loads with PeftModel.from_pretrained and gives minimlx's

@@ -21,6 +21,10 @@ from mlx.utils import tree_unflatten
 
 from ..errors import InvalidSettingError
 
+# the stacked expert projections an adapter can change: PEFT's gate_up_proj (gate rows, then up rows) and down_proj,
+# mlx-lm's gate_proj, up_proj and down_proj each apart
+EXPERT_PROJECTIONS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
+
 
 @dataclass
 class LowRank:
@@ -36,7 +40,7 @@ class LowRank:
 
 @dataclass
 class ExpertsLowRank:
-    """One adapter's change to routed experts: for each stacked projection it adapts (gate_up_proj, down_proj, as
+    """One adapter's change to routed experts: for each stacked projection it adapts (`EXPERT_PROJECTIONS`, as
     `tune.LoRAExperts`), its factors `(a, b)`, a (experts, rank, in) and b (experts, out, rank): expert e's rows add
     `scale * (x @ a[e].T) @ b[e].T`."""
 
@@ -114,6 +118,10 @@ class RowAdaptedExperts(nn.Module):
         if "gate_up_proj" in self.lora_a:
             gate_change, up_change = mx.split(change("gate_up_proj", rows), 2, axis=-1)
             gate, up = gate + gate_change, up + up_change
+        if "gate_proj" in self.lora_a:
+            gate = gate + change("gate_proj", rows)
+        if "up_proj" in self.lora_a:
+            up = up + change("up_proj", rows)
         hidden = base.activation(gate, up)
         out = base.down_proj(hidden, indices, sort)
         if "down_proj" in self.lora_a:
@@ -180,7 +188,7 @@ class Adapters:
         """The adapted form of routed experts: each stacked projection's per-expert factors of every adapter, a zero
         adapter first, ranks padded to the largest, transposed for the products."""
         given = [c for c in changes if c is not None]
-        names = [n for n in ("gate_up_proj", "down_proj") if any(n in c.factors for c in given)]
+        names = [n for n in EXPERT_PROJECTIONS if any(n in c.factors for c in given)]
         a, b = {}, {}
         for name in names:
             shaped = [c.factors[name] for c in given if name in c.factors]

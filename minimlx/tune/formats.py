@@ -7,12 +7,17 @@ use_dora, base_model_name_or_path) and `adapter_model.safetensors` holding, for 
 `convert_lora_to_gguf.py` read. Module names go through the family's `NameMap`, so they are the Hugging Face model's.
 Adapted experts are PEFT's `target_parameters` (`LoRAExperts`): for each stacked parameter P of the experts module
 E, `E.lora_A.weight` (experts * rank, in), expert e's A in rows e * rank ..., and `E.lora_B.weight` (out,
-rank * experts), expert e's B in columns e, e + experts, ... (PEFT's layout); PEFT nests one wrapper per adapted
+rank * experts), expert e's B in columns e, e + experts, ... (PEFT's layout, whichever way the family's checkpoints
+transpose the stacked weights), B's rows of gate_up_proj in the order the family's checkpoints fuse gate and up (its
+declared `experts_layout`: gate rows first, or gpt-oss's interleaved); PEFT nests one wrapper per adapted
 parameter in the order the module defines them (gate_up_proj, down_proj), so each but the last adapted one's names
 have a `.base_layer` after E for every one after it.
 
 mlx-lm: `adapter_config.json` (fine_tune_type lora or dora, lora_parameters {rank, scale, dropout, keys}) and
-`adapters.safetensors` with `M.lora_a` (in, rank), `M.lora_b` (rank, out) and DoRA's `M.m`, M in mlx-lm's names.
+`adapters.safetensors` with `M.lora_a` (in, rank), `M.lora_b` (rank, out) and DoRA's `M.m`, M in mlx-lm's names;
+for a stacked projection P of the experts (its `LoRASwitchLinear`, M `...switch_mlp.P`), `M.lora_a` (experts, rank,
+in) and `M.lora_b` (experts, out, rank), `LoRAExperts`' own layout. Its gate_proj and up_proj adapted apart are no
+PEFT adapter: minimlx applies, serves and fuses them but does not write them.
 
 In memory an adapter is `Adapter`: its settings and its tensors under the model's names in PEFT's layouts
 (`<path>.lora_a`, `<path>.lora_b`, `<path>.magnitude`, as `lora.adapter_weights` gives them).
@@ -32,6 +37,8 @@ from ..errors import CheckpointError, InvalidSettingError, ModelNotFoundError
 from .lora import (
     ADAPTER_FORMS,
     EXPERT_PARAMETERS,
+    EXPERT_PROJECTIONS,
+    SPLIT_PROJECTIONS,
     AdapterSettings,
     DoRALinear,
     LoRAExperts,
@@ -42,6 +49,7 @@ from .lora import (
     expert_dims,
     is_linear,
     linear_dims,
+    projection_dims,
     wrap,
     wrap_experts,
 )
@@ -75,7 +83,7 @@ class Adapter:
             if value.ndim == 3:
                 path, _, parameter = name.rpartition(".")[0].rpartition(".")
                 adapted.setdefault(path, set()).add(parameter)
-        return {path: tuple(p for p in EXPERT_PARAMETERS if p in adapted[path]) for path in sorted(adapted)}
+        return {path: tuple(p for p in EXPERT_PROJECTIONS if p in adapted[path]) for path in sorted(adapted)}
 
 
 def settings_of(model: nn.Module) -> AdapterSettings:
@@ -148,6 +156,13 @@ def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = 
     """Write the model's adapters to `folder` as PEFT writes them; `base_model` is recorded as
     base_model_name_or_path (a Hugging Face repo id lets the other tools find the base). Returns the folder."""
     settings = settings_of(model)
+    apart = sorted(set(settings.experts) & set(SPLIT_PROJECTIONS))
+    if apart:
+        raise InvalidSettingError(
+            f"this adapter adapts the experts' {' and '.join(apart)} apart, as mlx-lm's LoRASwitchLinear does, which "
+            "PEFT's files cannot hold (its target_parameters adapt gate_up_proj as one); fuse or serve it as it is",
+            "targets",
+        )
     split = {part for parts in model.config.fused_parts().values() for part, _ in parts}
     stacked = sorted({path.rpartition(".")[2] for path in adapters(model)} & split)
     if stacked:
@@ -306,11 +321,12 @@ def read_mlx_lm(model: nn.Module, folder: Path, config: dict) -> Adapter:
             f"{folder} holds mlx-lm's {kind!r} fine-tune, which is a whole model, not an adapter; load it as a model"
         )
     parameters = config.get("lora_parameters") or {}
-    tensors = {
-        k: v.T if k.endswith((".lora_a", ".lora_b")) else v for k, v in mx.load(str(folder / MLX_LM_WEIGHTS)).items()
+    tensors = {  # a linear map's factors transposed to PEFT's layouts; the experts' (3 axes) are LoRAExperts' already
+        k: v.T if k.endswith((".lora_a", ".lora_b")) and v.ndim == 2 else v
+        for k, v in mx.load(str(folder / MLX_LM_WEIGHTS)).items()
     }
     weights = renamed(model, tensors, MLX_LM_SUFFIXES, "", folder)
-    ranks = {v.shape[0] for k, v in weights.items() if k.endswith(".lora_a")}
+    ranks = {v.shape[-2] for k, v in weights.items() if k.endswith(".lora_a")}
     rank = parameters.get("rank") or (ranks.pop() if len(ranks) == 1 else 8)
     keys = parameters.get("keys") or ()
     settings = AdapterSettings(
@@ -319,6 +335,7 @@ def read_mlx_lm(model: nn.Module, folder: Path, config: dict) -> Adapter:
         dropout=parameters.get("dropout", 0.0),
         targets=tuple(sorted({key.rpartition(".")[2] for key in keys})) or "all-linear",
         dora=kind == "dora",
+        experts=tuple({name.split(".")[-2] for name, value in weights.items() if value.ndim == 3}),
     )
     return Adapter(settings, weights, config.get("model"), "mlx-lm")
 
@@ -356,10 +373,10 @@ def check_expert_tensor(modules: dict, name: str, value: mx.array, rank: int, wh
     path, parameter, kind = name.rsplit(".", 2)
     form = modules.get(path)
     base = form.base if isinstance(form, LoRAExperts) else form
-    if not isinstance(base, Experts) or parameter not in EXPERT_PARAMETERS:
+    if not isinstance(base, Experts) or parameter not in EXPERT_PROJECTIONS:
         raise CheckpointError(f"{where}the adapter adapts experts at {path}, which this model does not have; {fix}")
-    num_experts, dims, hidden = expert_dims(base.gate_proj)
-    in_dims, out_dims = (dims, 2 * hidden) if parameter == "gate_up_proj" else (hidden, dims)
+    num_experts = base.gate_proj.weight.shape[0]
+    in_dims, out_dims = projection_dims(base)[parameter]
     expected = (num_experts, rank, in_dims) if kind == "lora_a" else (num_experts, out_dims, rank)
     if tuple(value.shape) != expected:
         raise CheckpointError(

@@ -17,7 +17,9 @@ parameters (PEFT's `target_parameters`: `gate_up_proj`, (experts, 2 * hidden, di
 hidden)): each expert e has its own low-rank change scale * B_e A_e of the stacked matrix, A (experts, rank, in) and
 B (experts, out, rank), so a token adds scale * x A_e^T B_e^T for each expert e it is routed to. minimlx holds gate
 and up apart, so the change of `gate_up_proj` is one A_e for both and a B_e whose first `hidden` rows change the
-gate, the rest the up projection.
+gate, the rest the up projection. mlx-lm's `LoRASwitchLinear` adapts each stacked projection of its `switch_mlp`
+apart (`gate_proj`, `up_proj`, `down_proj`, the same per-expert A and B): `LoRAExperts` holds those too, as an
+mlx-lm adapter folder has them.
 """
 
 import math
@@ -31,11 +33,13 @@ from ..core import Experts, Router
 from ..core.quantized import QuantizedWeight
 from ..cpu.linear import NativeBlockLinear
 from ..cpu.linear import dequantized as block_weight
+from ..decode.adapters import EXPERT_PROJECTIONS
 from ..errors import InvalidSettingError
 
 ALL_LINEAR = "all-linear"
 # transformers' stacked expert parameters, in the order its expert modules define them (PEFT nests its wrappers so)
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
+SPLIT_PROJECTIONS = ("gate_proj", "up_proj")  # mlx-lm's gate and up projections adapted apart: PEFT cannot hold them
 EXPERTS, ALL = "experts", "all"  # --targets' names for the experts' stacked projections, and for those and all-linear
 
 
@@ -44,7 +48,8 @@ class AdapterSettings:
     """What an adapter is: its rank, alpha (scale = alpha / rank), dropout on the adapter's input, the projections it
     adapts (Hugging Face's names, or "all-linear": every linear map of the blocks but the routers, as PEFT's
     `all-linear` on dense models), the stacked expert projections it adapts (`experts`, PEFT's `target_parameters`:
-    gate_up_proj, down_proj; PEFT adapts them with neither dropout nor DoRA), DoRA or plain LoRA, and the layers it
+    gate_up_proj, down_proj, or mlx-lm's gate_proj, up_proj, down_proj; neither adapts them with DoRA, and PEFT
+    without dropout), DoRA or plain LoRA, and the layers it
     covers (None: all; N: the last N)."""
 
     rank: int = 8
@@ -67,13 +72,13 @@ class AdapterSettings:
         elif not isinstance(self.targets, str):
             object.__setattr__(self, "targets", tuple(self.targets))
         experts = (self.experts,) if isinstance(self.experts, str) else tuple(self.experts)
-        unknown = sorted(set(experts) - set(EXPERT_PARAMETERS))
+        unknown = sorted(set(experts) - set(EXPERT_PROJECTIONS))
         if unknown:
             raise InvalidSettingError(
                 f"the experts have no stacked projection {unknown[0]!r}; name {' or '.join(EXPERT_PARAMETERS)}",
                 "targets",
             )
-        object.__setattr__(self, "experts", tuple(p for p in EXPERT_PARAMETERS if p in experts))
+        object.__setattr__(self, "experts", tuple(p for p in EXPERT_PROJECTIONS if p in experts))
         if not self.targets and not self.experts:
             raise InvalidSettingError("no projections to adapt; name some (q_proj, v_proj) or all-linear", "targets")
         if self.experts and (self.dropout or self.dora):
@@ -234,25 +239,31 @@ def expert_dims(base: nn.Module) -> tuple[int, int, int]:
     return num_experts, (width * 32 // base.bits if isinstance(base, QuantizedWeight) else width), out_dims
 
 
+def projection_dims(experts: Experts) -> dict[str, tuple[int, int]]:
+    """(in, out) of each stacked projection of `experts` an adapter can change (`EXPERT_PROJECTIONS`)."""
+    _, dims, hidden = expert_dims(experts.gate_proj)
+    pairs = {"gate_up_proj": (dims, 2 * hidden), "gate_proj": (dims, hidden), "up_proj": (dims, hidden)}
+    return pairs | {"down_proj": (hidden, dims)}
+
+
 class LoRAExperts(nn.Module):
     """Routed experts (core's `Experts`, their weights float or packed, frozen) with adapters of their stacked
-    projections `gate_up_proj` and/or `down_proj` (see the module docstring): gate, up and down computed as the
-    base computes them, each plus its expert's low-rank change."""
+    projections (`EXPERT_PROJECTIONS`: PEFT's `gate_up_proj` and `down_proj`, mlx-lm's `gate_proj`, `up_proj` and
+    `down_proj`; see the module docstring): gate, up and down computed as the base computes them, each plus its
+    expert's low-rank change."""
 
     def __init__(self, base: Experts, parameters: tuple[str, ...], rank: int, scale: float):
         super().__init__()
         self.base = base
         self.base.freeze()
-        num_experts, dims, hidden = expert_dims(base.gate_proj)
-        if "gate_up_proj" in parameters:
-            self.gate_up_proj = ExpertLowRank(num_experts, dims, 2 * hidden, rank, scale)
-        if "down_proj" in parameters:
-            self.down_proj = ExpertLowRank(num_experts, hidden, dims, rank, scale)
+        num_experts, dims = base.gate_proj.weight.shape[0], projection_dims(base)
+        for parameter in parameters:
+            self[parameter] = ExpertLowRank(num_experts, *dims[parameter], rank, scale)
 
     @property
     def adapted(self) -> tuple[str, ...]:
-        """The stacked projections adapted, in `EXPERT_PARAMETERS`' order."""
-        return tuple(p for p in EXPERT_PARAMETERS if p in self)
+        """The stacked projections adapted, in `EXPERT_PROJECTIONS`' order."""
+        return tuple(p for p in EXPERT_PROJECTIONS if p in self)
 
     @property
     def rank(self) -> int:
@@ -270,6 +281,10 @@ class LoRAExperts(nn.Module):
         if "gate_up_proj" in self:
             gate_change, up_change = mx.split(self.gate_up_proj(rows, indices, sort).astype(gate.dtype), 2, axis=-1)
             gate, up = gate + gate_change, up + up_change
+        if "gate_proj" in self:
+            gate = gate + self.gate_proj(rows, indices, sort).astype(gate.dtype)
+        if "up_proj" in self:
+            up = up + self.up_proj(rows, indices, sort).astype(up.dtype)
         hidden = base.activation(gate, up)
         out = base.down_proj(hidden, indices, sort)
         if "down_proj" in self:
@@ -280,12 +295,12 @@ class LoRAExperts(nn.Module):
         """The adapted projections' stacked (experts, out, in) float32 weights with the adapters folded in, by the
         name of the base's projection (gate_proj, up_proj, down_proj)."""
         fused = {}
-        if "gate_up_proj" in self:
-            gate, up = mx.split(self.gate_up_proj.delta().astype(mx.float32), 2, axis=1)
-            fused["gate_proj"] = base_weight(self.base.gate_proj).astype(mx.float32) + gate
-            fused["up_proj"] = base_weight(self.base.up_proj).astype(mx.float32) + up
-        if "down_proj" in self:
-            fused["down_proj"] = base_weight(self.base.down_proj).astype(mx.float32) + self.down_proj.delta()
+        for parameter in self.adapted:
+            delta = self[parameter].delta().astype(mx.float32)
+            gate_up = parameter == "gate_up_proj"  # its first half changes the gate, the rest the up projection
+            parts = dict(zip(SPLIT_PROJECTIONS, mx.split(delta, 2, axis=1))) if gate_up else {parameter: delta}
+            for name, change in parts.items():
+                fused[name] = fused.get(name, base_weight(self.base[name]).astype(mx.float32)) + change
         return fused
 
 
