@@ -268,21 +268,22 @@ def test_mlx_lm_adapter_loads(hf_folder, tmp_path, dora):
 
 def test_mlx_lm_expert_adapter_loads(tmp_path):
     """An adapter mlx-lm makes of a mixture (its default keys: every linear map of the last two blocks, the routers
-    too, and its LoRASwitchLinear on switch_mlp's gate, up and down projections apart, each expert its own A and B),
-    saved as its trainer saves it, gives mlx-lm's logits in minimlx, loaded and served per row. minimlx does not
-    write it as PEFT's, which cannot hold gate and up adapted apart."""
+    too, and its LoRASwitchLinear on switch_mlp's gate, up and down projections apart, each expert its own A and B;
+    dropout, off for use), saved as its trainer saves it, gives mlx-lm's logits in minimlx: loaded, served per row and
+    fused. minimlx does not write it as PEFT's, which cannot hold gate and up adapted apart."""
     require("mlx_lm")
     from mlx_lm.tuner.utils import linear_to_lora_layers
     from mlx_lm.utils import load_model as mlx_lm_load
     from tuning import MOE, tiny_llama
 
+    from minimlx.tune.fuse import fold
     from minimlx.tune.serving import served_adapters
 
     mlx_lm_keys = dict(decoder_sparse_step=1, mlp_only_layers=[], head_dim=8, norm_topk_prob=True)  # it requires
     folder = tiny_llama(tmp_path / "moe", **MOE, **mlx_lm_keys, vocab_size=SMALL["vocab_size"])
     reference, _ = mlx_lm_load(folder)
     reference.freeze()
-    parameters = {"rank": RANK, "scale": 2.5, "dropout": 0.0}
+    parameters = {"rank": RANK, "scale": 2.5, "dropout": 0.1}
     linear_to_lora_layers(reference, 2, parameters)
     rng = np.random.default_rng(3)
     trained = {
@@ -297,7 +298,7 @@ def test_mlx_lm_expert_adapter_loads(tmp_path):
     config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": parameters}
     (adapter_folder / "adapter_config.json").write_text(json.dumps(config))
     ids = mx.array(batches(1, tokens=40)[0][0])  # enough (token, expert) pairs to be sorted by expert
-    expected = np.array(reference(ids))
+    expected = np.array(reference.eval()(ids))
 
     model = load_model(folder)
     adapter = load_adapter(model, adapter_folder)
@@ -308,6 +309,8 @@ def test_mlx_lm_expert_adapter_loads(tmp_path):
     assert np.abs(np.array(load_model(folder)(ids)) - expected).max() > 0.1  # the adapter counts
     with pytest.raises(InvalidSettingError, match="gate_proj and up_proj apart, as mlx-lm's LoRASwitchLinear"):
         save_adapter(model, tmp_path / "peft")
+    assert len(fold(model)) == 2 * 5 + 2 and not expert_adapters(model)  # attention, router; the experts
+    assert np.abs(np.array(model(ids)) - expected).max() < 1e-4
 
     model = load_model(folder)
     served_adapters(model, {"mlx-lm": adapter_folder}).select(["mlx-lm", "mlx-lm"])

@@ -93,6 +93,10 @@ class ExpertsLayout:
     transposed: bool = False
     interleaved: bool = False
 
+    def stored(self, weight: mx.array) -> mx.array:
+        """A stacked float weight, (experts, out, in), as the checkpoints store it, and back (its own inverse)."""
+        return weight.swapaxes(-1, -2) if self.transposed else weight
+
     def split_gate_up(self, fused: mx.array, axis: int) -> tuple[mx.array, mx.array]:
         """(gate, up) of the fused gate_up outputs along `axis` (counted from the front)."""
         outputs = mx.moveaxis(fused, axis, 0)

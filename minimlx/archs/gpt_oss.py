@@ -44,7 +44,7 @@ def split_experts(weights: dict) -> dict:
             continue
         experts, fused, part = match.groups()
         if part is None:
-            w, part = w.swapaxes(-1, -2), "_weight"
+            w, part = INTERLEAVED.stored(w), "_weight"
         elif part == "_blocks":
             w, part = mxfp4_from_blocks(w), "_weight"
         tensor = part.replace("_", ".")
@@ -67,10 +67,10 @@ def fuse_experts(weights: dict) -> dict:
         experts, projection, tensor = match.groups()
         suffix = "_bias" if tensor == "bias" else ""
         if projection == "down_proj":
-            out[f"{experts}down_proj{suffix}"] = w if suffix else w.swapaxes(-1, -2)
+            out[f"{experts}down_proj{suffix}"] = w if suffix else INTERLEAVED.stored(w)
         elif projection == "gate_proj":
             both = INTERLEAVED.fuse_gate_up(w, weights[f"{experts}up_proj.{tensor}"], axis=1)
-            out[f"{experts}gate_up_proj{suffix}"] = both if suffix else both.swapaxes(-1, -2)
+            out[f"{experts}gate_up_proj{suffix}"] = both if suffix else INTERLEAVED.stored(both)
     return out
 
 

@@ -393,7 +393,7 @@ def load_adapter(model: nn.Module, folder: str | Path) -> Adapter:
     wrap(model, adapter.paths, adapter.settings)
     wrap_experts(model, adapter.experts, adapter.settings)
     install(model, adapter.weights)
-    for module in adapters(model).values():
+    for module in [*adapters(model).values(), *expert_adapters(model).values()]:
         module.eval()
     return adapter
 

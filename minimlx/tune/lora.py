@@ -81,7 +81,8 @@ class AdapterSettings:
         object.__setattr__(self, "experts", tuple(p for p in EXPERT_PROJECTIONS if p in experts))
         if not self.targets and not self.experts:
             raise InvalidSettingError("no projections to adapt; name some (q_proj, v_proj) or all-linear", "targets")
-        if self.experts and (self.dropout or self.dora):
+        peft_form = not set(self.experts) & set(SPLIT_PROJECTIONS)  # mlx-lm's form takes dropout
+        if self.experts and (self.dora or (self.dropout and peft_form)):
             raise InvalidSettingError(
                 f"adapters of the experts take {'no DoRA' if self.dora else 'no dropout'} (PEFT's cannot hold "
                 "one); adapt the experts with plain LoRA and --dropout 0",
@@ -134,6 +135,14 @@ def base_weight(base: nn.Module) -> mx.array:
     return mx.dequantize(base.weight, scales, biases, base.group_size, base.bits, mode=base.mode)
 
 
+def dropped(x: mx.array, rate: float) -> mx.array:
+    """x with a `rate` of its entries zeroed at random, the rest scaled up to keep its mean (x itself at rate 0)."""
+    if rate == 0:
+        return x
+    keep = mx.random.bernoulli(1 - rate, x.shape)
+    return mx.where(keep, x / (1 - rate), mx.zeros_like(x))
+
+
 class LoRALinear(nn.Module):
     """A frozen linear map plus scale * B A (see the module docstring)."""
 
@@ -152,10 +161,7 @@ class LoRALinear(nn.Module):
         return self.lora_a.shape[0]
 
     def dropped(self, x: mx.array) -> mx.array:
-        if not self.training or self.dropout == 0:
-            return x
-        keep = mx.random.bernoulli(1 - self.dropout, x.shape)
-        return mx.where(keep, x / (1 - self.dropout), mx.zeros_like(x))
+        return dropped(x, self.dropout if self.training else 0.0)
 
     def low_rank(self, x: mx.array) -> mx.array:
         """scale * x A^T B^T."""
@@ -210,17 +216,19 @@ ADAPTER_FORMS = (LoRALinear, DoRALinear)
 class ExpertLowRank(nn.Module):
     """One stacked expert projection's adapter: each expert e's rows add scale * x A_e^T B_e^T, `lora_a` (experts,
     rank, in) and `lora_b` (experts, out, rank), PEFT's `ParamWrapper` factors per expert, each gathered for its
-    rows inside the matrix product (`mx.gather_mm`, as the base's)."""
+    rows inside the matrix product (`mx.gather_mm`, as the base's). `dropout` (mlx-lm's; PEFT's takes none) drops
+    entries of the rows the adapter reads while training."""
 
-    def __init__(self, num_experts: int, in_dims: int, out_dims: int, rank: int, scale: float):
+    def __init__(self, num_experts: int, in_dims: int, out_dims: int, rank: int, scale: float, dropout: float = 0.0):
         super().__init__()
         bound = 1 / math.sqrt(in_dims)  # PEFT's initial A, as for a linear map
         self.lora_a = mx.random.uniform(-bound, bound, (num_experts, rank, in_dims))
         self.lora_b = mx.zeros((num_experts, out_dims, rank))
-        self.scale = scale
+        self.scale, self.dropout = scale, dropout
 
     def __call__(self, rows: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
         """rows (..., 1, in), each with its expert in `expert_indices` -> scale * x A_e^T B_e^T (..., 1, out)."""
+        rows = dropped(rows, self.dropout if self.training else 0.0)
         low = mx.gather_mm(
             rows, self.lora_a.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices
         )
@@ -252,13 +260,13 @@ class LoRAExperts(nn.Module):
     `down_proj`; see the module docstring): gate, up and down computed as the base computes them, each plus its
     expert's low-rank change."""
 
-    def __init__(self, base: Experts, parameters: tuple[str, ...], rank: int, scale: float):
+    def __init__(self, base: Experts, parameters: tuple[str, ...], rank: int, scale: float, dropout: float = 0.0):
         super().__init__()
         self.base = base
         self.base.freeze()
         num_experts, dims = base.gate_proj.weight.shape[0], projection_dims(base)
         for parameter in parameters:
-            self[parameter] = ExpertLowRank(num_experts, *dims[parameter], rank, scale)
+            self[parameter] = ExpertLowRank(num_experts, *dims[parameter], rank, scale, dropout)
 
     @property
     def adapted(self) -> tuple[str, ...]:
@@ -372,7 +380,7 @@ def wrap_experts(model: nn.Module, adapted: dict[str, tuple[str, ...]], settings
         parent, _, name = path.rpartition(".")
         if isinstance(modules[path], LoRAExperts):
             raise InvalidSettingError(f"{path} already has an adapter; load the base model again to attach another")
-        modules[parent][name] = LoRAExperts(modules[path], parameters, settings.rank, settings.scale)
+        modules[parent][name] = LoRAExperts(modules[path], parameters, settings.rank, settings.scale, settings.dropout)
     return list(adapted)
 
 
