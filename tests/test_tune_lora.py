@@ -276,6 +276,7 @@ def test_mlx_lm_expert_adapter_loads(tmp_path):
     from mlx_lm.utils import load_model as mlx_lm_load
     from tuning import MOE, tiny_llama
 
+    from minimlx.tune.finetune import FineTune, prepare
     from minimlx.tune.fuse import fold
     from minimlx.tune.serving import served_adapters
 
@@ -309,6 +310,9 @@ def test_mlx_lm_expert_adapter_loads(tmp_path):
     assert np.abs(np.array(load_model(folder)(ids)) - expected).max() > 0.1  # the adapter counts
     with pytest.raises(InvalidSettingError, match="gate_proj and up_proj apart, as mlx-lm's LoRASwitchLinear"):
         save_adapter(model, tmp_path / "peft")
+    job = FineTune(str(folder), str(tmp_path), resume_adapter_file=str(adapter_folder))
+    with pytest.raises(InvalidSettingError, match="gate_proj and up_proj apart"):  # before training, not at its end
+        prepare(load_model(folder), job)
     assert len(fold(model)) == 2 * 5 + 2 and not expert_adapters(model)  # attention, router; the experts
     assert np.abs(np.array(model(ids)) - expected).max() < 1e-4
 

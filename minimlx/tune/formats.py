@@ -152,15 +152,17 @@ def expert_layout(value: mx.array, name: str, num_experts: int, layout: ExpertsL
     return value
 
 
-def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = None) -> Path:
-    """Write the model's adapters to `folder` as PEFT writes them; `base_model` is recorded as
-    base_model_name_or_path (a Hugging Face repo id lets the other tools find the base). Returns the folder."""
+def check_writable(model: nn.Module) -> AdapterSettings:
+    """The settings of the model's adapters, checked to be an adapter PEFT's files can hold (before a training run
+    as before a save): no parts of a projection the family's checkpoints stack in one, no experts' gate and up
+    adapted apart."""
     settings = settings_of(model)
     apart = sorted(set(settings.experts) & set(SPLIT_PROJECTIONS))
     if apart:
         raise InvalidSettingError(
             f"this adapter adapts the experts' {' and '.join(apart)} apart, as mlx-lm's LoRASwitchLinear does, which "
-            "PEFT's files cannot hold (its target_parameters adapt gate_up_proj as one); fuse or serve it as it is",
+            "PEFT's files cannot hold (its target_parameters adapt gate_up_proj as one); fuse or serve it as it is, or "
+            "train the experts anew with --targets experts",
             "targets",
         )
     split = {part for parts in model.config.fused_parts().values() for part, _ in parts}
@@ -172,6 +174,13 @@ def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = 
             "yet: adapt the other projections",
             "targets",
         )
+    return settings
+
+
+def save_adapter(model: nn.Module, folder: str | Path, base_model: str | None = None) -> Path:
+    """Write the model's adapters to `folder` as PEFT writes them; `base_model` is recorded as
+    base_model_name_or_path (a Hugging Face repo id lets the other tools find the base). Returns the folder."""
+    settings = check_writable(model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     layers = sorted({int(path.split(".")[1]) for path in adapters(model) | expert_adapters(model)})
