@@ -65,7 +65,25 @@ FAMILIES = {
             ),
         ),
     ),
+    # experts in every layer, stored (experts, in, out), gate rows first, not flagged as transposed for PEFT
+    "llama4_text": (
+        "Llama4TextConfig",
+        dict(
+            SMALL,
+            intermediate_size=16,
+            intermediate_size_mlp=64,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=1,
+            no_rope_layers=[1, 0],
+            attention_chunk_size=4,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
+# the mixtures whose experts' adapters the tests compare with PEFT's
+MIXTURES = ("qwen3_moe", "gpt_oss", "llama4_text")
 TARGETS = {
     "llama": "all-linear",
     "qwen3": ("q_proj", "v_proj", "down_proj"),
@@ -74,6 +92,7 @@ TARGETS = {
     # experts' stacked parameters (and the routers'), with twice the rank on gate_up_proj (EXPERTS adapts those)
     "qwen3_moe": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "gpt_oss": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "llama4_text": ("q_proj", "k_proj", "v_proj", "o_proj"),
 }
 # the experts' stacked projections (PEFT's target_parameters) beside two attention projections
 EXPERTS = dict(targets=("q_proj", "v_proj"), experts=("gate_up_proj", "down_proj"))

@@ -88,10 +88,19 @@ class ExpertsLayout:
     """How a family's Hugging Face checkpoints stack the experts' projections: each `(experts, out, in)` or, when
     `transposed`, `(experts, in, out)`; the fused `gate_up_proj`'s outputs all the gate's first, then the up
     projection's, or, when `interleaved`, alternating (gate, up, gate, up, ...). transformers keeps the same layout in
-    memory, so PEFT's adapters of `gate_up_proj` (`target_parameters`) order their outputs so too."""
+    memory, so PEFT's adapters of `gate_up_proj` (`target_parameters`) order their outputs so too. PEFT's
+    `ParamWrapper` reads the stacked weights as (experts, out, in) unless transformers' module is `flagged` as
+    transposed (gpt-oss's is; Llama 4's is not)."""
 
     transposed: bool = False
     interleaved: bool = False
+    flagged: bool = True
+
+    @property
+    def peft_swapped(self) -> bool:
+        """Whether PEFT takes each stacked weight's inputs for its outputs (transposed, not flagged so): its adapter's
+        A then reads the projection's outputs and its B its inputs."""
+        return self.transposed and not self.flagged
 
     def stored(self, weight: mx.array) -> mx.array:
         """A stacked float weight, (experts, out, in), as the checkpoints store it, and back (its own inverse)."""

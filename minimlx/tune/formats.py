@@ -123,33 +123,44 @@ def peft_names(model: nn.Module) -> dict[str, str]:
         if isinstance(form, LoRAExperts):
             adapted = form.adapted
             nested = ".base_layer" * (len(adapted) - 1 - adapted.index(parameter))
+            kind = other_factor(kind) if model.config.experts_layout.peft_swapped else kind  # see peft_layout
             names[name] = f"{PEFT_PREFIX}{experts_name(model, experts)}{nested}{suffix_of[kind]}"
         else:
             names[name] = f"{PEFT_PREFIX}{checkpoint_name(model, path)}{suffix_of[kind]}"
     return names
 
 
+def other_factor(kind: str) -> str:
+    return "lora_b" if kind == "lora_a" else "lora_a"
+
+
 def peft_layout(value: mx.array, name: str, layout: ExpertsLayout) -> mx.array:
     """An expert adapter's factor `<parameter>.<kind>` in PEFT's layout: A (experts, rank, in) -> (experts * rank,
     in), B (experts, out, rank) -> (out, rank * experts); gate_up_proj's outputs (gate then up in `LoRAExperts`) in
-    the order the family's checkpoints fuse them, its declared `layout`."""
+    the order the family's checkpoints fuse them, its declared `layout`. Where PEFT takes the stacked weight's axes
+    the other way round (`layout.peft_swapped`), our B is its A and our A its B, each transposed."""
     parameter, kind = name.split(".")[-2:]
+    if kind == "lora_b" and parameter == "gate_up_proj":
+        value = layout.fuse_gate_up(*GATE_FIRST.split_gate_up(value, axis=1), axis=1)
+    if layout.peft_swapped:
+        value, kind = value.swapaxes(1, 2), other_factor(kind)
     if kind == "lora_a":
         return value.reshape(-1, value.shape[-1])
-    if parameter == "gate_up_proj":
-        value = layout.fuse_gate_up(*GATE_FIRST.split_gate_up(value, axis=1), axis=1)
     return value.transpose(1, 2, 0).reshape(value.shape[1], -1)
 
 
-def expert_layout(value: mx.array, name: str, num_experts: int, layout: ExpertsLayout) -> mx.array:
-    """`peft_layout` undone."""
-    parameter, kind = name.split(".")[-2:]
+def expert_layout(value: mx.array, parameter: str, kind: str, num_experts: int, layout: ExpertsLayout):
+    """PEFT's factor `kind` of the experts' `parameter` -> (the `LoRAExperts` factor it is, its value): `peft_layout`
+    undone."""
     if kind == "lora_a":
-        return value.reshape(num_experts, -1, value.shape[-1])
-    value = value.reshape(value.shape[0], -1, num_experts).transpose(2, 0, 1)
-    if parameter == "gate_up_proj":
+        value = value.reshape(num_experts, -1, value.shape[-1])
+    else:
+        value = value.reshape(value.shape[0], -1, num_experts).transpose(2, 0, 1)
+    if layout.peft_swapped:
+        value, kind = value.swapaxes(1, 2), other_factor(kind)
+    if kind == "lora_b" and parameter == "gate_up_proj":
         value = GATE_FIRST.fuse_gate_up(*layout.split_gate_up(value, axis=1), axis=1)
-    return value
+    return kind, value
 
 
 def check_writable(model: nn.Module) -> AdapterSettings:
@@ -318,8 +329,9 @@ def expert_tensors(model: nn.Module, tensors: dict, experts: list[str], rank: in
                 f"{folder}: adapter tensor {name} has shape {tuple(value.shape)}, not that of rank {rank} on this "
                 f"model's {num_experts} experts at {path}; this adapter was made for another base model"
             )
-        ours = f"{path}.{experts[len(experts) - 1 - nested]}.{kind}"
-        out[ours] = expert_layout(value, ours, num_experts, model.config.experts_layout)
+        parameter = experts[len(experts) - 1 - nested]
+        kind, value = expert_layout(value, parameter, kind, num_experts, model.config.experts_layout)
+        out[f"{path}.{parameter}.{kind}"] = value
     return out
 
 
