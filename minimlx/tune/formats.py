@@ -9,9 +9,11 @@ Adapted experts are PEFT's `target_parameters` (`LoRAExperts`): for each stacked
 E, `E.lora_A.weight` (experts * rank, in), expert e's A in rows e * rank ..., and `E.lora_B.weight` (out,
 rank * experts), expert e's B in columns e, e + experts, ... (PEFT's layout, whichever way the family's checkpoints
 transpose the stacked weights), B's rows of gate_up_proj in the order the family's checkpoints fuse gate and up (its
-declared `experts_layout`: gate rows first, or gpt-oss's interleaved); PEFT nests one wrapper per adapted
-parameter in the order the module defines them (gate_up_proj, down_proj), so each but the last adapted one's names
-have a `.base_layer` after E for every one after it.
+declared `experts_layout`: gate rows first, or gpt-oss's interleaved); where transformers keeps the weights
+(experts, in, out) without flagging them so (Llama 4), PEFT reads their axes the other way round and its A and B are
+our B and A, transposed. PEFT nests one wrapper per adapted parameter in the order the module defines them
+(gate_up_proj, down_proj), so each but the last adapted one's names have a `.base_layer` after E for every one after
+it.
 
 mlx-lm: `adapter_config.json` (fine_tune_type lora or dora, lora_parameters {rank, scale, dropout, keys}) and
 `adapters.safetensors` with `M.lora_a` (in, rank), `M.lora_b` (rank, out) and DoRA's `M.m`, M in mlx-lm's names;
