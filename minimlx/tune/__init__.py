@@ -15,7 +15,8 @@
 
 - `lora`: `AdapterSettings`; `LoRALinear` / `DoRALinear` (wrap `.base`; `lora_a` (rank, in), `lora_b` (out, rank),
   DoRA's `magnitude` (out,); `delta()` = scale B A, `fused_weight()` the adapted float weight); `attach` (returns the
-  wrapped module paths), `wrap` (given paths), `adapters` (path -> form), `adapter_weights` (`<path>.lora_a`, ...),
+  wrapped module paths), `wrap` (given paths), `adapters` (path -> form), `detached` (the base in the adapted
+  model's place, within a `with` block), `adapter_weights` (`<path>.lora_a`, ...),
   `fused_weights` (`<path>.weight`, for fusing), `checkpoint_name` (a module path's Hugging Face name).
 - `formats`: `save_adapter` (PEFT), `read_adapter` -> `Adapter` (settings, tensors under model names, base model,
   source) without touching the model, `load_adapter` (read, wrap, install), `install`.
@@ -31,6 +32,7 @@ from .lora import (
     adapters,
     attach,
     checkpoint_name,
+    detached,
     fused_weights,
     wrap,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "adapters",
     "attach",
     "checkpoint_name",
+    "detached",
     "differentiable",
     "fused_weights",
     "load_adapter",
