@@ -2,6 +2,8 @@
 adapted model's place, and `adapter_effect` traces the base and the adapted model on one prompt (a block before the
 adapted one adds exactly what the base's adds)."""
 
+import json
+
 import mlx.core as mx
 import pytest
 
@@ -57,3 +59,34 @@ def test_adapter_effect_shows_what_each_block_adds_before_and_after(adapted_llam
     assert shown.exit_code == 0, shown.output
     effect = adapter_effect(adapted, minimlx.load(folder)[1].encode(text))
     assert f"{effect.blocks[1].shift:.1%}" in shown.output and "next token:" in shown.output
+
+
+def test_lens_attention_and_compare_look_inside_the_adapted_model(adapted_llama):
+    from click.testing import CliRunner
+
+    from minimlx.anatomy.attention import attention_pattern
+    from minimlx.anatomy.lens import logit_lens
+    from minimlx.anatomy.similarity import compare_word
+    from minimlx.cli import main
+    from minimlx.cli.attention import table
+
+    folder, adapter = adapted_llama
+    adapted, tokenizer = minimlx.load(folder, "float32", adapter=adapter)
+    base = minimlx.load_model(folder, "float32")
+    text = "w3 w9 w27 w81 w50 w12"
+    shown = CliRunner().invoke(main, ["lens", str(folder), text, "--json", "--adapter", str(adapter)])
+    assert shown.exit_code == 0, shown.output
+    probs = mx.array(json.loads(shown.output)["top_probs"])
+    expected, unadapted = (mx.array(logit_lens(m, tokenizer, text).top_probs) for m in (adapted, base))
+    assert mx.abs(probs - expected).max().item() < 1e-5 and mx.abs(probs - unadapted).max().item() > 1e-3
+    shown = CliRunner().invoke(main, ["attention", str(folder), text, "--layer", "1", "--adapter", str(adapter)])
+    assert shown.exit_code == 0, shown.output
+    patterns = [table(attention_pattern(m, tokenizer, text, 1)) for m in (adapted, base)]
+    assert shown.output.rstrip("\n") == patterns[0] != patterns[1]
+    other = "w5 w9 w27 w81 w7 w12"
+    args = ["compare", str(folder), text, other, "--word", "w27", "--json", "--adapter", str(adapter)]
+    shown = CliRunner().invoke(main, args)
+    assert shown.exit_code == 0, shown.output
+    similarity = [compare_word(m, tokenizer, text, other, "w27").similarity for m in (adapted, base)]
+    assert json.loads(shown.output)["similarity"] == pytest.approx(similarity[0], abs=1e-5)
+    assert similarity[0][-1] != pytest.approx(similarity[1][-1], abs=1e-4)
