@@ -196,7 +196,7 @@ function minimlxExplain(root, options) {
     });
     const column = (label, next, which) => el("div", { class: "mx-next", "data-model": which }, el("h3", {}, label),
       ...next.slice(0, 10).map((n) => el("div", { class: "mx-next-row", "data-token": n.token, "data-id": n.id, "data-prob": String(n.prob) },
-        el("span", { class: "mx-next-token" }, shown(n.token)), bar(n.prob, next[0].prob, which === "base" ? "#9ca3af" : "#2563eb"), fmt(n.prob))));
+        el("span", { class: "mx-next-token" }, shown(n.token)), el("span", { class: "mx-bar-box" }, bar(n.prob, next[0].prob, which === "base" ? "#9ca3af" : "#2563eb")), fmt(n.prob))));
     panels.adapter.append(el("p", { class: "mx-note" }, `At position ${p} (${shown(w.tokens[p])}): what each block adds without the adapter (grey) and with it, and how far the stream leaving the block moved (the norm of the difference, relative to the base's). The other panels show the adapted model.`),
       table, el("div", { class: "mx-attention" }, column("next token, base", a.next_base, "base"), column("next token, adapted", w.next, "adapted")));
   }
