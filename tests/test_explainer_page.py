@@ -1,6 +1,6 @@
 """`minimlx explain` in headless Chromium: the page's figures are the Python API's (lens, attention, next-token
-probabilities, ablations, routing), it asks nothing of any address but its own, and its standalone forms (--html,
-Jupyter) show the same walk with the network off."""
+probabilities, ablations, routing, an adapted model against its base), it asks nothing of any address but its own,
+and its standalone forms (--html, Jupyter) show the same walk with the network off."""
 
 import subprocess
 import sys
