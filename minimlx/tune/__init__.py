@@ -16,7 +16,8 @@
 
 - `lora`: `AdapterSettings`; `LoRALinear` / `DoRALinear` (wrap `.base`; `lora_a` (rank, in), `lora_b` (out, rank),
   DoRA's `magnitude` (out,); `delta()` = scale B A, `fused_weight()` the adapted float weight); `attach` (returns the
-  wrapped module paths), `wrap` (given paths), `adapters` (path -> form), `adapter_weights` (`<path>.lora_a`, ...),
+  wrapped module paths), `wrap` (given paths), `adapters` (path -> form), `detached` (the base in the adapted
+  model's place, within a `with` block), `adapter_weights` (`<path>.lora_a`, ...),
   `fused_weights` (`<path>.weight`, for fusing), `checkpoint_name` (a module path's Hugging Face name);
   `LoRAExperts` (routed experts with per-expert adapters of their stacked projections, PEFT's `ParamWrapper`) and
   `expert_adapters` (path -> it).
@@ -35,6 +36,7 @@ from .lora import (
     adapters,
     attach,
     checkpoint_name,
+    detached,
     expert_adapters,
     fused_weights,
     wrap,
@@ -52,6 +54,7 @@ __all__ = [
     "adapters",
     "attach",
     "checkpoint_name",
+    "detached",
     "differentiable",
     "expert_adapters",
     "fused_weights",

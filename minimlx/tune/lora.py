@@ -23,11 +23,13 @@ mlx-lm adapter folder has them.
 """
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from ..core import Experts, Router
 from ..core.quantized import QuantizedWeight
@@ -415,6 +417,21 @@ def expert_adapters(model: nn.Module) -> dict[str, LoRAExperts]:
 def adapters(model: nn.Module) -> dict[str, LoRALinear]:
     """The model's adapter forms by module path."""
     return {path: m for path, m in model.named_modules() if isinstance(m, ADAPTER_FORMS)}
+
+
+@contextmanager
+def detached(model: nn.Module) -> Iterator[nn.Module]:
+    """The base model in the adapted one's place for the length of the block: each adapter form's `base` put back
+    where the form wraps it, the forms restored afterwards (to trace or run the base and the adapted model on the
+    same prompt from one copy of the weights)."""
+    forms = adapters(model)
+    if not forms:
+        raise InvalidSettingError("the model has no adapter to detach; load it with adapter=PATH (--adapter)")
+    model.update_modules(tree_unflatten([(path, form.base) for path, form in forms.items()]))
+    try:
+        yield model
+    finally:
+        model.update_modules(tree_unflatten(list(forms.items())))
 
 
 def adapter_weights(model: nn.Module) -> dict[str, mx.array]:
