@@ -137,6 +137,12 @@ def test_each_api_answers_an_image_as_transformers_does_streamed_and_not(gemma3)
     reply = served.client.post("/api/chat", json=body | {"messages": [ollama]}).json()["message"]["content"]
     jpeg = open_image(base64.b64decode(ollama["images"][0]))
     assert reply == served.cold([{"role": "user", "content": "\ue000What is this?"}], [jpeg])
+    generate = body | {"prompt": ollama["content"], "images": ollama["images"]}
+    assert served.client.post("/api/generate", json=generate).json()["response"] == reply
+
+    count = {"model": "tiny", "messages": [{"role": "user", "content": content}]}  # the image's places counted too
+    counted = served.client.post("/v1/messages/count_tokens", json=count).json()["input_tokens"]
+    assert counted == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
 def test_a_forced_tool_call_with_an_image_is_a_valid_call(gemma3):

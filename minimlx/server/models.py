@@ -85,7 +85,12 @@ class ServedModel:
         return self.renderer.render(turn)
 
     def count_tokens(self, turn: Turn) -> int:
-        return self.renderer.count_tokens(turn)
+        """The turn's prompt tokens, each image's places among them (as `expand_images` writes them out)."""
+        count = self.renderer.count_tokens(turn)
+        if turn.images:
+            start = self.engine.model.config.image_start_token
+            count += len(turn.images) * (len(self.engine.model.config.expand_images([start])) - 1)
+        return count
 
     async def start(self, turn: Turn) -> Answer:
         """Start the turn's choices: its template, its tool choice or answer grammar, its settings, its images (read
