@@ -44,7 +44,7 @@ def chat_content(picture) -> list[dict]:
     return [{"type": "text", "text": ASK[0]}, image, {"type": "text", "text": ASK[1]}]
 
 
-class Served:
+class InProcessServer:
     """The in-process server of one model: its TestClient, engine, the model and tokenizer it serves."""
 
     def __init__(self, folder, name: str):
@@ -79,12 +79,12 @@ def gemma3(tmp_path_factory):
     """(the server, the transformers model, its image processor)."""
     folder = tmp_path_factory.mktemp("gemma3-chat")
     torch_model, processor = save_gemma3_chat(folder)
-    served = Served(folder, "tiny")
+    served = InProcessServer(folder, "tiny")
     with served.client:
         yield served, torch_model, processor
 
 
-def transformers_answer(served: Served, torch_model, processor, picture) -> str:
+def transformers_answer(served: InProcessServer, torch_model, processor, picture) -> str:
     """transformers' greedy answer to the user message ASK around `picture`: each token the argmax of its forward
     pass over the whole text so far (the image's tokens marked, so that they see each other both ways)."""
     torch = require("torch")
@@ -195,7 +195,7 @@ def test_three_turns_about_one_image_prefill_only_their_new_tokens(gemma3):
     assert answer.choices[0].message.content == served.cold(plain[:1], [other]) != plain[1]["content"]
 
 
-def prompt_tokens(served: Served, messages: list[dict]) -> int:
+def prompt_tokens(served: InProcessServer, messages: list[dict]) -> int:
     """The prompt tokens of `messages` (their image places as the model writes them out)."""
     text = served.tokenizer.apply_chat_template(messages).replace("\ue000", "<start_of_image>")
     return len(served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False)))
@@ -255,7 +255,7 @@ def bodies(image: bytes | str) -> dict[str, tuple[str, dict]]:
     return out
 
 
-def refused(served: Served, image, status: int, *words: str) -> None:
+def refused(served: InProcessServer, image, status: int, *words: str) -> None:
     """Every API answers `status` within 2 s, in its own error shape, its message naming `words`."""
     for api, (path, body) in bodies(image).items():
         started = time.monotonic()
@@ -297,6 +297,6 @@ def test_bad_images_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3
 
     write_model(tmp_path / "llama", {"model_type": "llama", **TINY_LLAMA})
     (tmp_path / "llama" / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    text_only = Served(tmp_path / "llama", "tiny")
+    text_only = InProcessServer(tmp_path / "llama", "tiny")
     with text_only.client:
         refused(text_only, png.getvalue(), 400, "image input is not supported by this model")
