@@ -189,6 +189,7 @@ class DecoderConfig:
     wide_ffn_layers: tuple[int, ...] = ()  # layers whose dense FFN is twice `ffn_dims` wide
     moe_beside_ffn: bool = False  # `moe` runs beside the dense FFN (LayerInputBlock) in every layer, not instead
     image_token: int | None = None  # the placeholder id whose runs an image's soft tokens replace (`image_encoder`)
+    image_start_token: int | None = None  # the id a prompt writes where an image goes (`expand_images` follows it)
 
     @classmethod
     def from_config(cls, config: dict):
