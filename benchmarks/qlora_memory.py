@@ -37,8 +37,7 @@ def write_random_llama(folder: Path, layers: int) -> None:
             f"{p}.input_layernorm.weight": (DIMS,),
             f"{p}.post_attention_layernorm.weight": (DIMS,),
         }
-    key = mx.random.key(0)
-    tensors = {name: mx.random.uniform(-0.02, 0.02, shape, key=mx.random.fold_in(key, i))
+    tensors = {name: mx.random.uniform(-0.02, 0.02, shape, key=mx.random.key(i))
                for i, (name, shape) in enumerate(shapes.items())}  # fmt: skip
     folder.mkdir(parents=True)
     mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "pt"})

@@ -103,7 +103,10 @@ class Trainer:
         self.optimizer = adamw(settings.learning_rate, settings.iters, settings.warmup, 0.0, settings.weight_decay)
         self.iteration = 0
         self.losses: list[float] = []  # each iteration's training loss, from `iteration` on
-        self.loss_and_grad = stagewise_loss_and_grad if settings.grad_checkpoint else compiled_loss_and_grad(model)
+        self.plain = stagewise_loss_and_grad if settings.grad_checkpoint else nn.value_and_grad(model, masked_loss)
+        self.compiled = None if settings.grad_checkpoint else compiled_loss_and_grad(model)
+        self.first_of_shape: dict[tuple[int, int], int] = {}  # each batch shape's first step in the schedule
+        self.scanned = 0  # the schedule's steps read into first_of_shape
         model.checkpoint_blocks = settings.grad_checkpoint  # where the stages cannot be apart: `mx.checkpoint`
 
     def run(self) -> list[float]:
@@ -140,8 +143,9 @@ class Trainer:
         s, accumulated, losses, read = self.settings, None, [], 0
         mx.random.seed(int(np.random.SeedSequence([s.seed, self.iteration]).generate_state(1)[0]))  # dropout's draws
         for k in range(s.grad_accumulation_steps):
-            batch = self.train_batches.at(self.iteration * s.grad_accumulation_steps + k, s.seed)
-            (loss, _), grads = self.loss_and_grad(self.model, batch.ids, batch.mask)
+            index = self.iteration * s.grad_accumulation_steps + k
+            batch = self.train_batches.at(index, s.seed)
+            (loss, _), grads = self.loss_and_grad(index)(self.model, batch.ids, batch.mask)
             accumulated = grads if accumulated is None else tree_map(mx.add, accumulated, grads)
             mx.eval(loss, accumulated)
             losses.append(loss.item())
@@ -151,6 +155,18 @@ class Trainer:
         self.optimizer.update(self.model, accumulated)
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
         return sum(losses) / len(losses), read
+
+    def loss_and_grad(self, index: int):
+        """How batch `index` is differentiated: compiled where an earlier batch of the schedule had its shape (a shape
+        met once would pay for its compilation and gain nothing), which depends on the schedule only, so that a
+        resumed run computes each step as an uninterrupted one does."""
+        if self.compiled is None:
+            return self.plain
+        shape = self.train_batches.shape_at(index, self.settings.seed)
+        while self.scanned <= index:
+            self.first_of_shape.setdefault(self.train_batches.shape_at(self.scanned, self.settings.seed), self.scanned)
+            self.scanned += 1
+        return self.compiled if self.first_of_shape[shape] < index else self.plain
 
     def evaluate(self, batches: Batches | None = None) -> float:
         """The mean loss over the trained tokens of the first `val_batches` validation batches (or of `batches`)."""
