@@ -46,7 +46,12 @@ def layers(_context, _option, value: int) -> int | None:
     show_default=True,
     help="Train on the assistant's turns only (or on every token).",
 )
-@click.option("--grad-checkpoint", is_flag=True, help="Recompute each block in the backward pass (less memory).")
+@click.option(
+    "--grad-checkpoint",
+    is_flag=True,
+    help="Train a stage at a time: recompute each block in the backward pass, score the vocabulary in tiles "
+    "(less memory).",
+)
 @click.option("--test", is_flag=True, help="After training, print the loss on test.jsonl.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @dtype_option
