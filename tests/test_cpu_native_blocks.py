@@ -21,7 +21,10 @@ else:
 
 from minimlx import load  # noqa: E402
 from minimlx.archs.gguf import unpacked  # noqa: E402
+from minimlx.core.steps import decode_steps  # noqa: E402
+from minimlx.cpu import forms, native  # noqa: E402
 from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
+from minimlx.decode.compiled import CompiledDecoder  # noqa: E402
 from minimlx.errors import CheckpointError  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
@@ -180,6 +183,36 @@ def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):
     model, _ = load(q4_k_m)
     agree, largest = integer_against_float(model, mx.array([[1, 5, 9, 20, 33, 7, 100, 3]]), 256, monkeypatch)
     assert agree >= 232 and 0 < largest <= 2.0
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_q4_k_m_fused_decode_step_gives_the_bits_of_its_ops(q4_k_m, monkeypatch, exact):
+    """The compiled step runs a block whose projections are held as GGUF blocks (Q4_K and Q6_K, as this Q4_K_M file
+    mixes them) as one `block_step`: its logits over 8 greedy steps have exactly the bits of the same step with every
+    part as its own op, with integer products and with float32 inputs."""
+    model, _ = load(q4_k_m)
+    monkeypatch.setattr(native, "exact_products", exact)
+    fused_calls = []
+    block_step = native.kernel.block_step
+    monkeypatch.setattr(native.kernel, "block_step", lambda *a, **k: fused_calls.append(1) or block_step(*a, **k))
+    prompt = mx.array([[1, 5, 9, 20, 33, 7]])
+    real_step_plan = forms.step_plan
+
+    def steps(fused: bool) -> list[mx.array]:
+        monkeypatch.setattr(forms, "step_plan", real_step_plan if fused else lambda _: None)
+        decoder = CompiledDecoder(model)
+        cache = decoder.make_cache()
+        logits = [decoder(prompt, cache, last_only=True)[0, -1]]
+        with decode_steps():
+            for _ in range(8):
+                logits.append(decoder(mx.argmax(logits[-1]).reshape(1, 1), cache)[0, -1])
+                mx.eval(logits[-1])
+        return logits
+
+    fused = steps(True)
+    assert len(fused_calls) == len(model.layers)  # once per layer, as the step is traced
+    alone = steps(False)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 
 def test_training_forms_have_gradients_and_the_same_logits(q4_k_m):
