@@ -35,6 +35,23 @@ def hf_folder(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def adapted_llama(hf_folder, tmp_path_factory):
+    """(folder, adapter folder): `hf_folder`'s tiny llama and a rank-4 LoRA of its last block's q, v and down
+    projections, B random (as training leaves it), saved in PEFT's format."""
+    import mlx.core as mx
+
+    from minimlx.tune import AdapterSettings, adapters, attach, save_adapter
+
+    folder = hf_folder("llama")
+    model = minimlx.load_model(folder, "float32")
+    attach(model, AdapterSettings(rank=4, alpha=8, targets=("q_proj", "v_proj", "down_proj"), layers=1))
+    mx.random.seed(7)
+    for form in adapters(model).values():
+        form.lora_b = mx.random.normal(form.lora_b.shape) * 0.5
+    return folder, save_adapter(model.eval(), tmp_path_factory.mktemp("adapter"))
+
+
 @pytest.fixture(scope="module")
 def served():
     """A `minimlx serve` process on SmolLM2 with the default options, one per test module that asks for it."""

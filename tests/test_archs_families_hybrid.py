@@ -13,7 +13,9 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from hybrid_model import QWEN3_5_SIZES
+from hybrid_model import FAMILIES as CONFIGS
+from hybrid_model import FAMILY_VOCAB as VOCAB
+from hybrid_model import GRANITE, QWEN3_5
 from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 import minimlx
@@ -26,60 +28,8 @@ from minimlx.core import (
 )
 from minimlx.errors import CheckpointError
 
-VOCAB = 96
 TOKENS = 80  # over one 64-token chunk of the delta rule
 PROMPT = 70
-LINEAR = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
-QWEN3_5 = dict(QWEN3_5_SIZES, vocab_size=VOCAB, layer_types=LINEAR, max_position_embeddings=256)
-EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
-CONFIGS = {
-    "qwen3_5_text": ("Qwen3_5TextConfig", QWEN3_5),
-    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(QWEN3_5, **EXPERTS)),
-    "qwen3_next": ("Qwen3NextConfig", dict(QWEN3_5, **EXPERTS, norm_topk_prob=True)),
-    "lfm2": (
-        "Lfm2Config",
-        dict(
-            {k: v for k, v in QWEN3_5.items() if not k.startswith(("linear_", "head_dim"))},
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
-            layer_types=["conv", "full_attention", "conv", "conv"],
-            conv_L_cache=3,
-            norm_eps=1e-5,
-            block_ffn_dim_multiplier=1.5,
-            block_multiple_of=16,
-        ),
-    ),
-    "granitemoehybrid": (
-        "GraniteMoeHybridConfig",
-        GRANITE := dict(
-            {k: v for k, v in QWEN3_5.items() if not k.startswith(("linear_", "head_dim", "intermediate"))},
-            layer_types=["mamba", "attention", "mamba", "mamba"],
-            position_embedding_type="rope",
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
-            num_local_experts=0,
-            shared_intermediate_size=96,
-            mamba_n_heads=8,
-            mamba_d_head=16,
-            mamba_d_state=16,
-            mamba_n_groups=2,
-            mamba_d_conv=4,
-            embedding_multiplier=1.5,
-            attention_multiplier=0.2,
-            residual_multiplier=0.7,
-            logits_scaling=2.0,
-        ),
-    ),
-    "granitemoehybrid_moe": (
-        "GraniteMoeHybridConfig",
-        dict(GRANITE, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, position_embedding_type="nope"),
-    ),
-    "qwen3_5": (
-        "Qwen3_5Config",
-        dict(
-            text_config=QWEN3_5,
-            vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64),
-        ),
-    ),
-}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -263,31 +213,3 @@ def test_mlx_lm_folders_of_qwen3_next(tmp_path):
     packed = minimlx.convert(tmp_path / "hf", tmp_path / "ours-8bit", bits=8)
     ours = np.array(minimlx.load_model(packed, dtype="float32")(mx.array(ids)))
     assert relative_error(ours, mlx_lm_logits(packed, ids)) <= 1e-4
-
-
-@pytest.mark.slow
-def test_gguf_files_of_qwen3_5_from_llama_cpp(hybrid, tmp_path):
-    """llama.cpp's converter (`qwen35`: the DeltaNet as `ssm_*` tensors, its value heads tiled, A as -exp(A_log),
-    norms whole) at f32 gives transformers' logits; at q8_0, those of the file's tensors as gguf-py dequantizes them,
-    within the packed form's rounding (its float16 biases, -128 times each block's scale, sit within 5e-4 of gguf-py's
-    values, which the recurrent state carries along: 1.3e-3 relative on these logits)."""
-    from gguf.quants import dequantize
-    from llamacpp import Reader, convert
-    from llamacpp_models import logits_of
-
-    from minimlx.io.gguf_file import read_gguf
-
-    folder, torch_model, _, _ = hybrid
-    files = {kind: tmp_path / f"qwen3_5-{kind}.gguf" for kind in ("f32", "q8_0")}
-    convert([(folder, kind, path, ["--no-mtp"]) for kind, path in files.items()], processes=1)  # one import
-    ids = np.random.default_rng(0).integers(0, 49152, (1, TOKENS))
-    model, _ = minimlx.load(files["f32"], dtype="float32")
-    assert type(model.config).__name__ == "Qwen35TextConfig"
-    assert relative_error(np.array(model(mx.array(ids))), reference_logits(torch_model, ids)) <= 1e-4
-    tensors, metadata = read_gguf(files["q8_0"], mx.float32)
-    assert any(key.endswith(".scales") for key in tensors)
-    floats = {
-        t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(files["q8_0"]).tensors
-    }
-    packed = logits_of(files["q8_0"], tensors, metadata, ids)[0]
-    assert relative_error(packed, logits_of(files["q8_0"], floats, metadata, ids)[0]) <= 3e-3

@@ -58,3 +58,28 @@ def test_an_adapter_for_another_base_is_one_line(tune_folders, tmp_path):
     wider = tiny_llama(tmp_path / "wider", hidden_size=48)
     result = lora("--model", wider, "--data", data, "--iters", 1, "--resume-adapter-file", tmp_path / "adapter")
     one_line_error(result, "has shape (32, 8) but this model", "another base model")
+
+
+def test_targets_all_adapts_the_experts(tune_folders, tmp_path):
+    """`--targets all` on a mixture of experts: every linear map of the blocks (the routers excepted) and the experts'
+    stacked projections, written as PEFT's target_parameters with its tensor names."""
+    from safetensors import safe_open
+    from tuning import MOE, tiny_llama
+
+    model = tiny_llama(tmp_path / "moe", **MOE)
+    out = tmp_path / "adapter"
+    result = lora(
+        "--model", model, "--data", tune_folders[1], "--iters", 1, "--rank", 4, "--targets", "all",
+        "--num-layers", -1, "--adapter-path", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["target_parameters"] == ["gate_up_proj", "down_proj"]
+    assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    with safe_open(out / "adapter_model.safetensors", "np") as f:
+        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    experts = "base_model.model.model.layers.2.mlp.experts"
+    assert shapes[f"{experts}.base_layer.lora_A.weight"] == [4 * 4, 32]  # gate_up_proj: experts * rank, dims
+    assert shapes[f"{experts}.base_layer.lora_B.weight"] == [2 * 16, 4 * 4]
+    assert shapes[f"{experts}.lora_B.weight"] == [32, 4 * 4]  # down_proj
+    assert len(shapes) == 3 * (4 * 2 + 2 * 2)

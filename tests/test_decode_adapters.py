@@ -9,7 +9,9 @@ from mlx_lm_reference import save_hf_model
 
 import minimlx
 from minimlx.decode import Engine, Request, SamplingSettings
+from minimlx.decode.adapters import RowAdaptedExperts
 from minimlx.errors import InvalidSettingError
+from minimlx.tune import load_adapter
 
 GREEDY = SamplingSettings(max_tokens=8, temperature=0)
 PROMPTS = [[3, 4, 5, 6, 7], [9, 8], [20, 21, 22], [3, 4, 5, 6, 7], [40, 41, 42, 43], [3, 4, 5, 6, 7]]
@@ -92,3 +94,49 @@ def test_an_adapter_row_does_not_reuse_the_base_rows_prompt_cache(adapted):
     assert second.tokens == alone(base, folders, False)[3] and first.tokens != second.tokens
     with pytest.raises(InvalidSettingError, match="no adapter named 'cook' is served; the adapters are: lora, dora"):
         engine.submit(Request(PROMPTS[0], GREEDY, adapter="cook"))
+
+
+def expert_adapter(base, folder, seed: int, rank: int, targets: tuple, experts: tuple):
+    """An adapter minimlx attaches to the mixture in `base` (experts and `targets`) and saves, its B random."""
+    from minimlx.tune import AdapterSettings, adapters, attach, save_adapter
+    from minimlx.tune.lora import expert_adapters
+
+    model = minimlx.load_model(base, "float32")
+    attach(model, AdapterSettings(rank=rank, alpha=2.0 * rank, targets=targets, experts=experts))
+    mx.random.seed(seed)
+    low_ranks = [form[p] for form in expert_adapters(model).values() for p in form.adapted]
+    for form in [*adapters(model).values(), *low_ranks]:
+        form.lora_b = mx.random.normal(form.lora_b.shape) * 0.5
+    return save_adapter(model, folder)
+
+
+def test_rows_of_expert_adapters_decode_together_as_alone(tmp_path):
+    """Adapters of a mixture's stacked experts (rank 4 on gate_up_proj and down_proj beside q_proj; rank 8 on
+    down_proj alone) and the base in one batch: each row's tokens are those of its adapter alone. Prefill's 8-token
+    prompts make enough (token, expert) pairs to be sorted by expert; decoding's are not."""
+    from tuning import MOE, tiny_llama
+
+    from minimlx.tune.serving import served_adapters
+
+    base = tiny_llama(tmp_path / "moe", **MOE)
+    folders = {
+        "lora": expert_adapter(base, tmp_path / "a", 1, 4, ("q_proj",), ("gate_up_proj", "down_proj")),
+        "dora": expert_adapter(base, tmp_path / "b", 2, 8, (), ("down_proj",)),  # NAMES' second adapter
+    }
+    prompts = [[3, 4, 5, 6, 7, 8, 9, 10] if i % 2 == 0 else [11 + i, 4, 5, 6, 7, 8, 9, 10] for i in range(6)]
+    model, tokenizer = minimlx.load(base)
+    engine = Engine(model, tokenizer, max_batch=8, adapters=served_adapters(model, folders))
+    assert all(isinstance(block.ffn.experts, RowAdaptedExperts) for block in model.layers)
+    generations = [engine.submit(Request(p, GREEDY, adapter=name)) for p, name in zip(prompts, NAMES)]
+    engine.run()
+    assert max(engine.runner.batch_sizes) == 6
+    expected = []
+    for prompt, name in zip(prompts, NAMES):
+        model, tokenizer = minimlx.load(base)
+        if name is not None:
+            load_adapter(model, folders[name])
+        alone_engine = Engine(model.eval() or model, tokenizer, max_batch=1)
+        expected.append(alone_engine.submit(Request(prompt, GREEDY)))
+        alone_engine.run()
+    assert [g.tokens for g in generations] == [g.tokens for g in expected]
+    assert len({tuple(generations[i].tokens) for i in (0, 2, 4)}) == 3  # the same prompt, three answers

@@ -17,6 +17,7 @@ class Sequence:
 
     prompt: list[int]
     continued: bool = False
+    reads_images: bool = False
     cancelled: bool = False
     going_on: bool = True
     cached_tokens: int = 0
@@ -166,6 +167,19 @@ def test_a_cached_start_shortens_a_long_prompt_to_one_prefill():
     s.submit(seq)
     plan = s.schedule([])
     assert plan.chunk is None and members(plan.prefills[0]) == [10] and plan.prefills[0].start is None
+
+
+def test_a_prompt_holding_images_prefills_alone_and_whole():
+    """Its images are read in one first pass: never a chunk, never in a group (which could re-feed its images'
+    cached places as plain tokens)."""
+    s = make(prefill_step=16)
+    pictured, plain = Sequence(prompt(40), reads_images=True), [Sequence(prompt(8)), Sequence(prompt(8))]
+    small = Sequence(prompt(8), reads_images=True)
+    for seq in (pictured, small, *plain):
+        s.submit(seq)
+    plan = s.schedule([])
+    assert plan.chunk is None and not s.prefilling
+    assert sorted(map(members, plan.prefills)) == [[8], [8, 8], [40]]
 
 
 def test_a_prompt_cancelled_mid_chunk_is_dropped_with_what_it_fed():

@@ -1,6 +1,6 @@
 """`minimlx explain` in headless Chromium: the page's figures are the Python API's (lens, attention, next-token
-probabilities, ablations, routing), it asks nothing of any address but its own, and its standalone forms (--html,
-Jupyter) show the same walk with the network off."""
+probabilities, ablations, routing, an adapted model against its base), it asks nothing of any address but its own,
+and its standalone forms (--html, Jupyter) show the same walk with the network off."""
 
 import subprocess
 import sys
@@ -178,3 +178,40 @@ def test_the_cli_writes_the_file_and_refuses_bad_options(tmp_path):
         [sys.executable, "-m", "minimlx", "explain", "--html", str(out)], capture_output=True, text=True
     )
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--html needs --prompt" in run.stderr
+
+
+def test_the_adapter_panel_shows_the_base_against_the_adapted_walk(browser, adapted_llama, tmp_path):
+    folder, adapter = adapted_llama
+    model, tokenizer = minimlx.load(folder, "float32", adapter=adapter)
+    explanation = minimlx.explain(model, tokenizer, "w3 w9 w27 w81 w50 w12", title="tiny llama + adapter")
+    figures = explanation.walk["adapter"]
+    explanation.save(path := tmp_path / "adapted.html")
+    context = browser.new_context(offline=True)
+    try:
+        page = Page(context)
+        page.page.goto(path.as_uri())
+        page.page.wait_for_selector(".mx-explain[data-ready='1']")
+        for position in (len(explanation.walk["ids"]) - 1, 2):
+            page.page.click(f".mx-tokens .mx-token[data-position='{position}']")
+            rows = page.page.locator("[data-panel=adapter] tr[data-layer]").evaluate_all(
+                "rows => rows.map(r => [...r.querySelectorAll('td[data-figure]')].map(c => c.dataset))"
+            )
+            shown = [
+                [
+                    float(attn["before"]),
+                    float(attn["after"]),
+                    float(mlp["before"]),
+                    float(mlp["after"]),
+                    float(s["shift"]),
+                ]
+                for attn, mlp, s in rows
+            ]
+            keys = ("attn_before", "attn_after", "mlp_before", "mlp_after", "shift")
+            assert shown == [[block[k][position] for k in keys] for block in figures["blocks"]]
+        base = page.page.locator("[data-panel=adapter] [data-model=base] .mx-next-row")
+        assert base.evaluate_all("r => r.map(e => Number(e.dataset.id))") == [
+            n["id"] for n in figures["next_base"][:10]
+        ]
+        assert page.errors == []
+    finally:
+        context.close()

@@ -203,7 +203,7 @@ BAD_REQUESTS = {
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
         400,
-        "messages[0].content",
+        "messages[0].content[0].image_url.url",
     ),
 }
 

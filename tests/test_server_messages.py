@@ -111,7 +111,8 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ({"max_tokens": 5, "messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
         ({"max_tokens": 5, "messages": [{"role": "system", "content": 5}]}, "messages[0].content"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"max_tokens": 5, "messages": [{"role": "user", "content": [IMAGE]}]}, "messages[0].content[0]"),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}, "messages[0].content[0].source"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "x"}, IMAGE]}]}]},
@@ -179,9 +180,19 @@ def test_fields_no_reader_knows_and_server_tools_are_ignored_and_named():
     assert body.headers() == {"x-minimlx-ignored": ", ".join(body.ignored)}
 
 
-def test_images_are_refused_as_unsupported():
-    with pytest.raises(APIError, match="image input is not supported by this model"):
-        read_turn({"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "What is this?"}]}]})
+def test_image_blocks_are_read_in_place_and_other_sources_refused():
+    """A user's image block becomes its place in the text (the model's image token, once rendered) and its bytes;
+    a URL source is refused (the server fetches nothing), as is an image inside a tool_result."""
+    turn = read_turn({"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "What is this?"}]}]})
+    assert turn.messages == [{"role": "user", "content": "\ue000What is this?"}]
+    assert turn.images == [b"\x89PNG\r\n\x1a\n"]
+    url = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+    with pytest.raises(APIError, match="does not fetch image URLs") as refused:
+        read_turn({"messages": [{"role": "user", "content": [url]}]})
+    assert refused.value.param == "messages[0].content[0].source.url"
+    result = {"type": "tool_result", "tool_use_id": "t", "content": [IMAGE]}
+    with pytest.raises(APIError, match="images inside a tool_result are not read"):
+        read_turn({"messages": [{"role": "user", "content": [result]}]})
 
 
 def test_errors_take_anthropics_shape_and_type_by_status():

@@ -117,7 +117,10 @@ def test_function_tools_tool_choice_and_text_format():
         ({"input": 5}, "input"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": {}, "content": "x"}]}, "input[0].role"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].image_url",
+        ),
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "message_of_another_kind", "id": "msg_1"}]}, "input[0].type"),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),

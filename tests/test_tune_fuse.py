@@ -18,10 +18,11 @@ from minimlx.decode import Engine, Request, SamplingSettings
 PROMPT = [5, 17, 230, 41, 9]
 
 
-def greedy(model, count=10) -> list[int]:
-    """The model's greedy tokens after PROMPT (no end-of-sequence: the SentencePiece folders have no tokenizer.json)."""
+def greedy(model, count=10, prompt=PROMPT) -> list[int]:
+    """The model's greedy tokens after `prompt` (no end-of-sequence: the SentencePiece folders have no
+    tokenizer.json)."""
     engine = Engine(model, Ids(), max_batch=1)
-    generation = engine.submit(Request(PROMPT, SamplingSettings(max_tokens=count, temperature=0)))
+    generation = engine.submit(Request(prompt, SamplingSettings(max_tokens=count, temperature=0)))
     engine.run()
     return generation.tokens
 
@@ -90,3 +91,34 @@ def test_fuse_refuses_what_it_cannot_write_before_anything_loads(args, message, 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["fuse", "--model", "no-such-model", "--adapter-path", "adapter", *args])
     assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_expert_adapter_fuses(tmp_path):
+    """An adapter of a mixture's stacked experts (and queries), fused into an MLX and a Hugging Face folder, gives the
+    adapted model's greedy tokens from each; on a base packed in 8 bits the experts are packed again in 8 bits."""
+    from tuning import MOE, tiny_llama
+
+    from minimlx.tune import AdapterSettings, attach, save_adapter
+    from minimlx.tune.fuse import fuse
+    from minimlx.tune.lora import expert_adapters
+
+    base = tiny_llama(tmp_path / "moe", **MOE)
+    model = minimlx.load_model(base, "float32")
+    attach(model, AdapterSettings(rank=4, alpha=8, targets=("q_proj",), experts=("gate_up_proj", "down_proj")))
+    mx.random.seed(3)
+    for form in expert_adapters(model).values():
+        for low_rank in (form.gate_up_proj, form.down_proj):
+            low_rank.lora_b = mx.random.normal(low_rank.lora_b.shape) * 0.5
+    adapter = save_adapter(model.eval(), tmp_path / "adapter")
+    prompt = [5, 17, 23, 41, 9]
+    adapted = greedy(adapted_model(base, "float32", adapter), prompt=prompt)
+    assert adapted != greedy(minimlx.load_model(base, "float32"), prompt=prompt)
+    for format in ("mlx", "hf"):
+        out = fuse(base, adapter, tmp_path / f"fused-{format}", format=format)
+        assert greedy(minimlx.load_model(out, "float32"), prompt=prompt) == adapted, format
+    packed = minimlx.convert(base, tmp_path / "moe-8bit", bits=8, group_size=32)
+    out = fuse(packed, adapter, tmp_path / "fused-8bit")
+    weights = mx.load(str(out / "model.safetensors"))
+    assert weights["model.layers.0.mlp.switch_mlp.gate_proj.scales"].ndim == 3
+    expected = greedy(adapted_model(packed, "quantized", adapter), prompt=prompt)
+    assert greedy(minimlx.load_model(out, "quantized"), prompt=prompt) == expected

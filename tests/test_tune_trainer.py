@@ -99,14 +99,14 @@ def test_checkpointing_and_accumulation_keep_the_numbers(tune_folders, tmp_path)
 
 
 def test_gradient_checkpointing_keeps_less_memory():
-    """Per block, the backward pass recomputes what the forward pass made instead of holding it: the same loss and
-    gradients in less peak memory (a 4-block model over 2 x 256 tokens: attention scores dominate)."""
+    """A stage at a time, the backward pass recomputes what each block made instead of holding it, and the scores
+    never exist whole: the same loss and gradients in less peak memory (a 4-block model over 2 x 256 tokens)."""
     from memory_peaks import checkpointing_peaks, in_fresh_process
     from tuning import CONFIG
 
     results = in_fresh_process(checkpointing_peaks, CONFIG)
     (plain_loss, plain_grads, plain_peak), (loss, grads, peak) = results[False], results[True]
-    assert loss == plain_loss and peak < 0.75 * plain_peak
+    assert loss == pytest.approx(plain_loss, rel=1e-6) and peak < 0.75 * plain_peak
     for name, grad in grads.items():
         np.testing.assert_allclose(grad, plain_grads[name], rtol=1e-4, atol=1e-7)
 

@@ -49,15 +49,53 @@ FAMILIES = {
             mlp_only_layers=[0],
         ),
     ),
+    # experts in every layer, stored (experts, in, out) with gate and up interleaved; biases, sinks, windows of 4
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            SMALL,
+            intermediate_size=16,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=32, truncate=False
+            ),
+        ),
+    ),
+    # experts in every layer, stored (experts, in, out), gate rows first, not flagged as transposed for PEFT
+    "llama4_text": (
+        "Llama4TextConfig",
+        dict(
+            SMALL,
+            intermediate_size=16,
+            intermediate_size_mlp=64,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=1,
+            no_rope_layers=[1, 0],
+            attention_chunk_size=4,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
+# the mixtures whose experts' adapters the tests compare with PEFT's
+MIXTURES = ("qwen3_moe", "gpt_oss", "llama4_text")
 TARGETS = {
     "llama": "all-linear",
     "qwen3": ("q_proj", "v_proj", "down_proj"),
     "gemma3": "all-linear",
     # attention only: on transformers' MoE models PEFT turns FFN targets (and all-linear) into its adapters of the
-    # experts' stacked parameters (and the routers'), which minimlx does not adapt
+    # experts' stacked parameters (and the routers'), with twice the rank on gate_up_proj (EXPERTS adapts those)
     "qwen3_moe": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "gpt_oss": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "llama4_text": ("q_proj", "k_proj", "v_proj", "o_proj"),
 }
+# the experts' stacked projections (PEFT's target_parameters) beside two attention projections
+EXPERTS = dict(targets=("q_proj", "v_proj"), experts=("gate_up_proj", "down_proj"))
 
 
 def save_family(folder: Path, family: str):
@@ -85,9 +123,11 @@ def randomize_adapters(model, seed: int = 0) -> None:
     import mlx.core as mx
 
     from minimlx.tune import DoRALinear, adapters
+    from minimlx.tune.lora import expert_adapters
 
     rng = np.random.default_rng(seed)
-    for module in adapters(model).values():
+    low_ranks = [form[p] for form in expert_adapters(model).values() for p in form.adapted]
+    for module in [*adapters(model).values(), *low_ranks]:
         module.lora_a = mx.array(rng.normal(0, 0.2, module.lora_a.shape).astype(np.float32))
         module.lora_b = mx.array(rng.normal(0, 0.2, module.lora_b.shape).astype(np.float32))
         if isinstance(module, DoRALinear):
@@ -108,6 +148,7 @@ def peft_twin(torch_model, settings, adapter_folder: Path):
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=targets,
+        target_parameters=list(settings.experts) or None,
         use_dora=settings.dora,
         task_type="CAUSAL_LM",
     )
@@ -122,13 +163,12 @@ def peft_twin(torch_model, settings, adapter_folder: Path):
 
 def peft_name(model, name: str) -> str:
     """PEFT's parameter name (in the PeftModel, adapter `default`) of a minimlx adapter tensor `<path>.<kind>`."""
-    from minimlx.tune import checkpoint_name
+    from minimlx.tune.formats import peft_names
 
-    path, _, kind = name.rpartition(".")
-    suffix = {"lora_a": "lora_A.default.weight", "lora_b": "lora_B.default.weight"}.get(
-        kind, "lora_magnitude_vector.default.weight"
-    )
-    return f"base_model.model.{checkpoint_name(model, path)}.{suffix}"
+    saved = peft_names(model)[name]
+    if saved.endswith(".lora_magnitude_vector"):
+        return f"{saved}.default.weight"
+    return f"{saved.removesuffix('.weight')}.default.weight"
 
 
 def torch_loss(twin, ids: np.ndarray, mask: np.ndarray):

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
 
@@ -19,6 +19,7 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} w2 {% endfor %}"
     "{% if add_generation_prompt %}assistant {% endif %}"
 )
+MOE = dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 CONFIG = dict(
     model_type="llama",
     vocab_size=WORDS,
@@ -46,11 +47,14 @@ def word_tokenizer(template: str | None = TEMPLATE) -> Tokenizer:
 
 
 def tiny_llama(folder: Path, seed: int = 0, **changes) -> Path:
-    """A random 3-block llama over the words (`changes` to its config), with the chat template, as a Hugging Face
-    folder."""
+    """A random 3-block llama over the words (`changes` to its config: MOE makes it a mixture of experts), with the
+    chat template, as a Hugging Face folder."""
     config = {**CONFIG, **changes}
     mx.random.seed(seed)
     model = build_model(config)
+    # stacked experts start at zero: drawn as MLX draws a linear map's weights instead (bound 1 / sqrt(inputs))
+    experts = [(k, v) for k, v in tree_flatten(model.parameters()) if ".experts." in k and k.endswith("weight")]
+    model.update(tree_unflatten([(k, mx.random.uniform(-1, 1, v.shape) * v.shape[-1] ** -0.5) for k, v in experts]))
     mx.eval(model.parameters())
     folder.mkdir(parents=True, exist_ok=True)
     weights = model.config.names.to_theirs(dict(tree_flatten(model.parameters())))

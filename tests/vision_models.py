@@ -62,15 +62,52 @@ def pictures(shapes=SHAPES, seed: int = 0) -> list:
     return images
 
 
-def save_gemma3_image_text(folder: Path, seed: int = 0, **text):
-    """The tiny random Gemma3ForConditionalGeneration (its text config updated with `text`) saved to `folder` with
-    Gemma 3's image processor and a word tokenizer; returns the torch model and the transformers image processor."""
+def save_gemma3_image_text(folder: Path, seed: int = 0, outer: dict | None = None, **text):
+    """The tiny random Gemma3ForConditionalGeneration (its text config updated with `text`, its own with `outer`)
+    saved to `folder` with Gemma 3's image processor and a word tokenizer; returns the torch model and the
+    transformers image processor."""
     transformers = require("transformers")
-    config = {**GEMMA3_IMAGE_TEXT, "text_config": {**TEXT, **text}}
+    config = {**GEMMA3_IMAGE_TEXT, **(outer or {}), "text_config": {**TEXT, **text}}
     model = save_reference(folder, "Gemma3Config", seed, model_class="Gemma3ForConditionalGeneration", **config)
     processor = transformers.Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor.save_pretrained(folder)
     save_tokenizer(folder)
+    return model, processor
+
+
+# A tokenizer of printable ASCII characters and newline (one token each), then its special tokens: any text a
+# client sends back, tool calls among them, is read back as the same ids.
+CHARACTERS = [10] + list(range(32, 127))
+EOS, CHAT_IMAGE_START, CHAT_IMAGE_END, CHAT_IMAGE_TOKEN = range(len(CHARACTERS) + 1, len(CHARACTERS) + 5)
+SPECIALS = ["<eos>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def save_character_tokenizer(folder: Path) -> None:
+    """Byte-level (as GPT-2's) over `CHARACTERS` alone, `<unk>` next, then `SPECIALS`, and `CHAT_TEMPLATE`."""
+    tokenizers, transformers = require("tokenizers"), require("transformers")
+    alphabet = {b: chr(b) if 33 <= b < 127 else chr(256 + b) for b in CHARACTERS}  # GPT-2's bytes as characters
+    vocab = {alphabet[b]: i for i, b in enumerate(CHARACTERS)} | {"<unk>": len(CHARACTERS)}
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = tokenizers.decoders.ByteLevel()
+    backend.add_special_tokens(SPECIALS)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    tokenizer.save_pretrained(folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+def save_gemma3_chat(folder: Path, seed: int = 0):
+    """`save_gemma3_image_text`'s model over the character tokenizer, with its chat template (what a server serves);
+    returns the torch model and the transformers image processor."""
+    outer = dict(boi_token_index=CHAT_IMAGE_START, eoi_token_index=CHAT_IMAGE_END, image_token_index=CHAT_IMAGE_TOKEN)
+    outer |= dict(tie_word_embeddings=False)  # a head of its own: tied, each token's logits would favour itself
+    text = dict(vocab_size=EOS + len(SPECIALS), eos_token_id=EOS, bos_token_id=EOS, max_position_embeddings=1024)
+    text |= dict(tie_word_embeddings=False, sliding_window=48)  # local layers see the image from a short question
+    model, processor = save_gemma3_image_text(folder, seed, outer, **text)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    save_character_tokenizer(folder)
     return model, processor
 
 

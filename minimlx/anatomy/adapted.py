@@ -2,8 +2,10 @@
 
 For each block, what its attention and its FFN add to the residual stream (the norms of `attn_out` and `mlp_out`)
 in the base and in the adapted model, and how far the stream leaving it has moved (the norm of the difference of
-the two `resid_post`, relative to the base's), averaged over the prompt's positions; then the next token each
-model predicts. A block before the first adapted one adds exactly what the base's adds.
+the two `resid_post`, relative to the base's), at each of the prompt's positions (`block_changes`, what the
+explainer shows at the position picked) or averaged over them (`adapter_effect`); then the next token each model
+predicts. The base is the adapted model with its adapters detached (`minimlx.tune.detached`): one copy of the
+weights. A block before the first adapted one adds exactly what the base's adds.
 """
 
 from dataclasses import dataclass
@@ -11,8 +13,39 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import InvalidSettingError
+from ..tune.lora import detached
+from .ablation import Ablation
 from .trace import trace
+
+CHANGES = ("attn_before", "attn_after", "mlp_before", "mlp_after", "shift")
+
+
+def compared_names(model: nn.Module) -> list[str]:
+    """The activations `block_changes` reads, and the logits."""
+    blocks = [f"layers.{i}.{what}" for i in range(len(model.layers)) for what in ("attn_out", "mlp_out", "resid_post")]
+    return [*blocks, "logits"]
+
+
+def base_trace(model: nn.Module, ids, ablate: Ablation | None = None) -> dict[str, mx.array]:
+    """The trace of the adapted `model`'s base on `ids` (under `ablate`): what `block_changes` compares against."""
+    with detached(model):
+        return trace(model, ids, compared_names(model), ablate=ablate)
+
+
+def norms(x: mx.array) -> mx.array:
+    return mx.linalg.norm(x[0].astype(mx.float32), axis=-1)
+
+
+def block_changes(before: dict[str, mx.array], after: dict[str, mx.array], layers: int) -> list[dict[str, mx.array]]:
+    """Per block, from the traces of one prompt through the base (`before`) and the adapted model (`after`): each of
+    `CHANGES` at every position (tokens,)."""
+    blocks = []
+    for i in range(layers):
+        attn, mlp, stream = (f"layers.{i}.{what}" for what in ("attn_out", "mlp_out", "resid_post"))
+        moved = norms(after[stream] - before[stream]) / norms(before[stream])
+        values = (norms(before[attn]), norms(after[attn]), norms(before[mlp]), norms(after[mlp]), moved)
+        blocks.append(dict(zip(CHANGES, values)))
+    return blocks
 
 
 @dataclass
@@ -39,26 +72,11 @@ class AdapterEffect:
         return {"blocks": blocks, "next_token_before": self.next_before, "next_token_after": self.next_after}
 
 
-def mean_norm(x: mx.array) -> float:
-    return mx.linalg.norm(x[0].astype(mx.float32), axis=-1).mean().item()
-
-
-def adapter_effect(base: nn.Module, adapted: nn.Module, ids) -> AdapterEffect:
-    """Trace `base` and `adapted` (the same model with an adapter applied) on the token ids `ids` of one prompt."""
-    if len(base.layers) != len(adapted.layers):
-        raise InvalidSettingError("the adapted model has another number of blocks than the base; give the same model")
-    names = [f"layers.{i}.{what}" for i in range(len(base.layers)) for what in ("attn_out", "mlp_out", "resid_post")]
-    before, after = trace(base, ids, [*names, "logits"]), trace(adapted, ids, [*names, "logits"])
-    blocks = []
-    for i in range(len(base.layers)):
-        stream = f"layers.{i}.resid_post"
-        moved = mx.linalg.norm((after[stream] - before[stream])[0].astype(mx.float32), axis=-1)
-        shift = (moved / mx.linalg.norm(before[stream][0].astype(mx.float32), axis=-1)).mean().item()
-        attn, mlp = f"layers.{i}.attn_out", f"layers.{i}.mlp_out"
-        blocks.append(
-            BlockChange(
-                i, mean_norm(before[attn]), mean_norm(after[attn]), mean_norm(before[mlp]), mean_norm(after[mlp]), shift
-            )
-        )
+def adapter_effect(model: nn.Module, ids) -> AdapterEffect:
+    """Trace `model` (loaded with an adapter, or with one attached) with and without its adapters on the token ids
+    `ids` of one prompt."""
+    before, after = base_trace(model, ids), trace(model, ids, compared_names(model))
+    changes = block_changes(before, after, len(model.layers))
+    blocks = [BlockChange(i, *(block[k].mean().item() for k in CHANGES)) for i, block in enumerate(changes)]
     top = [int(mx.argmax(v["logits"][0, -1]).item()) for v in (before, after)]
     return AdapterEffect(blocks, *top)

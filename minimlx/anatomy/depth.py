@@ -7,6 +7,7 @@ the ledger; none is typed in.
 """
 
 from dataclasses import dataclass
+from functools import cache
 
 from .ledger import ledger
 
@@ -42,21 +43,23 @@ class DepthRow:
         return self.layers * 128 / self.width
 
 
-def depth_rows() -> list[DepthRow]:
-    """The seed's ten models, counted from their presets, in the seed's order."""
+@cache
+def depth_rows() -> tuple[DepthRow, ...]:
+    """The seed's ten models, counted from their presets, in the seed's order: once per process (the presets ship
+    with the package; every page of the explainer shows them)."""
     rows = []
     for model, name in SEED_MODELS.items():
         entry = ledger(name)
         shape = entry.shape
         rows.append(DepthRow(model, name, entry.total, entry.active, shape["d_model"], shape["layers"], shape["heads"]))
-    return rows
+    return tuple(rows)
 
 
 def _count(params: int) -> str:
     return f"{params / 1e12:.2f}T" if params >= 1e12 else f"{params / 1e9:.2f}B"
 
 
-def depth_table(rows: list[DepthRow]) -> str:
+def depth_table(rows: tuple[DepthRow, ...]) -> str:
     """The rows as the seed prints them, plus heads and layers per 128 of width."""
     lines = [
         f"{'model':<17}{'preset':<17}{'params':>9}{'active':>9}{'width':>7}{'layers':>8}{'heads':>7}"

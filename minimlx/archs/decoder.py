@@ -35,7 +35,7 @@ from ..core import (
 from ..core.ffn import ACTIVATIONS
 from ..errors import UnsupportedArchitectureError
 from .config import MAX_LAYERS, flag, number, require, rope_scaling
-from .experts import MoEConfig, stack_experts
+from .experts import GATE_FIRST, MoEConfig, stack_experts
 from .fused import fuse, split_fused
 from .gguf import llama_config, unpermute_rows
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
@@ -124,6 +124,7 @@ class DecoderConfig:
     gguf_names = LLAMA_GGUF_NAMES  # llama.cpp's
     defaults = {}  # transformers' values for the config keys that a family's published configs may leave out
     fused = ()  # checkpoint modules that stack several projections' rows: "qkv_proj", "gate_up_proj"
+    experts_layout = GATE_FIRST  # how Hugging Face checkpoints (and transformers) stack the routed experts' weights
     gguf_rows_permuted = False  # whether llama.cpp's converter reordered the q/k rows (LLaMA's files; not Qwen's)
 
     # read from every config
@@ -188,6 +189,7 @@ class DecoderConfig:
     wide_ffn_layers: tuple[int, ...] = ()  # layers whose dense FFN is twice `ffn_dims` wide
     moe_beside_ffn: bool = False  # `moe` runs beside the dense FFN (LayerInputBlock) in every layer, not instead
     image_token: int | None = None  # the placeholder id whose runs an image's soft tokens replace (`image_encoder`)
+    image_start_token: int | None = None  # the id a prompt writes where an image goes (`expand_images` follows it)
 
     @classmethod
     def from_config(cls, config: dict):

@@ -1,7 +1,8 @@
 """Mixtures of experts: the settings a family's config gives them, and their tensors as checkpoints store them.
 
 `MoEConfig` builds core's `MoE` from a family's settings; `stack_experts` turns per-expert (or fused) checkpoint
-tensors into the stacked `(num_experts, out, in)` weights of core's `Experts`.
+tensors into the stacked `(num_experts, out, in)` weights of core's `Experts`; `ExpertsLayout` is what a family declares
+about how its Hugging Face checkpoints (and transformers' modules) hold the experts' fused `gate_up_proj`.
 """
 
 import re
@@ -82,6 +83,45 @@ class MoEConfig:
         return MoE(router, experts, SwiGLU(dims, self.shared_ffn_dims, bias=bias), gate, self.weighted_inputs)
 
 
+@dataclass(frozen=True)
+class ExpertsLayout:
+    """How a family's Hugging Face checkpoints stack the experts' projections: each `(experts, out, in)` or, when
+    `transposed`, `(experts, in, out)`; the fused `gate_up_proj`'s outputs all the gate's first, then the up
+    projection's, or, when `interleaved`, alternating (gate, up, gate, up, ...). transformers keeps the same layout in
+    memory, so PEFT's adapters of `gate_up_proj` (`target_parameters`) order their outputs so too. PEFT's
+    `ParamWrapper` reads the stacked weights as (experts, out, in) unless transformers' module is `flagged` as
+    transposed (gpt-oss's is; Llama 4's is not)."""
+
+    transposed: bool = False
+    interleaved: bool = False
+    flagged: bool = True
+
+    @property
+    def peft_swapped(self) -> bool:
+        """Whether PEFT takes each stacked weight's inputs for its outputs (transposed, not flagged so): its adapter's
+        A then reads the projection's outputs and its B its inputs."""
+        return self.transposed and not self.flagged
+
+    def stored(self, weight: mx.array) -> mx.array:
+        """A stacked float weight, (experts, out, in), as the checkpoints store it, and back (its own inverse)."""
+        return weight.swapaxes(-1, -2) if self.transposed else weight
+
+    def split_gate_up(self, fused: mx.array, axis: int) -> tuple[mx.array, mx.array]:
+        """(gate, up) of the fused gate_up outputs along `axis` (counted from the front)."""
+        outputs = mx.moveaxis(fused, axis, 0)
+        half = outputs.shape[0] // 2
+        gate, up = (outputs[::2], outputs[1::2]) if self.interleaved else (outputs[:half], outputs[half:])
+        return mx.contiguous(mx.moveaxis(gate, 0, axis)), mx.contiguous(mx.moveaxis(up, 0, axis))
+
+    def fuse_gate_up(self, gate: mx.array, up: mx.array, axis: int) -> mx.array:
+        """`split_gate_up` undone: gate and up outputs along `axis` (counted from the front) fused in this layout."""
+        if not self.interleaved:
+            return mx.concatenate([gate, up], axis=axis)
+        return mx.stack([gate, up], axis=axis + 1).flatten(axis, axis + 1)
+
+
+GATE_FIRST = ExpertsLayout()  # qwen3_moe, mixtral, olmoe, ...: (experts, out, in), gate rows then up rows
+
 PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.(weight|scales|biases)$")
 FUSED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 
@@ -99,7 +139,7 @@ def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
             per_expert.setdefault(f"{m[1]}.{m[3]}.{m[4]}", {})[int(m[2])] = w
         elif m := FUSED.match(name):
             if m[2] == "gate_up_proj":
-                out[f"{m[1]}.gate_proj.weight"], out[f"{m[1]}.up_proj.weight"] = mx.split(w, 2, axis=1)
+                out[f"{m[1]}.gate_proj.weight"], out[f"{m[1]}.up_proj.weight"] = GATE_FIRST.split_gate_up(w, axis=1)
             else:
                 out[f"{m[1]}.down_proj.weight"] = w
         else:

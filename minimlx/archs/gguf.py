@@ -54,6 +54,20 @@ def llama_config(metadata: dict, tensors: dict, model_type: str) -> dict:
     }
 
 
+def hybrid_layers(config: dict, recurrent: str, attention: str) -> dict:
+    """`num_key_value_heads` and `layer_types` (kinds `recurrent` and `attention`) of a hybrid whose file marks its
+    recurrent layers by zero key-value heads: `attention.head_count_kv` one entry per layer (LFM2's, Granite 4's)."""
+    heads, layers = config["num_key_value_heads"], config["num_hidden_layers"]
+    heads = heads if isinstance(heads, list) else [heads] * layers
+    if len(heads) != layers or not any(heads):
+        raise CheckpointError(
+            f"GGUF attention.head_count_kv {heads} must give each of {layers} layers its key-value heads (0 for a "
+            "recurrent layer), some layer attending; the file is corrupt, re-convert it"
+        )
+    kinds = [attention if n else recurrent for n in heads]
+    return {**config, "num_key_value_heads": max(heads), "layer_types": kinds}
+
+
 def moe_config(m: Metadata) -> dict:
     """DeepSeek's mixture-of-experts config keys (DeepSeek-MoE, V2, V3, GLM-4.5) from llama.cpp's expert keys."""
     return {
@@ -132,13 +146,13 @@ def unpermute_rows(w: mx.array, heads: int) -> mx.array:
     return w.reshape(heads, rows // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpacked(weights: dict, name: str) -> mx.array:
-    """Remove tensor `name` (`X.weight`) from `weights` and return it as floats, dequantized if GGUF packed it
-    (`X.scales` and `X.biases` beside it, groups of 32, or its blocks as stored), in float32: for layouts that need a
-    transpose."""
+def unpacked(weights: dict, name: str, in_dims: int | None = None) -> mx.array:
+    """Remove tensor `name` (`X.weight`, of `in_dims` columns where known) from `weights` and return it as floats,
+    dequantized if GGUF packed it (`X.scales` and `X.biases` beside it, groups of 32, or its blocks as stored) in
+    float32, not in the scales' float16: for layouts that need a transpose or re-order their columns."""
     w, stem = weights.pop(name), name.removesuffix(".weight")
     if w.dtype == mx.uint8:  # held as the file's blocks (io/gguf_file.py's `stored`)
-        return dequantize_stored(w)
+        return dequantize_stored(w, in_dims)
     if f"{stem}.scales" not in weights:
         return w
     scales, biases = weights.pop(f"{stem}.scales"), weights.pop(f"{stem}.biases")

@@ -21,7 +21,7 @@ import mlx.core as mx
 from ..quantization import mxfp4_from_blocks
 from .config import global_layers, number, require
 from .decoder import DecoderConfig
-from .experts import MoEConfig
+from .experts import ExpertsLayout, MoEConfig
 from .gguf import Metadata, llama_config, windows
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
@@ -30,6 +30,8 @@ from .registry import register
 # `...experts.gate_up_proj` / `down_proj`, and their `_bias`, `_blocks`, `_scales`
 FUSED_EXPERTS = re.compile(r"^(.*\.experts\.)(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
 SPLIT_EXPERTS = re.compile(r"^(.*\.experts\.)(gate_proj|up_proj|down_proj)\.(weight|bias)$")  # as the model's
+# float weights stored (experts, in, out); gate_up_proj's outputs alternate: gate, up, gate, up, ...
+INTERLEAVED = ExpertsLayout(transposed=True, interleaved=True)
 
 
 def split_experts(weights: dict) -> dict:
@@ -41,16 +43,15 @@ def split_experts(weights: dict) -> dict:
             out[name] = w
             continue
         experts, fused, part = match.groups()
-        if part is None:  # float weights are stored (experts, in, out)
-            w, part = w.swapaxes(-1, -2), "_weight"
+        if part is None:
+            w, part = INTERLEAVED.stored(w), "_weight"
         elif part == "_blocks":
             w, part = mxfp4_from_blocks(w), "_weight"
         tensor = part.replace("_", ".")
         if fused == "down_proj":
             out[f"{experts}down_proj{tensor}"] = mx.contiguous(w)
-        else:  # rows alternate: gate, up, gate, up, ...
-            out[f"{experts}gate_proj{tensor}"] = mx.contiguous(w[:, ::2])
-            out[f"{experts}up_proj{tensor}"] = mx.contiguous(w[:, 1::2])
+        else:
+            out[f"{experts}gate_proj{tensor}"], out[f"{experts}up_proj{tensor}"] = INTERLEAVED.split_gate_up(w, axis=1)
     return out
 
 
@@ -66,11 +67,10 @@ def fuse_experts(weights: dict) -> dict:
         experts, projection, tensor = match.groups()
         suffix = "_bias" if tensor == "bias" else ""
         if projection == "down_proj":
-            out[f"{experts}down_proj{suffix}"] = w if suffix else w.swapaxes(-1, -2)
+            out[f"{experts}down_proj{suffix}"] = w if suffix else INTERLEAVED.stored(w)
         elif projection == "gate_proj":
-            up = weights[f"{experts}up_proj.{tensor}"]
-            both = mx.stack([w, up], axis=2).reshape(w.shape[0], -1, *w.shape[2:])  # rows: gate, up, gate, ...
-            out[f"{experts}gate_up_proj{suffix}"] = both if suffix else both.swapaxes(-1, -2)
+            both = INTERLEAVED.fuse_gate_up(w, weights[f"{experts}up_proj.{tensor}"], axis=1)
+            out[f"{experts}gate_up_proj{suffix}"] = both if suffix else INTERLEAVED.stored(both)
     return out
 
 
@@ -99,6 +99,7 @@ class GptOssConfig(DecoderConfig):
         ]
     )
     defaults = {"rope_theta": 150000.0, "head_dim": 64, "attention_bias": True}
+    experts_layout = INTERLEAVED
 
     sinks: bool = True
 

@@ -4,15 +4,24 @@ layer (`layer_types` "mamba", or transformers 5's "linear_attention") and the ot
 mixture of experts when `num_local_experts` (softmax over the chosen experts' logits). Scalings: the embedding by
 `embedding_multiplier`, attention scores by `attention_multiplier` (not 1/sqrt(head_dim)), each sub-layer's output
 by `residual_multiplier`, the logits divided by `logits_scaling`.
+
+mlx-lm's folders hold the dense FFN split (`mlp.gate_proj`, `up_proj`, `down_proj`) and the experts as
+`switch_mlp`. llama.cpp's converter (`granitehybrid`) marks the Mamba2 layers by zero key-value heads, turns
+attention by RoPE only where `rope.scaling.finetuned` says so (never, for a model with Mamba2 layers), stores A as
+-exp(A_log), the convolution as (channels, kernel), the gated norm's weight one row per group, and splits every fused
+FFN into gate and up.
 """
 
 from dataclasses import dataclass, replace
+
+import mlx.core as mx
 
 from ..errors import CheckpointError
 from .config import flag, number, recurrent_layers, require
 from .decoder import DecoderConfig, StateSpaceConfig
 from .experts import MoEConfig
-from .names import LLAMA_NAMES
+from .gguf import Metadata, hybrid_layers, llama_config
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 from .registry import register
 
 RECURRENT_KINDS, ATTENTION_KINDS = ("mamba", "linear_attention"), ("attention", "full_attention")
@@ -83,6 +92,7 @@ class GraniteHybridConfig(DecoderConfig):
             ("model.layers.{i}.shared_mlp.input_linear.", "layers.{i}.shared_mlp.gate_up_proj."),
             ("model.layers.{i}.shared_mlp.output_linear.", "layers.{i}.shared_mlp.down_proj."),
             ("model.layers.{i}.block_sparse_moe.router.layer.", "layers.{i}.ffn.router.proj."),
+            ("model.layers.{i}.block_sparse_moe.switch_mlp.", "layers.{i}.ffn.experts."),
             ("model.layers.{i}.block_sparse_moe.input_linear.weight", "layers.{i}.ffn.experts.gate_up_proj"),
             ("model.layers.{i}.block_sparse_moe.output_linear.weight", "layers.{i}.ffn.experts.down_proj"),
         ]
@@ -119,3 +129,62 @@ class GraniteHybridConfig(DecoderConfig):
         shared = "ffn.shared_experts" if self.moe is not None else "ffn"
         weights = {k.replace(".shared_mlp.", f".{shared}."): v for k, v in self.names.to_ours(weights).items()}
         return super().convert_weights(weights)
+
+    gguf_architectures = ("granitehybrid",)
+    gguf_names = LLAMA_GGUF_NAMES.extended(
+        [
+            ("blk.{i}.ssm_in.", "layers.{i}.attn.in_proj."),
+            ("blk.{i}.ssm_conv1d.", "layers.{i}.attn.conv1d."),
+            ("blk.{i}.ssm_dt.bias", "layers.{i}.attn.dt_bias"),
+            ("blk.{i}.ssm_a", "layers.{i}.attn.A_log"),
+            ("blk.{i}.ssm_d", "layers.{i}.attn.D"),
+            ("blk.{i}.ssm_norm.", "layers.{i}.attn.norm."),
+            ("blk.{i}.ssm_out.", "layers.{i}.attn.out_proj."),
+        ]
+    )
+    gguf_rows_permuted = True
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's keys: Mamba2's as its `ssm.*` (time_step_rank the heads, inner_size their width), the scalings
+        as `embedding_scale`, `residual_scale`, `attention.scale` and `logit_scale`; the FFN's width is
+        feed_forward_length (the experts' in a mixture, beside the shared expert's)."""
+        m = Metadata(metadata)
+        config = hybrid_layers(llama_config(metadata, tensors, "granitemoehybrid"), "mamba", "attention")
+        heads, inner = m["ssm.time_step_rank"], m["ssm.inner_size"]
+        first = config["layer_types"].index("mamba") if "mamba" in config["layer_types"] else 0
+        experts = m.get("expert_count", 0)
+        shared = m["expert_shared_feed_forward_length"] if experts else m["feed_forward_length"]
+        return {
+            **config,
+            "mamba_n_heads": heads,
+            "mamba_d_head": inner // heads,
+            "mamba_d_state": m["ssm.state_size"],
+            "mamba_n_groups": m["ssm.group_count"],
+            "mamba_d_conv": m["ssm.conv_kernel"],
+            "mamba_expand": inner // config["hidden_size"],
+            "mamba_conv_bias": f"blk.{first}.ssm_conv1d.bias" in tensors,
+            "mamba_proj_bias": f"blk.{first}.ssm_in.bias" in tensors,
+            "position_embedding_type": "rope" if m.get("rope.scaling.finetuned", True) else "nope",
+            "embedding_multiplier": m.get("embedding_scale", 1.0),
+            "residual_multiplier": m.get("residual_scale", 1.0),
+            "attention_multiplier": m.get("attention.scale") or config["head_dim"] ** -0.5,
+            "logits_scaling": m.get("logit_scale", 1.0),
+            "num_local_experts": experts,
+            "num_experts_per_tok": m.get("expert_used_count", 0),
+            "shared_intermediate_size": shared,
+        }
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """llama.cpp's tensors back to the checkpoint's: A_log from its -exp(A_log), A, D and the norm's weight as
+        vectors, the convolution (channels, kernel, 1)."""
+        weights = {}
+        for name, w in super().convert_gguf_weights(tensors, metadata).items():
+            if name.endswith(".A_log"):
+                w = mx.log(-w)
+            if name.endswith((".A_log", ".D", ".attn.norm.weight")):
+                w = w.reshape(-1)
+            elif name.endswith(".conv1d.weight"):
+                w = w[..., None]
+            weights[name] = w
+        return weights

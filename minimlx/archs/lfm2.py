@@ -2,13 +2,17 @@
 layer not in `full_attn_idxs`) and the others attend with each query and key head RMS-normed. Its FFN's width is
 adjusted from `intermediate_size` (two thirds, times `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`)
 when `block_auto_adjust_ff_dim`; its final norm is called `embedding_norm`.
+
+llama.cpp's converter (`lfm2`) writes the FFN's adjusted width, marks the convolution layers by zero key-value heads
+(`attention.head_count_kv` one entry per layer) and stores each convolution as (channels, kernel).
 """
 
 from dataclasses import dataclass, replace
 
 from .config import flag, number, recurrent_layers
 from .decoder import DecoderConfig, ShortConvConfig
-from .names import LLAMA_NAMES
+from .gguf import Metadata, hybrid_layers, llama_config
+from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 from .registry import register
 
 
@@ -72,3 +76,28 @@ class Lfm2Config(DecoderConfig):
         arch = super().from_config(c)
         mixer = ShortConvConfig(conv_layers(c, arch.layers), number(c, "conv_L_cache", 3), flag(c, "conv_bias"))
         return replace(arch, ffn_dims=ffn_dims(c), recurrent=mixer)
+
+    gguf_architectures = ("lfm2",)
+    gguf_names = LLAMA_GGUF_NAMES.extended(
+        [
+            ("token_embd_norm.", "norm."),
+            ("blk.{i}.shortconv.conv.", "layers.{i}.attn.conv1d."),
+            ("blk.{i}.shortconv.", "layers.{i}.attn."),
+        ]
+    )
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        m = Metadata(metadata)
+        config = hybrid_layers(llama_config(metadata, tensors, "lfm2"), "conv", "full_attention")
+        return {
+            **config,
+            "conv_L_cache": m["shortconv.l_cache"],
+            "norm_eps": config["rms_norm_eps"],
+            "block_auto_adjust_ff_dim": False,  # the file's feed_forward_length is the adjusted width
+        }
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """The convolutions (channels, kernel) as the model holds them, (channels, kernel, 1)."""
+        weights = super().convert_gguf_weights(tensors, metadata)
+        return {k: v[..., None] if k.endswith(".conv1d.weight") else v for k, v in weights.items()}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from ..core import UnscaledRMSNorm
 from .config import flag, number, require
 from .decoder import DecoderConfig
-from .experts import MoEConfig
+from .experts import ExpertsLayout, MoEConfig
 from .gguf import Metadata, llama_config
 from .image_text import ImageText, text_model_names
 from .names import LLAMA_NAMES
@@ -59,6 +59,8 @@ class Llama4TextConfig(DecoderConfig):
         "attention_chunk_size": 4,
     }
     names = NAMES
+    # transformers' Llama4TextExperts keeps them so too, unflagged: PEFT reads their axes the other way round
+    experts_layout = ExpertsLayout(transposed=True, flagged=False)
     defaults = {
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
@@ -140,7 +142,8 @@ class Llama4TextConfig(DecoderConfig):
 
     def convert_weights(self, weights: dict) -> dict:
         """The fused experts turned to the (experts, out, in) layout before they are split."""
-        weights = {name: w.swapaxes(-1, -2) if TRANSPOSED_EXPERTS.search(name) else w for name, w in weights.items()}
+        stored = self.experts_layout.stored
+        weights = {name: stored(w) if TRANSPOSED_EXPERTS.search(name) else w for name, w in weights.items()}
         return super().convert_weights(weights)
 
 

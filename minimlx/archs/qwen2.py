@@ -91,6 +91,9 @@ class Qwen2MoeConfig(Qwen2Config):
         }
 
     def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
-        """llama.cpp keeps the shared expert's gate as a vector; the model's is a (1, dims) linear map."""
-        weights = super().convert_gguf_weights(tensors, metadata)
-        return {k: v.reshape(1, -1) if k.endswith("shared_gate.weight") else v for k, v in weights.items()}
+        return shared_gate_rows(super().convert_gguf_weights(tensors, metadata))
+
+
+def shared_gate_rows(weights: dict) -> dict:
+    """llama.cpp keeps the shared expert's gate as a vector; the model's is a (1, dims) linear map."""
+    return {k: v.reshape(1, -1) if k.endswith("shared_gate.weight") else v for k, v in weights.items()}

@@ -14,14 +14,13 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 
 from ..core import OffsetRMSNorm
-from ..quantization import dequantize_stored
 from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
-from .gguf import Metadata, llama_config, partial_rotary
+from .gguf import Metadata, llama_config, partial_rotary, unpacked
 from .image_text import ImageText, text_model_names
 from .names import LLAMA_GGUF_NAMES
-from .qwen2 import Qwen2MoeConfig
-from .qwen3 import qwen_experts
+from .qwen2 import Qwen2MoeConfig, shared_gate_rows
+from .qwen3 import gguf_experts, qwen_experts
 from .registry import register
 
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
@@ -45,6 +44,9 @@ GGUF_NAMES = LLAMA_GGUF_NAMES.extended(
     ]
 )
 """llama.cpp's names of Qwen3.5's tensors (`qwen35`): the DeltaNet's as its `ssm_*`."""
+MOE_GGUF_NAMES = GGUF_NAMES.extended([("blk.{i}.ffn_gate_inp_shexp.", "layers.{i}.ffn.shared_gate.")])
+"""Qwen3.5-MoE's (`qwen35moe`) and Qwen3-Next's (`qwen3next`, whose DeltaNet keeps `ssm_ba` fused as the checkpoint's
+in_proj_ba): the shared expert's gate too."""
 GGUF_OFFSET_NORMS = (".attn_norm.weight", ".ffn_norm.weight", ".q_norm.weight", ".k_norm.weight")
 
 
@@ -55,18 +57,6 @@ def grouped_heads(a: mx.array, axis: int, key_heads: int, head_dims: int) -> mx.
     per_key = shape[axis] // (key_heads * head_dims)
     tiled = a.reshape(*shape[:axis], per_key, key_heads, head_dims, *shape[axis + 1 :])
     return mx.swapaxes(tiled, axis, axis + 1).reshape(shape)
-
-
-def unpacked(weights: dict, module: str, columns: int) -> mx.array:
-    """The float weight of `module` in `weights` (of `columns` inputs), taking its scales and biases out where it is
-    packed: its columns are to be reordered, which a packed row's groups cannot be."""
-    w = weights[f"{module}.weight"]
-    if w.dtype == mx.uint8:  # held as the file's blocks (io/gguf_file.py's `stored`)
-        return dequantize_stored(w, columns)
-    if f"{module}.scales" not in weights:
-        return w
-    scales, biases = weights.pop(f"{module}.scales"), weights.pop(f"{module}.biases")
-    return mx.dequantize(w, scales, biases, columns // scales.shape[-1], w.shape[-1] * 32 // columns)
 
 
 def mlx_lm_layout(weights: dict) -> bool:
@@ -145,17 +135,23 @@ class Qwen35TextConfig(DecoderConfig):
         m = Metadata(metadata)
         config = partial_rotary(m, llama_config(metadata, tensors, cls.gguf_model_type))
         value_heads = m["ssm.time_step_rank"]
+        if (recurrent := m.get("attention.recurrent_layers")) is not None:
+            kinds = {"layer_types": ["linear_attention" if r else "full_attention" for r in recurrent]}
+        else:  # an older converter's file: every full_attention_interval-th layer attends
+            kinds = {"full_attention_interval": m["full_attention_interval"]}
         return {
             **config,
+            **kinds,
             "linear_conv_kernel_dim": m["ssm.conv_kernel"],
             "linear_key_head_dim": m["ssm.state_size"],
             "linear_num_key_heads": m["ssm.group_count"],
             "linear_num_value_heads": value_heads,
             "linear_value_head_dim": m["ssm.inner_size"] // value_heads,
-            "layer_types": ["linear_attention" if r else "full_attention" for r in m["attention.recurrent_layers"]],
         }
 
     gguf_model_type = "qwen3_5_text"
+    gguf_tiled_heads = True
+    """Whether llama.cpp's converter stores the value heads tiled (`qwen35`, `qwen35moe`; not `qwen3next`)."""
 
     def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
         """llama.cpp's tensors back to the checkpoint's: norms as differences from 1, A_log from its -exp(A_log),
@@ -170,7 +166,7 @@ class Qwen35TextConfig(DecoderConfig):
             elif name.endswith(".conv1d.weight"):
                 w = w[..., None]
             weights[name] = w
-        if net.key_heads == net.value_heads:
+        if net.key_heads == net.value_heads or not self.gguf_tiled_heads:
             return weights
         keys, key_rows = net.key_heads, 2 * net.key_heads * net.key_dims
         for i in net.layers:
@@ -188,7 +184,7 @@ class Qwen35TextConfig(DecoderConfig):
                         weights[name] = mx.concatenate([w[:rows], grouped_heads(w[rows:], 0, keys, dims)])
             for name in ("A_log", "dt_bias"):
                 weights[at + name] = grouped_heads(weights[at + name], 0, keys, 1)
-            out = unpacked(weights, at + "out_proj", net.value_heads * net.value_dims)
+            out = unpacked(weights, at + "out_proj.weight", net.value_heads * net.value_dims)
             weights[at + "out_proj.weight"] = grouped_heads(out, 1, keys, net.value_dims)
         return weights
 
@@ -229,6 +225,24 @@ class Qwen35MoeTextConfig(Qwen35TextConfig):
         c = {**cls.defaults, **config}
         return replace(arch, moe=qwen_experts(c, number(c, "shared_expert_intermediate_size", 0, low=0)))
 
+    gguf_architectures = ("qwen35moe",)
+    gguf_names = MOE_GGUF_NAMES
+    gguf_model_type = "qwen3_5_moe_text"
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """Qwen3.5's keys and the experts' (llama.cpp's graph renormalises the chosen experts' weights)."""
+        m = Metadata(metadata)
+        return {
+            **super().gguf_config(metadata, tensors),
+            **gguf_experts(metadata),
+            "shared_expert_intermediate_size": m.get("expert_shared_feed_forward_length", 0),
+            "norm_topk_prob": True,
+        }
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        return shared_gate_rows(super().convert_gguf_weights(tensors, metadata))
+
 
 @register("qwen3_next")
 @dataclass
@@ -258,6 +272,19 @@ class Qwen3NextConfig(Qwen35MoeTextConfig):
         return super().export_weights(fused)
 
     def convert_weights(self, weights: dict) -> dict:
+        return super().convert_weights(self.split_projections(weights))
+
+    gguf_architectures = ("qwen3next",)
+    gguf_names = MOE_GGUF_NAMES.extended([("blk.{i}.ssm_ba.", "layers.{i}.attn.in_proj_ba.")])
+    gguf_model_type = "qwen3_next"
+    gguf_tiled_heads = False
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """Qwen3.5-MoE's reading (the converter splits in_proj_qkvz itself, keeping the value heads grouped), then
+        in_proj_ba split."""
+        return self.split_projections(super().convert_gguf_weights(tensors, metadata))
+
+    def split_projections(self, weights: dict) -> dict:
         """The fused, per-key-head interleaved in_proj_qkvz and in_proj_ba split into the four projections (their
         weights, and the scales and biases of packed ones)."""
         net, split = self.recurrent, {}
@@ -278,7 +305,7 @@ class Qwen3NextConfig(Qwen35MoeTextConfig):
                 b, a = mx.split(grouped, 2, axis=1)
                 split[f"{prefix}.in_proj_b.{leaf}"] = b.reshape(-1, *w.shape[1:])
                 split[f"{prefix}.in_proj_a.{leaf}"] = a.reshape(-1, *w.shape[1:])
-        return super().convert_weights(split)
+        return split
 
 
 def interleaved(parts: list[mx.array], heads: int) -> mx.array:

@@ -19,9 +19,8 @@ def adapter_effect(model, prompt, adapter, as_json, dtype):
     from ..anatomy.adapted import adapter_effect as effect
     from ..loading import load
 
-    base, tokenizer = load(model, dtype=inspection_dtype(dtype))
-    adapted, _ = load(model, dtype=inspection_dtype(dtype), adapter=adapter)
-    result = effect(base, adapted, tokenizer.encode(prompt))
+    adapted, tokenizer = load(model, dtype=inspection_dtype(dtype), adapter=adapter)
+    result = effect(adapted, tokenizer.encode(prompt))
     if as_json:
         click.echo(json.dumps(result.to_dict()))
         return

@@ -4,7 +4,7 @@ import click
 
 from ..anatomy.attention import AttentionPattern, attention_pattern
 from ..loading import load
-from .group import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspected_adapter_option, inspection_dtype, main
 from .plots import pyplot, save, shown
 
 
@@ -55,11 +55,12 @@ def draw(pattern: AttentionPattern, path: str, plt) -> None:
 @click.option(
     "--plot", type=click.Path(dir_okay=False), help="Also draw the pattern as a heatmap PNG (needs matplotlib)."
 )
+@inspected_adapter_option
 @dtype_option
-def attention(model, prompt, layer, head, plot, dtype):
+def attention(model, prompt, layer, head, plot, adapter, dtype):
     """Which earlier tokens each token of PROMPT reads: one layer's attention weights (no chat template)."""
     plt = pyplot("--plot", plot) if plot else None  # before the model loads: a missing matplotlib fails at once
-    model, tokenizer = load(model, dtype=inspection_dtype(dtype))
+    model, tokenizer = load(model, dtype=inspection_dtype(dtype), adapter=adapter)
     pattern = attention_pattern(model, tokenizer, prompt, layer, head)
     click.echo(table(pattern))
     if plot:

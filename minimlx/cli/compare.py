@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.similarity import compare_word
 from ..loading import load
-from .group import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspected_adapter_option, inspection_dtype, main
 
 
 @main.command()
@@ -15,10 +15,11 @@ from .group import TEXT, dtype_option, inspection_dtype, main
 @click.argument("second", type=TEXT)
 @click.option("--word", required=True, type=TEXT, help="A word that occurs in both sentences.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@inspected_adapter_option
 @dtype_option
-def compare(model, first, second, word, as_json, dtype):
+def compare(model, first, second, word, as_json, adapter, dtype):
     """Cosine similarity of WORD's hidden state in sentence FIRST and in sentence SECOND, per layer."""
-    model, tokenizer = load(model, dtype=inspection_dtype(dtype))
+    model, tokenizer = load(model, dtype=inspection_dtype(dtype), adapter=adapter)
     result = compare_word(model, tokenizer, first, second, word)
     if as_json:
         click.echo(json.dumps(result.to_dict(), ensure_ascii=False))

@@ -30,8 +30,14 @@ from .serve import check_address
     type=click.Choice(["float16", "bfloat16", "quantized"]),
     help="Also load the model at this precision, for the page's side-by-side precision view.",
 )
+@click.option(
+    "--adapter",
+    metavar="PATH",
+    help="Load the model with this adapter (PEFT's or mlx-lm's folder): the walk is the adapted model's, beside the "
+    "base's (the model with the adapter detached) on the same prompt.",
+)
 @dtype_option
-def explain(model, host, port, prompt, chat, html_path, compare, against, dtype):
+def explain(model, host, port, prompt, chat, html_path, compare, against, adapter, dtype):
     """Show the walk from tokens to the next token: serve the page, or with --html write it to one file."""
     from ..explainer import explain as walk_of
     from ..io.resolve import DEFAULT_MODEL
@@ -45,16 +51,17 @@ def explain(model, host, port, prompt, chat, html_path, compare, against, dtype)
         raise click.UsageError("--html needs --prompt, the prompt whose walk the file shows")
     if html_path is None:
         check_address(host, port)
-    loaded, tokenizer = load(name, dtype=inspection_dtype(dtype))
+    loaded, tokenizer = load(name, dtype=inspection_dtype(dtype), adapter=adapter)
+    title = name if adapter is None else f"{name} + adapter {adapter}"
     if html_path is not None:
-        walk_of(loaded, tokenizer, prompt, chat, compare=compare or None, title=name).save(html_path)
+        walk_of(loaded, tokenizer, prompt, chat, compare=compare or None, title=title).save(html_path)
         click.echo(f"wrote {html_path}", err=True)
         return
     import uvicorn
 
     from ..explainer.server import ExplainServer
 
-    second = load(name, dtype=against)[0] if against else None
-    server = ExplainServer(loaded, tokenizer, name, second, against)
-    click.echo(f"minimlx explain shows {name} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
+    second = load(name, dtype=against, adapter=adapter)[0] if against else None
+    server = ExplainServer(loaded, tokenizer, title, second, against)
+    click.echo(f"minimlx explain shows {title} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
     uvicorn.run(server.app, host=host, port=port, log_level="warning")

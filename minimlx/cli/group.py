@@ -110,6 +110,14 @@ dtype_option = click.option(
 )
 """The `--dtype` option of every command that loads a model."""
 
+inspected_adapter_option = click.option(
+    "--adapter",
+    metavar="PATH",
+    help="Look inside the model with this adapter (PEFT's or mlx-lm's folder) applied; `minimlx adapter-effect` "
+    "compares it with the base.",
+)
+"""The `--adapter` option of the commands that show a model's inner numbers (lens, attention, compare)."""
+
 kv_bits_option = click.option(
     "--kv-bits",
     type=click.Choice(["8", "4"]),

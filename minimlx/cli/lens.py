@@ -6,7 +6,7 @@ import click
 
 from ..anatomy.lens import LensResult, logit_lens
 from ..loading import load
-from .group import TEXT, dtype_option, inspection_dtype, main
+from .group import TEXT, dtype_option, inspected_adapter_option, inspection_dtype, main
 from .plots import pyplot, save, shown
 
 
@@ -57,11 +57,12 @@ def draw(result: LensResult, path: str, plt) -> None:
 @click.option("--top-k", default=5, show_default=True, help="Guesses kept per cell (the grid shows the first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Also draw the grid as a heatmap (needs matplotlib).")
+@inspected_adapter_option
 @dtype_option
-def lens(model, prompt, top_k, as_json, png, dtype):
+def lens(model, prompt, top_k, as_json, png, adapter, dtype):
     """Apply the final norm and lm_head after every block: the logit lens of PROMPT (no chat template)."""
     plt = pyplot("--png", png) if png else None
-    model, tokenizer = load(model, dtype=inspection_dtype(dtype))
+    model, tokenizer = load(model, dtype=inspection_dtype(dtype), adapter=adapter)
     result = logit_lens(model, tokenizer, prompt, top_k)
     click.echo(json.dumps(result.to_dict(), ensure_ascii=False) if as_json else grid(result))
     if png:

@@ -22,7 +22,8 @@ def layers(_context, _option, value: int) -> int | None:
     "--targets",
     default="q_proj,v_proj",
     show_default=True,
-    help="Projections to adapt, Hugging Face names separated by commas, or all-linear.",
+    help="Projections to adapt: Hugging Face names separated by commas (experts: the routed experts' stacked "
+    "projections, as PEFT's target_parameters), all-linear, or all (all-linear and the experts).",
 )
 @click.option("--batch-size", type=int, default=4, show_default=True)
 @click.option("--iters", type=int, default=1000, show_default=True, help="Optimizer updates.")
@@ -45,7 +46,12 @@ def layers(_context, _option, value: int) -> int | None:
     show_default=True,
     help="Train on the assistant's turns only (or on every token).",
 )
-@click.option("--grad-checkpoint", is_flag=True, help="Recompute each block in the backward pass (less memory).")
+@click.option(
+    "--grad-checkpoint",
+    is_flag=True,
+    help="Train a stage at a time: recompute each block in the backward pass, score the vocabulary in tiles "
+    "(less memory).",
+)
 @click.option("--test", is_flag=True, help="After training, print the loss on test.jsonl.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @dtype_option
@@ -60,11 +66,11 @@ def lora(model, data, fine_tune_type, num_layers, rank, alpha, dropout, targets,
     """
     from ..tune import AdapterSettings
     from ..tune.finetune import FineTune, finetune
+    from ..tune.lora import named_targets
     from ..tune.trainer import TrainingSettings
 
     training = {name: options.pop(name) for name in list(options) if name in TrainingSettings.__dataclass_fields__}
     settings = TrainingSettings(**training)
-    targets = targets if targets == "all-linear" else tuple(t.strip() for t in targets.split(",") if t.strip())
-    adapter = AdapterSettings(rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+    adapter = AdapterSettings(rank=rank, alpha=alpha, dropout=dropout, **named_targets(targets))
     job = FineTune(model, data, fine_tune_type, num_layers, adapter, **options)
     finetune(job, settings, report=click.echo, note=lambda line: click.echo(line, err=True))

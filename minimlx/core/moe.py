@@ -175,17 +175,33 @@ class Experts(nn.Module):
         """x: (..., dims), expert_indices: (..., k) -> each chosen expert's output (..., k, dims). With `per_choice`,
         x is (..., k, dims): a row of its own for each chosen expert."""
         # one 1-row matrix per token, (..., 1, 1, dims), or per choice, (..., k, 1, dims)
+        rows, indices, order = self.grouped(x, expert_indices, per_choice)
+        return self.ungrouped(self.project(rows, indices, order is not None), order, expert_indices.shape)
+
+    def grouped(
+        self, x: mx.array, expert_indices: mx.array, per_choice: bool = False
+    ) -> tuple[mx.array, mx.array, mx.array | None]:
+        """(rows, their experts, order): one 1-row matrix per token, (..., 1, 1, dims), or per choice, (..., k, 1,
+        dims), with the experts each meets; for many pairs, the (token, expert) pairs sorted by expert, flat, and the
+        `order` that sorted them (None when unsorted)."""
         rows = mx.expand_dims(x, -2) if per_choice else mx.expand_dims(x, (-2, -3))
-        indices, sort = expert_indices, expert_indices.size >= self.sort_from
-        if sort:
-            k = expert_indices.shape[-1]
-            order = mx.argsort(expert_indices.flatten())
-            rows = rows.flatten(0, -3)[order if per_choice else order // k]
-            indices = expert_indices.flatten()[order]
+        if expert_indices.size < self.sort_from:
+            return rows, expert_indices, None
+        k = expert_indices.shape[-1]
+        order = mx.argsort(expert_indices.flatten())
+        rows = rows.flatten(0, -3)[order if per_choice else order // k]
+        return rows, expert_indices.flatten()[order], order
+
+    def project(self, rows: mx.array, indices: mx.array, sort: bool) -> mx.array:
+        """down(activation(gate(rows), up(rows))), each row by its expert's weights."""
         hidden = self.activation(self.gate_proj(rows, indices, sort), self.up_proj(rows, indices, sort))
-        out = self.down_proj(hidden, indices, sort)
-        if sort:
-            out = mx.unflatten(out[mx.argsort(order)], 0, expert_indices.shape)
+        return self.down_proj(hidden, indices, sort)
+
+    @staticmethod
+    def ungrouped(out: mx.array, order: mx.array | None, shape: tuple) -> mx.array:
+        """The outputs of `grouped`'s rows back in token order, (..., k, dims)."""
+        if order is not None:
+            out = mx.unflatten(out[mx.argsort(order)], 0, shape)
         return out.squeeze(-2)
 
 

@@ -72,6 +72,24 @@ class Transformer(nn.Module):
         `last_only`, (batch, 1, vocab) for the last position only (a prompt's prefill, whose next token is
         sampled from it: the head's product over the other positions is skipped). `images` (one prompt's first
         pass) replace its image tokens' embeddings with soft tokens, each image's seeing each other both ways."""
+        x, positions = self.embedded(ids, cache, images)
+        if recorder is not None:
+            recorder(embed=x)
+        for i, layer in enumerate(self.layers):
+            layer_cache = cache[i] if cache is not None else None
+            scope = recorder.scope(f"layers.{i}.") if recorder is not None else None
+            x = self.run_layer(layer, x, layer_cache, scope, positions)
+        x = self.norm(x)  # over every position: on an earlier pipeline rank this slot sends them all on
+        logits = self.unembed(x[:, -1:] if last_only else x)
+        if recorder is not None:
+            recorder(final_norm=x, logits=logits)
+        return logits
+
+    def embedded(
+        self, ids: mx.array, cache: list | None = None, images: PlacedImages | None = None
+    ) -> tuple[mx.array, Positions]:
+        """The residual stream entering the first block, and the pass's positions: the embedded tokens (scaled,
+        images placed, learned positions added) and each layer's own input where the model has them."""
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * mx.array(self.embed_scale, dtype=x.dtype)
@@ -85,17 +103,7 @@ class Transformer(nn.Module):
             x = x + self.positions(start + mx.arange(ids.shape[1]))
         if "layer_inputs" in self:
             positions.layer_inputs = self.layer_inputs(ids, x)
-        if recorder is not None:
-            recorder(embed=x)
-        for i, layer in enumerate(self.layers):
-            layer_cache = cache[i] if cache is not None else None
-            scope = recorder.scope(f"layers.{i}.") if recorder is not None else None
-            x = self.run_layer(layer, x, layer_cache, scope, positions)
-        x = self.norm(x)  # over every position: on an earlier pipeline rank this slot sends them all on
-        logits = self.unembed(x[:, -1:] if last_only else x)
-        if recorder is not None:
-            recorder(final_norm=x, logits=logits)
-        return logits
+        return x, positions
 
     def encode_images(self, pixels: mx.array) -> mx.array:
         """Preprocessed pixels (images, channels, height, width) -> soft tokens (images, tokens, dims)."""

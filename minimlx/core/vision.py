@@ -101,7 +101,7 @@ class PooledProjector(nn.Module):
 
     def __init__(self, dims: int, text_dims: int, patches_per_side: int, tokens: int, eps: float):
         super().__init__()
-        self.side, self.tokens_side = patches_per_side, int(round(tokens**0.5))
+        self.side, self.tokens_side, self.tokens = patches_per_side, int(round(tokens**0.5)), tokens
         self.norm = OffsetRMSNorm(dims, eps)
         self.projection = mx.zeros((dims, text_dims))
 
@@ -120,6 +120,11 @@ class ImageEncoder(nn.Module):
     def __init__(self, encoder: nn.Module, projector: nn.Module):
         super().__init__()
         self.encoder, self.projector = encoder, projector
+
+    @property
+    def tokens(self) -> int:
+        """Soft tokens per image (the projector's `tokens`)."""
+        return self.projector.tokens
 
     def __call__(self, pixels: mx.array) -> mx.array:
         """(images, channels, height, width) -> (images, tokens per image, text dims)."""

@@ -23,6 +23,8 @@ from .linear import (
     NativeLinear,
     NativeQuantizedEmbedding,
     NativeQuantizedLinear,
+    QuantizedEmbeddingByOps,
+    QuantizedLinearByOps,
     exact,
     gated_product,
 )
@@ -312,8 +314,8 @@ def use_cpu_forms(model: nn.Module) -> nn.Module:
 
 
 CORE_PARTS = {form: part for part, form in (FORMS | NATIVE_FORMS).items()} | {
-    NativeQuantizedLinear: nn.QuantizedLinear,
-    NativeQuantizedEmbedding: nn.QuantizedEmbedding,
+    NativeQuantizedLinear: QuantizedLinearByOps,  # MLX's CPU products read packed codes many times slower than this
+    NativeQuantizedEmbedding: QuantizedEmbeddingByOps,
     NativeBlockLinear: BlockLinearByOps,  # weights held as GGUF blocks have no MLX module: dequantized as they are used
     NativeBlockEmbedding: BlockEmbeddingByOps,
 }

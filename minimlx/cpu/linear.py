@@ -135,12 +135,75 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
 
 
-class BlockLinearByOps(NativeBlockLinear):
-    """`NativeBlockLinear` as MLX ops that have gradients (training): the frozen weight dequantized (no gradient flows
-    into the stored blocks), then `x @ W.T`."""
+DEQUANTIZED_BYTES = 1 << 20
+"""About how many bytes of float32 weight rows `through_dequantized` makes at a time."""
+
+
+def through_dequantized(x: mx.array, dequantize, *packed: mx.array) -> mx.array:
+    """`x @ W.T` for a frozen packed weight W = dequantize(*packed), made a tile of rows at a time, each tile only
+    once the previous tile's product is done, and made again in the backward pass rather than kept from the forward
+    one: training's products with a packed base hold about DEQUANTIZED_BYTES of float weight each, never a layer's
+    or the model's, and run as MLX's float GEMM (its CPU products read packed codes many times slower). No gradient
+    flows into the packed arrays. `dequantize` takes row slices of `packed`."""
+    rows = packed[0].shape[0]
+    step = max(16, DEQUANTIZED_BYTES // (4 * x.shape[-1]))
+    tiles = [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+    def tile(parts, start, stop, after):
+        parts = [p[start:stop] for p in parts]
+        return dequantize(*(parts if after is None else mx.depends(parts, [after])))
+
+    @mx.custom_function
+    def product(x, *packed):
+        pieces = []
+        for start, stop in tiles:
+            pieces.append(x @ tile(packed, start, stop, pieces[-1] if pieces else None).T.astype(x.dtype))
+        return pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=-1)
+
+    @product.vjp
+    def product_vjp(primals, cotangent, output):
+        x, *packed = primals
+        d_x = None
+        for start, stop in tiles:
+            d_x_tile = cotangent[..., start:stop] @ tile(packed, start, stop, d_x).astype(cotangent.dtype)
+            d_x = d_x_tile if d_x is None else d_x + d_x_tile
+        return (d_x, *(mx.zeros_like(p) for p in packed))
+
+    return product(x, *packed)
+
+
+class QuantizedLinearByOps(nn.QuantizedLinear):
+    """`nn.QuantizedLinear` whose products dequantize the packed weight as they are computed (training on the CPU)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = x @ dequantized(self).T
+        y = through_dequantized(x, affine_dequantizer(self), *affine_parts(self))
+        return y + self.bias if "bias" in self else y
+
+
+class QuantizedEmbeddingByOps(nn.QuantizedEmbedding):
+    """`nn.QuantizedEmbedding` whose tied-head product dequantizes the table as it is computed (training)."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return through_dequantized(x, affine_dequantizer(self), *affine_parts(self))
+
+
+def affine_parts(module: nn.Module) -> tuple[mx.array, ...]:
+    return (module.weight, module.scales) + ((module.biases,) if "biases" in module else ())
+
+
+def affine_dequantizer(module: nn.Module):
+    def dequantize(weight, scales, biases=None):
+        return mx.dequantize(weight, scales, biases, module.group_size, module.bits, mode=module.mode)
+
+    return dequantize
+
+
+class BlockLinearByOps(NativeBlockLinear):
+    """`NativeBlockLinear` as MLX ops that have gradients (training): the frozen weight dequantized as the product is
+    computed (`through_dequantized`: no gradient flows into the stored blocks), then `x @ W.T`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = through_dequantized(x, block_dequantizer(self), self.weight)
         return y + self.bias if "bias" in self else y
 
 
@@ -148,13 +211,20 @@ class BlockEmbeddingByOps(NativeBlockEmbedding):
     """`NativeBlockEmbedding` whose tied-head product is MLX's matmul over the dequantized table (training)."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return x @ dequantized(self).T
+        return through_dequantized(x, block_dequantizer(self), self.weight)
 
 
 def dequantized(module: BlockWeight) -> mx.array:
     """The float32 weight of a module held as GGUF blocks, as a constant of the graph."""
-    rows = mx.arange(module.weight.shape[0], dtype=mx.int32)
-    return mx.stop_gradient(native.kernel.block_rows(module.weight, rows, module.ggml_type))
+    return mx.stop_gradient(block_dequantizer(module)(module.weight))
+
+
+def block_dequantizer(module: BlockWeight):
+    def dequantize(weight):
+        rows = mx.arange(weight.shape[0], dtype=mx.int32)
+        return native.kernel.block_rows(weight, rows, module.ggml_type)
+
+    return dequantize
 
 
 BLOCK_FORMS = {

@@ -7,6 +7,10 @@ base model and the ranks padded with zeros to the largest. A forward pass gather
 low-rank product to the base map's output; a DoRA adapter also rescales each output feature (its magnitude over the
 norm of its adapted weight's row), a LoRA adapter or the base by one. `AdapterRows` says which adapter each row of
 the next passes uses: the runner sets it before every pass, from each row's request.
+
+Routed experts some adapter changes (`ExpertsLowRank`, PEFT's adapters of the stacked expert projections) become
+`RowAdaptedExperts` the same way: each adapter's per-expert factors stacked after a zero adapter, adapter-major, so
+that a (token, expert) pair of a row of adapter i uses stacked factors i * experts + expert.
 """
 
 from dataclasses import dataclass
@@ -16,6 +20,10 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from ..errors import InvalidSettingError
+
+# the stacked expert projections an adapter can change: PEFT's gate_up_proj (gate rows, then up rows) and down_proj,
+# mlx-lm's gate_proj, up_proj and down_proj each apart
+EXPERT_PROJECTIONS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
@@ -28,6 +36,16 @@ class LowRank:
     b: mx.array
     scale: float
     rescale: mx.array | None = None
+
+
+@dataclass
+class ExpertsLowRank:
+    """One adapter's change to routed experts: for each stacked projection it adapts (`EXPERT_PROJECTIONS`, as
+    `tune.LoRAExperts`), its factors `(a, b)`, a (experts, rank, in) and b (experts, out, rank): expert e's rows add
+    `scale * (x @ a[e].T) @ b[e].T`."""
+
+    factors: dict[str, tuple[mx.array, mx.array]]
+    scale: float
 
 
 class AdapterRows:
@@ -70,12 +88,53 @@ class RowAdaptedLinear(nn.Module):
         return ratio * (y - bias + low) + bias
 
 
+class RowAdaptedExperts(nn.Module):
+    """Routed experts (core's `Experts`, float or packed) plus, per row, its adapter's change of each (token, expert)
+    pair. `lora_a[name]` ((adapters + 1) * experts, in, rank) and `lora_b[name]` ((adapters + 1) * experts, rank,
+    out) hold every adapter's factors of the stacked projection `name` (gate_up_proj: gate then up), `lora_scale`
+    (adapters + 1,) their scales, index 0 zeros."""
+
+    def __init__(self, base: nn.Module, a: dict, b: dict, scale: mx.array, rows: AdapterRows):
+        super().__init__()
+        self.base, self.lora_a, self.lora_b, self.lora_scale, self.rows = base, a, b, scale, rows
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, per_choice: bool = False) -> mx.array:
+        base, index = self.base, self.rows.index
+        if index is None:
+            return base(x, expert_indices, per_choice)
+        rows, indices, order = base.grouped(x, expert_indices, per_choice)
+        sort = order is not None
+        adapter = mx.broadcast_to(index.reshape(-1, *[1] * (expert_indices.ndim - 1)), expert_indices.shape)
+        pairs, scale = adapter * base.gate_proj.weight.shape[0] + expert_indices, self.lora_scale[adapter]
+        if sort:
+            pairs, scale = pairs.flatten()[order], scale.flatten()[order]
+        scale = scale[..., None, None]
+
+        def change(name: str, inputs: mx.array) -> mx.array:
+            low = mx.gather_mm(inputs, self.lora_a[name], rhs_indices=pairs)
+            return (scale * mx.gather_mm(low, self.lora_b[name], rhs_indices=pairs)).astype(inputs.dtype)
+
+        gate, up = base.gate_proj(rows, indices, sort), base.up_proj(rows, indices, sort)
+        if "gate_up_proj" in self.lora_a:
+            gate_change, up_change = mx.split(change("gate_up_proj", rows), 2, axis=-1)
+            gate, up = gate + gate_change, up + up_change
+        if "gate_proj" in self.lora_a:
+            gate = gate + change("gate_proj", rows)
+        if "up_proj" in self.lora_a:
+            up = up + change("up_proj", rows)
+        hidden = base.activation(gate, up)
+        out = base.down_proj(hidden, indices, sort)
+        if "down_proj" in self.lora_a:
+            out = out + change("down_proj", hidden)
+        return base.ungrouped(out, order, expert_indices.shape)
+
+
 class Adapters:
     """The adapters one model serves, by name: each adapted map of `model` made a `RowAdaptedLinear` holding all of
     them. `adapters` maps each name to its changes, `{module path: LowRank}` (paths as `model.named_modules()` gives
     them); a map one adapter leaves alone holds zeros for it."""
 
-    def __init__(self, model: nn.Module, adapters: dict[str, dict[str, LowRank]]):
+    def __init__(self, model: nn.Module, adapters: dict[str, dict[str, LowRank | ExpertsLowRank]]):
         if not adapters:
             raise InvalidSettingError("no adapters given; pass at least one NAME=PATH")
         self.names = list(adapters)
@@ -88,11 +147,15 @@ class Adapters:
         replaced = []
         for path in paths:
             changes = [adapters[name].get(path) for name in self.names]
-            replaced.append((path, self.stacked(modules[path], changes)))
+            given = next(c for c in changes if c is not None)
+            stack = self.stacked_experts if isinstance(given, ExpertsLowRank) else self.stacked
+            replaced.append((path, stack(modules[path], changes)))
         model.update_modules(tree_unflatten(replaced))
         # what the adapters hold (a DoRA map's magnitude as many numbers as its rescale), not the padded stacks
         self.parameter_count = sum(
-            c.a.size + c.b.size + (c.rescale.size if c.rescale is not None else 0)
+            sum(a.size + b.size for a, b in c.factors.values())
+            if isinstance(c, ExpertsLowRank)
+            else c.a.size + c.b.size + (c.rescale.size if c.rescale is not None else 0)
             for changes in adapters.values()
             for c in changes.values()
         )
@@ -120,6 +183,33 @@ class Adapters:
             rescale = mx.stack([ones] + [ones if c is None or c.rescale is None else c.rescale for c in changes])
         a, b = mx.contiguous(mx.stack(a).swapaxes(-1, -2)), mx.contiguous(mx.stack(b).swapaxes(-1, -2))
         return RowAdaptedLinear(base, a, b, scale, rescale, self.rows)
+
+    def stacked_experts(self, base: nn.Module, changes: list[ExpertsLowRank | None]) -> RowAdaptedExperts:
+        """The adapted form of routed experts: each stacked projection's per-expert factors of every adapter, a zero
+        adapter first, ranks padded to the largest, transposed for the products."""
+        given = [c for c in changes if c is not None]
+        names = [n for n in EXPERT_PROJECTIONS if any(n in c.factors for c in given)]
+        a, b = {}, {}
+        for name in names:
+            shaped = [c.factors[name] for c in given if name in c.factors]
+            rank = max(fa.shape[1] for fa, _ in shaped)
+            (experts, _, inputs), outputs, dtype = shaped[0][0].shape, shaped[0][1].shape[1], shaped[0][0].dtype
+            zero = (mx.zeros((experts, rank, inputs), dtype), mx.zeros((experts, outputs, rank), dtype))
+            stacks = [zero]
+            for c in changes:
+                fa, fb = zero if c is None or name not in c.factors else c.factors[name]
+                padding = rank - fa.shape[1]
+                stacks.append(
+                    (
+                        mx.pad(fa.astype(dtype), [(0, 0), (0, padding), (0, 0)]),
+                        mx.pad(fb.astype(dtype), [(0, 0), (0, 0), (0, padding)]),
+                    )
+                )
+            a[name] = mx.contiguous(mx.concatenate([fa for fa, _ in stacks]).swapaxes(-1, -2))
+            b[name] = mx.contiguous(mx.concatenate([fb for _, fb in stacks]).swapaxes(-1, -2))
+        dtype = given[0].factors[names[0]][0].dtype
+        scale = mx.array([0.0] + [0.0 if c is None else c.scale for c in changes], dtype=dtype)
+        return RowAdaptedExperts(base, a, b, scale, self.rows)
 
     def index_of(self, name: str | None) -> int:
         """The stacked index of adapter `name` (0: the base model, for None)."""

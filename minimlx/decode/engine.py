@@ -128,7 +128,9 @@ class Engine:
         # a model split across processes (minimlx.distributed) guards each step and agrees on the sampled tokens
         self.shared = model if isinstance(model, SharedSteps) else SharedSteps()
         self.scheduler = Scheduler(max_batch, max_queue, prefill_step, self.lookup, keeps)
-        self.runner = Runner(self.decoder, prefill_step, self.drafter, self.shared, self.prompt_cache, adapters)
+        self.runner = Runner(
+            self.decoder, prefill_step, self.drafter, self.shared, self.prompt_cache, adapters, model=model
+        )
         self.batch = Batch([])
         self.lock = self.scheduler.lock
         self.wake = threading.Event()  # set when there is work
@@ -145,11 +147,14 @@ class Engine:
 
     def lookup(self, generation: Generation) -> tuple[int, list]:
         """A joiner's cache (its conversation's, the prompt cache's longest match, or a fresh one) and the prompt
-        tokens it holds."""
+        tokens it holds: a prompt with images reuses a cache only where it holds them all."""
         cache = generation.request.cache
         cached = 0
         if cache is None and self.prompt_cache is not None and generation.request.adapter is None:
-            cached, cache = self.prompt_cache.fetch(generation.request.prompt)
+            cached, cache = self.prompt_cache.fetch(generation.cache_ids)
+            images = generation.request.images
+            if images is not None and cached < images.end:  # images are read in one first pass, from the start
+                cached, cache = 0, None
         return cached, cache if cache is not None else self.make_cache()
 
     def submit(self, request: Request) -> Generation:

@@ -9,6 +9,7 @@ import mlx.core as mx
 from ..core.sampling import apply_repetition_penalty
 from ..errors import InvalidSettingError, PromptTooLongError
 from .grammar import Matcher
+from .images import PromptImages
 from .output import Logprobs, Output, TextStream
 from .settings import SamplingSettings
 from .speculative import Verifier
@@ -22,7 +23,8 @@ class Request:
     `stop_ids` end the sequence (default: the tokenizer's end-of-sequence ids; empty: never); `cache` continues a
     conversation: the prompt then holds only the tokens after it. `cache_key` names the conversation the request
     belongs to (a client's `prompt_cache_key`): the prompt cache keeps one entry per key, its latest. `adapter`
-    names one of the engine's adapters (`Adapters`) this sequence decodes with (None: the base model).
+    names one of the engine's adapters (`Adapters`) this sequence decodes with (None: the base model). `images` are
+    the prompt's images (`PromptImages.read` wrote out their places in it).
     """
 
     prompt: list[int]
@@ -31,6 +33,7 @@ class Request:
     cache: list | None = None
     cache_key: str | None = None
     adapter: str | None = None
+    images: PromptImages | None = None
 
 
 class Sampling:
@@ -129,6 +132,13 @@ class Generation:
     drafted = property(lambda self: self.speculation.drafted)
     accepted = property(lambda self: self.speculation.accepted)
     stop_string = property(lambda self: self.text.stop_string, doc="the stop string that ended it, if one did")
+    reads_images = property(lambda self: self.request.images is not None, doc="whether its prompt holds images")
+
+    @property
+    def cache_ids(self) -> list[int]:
+        """The ids the prompt cache knows its prompt by: its images' places keyed by their pixels."""
+        images = self.request.images
+        return self.request.prompt if images is None else images.keyed(self.request.prompt)
 
     @property
     def running(self) -> bool:

@@ -1,11 +1,93 @@
-"""A prompt with images: its soft tokens encoded and prefilled, so that decoding continues from the cache."""
+"""A prompt with images: their pixels read, their places written out, their soft tokens prefilled in one first pass
+(each image's tokens see each other both ways), and the ids by which the prompt cache tells images apart."""
 
+import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from ..core.vision import PlacedImages
 from ..errors import InvalidSettingError
+from .prefill import marked
+
+
+@dataclass(frozen=True, eq=False)
+class PromptImages:
+    """A prompt's images, preprocessed: `pixels` (images, channels, height, width) float32 for the runs of `token` in
+    the prompt (one run per image, in order), `end` the index just past the last run, and `digests` each image's
+    pixels hashed (SHA-256), which `keyed` writes into the ids the prompt cache matches."""
+
+    pixels: np.ndarray
+    token: int
+    end: int
+    digests: tuple[bytes, ...]
+
+    @classmethod
+    def read(cls, model, ids: list[int], images: Sequence) -> tuple[list[int], "PromptImages"]:
+        """(the prompt `ids` with its images' places written out (`expand_images`), its images): `images` (paths,
+        bytes or Pillow images) one per place, in order; InvalidSettingError in one line for a text-only model, a
+        picture that cannot be read, or places that do not match the images."""
+        if "vision" not in model:
+            raise InvalidSettingError("this model reads text only; drop the images, or load an image-text model")
+        if model.image_processor is None:
+            raise InvalidSettingError("the model has no image processor: put its preprocessor_config.json beside it")
+        ids = model.config.expand_images(list(ids))
+        token, per_image = model.config.image_token, model.vision.tokens
+        runs = image_runs(ids, token)
+        if len(runs) != len(images) or any(stop - start != per_image for start, stop in runs):
+            raise InvalidSettingError(
+                f"the prompt has {len(runs)} place(s) for images but {len(images)} image(s) came; write the model's "
+                "image token where each image goes, once per image"
+            )
+        if runs and runs[-1][1] >= len(ids):
+            raise InvalidSettingError("the prompt ends inside an image's places; write text after the image")
+        pixels = model.image_processor(images)
+        digests = tuple(hashlib.sha256(np.ascontiguousarray(p).tobytes()).digest() for p in pixels)
+        return ids, cls(pixels, token, runs[-1][1] if runs else 0, digests)
+
+    def keyed(self, ids: list[int]) -> list[int]:
+        """`ids` with each image's places as ids no token has (negative, from the image's digest): the prompt cache
+        matches these, so a cache made with one image is never reused for another."""
+        out, image = list(ids), -1
+        for i, token in enumerate(ids[: self.end]):
+            if token != self.token:
+                continue
+            image += i == 0 or ids[i - 1] != self.token
+            chunk = self.digests[image][4 * (i % 8) : 4 * (i % 8) + 4]
+            out[i] = -1 - (int.from_bytes(chunk, "little") & 0x7FFFFFFF)
+        return out
+
+    def feed(self, model, ids: list[int], cache: list) -> None:
+        """Feed `ids` (the prompt but its last token, which holds every image) into `cache` (empty) in one pass, the
+        images' soft tokens in place; evaluated."""
+        features = model.encode_images(mx.array(self.pixels))
+        placed = PlacedImages.at(ids, self.token, features)
+        marked(cache)
+        model(mx.array([ids]), cache, images=placed, last_only=True)
+        mx.eval([c.state for c in marked(cache)])
+
+    def prefill_prompt(self, model, ids: list[int], cache: list) -> mx.array:
+        """`prefill.prefill_prompt` of a prompt holding these images: all but its last token in one pass with the
+        images in place, then its last token alone; the logits (1, 1, vocab) of that token (lazy)."""
+        self.feed(model, ids[:-1], cache)
+        logits = model(mx.array([ids[-1:]], dtype=mx.int32), cache, last_only=True)
+        marked(cache)
+        return logits
+
+
+def image_runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """(start, stop) of each run of `token` in `ids`."""
+    runs = []
+    for i, t in enumerate(ids):
+        if t != token:
+            continue
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def start_with_images(model, engine, ids: list[int], images: Sequence, cache, speculative: bool):
@@ -23,16 +105,6 @@ def prefill_images(model, ids: list[int], images: Sequence, cache: list) -> list
     """The prompt `ids` with its images' places written out (`expand_images`), all but its last token prefilled into
     `cache` (empty) with the images' soft tokens in place; returns the written-out prompt, whose last token the engine
     then feeds. `images`: paths, bytes or Pillow images, one per place in the prompt, in order."""
-    if "vision" not in model:
-        raise InvalidSettingError("this model reads text only; drop the images, or load an image-text model")
-    if model.image_processor is None:
-        raise InvalidSettingError("the model has no image processor: put its preprocessor_config.json beside it")
-    ids = model.config.expand_images(list(ids))
-    features = model.encode_images(mx.array(model.image_processor(images)))
-    try:
-        placed = PlacedImages.at(ids[:-1], model.config.image_token, features)
-    except ValueError as e:
-        raise InvalidSettingError(f"{e}; write the model's image token where each image goes") from None
-    model(mx.array([ids[:-1]]), cache, images=placed, last_only=True)
-    mx.eval([c.state for c in cache])
+    ids, placed = PromptImages.read(model, ids, images)
+    placed.feed(model, ids[:-1], cache)
     return ids

@@ -48,14 +48,23 @@ Prefilled = tuple[list[Generation], list, mx.array]  # (generations, their cache
 
 
 class Runner:
-    """Executes what the scheduler planned on `decoder` (the model, or its compiled step), feeding prompts
-    `prefill_step` tokens a pass; with a `drafter`, decodes in speculative rounds; with `adapters`, each pass runs
-    every row with its request's adapter. `batch_sizes` counts the decode steps by how many rows they ran."""
+    """Executes what the scheduler planned on `decoder` (`model`, or its compiled step), feeding prompts
+    `prefill_step` tokens a pass (a prompt's images through `model`); with a `drafter`, decodes in speculative rounds;
+    with `adapters`, each pass runs every row with its request's adapter. `batch_sizes` counts the decode steps by how
+    many rows they ran."""
 
     def __init__(
-        self, decoder: nn.Module, prefill_step: int, drafter, shared: SharedSteps, prompt_cache, adapters=None
+        self,
+        decoder: nn.Module,
+        prefill_step: int,
+        drafter,
+        shared: SharedSteps,
+        prompt_cache,
+        adapters=None,
+        model: nn.Module | None = None,
     ):
         self.decoder, self.prefill_step, self.drafter, self.shared = decoder, prefill_step, drafter, shared
+        self.model = decoder if model is None else model  # what reads a prompt's images (the decoder's model)
         self.prompt_cache: PromptCache | None = prompt_cache
         self.adapters: Adapters | None = adapters
         self.biases: tuple[list[Generation], mx.array] | None = None  # `row_biases`: the rows and their biases
@@ -93,8 +102,12 @@ class Runner:
     def prefill_alone(self, generation: Generation, cache: list, fed: int | None = None) -> Prefilled:
         """Feed the prompt from token `fed` (its cached tokens by default) and sample the first token."""
         start = generation.cached_tokens if fed is None else fed
+        images, prompt = generation.request.images, generation.request.prompt
         with self.adapted([generation]):
-            logits = prefill_prompt(self.decoder, generation.request.prompt[start:], cache, self.prefill_step)
+            if images is not None and start < images.end:  # the prompt cache holds none of it (`Engine.lookup`)
+                logits = images.prefill_prompt(self.model, prompt, cache)
+            else:
+                logits = prefill_prompt(self.decoder, prompt[start:], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])
         mx.eval(first, pending([generation]), [c.state for c in cache])
         return [generation], cache, first
@@ -249,14 +262,14 @@ class Runner:
             generation.cache = cache
             generation.request.cache[:] = cache
         else:  # held by the prompt cache, not by the generation too
-            self.prompt_cache.store(generation.request.prompt + generation.tokens, cache, generation.request.cache_key)
+            self.prompt_cache.store(generation.cache_ids + generation.tokens, cache, generation.request.cache_key)
 
     def keep_prefix(self, generation: Generation, cache: list, fed: int) -> None:
         """A prompt cancelled while it prefilled: its fed part goes to the prompt cache, so that a client retrying the
         same request (after its own timeout) starts from there."""
         request = generation.request
         if self.prompt_cache is not None and request.cache is None and request.adapter is None and fed:
-            self.prompt_cache.store(generation.request.prompt[:fed], cache, generation.request.cache_key)
+            self.prompt_cache.store(generation.cache_ids[:fed], cache, generation.request.cache_key)
 
 
 def merged(caches: list[list]) -> list:

@@ -35,6 +35,11 @@ class Schedulable(Protocol):
         """Whether it continues a conversation (its cache came with the request; its prompt lacks the cached part)."""
 
     @property
+    def reads_images(self) -> bool:
+        """Whether its prompt holds images: it prefills alone and unchunked (an image is read in one first pass, and
+        a group could re-feed its cached places as plain tokens)."""
+
+    @property
     def cancelled(self) -> bool: ...
 
     @property
@@ -138,7 +143,7 @@ class Scheduler:
         if release is not None:
             release(plan.leaving)
         joiners = self.admit(len(plan.going_on))
-        long = [j for j in joiners if self.needs(j) > self.prefill_step]
+        long = [j for j in joiners if self.needs(j) > self.prefill_step and not j[0].reads_images]
         self.prefilling += [(s, cache, s.cached_tokens) for s, cache in long]
         joiners = [j for j in joiners if j not in long]
         self.next_chunk(plan)
@@ -186,15 +191,15 @@ class Scheduler:
 
         A group feeds each member as many tokens as the neediest, re-feeding cached ones (or padding): it grows
         while that costs at most WASTED_TOKENS more than the members need, or a quarter more. A continued
-        conversation (whose prompt lacks its cached tokens) prefills alone, as does a prompt longer than a
-        prefill chunk.
+        conversation (whose prompt lacks its cached tokens) prefills alone, as do a prompt holding images and one
+        longer than a prefill chunk.
         """
 
         def joins(group, joiner):
             tokens, members = self.needs(joiner), group + [joiner]
             useful = sum(map(self.needs, members))
             return (
-                not any(s.continued for s, _ in members)
+                not any(s.continued or s.reads_images for s, _ in members)
                 and tokens <= self.prefill_step
                 and len(members) * tokens - useful <= max(WASTED_TOKENS, useful // 4)
                 and all(self.keeps(cache, max(0, len(s.prompt) - tokens)) for s, cache in members)

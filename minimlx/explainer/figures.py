@@ -7,6 +7,7 @@ import mlx.nn as nn
 
 from ..anatomy.depth import depth_rows
 from ..anatomy.ledger import ledger
+from ..tune.lora import adapters
 from .walk import INLINE_ATTENTION, MAX_TOKENS
 
 
@@ -28,4 +29,5 @@ def model_info(model: nn.Module, tokenizer, name: str, second_name: str | None =
         "max_tokens": MAX_TOKENS,
         "inline_attention": INLINE_ATTENTION,
         "second": second_name,
+        "adapted": bool(adapters(model)),  # the walk then carries the base against the adapted model
     }

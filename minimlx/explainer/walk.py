@@ -2,20 +2,23 @@
 
 Every figure is read from one `trace` of the prompt (with the ablation asked for) through the one loop: the lens
 rows from its residual stream (`top_guesses`, as `logit_lens` reads them), the attention weights, what attention
-and the FFN add, and the router's choices. Prompts are bounded: at most `MAX_TOKENS` tokens (longer ones keep
-their last `MAX_TOKENS`, with a note), and attention maps are inlined only up to `INLINE_ATTENTION` tokens;
-above that the page asks for one layer at a time (`attention_layer`).
+and the FFN add, and the router's choices. A model with adapters is traced once more with them detached, for the
+walk's `adapter` figures (the base against the adapted model, `block_changes`). Prompts are bounded: at most
+`MAX_TOKENS` tokens (longer ones keep their last `MAX_TOKENS`, with a note), and attention maps are inlined only up
+to `INLINE_ATTENTION` tokens; above that the page asks for one layer at a time (`attention_layer`).
 """
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..anatomy.ablation import Ablation
+from ..anatomy.adapted import base_trace, block_changes
 from ..anatomy.lens import top_guesses
 from ..anatomy.similarity import cosine
 from ..anatomy.trace import trace
 from ..core.sampling import filtered_logits
 from ..errors import InvalidSettingError
+from ..tune.lora import adapters
 
 MAX_TOKENS = 256  # the trace's attention weights then take at most layers * heads * 256^2 floats (70 MB on SmolLM2)
 INLINE_ATTENTION = 64  # tokens up to which every layer's attention maps come with the walk
@@ -49,7 +52,7 @@ def rounded(values: mx.array, digits: int = 6) -> list:
 
 def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = None) -> dict:
     """The whole walk of `ids` (already bounded) under `ablate`: tokens, lens, attention, contributions, routing
-    and the next-token distribution."""
+    and the next-token distribution; for a model with adapters, the base against it (`adapter`, else None)."""
     layers = len(model.layers)
     values = trace(model, ids, attention=True, ablate=ablate)
     stream = mx.stack([values["embed"][0]] + [values[f"layers.{i}.resid_post"][0] for i in range(layers)])
@@ -85,7 +88,17 @@ def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = 
         "attention": [attention_of(values, i) for i in range(layers)] if inline else None,
         "blocks": blocks,
         "next": top_tokens(tokenizer, values["logits"][0, -1], NEXT_TOP),
+        "adapter": adapter_figures(model, tokenizer, ids, values, ablate) if adapters(model) else None,
     }
+
+
+def adapter_figures(model: nn.Module, tokenizer, ids: list[int], after: dict, ablate: Ablation | None) -> dict:
+    """The base (`model` with its adapters detached) against the adapted model's trace `after`, under the same
+    `ablate`: per block, what attention and the FFN add before and after and how far the stream moved, at each
+    position; and the base's next-token distribution (the adapted model's is the walk's `next`)."""
+    before = base_trace(model, ids, ablate)
+    blocks = [{k: rounded(v) for k, v in block.items()} for block in block_changes(before, after, len(model.layers))]
+    return {"blocks": blocks, "next_base": top_tokens(tokenizer, before["logits"][0, -1], NEXT_TOP)}
 
 
 def routing(model: nn.Module, values: dict, layer: int) -> dict | None:

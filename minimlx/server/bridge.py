@@ -17,6 +17,7 @@ from typing import TypeVar
 import mlx.core as mx
 
 from ..decode import Engine, Generation, Output, Request, SamplingSettings
+from ..decode.images import PromptImages
 from ..errors import InvalidSettingError, PromptTooLongError, QueueFullError
 from .fields import APIError, bad
 
@@ -135,14 +136,16 @@ class EngineBridge:
         param: str,
         cache_key: str | None = None,
         adapter: str | None = None,
+        images: PromptImages | None = None,
     ) -> tuple[list[Generation], asyncio.Queue]:
-        """Start `n` generations of `prompt` (the request's field `param`), with the engine's `adapter` (None: the
-        base model); their outputs come on the returned queue."""
+        """Start `n` generations of `prompt` (the request's field `param`, holding `images`), with the engine's
+        `adapter` (None: the base model); their outputs come on the returned queue."""
         queue, generations = asyncio.Queue(), []
         try:
             for _ in range(n):
                 with self.listening:
-                    generation = self.engine.submit(Request(prompt, settings, cache_key=cache_key, adapter=adapter))
+                    request = Request(prompt, settings, cache_key=cache_key, adapter=adapter, images=images)
+                    generation = self.engine.submit(request)
                     self.listeners[generation] = (asyncio.get_running_loop(), queue)
                 generations.append(generation)
         except QueueFullError as e:

@@ -26,6 +26,7 @@ from .fields import (
     text_content,
 )
 from .hangups import until_disconnected
+from .images import content_with_images
 from .turns import Piece, TokenLogprob, Turn, Usage
 
 if TYPE_CHECKING:
@@ -164,8 +165,9 @@ def chat_turn(body: dict) -> Turn:
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+    images = []
     return Turn(
-        messages=chat_messages(body),
+        messages=chat_messages(body, images),
         tools=tools or None,
         tool_choice=tool_choice(body.get("tool_choice")),
         parallel_tool_calls=parallel,
@@ -175,6 +177,7 @@ def chat_turn(body: dict) -> Turn:
         template_kwargs=kwargs,
         n=choices(body),
         cache_key=optional(body, "prompt_cache_key", str, "a string"),
+        images=images,
     )
 
 
@@ -220,8 +223,9 @@ def response_format(body: dict):
     raise bad("response_format", f"'response_format.type' must be text, json_object or json_schema, got {kind!r}")
 
 
-def chat_messages(body: dict) -> list[dict]:
-    """The messages, checked, in Turn's shape: developer becomes system, content becomes text."""
+def chat_messages(body: dict, images: list[bytes]) -> list[dict]:
+    """The messages, checked, in Turn's shape: developer becomes system, content becomes text (a user's image parts
+    their places in it, their bytes appended to `images`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list of {role, content} objects")
@@ -231,11 +235,14 @@ def chat_messages(body: dict) -> list[dict]:
             raise bad(f"messages[{i}].role", f"messages[{i}] needs a role out of {', '.join(ROLES)}")
         role = "system" if message["role"] == "developer" else message["role"]
         calls = message.get("tool_calls") if role == "assistant" else None
-        content = message.get("content")
-        turn = {
-            "role": role,
-            "content": "" if content is None and calls else text_content(content, f"messages[{i}].content"),
-        }
+        content, param = message.get("content"), f"messages[{i}].content"
+        if content is None and calls:
+            content = ""
+        elif role == "user":
+            content = content_with_images(content, param, images)
+        else:
+            content = text_content(content, param)
+        turn = {"role": role, "content": content}
         if calls:
             turn["tool_calls"] = tool_calls(calls, f"messages[{i}].tool_calls")
         if role == "assistant" and isinstance(message.get("reasoning_content"), str):

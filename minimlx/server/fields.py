@@ -141,7 +141,7 @@ def text_content(content, param: str, kinds=("text", "input_text", "output_text"
         return content
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
         if any(p.get("type") in ("image", "image_url", "input_image") for p in content):
-            raise unsupported_image(param)
+            raise bad(param, f"'{param}' cannot hold images: only a user message does; move the image there")
         if all(p.get("type", "text") in kinds and isinstance(p.get("text"), str) for p in content):
             return "".join(p["text"] for p in content)
     raise bad(param, f"'{param}' must be a string or a list of text parts")

@@ -30,6 +30,7 @@ from .fields import (
     text_field,
 )
 from .hangups import until_disconnected
+from .images import IMAGE_PLACE, image_part
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ ERROR_TYPES = {
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 PING = {"type": "ping"}  # what Anthropic's streams send to keep a quiet connection alive
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-NO_IMAGES = "image input is not supported by this model; send text"
+NO_IMAGES = "images inside a tool_result are not read; send them as image blocks of a user message"
 ROLES = ("user", "assistant", "system")
 # content blocks of tools that Anthropic's servers run, which this server leaves out of the prompt
 IGNORED_BLOCKS = ("server_tool_use", "web_search_tool_result", "code_execution_tool_result", "container_upload")
@@ -99,8 +100,9 @@ def read_turn(body: Body) -> Turn:
     history = body.get("messages")
     if not isinstance(history, list):
         raise bad("messages", "'messages' must be a list of {role, content} objects")
+    images = []
     for i, message in enumerate(history):
-        messages += chat_messages(message, f"messages[{i}]")
+        messages += chat_messages(message, f"messages[{i}]", images)
     if not history:  # llama.cpp's server answers an empty conversation too: from an empty user turn
         messages.append({"role": "user", "content": ""})
     tools = body.get("tools") or []
@@ -114,6 +116,7 @@ def read_turn(body: Body) -> Turn:
         tool_choice=choice,
         parallel_tool_calls=parallel,
         template_kwargs=thinking(body.get("thinking")) | effort_variable(body, "output_config", "messages"),
+        images=images,
     )
 
 
@@ -137,10 +140,11 @@ def sampling(body: dict) -> dict:
     }
 
 
-def chat_messages(message, param: str) -> list[dict]:
+def chat_messages(message, param: str, images: list[bytes]) -> list[dict]:
     """One Anthropic message as chat messages: an assistant's tool_use blocks become its tool_calls and its
-    thinking its reasoning_content; a user's tool_result blocks become tool messages, before any text it has; a
-    system message (Claude Code's mid-conversation reminders) stays a system message, its text joined."""
+    thinking its reasoning_content; a user's tool_result blocks become tool messages, before any text it has, and
+    its image blocks places in its text (their bytes appended to `images`); a system message (Claude Code's
+    mid-conversation reminders) stays a system message, its text joined."""
     if not isinstance(message, dict) or message.get("role") not in ROLES:
         raise bad(f"{param}.role", f"{param} needs a role out of {', '.join(ROLES)}")
     role, content = message["role"], message.get("content")
@@ -156,8 +160,9 @@ def chat_messages(message, param: str) -> list[dict]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(text_field(block, "text", where))
-        elif kind == "image":
-            raise bad(where, NO_IMAGES)
+        elif kind == "image" and role == "user":
+            images.append(image_part(block, where))
+            texts.append(IMAGE_PLACE)
         elif kind in IGNORED_BLOCKS:
             continue
         elif role == "assistant" and kind == "thinking":

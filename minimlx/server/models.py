@@ -15,8 +15,9 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from ..decode import Engine
+from ..decode.images import PromptImages
 from ..embedding import Embedder, reranker
-from ..errors import MinimlxError
+from ..errors import InvalidSettingError, MinimlxError
 from .access_log import RequestRecord, current_request
 from .adapters import AdapterChoice, chosen
 from .answer import Answer
@@ -58,8 +59,14 @@ class ServedModel:
         self.adapters = AdapterChoice(known.name, engine.adapters, any_name=True)  # the catalog checked the name
         self.serving, self.embedder = serving, embedder
         self.bridge = EngineBridge(engine, serving.request_timeout)
-        self.renderer = Renderer(engine.tokenizer, serving.chat_template, serving.reasoning, serving.forced_call)
+        model = engine.model
+        self.reads_images = "vision" in model
+        image_text = self.tokenizer.decode([model.config.image_start_token]) if self.reads_images else None
+        self.renderer = Renderer(
+            engine.tokenizer, serving.chat_template, serving.reasoning, serving.forced_call, image_text
+        )
         capabilities = self.renderer.capabilities() + (("embedding",) if embedder is not None else ())
+        capabilities += ("vision",) if self.reads_images else ()
         self.card = ModelCard.of(engine.model, known.name, str(known.path), capabilities)
         self.reranker = reranker(engine.model, self.tokenizer)
 
@@ -78,18 +85,32 @@ class ServedModel:
         return self.renderer.render(turn)
 
     def count_tokens(self, turn: Turn) -> int:
-        return self.renderer.count_tokens(turn)
+        """The turn's prompt tokens, each image's places among them (as `expand_images` writes them out)."""
+        count = self.renderer.count_tokens(turn)
+        if turn.images:
+            start = self.engine.model.config.image_start_token
+            count += len(turn.images) * (len(self.engine.model.config.expand_images([start])) - 1)
+        return count
 
     async def start(self, turn: Turn) -> Answer:
-        """Start the turn's choices: its template, its tool choice or answer grammar, its settings."""
+        """Start the turn's choices: its template, its tool choice or answer grammar, its settings, its images (read
+        and checked on a worker thread: decoding a picture takes a while)."""
         turn, prompt, parser, switched = self.renderer.prepare(turn)
-        answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched)
+        images = None
+        if turn.images:
+            try:
+                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, turn.images)
+            except InvalidSettingError as e:
+                raise bad(turn.messages_param, str(e)) from None
+        answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched, images=images)
         answer.parsers = [parser() for _ in answer.generations]
         return answer
 
-    async def start_raw(self, prompt: list[int], turn: Turn, param: str, bounded: bool = True) -> Answer:
-        """Start `turn.n` generations of the token ids `prompt` (the request's field `param`) with the turn's
-        settings; their text is content alone. Without a max_tokens the answer may use the room left in the
+    async def start_raw(
+        self, prompt: list[int], turn: Turn, param: str, bounded: bool = True, images: PromptImages | None = None
+    ) -> Answer:
+        """Start `turn.n` generations of the token ids `prompt` (the request's field `param`, holding `images`) with
+        the turn's settings; their text is content alone. Without a max_tokens the answer may use the room left in the
         context (or --max-tokens); one above that is capped, and the answer says so."""
         if turn.n > self.engine.max_batch:
             raise bad("n", f"'n' is {turn.n} but this server decodes at most {self.engine.max_batch} (--max-batch)")
@@ -97,7 +118,9 @@ class ServedModel:
         limit = (self.serving.max_tokens if bounded else None) or self.engine.context or UNBOUNDED_MAX_TOKENS
         fields = {**turn.settings, "max_tokens": limit if asked is None else min(asked, limit)}
         settings = sampling_settings(turn.params, **fields, constraint=turn.constraint, logprobs=turn.logprobs)
-        generations, queue = self.bridge.submit(prompt, settings, turn.n, param, turn.cache_key, chosen.get())
+        generations, queue = self.bridge.submit(
+            prompt, settings, turn.n, param, turn.cache_key, chosen.get(), images=images
+        )
         answer = Answer(self.bridge, self.renderer, generations, queue, self.serving.heartbeat)
         given = generations[0].max_tokens
         if asked is not None and given < asked:  # llama-server's rule: the answer is capped, and this says so

@@ -27,6 +27,7 @@ from ..errors import InvalidSettingError, MinimlxError
 from ..io import hub
 from .fields import APIError, Body, bad, checked_schema, flag, ignore_unread, optional, text_content
 from .hangups import until_disconnected
+from .images import ollama_images
 from .residency import FOREVER, Resident, seconds
 from .turns import Turn
 
@@ -55,15 +56,16 @@ class OllamaAPI:
 
     async def chat(self, request: HTTPRequest):
         body = await self.server.read(request)
-        turn = Turn(chat_messages(body.get("messages")), tools=tools(body))
+        images = []
+        turn = Turn(chat_messages(body.get("messages"), images), tools=tools(body), images=images)
         return await self.answer(request, body, turn, "message")
 
     async def generate(self, request: HTTPRequest):
         """A completion of `prompt`; without one, Ollama's way to load a model (or, with keep_alive 0, unload it)."""
         body = await self.server.read(request)
         prompt = optional(body, "prompt", str, "a string") or ""
-        if optional(body, "images", list, "a list of base64 images"):
-            raise bad("images", "image input is not supported by this model; send text")
+        images = []
+        places = ollama_images(body.get("images") or [], "images", images)
         if not prompt:
             model = await self.model_of(body)
             unloading = self.models.residency.residents[model.known.name].keep_alive == 0
@@ -71,7 +73,10 @@ class OllamaAPI:
             done = {"model": model.card.name, "created_at": now, "response": "", "done": True}
             return JSONResponse(done | {"done_reason": "unload" if unloading else "load"})
         system = optional(body, "system", str, "a string")
-        turn = Turn(([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}])
+        user = {"role": "user", "content": places + prompt}
+        turn = Turn(([{"role": "system", "content": system}] if system else []) + [user], images=images)
+        if images and flag(body, "raw"):
+            raise bad("raw", "a raw prompt takes no images; send the images without 'raw'")
         return await self.answer(request, body, turn, "response")
 
     async def answer(self, request: HTTPRequest, body: Body, turn: Turn, kind: str):
@@ -209,9 +214,10 @@ def expiry(resident: Resident) -> str:
 # ---- the request ----
 
 
-def chat_messages(messages) -> list[dict]:
-    """Ollama's messages in the Turn's shape: tool calls get ids (Ollama's have none), and each tool result the id
-    of the call it answers, the next one not yet answered (by name when the result names its tool)."""
+def chat_messages(messages, images: list[bytes]) -> list[dict]:
+    """Ollama's messages in the Turn's shape: tool calls get ids (Ollama's have none), each tool result the id
+    of the call it answers, the next one not yet answered (by name when the result names its tool), and a user's
+    `images` their places before its text (their bytes appended to `images`)."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list of {role, content} objects")
     turns, unanswered = [], []
@@ -219,9 +225,13 @@ def chat_messages(messages) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
             raise bad(f"{where}.role", f"{where} needs a role out of system, user, assistant, tool")
+        places = ""
         if message.get("images"):
-            raise bad(f"{where}.images", "image input is not supported by this model; send text")
-        turn = {"role": message["role"], "content": text_content(message.get("content") or "", f"{where}.content")}
+            if message["role"] != "user":
+                raise bad(f"{where}.images", f"{where} is a {message['role']} message; only a user's holds images")
+            places = ollama_images(message["images"], f"{where}.images", images)
+        content = places + text_content(message.get("content") or "", f"{where}.content")
+        turn = {"role": message["role"], "content": content}
         if message["role"] == "assistant":
             calls = [
                 ollama_call(call, f"{where}.tool_calls[{k}]") for k, call in enumerate(message.get("tool_calls") or [])

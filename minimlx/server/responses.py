@@ -33,6 +33,7 @@ from .fields import (
     text_field,
 )
 from .hangups import until_disconnected
+from .images import IMAGE_PLACE, image_part
 from .turns import Turn
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ def read_request(body: Body) -> tuple[Turn, dict, dict[str, str]]:
     if instructions is not None and not isinstance(instructions, str):
         raise bad("instructions", "'instructions' must be a string")
     messages = [{"role": "system", "content": instructions}] if instructions else []
-    messages += input_messages(body.get("input"), body)
+    images = []
+    messages += input_messages(body.get("input"), body, images)
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list of function tools")
@@ -113,6 +115,7 @@ def read_request(body: Body) -> tuple[Turn, dict, dict[str, str]]:
         cache_key=optional(body, "prompt_cache_key", str, "a string"),
         messages_param="input",
         params={"max_tokens": "max_output_tokens"},
+        images=images,
     )
     echo = {
         "instructions": instructions,
@@ -148,11 +151,12 @@ def function_tools(tools: list, body: Body) -> tuple[list[dict], dict[str, str]]
     return functions, namespaces
 
 
-def input_messages(items, body: Body) -> list[dict]:
+def input_messages(items, body: Body, images: list[bytes]) -> list[dict]:
     """`input` as chat messages: a string is one user message; a list holds messages and the function calls and
     outputs of earlier turns (an assistant's calls join its message, as a chat's tool_calls do). A call cut short
     by the answer's limit (`"status": "incomplete"`, its arguments not whole JSON) is taken as it was written; items
-    of hosted tools this server does not run (web search calls, ...) are left out."""
+    of hosted tools this server does not run (web search calls, ...) are left out. A user's input_image parts are
+    marked in its text, their bytes appended to `images`."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
@@ -168,7 +172,7 @@ def input_messages(items, body: Body) -> list[dict]:
             role = MESSAGE_ROLES.get(item.get("role")) if isinstance(item.get("role"), str) else None
             if role is None:
                 raise bad(f"{param}.role", f"{param} needs a role out of {', '.join(MESSAGE_ROLES)}")
-            content = message_text(item.get("content"), f"{param}.content")
+            content = message_text(item.get("content"), f"{param}.content", images if role == "user" else None)
             if role == "assistant" and last is not None and not last["content"] and "tool_calls" not in last:
                 last["content"] = content  # the answer its reasoning item came before
             else:
@@ -196,8 +200,9 @@ def input_messages(items, body: Body) -> list[dict]:
     return messages
 
 
-def message_text(content, param: str) -> str:
-    """A message's text: a string, or a list of input_text/output_text (or reasoning/summary text) parts."""
+def message_text(content, param: str, images: list[bytes] | None = None) -> str:
+    """A message's text: a string, or a list of input_text/output_text (or reasoning/summary text) parts, and with
+    `images` input_image parts (their places marked, their bytes appended)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -205,8 +210,12 @@ def message_text(content, param: str) -> str:
     texts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images is not None:
+            images.append(image_part(part, f"{param}[{i}]"))
+            texts.append(IMAGE_PLACE)
+            continue
         if kind in ("input_image", "input_file", "input_audio"):
-            raise bad(f"{param}[{i}]", f"{kind} input is not supported by this model; send text")
+            raise bad(f"{param}[{i}]", f"{kind} input is not supported here; send text")
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             message = f'{param}[{i}] must be an input_text part: {{"type": "input_text", "text": ...}}'
             raise bad(f"{param}[{i}]", message)

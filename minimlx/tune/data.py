@@ -246,9 +246,17 @@ class Batches:
 
     def at(self, step: int, seed: int) -> "Batch":
         """The batch of training step `step` (counted from 0)."""
+        return self.batch(self.group_at(step, seed))
+
+    def group_at(self, step: int, seed: int) -> list[int]:
         epoch, index = divmod(step, len(self.groups))
         order = np.random.default_rng([seed, epoch]).permutation(len(self.groups))
-        return self.batch(self.groups[order[index]])
+        return self.groups[order[index]]
+
+    def shape_at(self, step: int, seed: int) -> tuple[int, int]:
+        """The (rows, positions) of the batch of step `step`, without making it."""
+        group = self.group_at(step, seed)
+        return len(group), padded(max(len(self.rows[i].ids) for i in group))
 
     def in_order(self, count: int | None = None):
         """The first `count` batches (all when None) in a fixed order: validation's."""
@@ -257,7 +265,7 @@ class Batches:
 
     def batch(self, group: list[int]) -> "Batch":
         rows = [self.rows[i] for i in group]
-        length = 1 + -(-(max(len(row.ids) for row in rows) - 1) // PAD_TO) * PAD_TO
+        length = padded(max(len(row.ids) for row in rows))
         ids, mask = np.zeros((len(rows), length), np.int32), np.zeros((len(rows), length), bool)
         for i, row in enumerate(rows):
             ids[i, : len(row.ids)], mask[i, : len(row.ids)] = row.ids, row.trained
@@ -266,6 +274,11 @@ class Batches:
 
 PAD_TO = 8
 """Batches are padded to a multiple of this many predicted positions (fewer distinct shapes for compiled steps)."""
+
+
+def padded(length: int) -> int:
+    """The positions of a batch whose longest row has `length` tokens."""
+    return 1 + -(-(length - 1) // PAD_TO) * PAD_TO
 
 
 @dataclass

@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 from ..errors import DataError, InvalidSettingError
 from .data import Batches, Encoder, encode, pack, read_splits
-from .formats import load_adapter, save_adapter
+from .formats import check_writable, load_adapter, save_adapter
 from .lora import AdapterSettings, attach
 from .train import differentiable
 from .trainer import Trainer, TrainingSettings, saved_state
@@ -109,6 +109,7 @@ def prepare(model: nn.Module, job: FineTune) -> None:
     elif job.resume_adapter_file:
         folder = Path(job.resume_adapter_file)
         load_adapter(model, folder if folder.is_dir() else folder.parent)
+        check_writable(model)  # an adapter its checkpoints could not hold: refused before training, not after
     else:
         attach(model, replace(job.adapter, dora=job.fine_tune_type == "dora", layers=job.num_layers))
 

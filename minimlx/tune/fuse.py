@@ -40,13 +40,14 @@ from ..convert import (
     write_shards,
     write_whole,
 )
+from ..core.quantized import QuantizedWeight
 from ..errors import InvalidSettingError, UnsupportedArchitectureError
 from ..io.checkpoint import DTYPES
 from ..io.resolve import resolve
 from ..loading import load_model
 from ..quantization import dequantize_weights
 from .formats import load_adapter
-from .lora import adapters, base_weight
+from .lora import adapters, base_weight, expert_adapters
 
 FORMATS = ("mlx", "hf", "gguf")
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
@@ -113,21 +114,31 @@ def fuse(
 
 
 def fold(model: nn.Module) -> list[str]:
-    """Each adapter form of `model` replaced by its base map holding the fused weight: packed again with the base's
-    settings where the base was packed, else in the base's dtype. Returns the module paths folded."""
+    """Each adapter form of `model` replaced by its base map (adapted experts by their base experts) holding the
+    fused weights: packed again with the base's settings where the base was packed, else in the base's dtype.
+    Returns the module paths folded."""
     folded = []
     for path, form in adapters(model).items():
-        base, weight = form.base, form.fused_weight()
-        if isinstance(base, nn.QuantizedLinear):
-            scales = base.scales.dtype if mx.issubdtype(base.scales.dtype, mx.floating) else mx.float32
-            packed = mx.quantize(weight.astype(scales), base.group_size, base.bits, mode=base.mode)
-            base.update(dict(zip(("weight", "scales", "biases"), packed)))
-        else:
-            base.weight = weight.astype(base_weight(base).dtype)
-        mx.eval(base.parameters())
-        folded.append((path, base))
+        hold(form.base, form.fused_weight())
+        folded.append((path, form.base))
+    for path, form in expert_adapters(model).items():
+        for name, weight in form.fused_weights().items():
+            hold(form.base[name], weight)
+        folded.append((path, form.base))
     model.update_modules(tree_unflatten(folded))
     return [path for path, _ in folded]
+
+
+def hold(base: nn.Module, weight: mx.array) -> None:
+    """`base` (a linear map or stacked expert projection) made to hold the float `weight`: packed with its own
+    settings where it is packed."""
+    if isinstance(base, (nn.QuantizedLinear, QuantizedWeight)):
+        scales = base.scales.dtype if mx.issubdtype(base.scales.dtype, mx.floating) else mx.float32
+        packed = mx.quantize(weight.astype(scales), base.group_size, base.bits, mode=base.mode)
+        base.update(dict(zip(("weight", "scales", "biases"), packed)))
+    else:
+        base.weight = weight.astype(base_weight(base).dtype)
+    mx.eval(base.parameters())
 
 
 def hf_export(arch, tensors: dict) -> dict:

@@ -6,7 +6,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..decode.adapters import Adapters, LowRank
+from ..decode.adapters import Adapters, ExpertsLowRank, LowRank
 from ..errors import InvalidSettingError
 from .formats import Adapter, read_adapter
 from .lora import base_weight
@@ -31,9 +31,9 @@ def served_adapters(model: nn.Module, folders: dict[str, str | Path]) -> Adapter
     return Adapters(model, {name: low_ranks(model, read_adapter(model, folder)) for name, folder in folders.items()})
 
 
-def low_ranks(model: nn.Module, adapter: Adapter) -> dict[str, LowRank]:
+def low_ranks(model: nn.Module, adapter: Adapter) -> dict[str, LowRank | ExpertsLowRank]:
     """Each adapted map's `LowRank`; for DoRA, the magnitude over the norm of each row of the adapted weight (the
-    base's dequantized where packed), as `DoRALinear` computes it."""
+    base's dequantized where packed), as `DoRALinear` computes it. Each adapted experts' `ExpertsLowRank`."""
     modules, settings = dict(model.named_modules()), adapter.settings
     changes = {}
     for path in adapter.paths:
@@ -43,4 +43,7 @@ def low_ranks(model: nn.Module, adapter: Adapter) -> dict[str, LowRank]:
             weight = base_weight(modules[path]).astype(mx.float32) + settings.scale * (b @ a)
             rescale = adapter.weights[f"{path}.magnitude"].astype(mx.float32) / mx.linalg.norm(weight, axis=1)
         changes[path] = LowRank(a, b, settings.scale, rescale)
+    for path, parameters in adapter.experts.items():
+        factors = {p: tuple(adapter.weights[f"{path}.{p}.{kind}"] for kind in ("lora_a", "lora_b")) for p in parameters}
+        changes[path] = ExpertsLowRank(factors, settings.scale)
     return changes

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,6 +22,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import CheckpointError, DataError, InvalidSettingError
 from .data import Batches
+from .stages import stagewise_loss_and_grad
 from .train import adamw, masked_loss
 
 STATE_FILE = "training_state.safetensors"
@@ -101,8 +103,11 @@ class Trainer:
         self.optimizer = adamw(settings.learning_rate, settings.iters, settings.warmup, 0.0, settings.weight_decay)
         self.iteration = 0
         self.losses: list[float] = []  # each iteration's training loss, from `iteration` on
-        self.loss_and_grad = nn.value_and_grad(model, lambda m, ids, mask: masked_loss(m, ids, mask))
-        model.checkpoint_blocks = settings.grad_checkpoint
+        self.plain = stagewise_loss_and_grad if settings.grad_checkpoint else nn.value_and_grad(model, masked_loss)
+        self.compiled = None if settings.grad_checkpoint else compiled_loss_and_grad(model)
+        self.first_of_shape: dict[tuple[int, int], int] = {}  # each batch shape's first step in the schedule
+        self.scanned = 0  # the schedule's steps read into first_of_shape
+        model.checkpoint_blocks = settings.grad_checkpoint  # where the stages cannot be apart: `mx.checkpoint`
 
     def run(self) -> list[float]:
         """Train from `self.iteration` to `iters`; returns the losses of the iterations it ran."""
@@ -138,8 +143,9 @@ class Trainer:
         s, accumulated, losses, read = self.settings, None, [], 0
         mx.random.seed(int(np.random.SeedSequence([s.seed, self.iteration]).generate_state(1)[0]))  # dropout's draws
         for k in range(s.grad_accumulation_steps):
-            batch = self.train_batches.at(self.iteration * s.grad_accumulation_steps + k, s.seed)
-            (loss, _), grads = self.loss_and_grad(self.model, batch.ids, batch.mask)
+            index = self.iteration * s.grad_accumulation_steps + k
+            batch = self.train_batches.at(index, s.seed)
+            (loss, _), grads = self.loss_and_grad(index)(self.model, batch.ids, batch.mask)
             accumulated = grads if accumulated is None else tree_map(mx.add, accumulated, grads)
             mx.eval(loss, accumulated)
             losses.append(loss.item())
@@ -149,6 +155,18 @@ class Trainer:
         self.optimizer.update(self.model, accumulated)
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
         return sum(losses) / len(losses), read
+
+    def loss_and_grad(self, index: int):
+        """How batch `index` is differentiated: compiled where an earlier batch of the schedule had its shape (a shape
+        met once would pay for its compilation and gain nothing), which depends on the schedule only, so that a
+        resumed run computes each step as an uninterrupted one does."""
+        if self.compiled is None:
+            return self.plain
+        shape = self.train_batches.shape_at(index, self.settings.seed)
+        while self.scanned <= index:
+            self.first_of_shape.setdefault(self.train_batches.shape_at(self.scanned, self.settings.seed), self.scanned)
+            self.scanned += 1
+        return self.compiled if self.first_of_shape[shape] < index else self.plain
 
     def evaluate(self, batches: Batches | None = None) -> float:
         """The mean loss over the trained tokens of the first `val_batches` validation batches (or of `batches`)."""
@@ -193,6 +211,20 @@ class Trainer:
         self.optimizer.state = tree_unflatten(list(part["optimizer."].items()))
         self.iteration = int(metadata["iteration"])
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
+
+
+def compiled_loss_and_grad(model: nn.Module):
+    """`masked_loss` and its gradients as one compiled graph (`mx.compile`: its elementwise ops fused), recompiled for
+    each batch shape (`data.PAD_TO` keeps those few). The model's parameters and the random state (LoRA dropout's) are
+    read as they are at each call."""
+    value_and_grad = nn.value_and_grad(model, masked_loss)
+    state = [model.state, mx.random.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def loss_and_grad(ids: mx.array, mask: mx.array):
+        return value_and_grad(model, ids, mask)
+
+    return lambda model, ids, mask: loss_and_grad(ids, mask)
 
 
 def saved_state(folder: Path) -> Path:

@@ -41,6 +41,7 @@ function minimlxExplain(root, options) {
   const panels = {
     tokens: section("Tokens", "tokens"), lens: section("Logit lens: what each layer would predict", "lens"),
     attention: section("Attention", "attention"), blocks: section("What each block adds", "blocks"),
+    adapter: section("Base against adapted", "adapter"),
     experts: section("Experts", "experts"), next: section("Next token", "next"),
     compare: section("Side by side", "compare"), ledger: section("Parameters", "ledger"),
   };
@@ -85,7 +86,7 @@ function minimlxExplain(root, options) {
   async function draw() {  // resolves once every panel is drawn, its requests (attention, sampling) answered
     const w = state.walk;
     if (state.position < 0 || state.position >= w.tokens.length) state.position = w.tokens.length - 1;
-    drawTokens(w); drawLens(w); drawBlocks(w); drawExperts(w);
+    drawTokens(w); drawLens(w); drawBlocks(w); drawAdapter(w); drawExperts(w);
     await Promise.all([drawAttention(w), drawNext(w)]);
   }
 
@@ -178,6 +179,26 @@ function minimlxExplain(root, options) {
       panels.blocks.append(el("form", { class: "mx-form", onsubmit: (e) => { e.preventDefault(); state.ablate.patch = source.value ? { prompt: source.value, layer: Number(layer.value) } : undefined; rewalk(); } },
         "Patch the stream leaving block ", layer, " at the last token with the second prompt's: ", source, el("button", { type: "submit", name: "patch" }, "patch")));
     }
+  }
+
+  function drawAdapter(w) {  // the base (the adapters detached) against the adapted model, on the same prompt
+    clear(panels.adapter);
+    panels.adapter.hidden = !w.adapter;
+    if (!w.adapter) return;
+    const p = state.position, a = w.adapter;
+    const table = el("table", { class: "mx-blocks mx-adapter" }, el("tr", {}, ...["block", "|attention adds|: base → adapted", "|FFN adds|: base → adapted", "stream moved"].map((h) => el("th", {}, h))));
+    const max = Math.max(...a.blocks.map((b) => Math.max(b.attn_before[p], b.attn_after[p], b.mlp_before[p], b.mlp_after[p])));
+    a.blocks.forEach((b, i) => {
+      const pair = (k, color) => el("td", { "data-figure": k, "data-before": String(b[`${k}_before`][p]), "data-after": String(b[`${k}_after`][p]) },
+        el("div", {}, bar(b[`${k}_before`][p], max, "#9ca3af")), el("div", {}, bar(b[`${k}_after`][p], max, color)), `${b[`${k}_before`][p].toFixed(3)} → ${b[`${k}_after`][p].toFixed(3)}`);
+      table.append(el("tr", { "data-layer": i, class: b.shift[p] > 0 ? "mx-changed" : "" }, el("th", {}, String(i)), pair("attn", "#2563eb"), pair("mlp", "#16a34a"),
+        el("td", { "data-figure": "shift", "data-shift": String(b.shift[p]) }, `${(100 * b.shift[p]).toFixed(2)}%`)));
+    });
+    const column = (label, next, which) => el("div", { class: "mx-next", "data-model": which }, el("h3", {}, label),
+      ...next.slice(0, 10).map((n) => el("div", { class: "mx-next-row", "data-token": n.token, "data-id": n.id, "data-prob": String(n.prob) },
+        el("span", { class: "mx-next-token" }, shown(n.token)), el("span", { class: "mx-bar-box" }, bar(n.prob, next[0].prob, which === "base" ? "#9ca3af" : "#2563eb")), fmt(n.prob))));
+    panels.adapter.append(el("p", { class: "mx-note" }, `At position ${p} (${shown(w.tokens[p])}): what each block adds without the adapter (grey) and with it, and how far the stream leaving the block moved (the norm of the difference, relative to the base's). The other panels show the adapted model.`),
+      table, el("div", { class: "mx-attention" }, column("next token, base", a.next_base, "base"), column("next token, adapted", w.next, "adapted")));
   }
 
   function drawExperts(w) {

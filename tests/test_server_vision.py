@@ -1,0 +1,302 @@
+"""`minimlx serve` with images, through the official `openai` (chat completions, Responses) and `anthropic` clients and
+Ollama's API: the greedy answers equal transformers' on the same picture, a forced tool call with an image, a
+conversation about one image that prefills only its new tokens (and never reuses another image's cache), four image
+requests decoding in one batch, and bad images refused in each API's own error shape while the server goes on.
+
+One server per module, in-process (Starlette's TestClient, which the clients take as their HTTP client), on the tiny
+random Gemma 3 of vision_models.py over its character tokenizer."""
+
+import base64
+import io
+import json
+import struct
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from models import TINY_LLAMA, write_model
+from reference import require
+from vision_models import CHAT_IMAGE_TOKEN, EOS, pictures, save_gemma3_chat
+
+import minimlx
+from minimlx.decode import Engine
+from minimlx.vision import open_image
+
+pytestmark = pytest.mark.slow  # servers
+MAX_TOKENS = 8
+ASK = ("Describe ", " briefly.")  # the text around the picture in every request's user message
+
+
+def data(picture, kind: str = "PNG") -> str:
+    """A picture's bytes in base64."""
+    out = io.BytesIO()
+    picture.save(out, kind)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def data_url(picture) -> str:
+    return f"data:image/png;base64,{data(picture)}"
+
+
+def chat_content(picture) -> list[dict]:
+    image = {"type": "image_url", "image_url": {"url": data_url(picture)}}
+    return [{"type": "text", "text": ASK[0]}, image, {"type": "text", "text": ASK[1]}]
+
+
+class InProcessServer:
+    """The in-process server of one model: its TestClient, engine, the model and tokenizer it serves."""
+
+    def __init__(self, folder, name: str):
+        from starlette.testclient import TestClient
+
+        from minimlx.server.app import Server
+        from minimlx.server.models import Models
+
+        self.model, self.tokenizer = minimlx.load(folder, dtype="float32")
+        self.engine = Engine(self.model, self.tokenizer, max_batch=8, prompt_cache_size=8)
+        self.client = TestClient(Server(Models.one(self.engine, name)).app)
+
+    def openai(self):
+        return require("openai").OpenAI(base_url="http://testserver/v1", api_key="-", http_client=self.client)
+
+    def anthropic(self):
+        return require("anthropic").Anthropic(base_url="http://testserver", api_key="-", http_client=self.client)
+
+    def cold(self, messages: list[dict], images: list, logit_bias: dict | None = None) -> str:
+        """The greedy answer to `messages` (their image places as the model's image start token) read from an empty
+        cache, outside the server: what every answer of the server must equal."""
+        text = self.tokenizer.apply_chat_template(messages).replace("\ue000", "<start_of_image>")
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        steps = minimlx.stream_generate(
+            self.model, self.tokenizer, ids, images=images, max_tokens=MAX_TOKENS, logit_bias=logit_bias
+        )
+        return self.tokenizer.decode([r.token for r in steps if r.token != EOS])
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """(the server, the transformers model, its image processor)."""
+    folder = tmp_path_factory.mktemp("gemma3-chat")
+    torch_model, processor = save_gemma3_chat(folder)
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        yield served, torch_model, processor
+
+
+def transformers_answer(served: InProcessServer, torch_model, processor, picture) -> str:
+    """transformers' greedy answer to the user message ASK around `picture`: each token the argmax of its forward
+    pass over the whole text so far (the image's tokens marked, so that they see each other both ways)."""
+    torch = require("torch")
+    text = served.tokenizer.apply_chat_template([{"role": "user", "content": "<start_of_image>".join(ASK)}])
+    ids = torch.tensor([served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False))])
+    pixels = torch.tensor(processor(images=[picture], return_tensors="np")["pixel_values"])
+    answer = []
+    with torch.no_grad():
+        while len(answer) < MAX_TOKENS and EOS not in answer:
+            logits = torch_model(
+                input_ids=ids, pixel_values=pixels, token_type_ids=(ids == CHAT_IMAGE_TOKEN).long()
+            ).logits
+            answer.append(int(logits[0, -1].argmax()))
+            ids = torch.cat([ids, torch.tensor([answer[-1:]])], dim=1)
+    return served.tokenizer.decode([t for t in answer if t != EOS])
+
+
+def test_each_api_answers_an_image_as_transformers_does_streamed_and_not(gemma3):
+    served, torch_model, processor = gemma3
+    picture = pictures()[0]
+    expected = transformers_answer(served, torch_model, processor, picture)
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    assert expected and expected == served.cold(plain, [picture]) != served.cold(plain, [pictures()[2]])
+    openai, anthropic = served.openai(), served.anthropic()
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    messages = [{"role": "user", "content": chat_content(picture)}]
+    answers = {"chat": openai.chat.completions.create(messages=messages, **settings).choices[0].message.content}
+    stream = openai.chat.completions.create(messages=messages, stream=True, **settings)
+    answers["chat, streamed"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    image = {"type": "input_image", "image_url": data_url(picture)}
+    content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
+    responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
+    answers["responses"] = openai.responses.create(**responses, temperature=0).output_text
+    events = openai.responses.create(**responses, temperature=0, stream=True)
+    answers["responses, streamed"] = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data(picture)}}
+    content = [{"type": "text", "text": ASK[0]}, block, {"type": "text", "text": ASK[1]}]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0})  # (this client's own: none)
+    message = anthropic.messages.create(messages=[{"role": "user", "content": content}], **settings)
+    answers["messages"] = "".join(b.text for b in message.content)
+    with anthropic.messages.stream(messages=[{"role": "user", "content": content}], **settings) as stream:
+        answers["messages, streamed"] = "".join(stream.text_stream)
+    assert answers == dict.fromkeys(answers, expected)
+
+    # Ollama's images go before the message's text
+    body = {"model": "tiny", "stream": False, "options": {"temperature": 0, "num_predict": MAX_TOKENS}}
+    ollama = {"role": "user", "content": "What is this?", "images": [data(picture, "JPEG")]}
+    reply = served.client.post("/api/chat", json=body | {"messages": [ollama]}).json()["message"]["content"]
+    jpeg = open_image(base64.b64decode(ollama["images"][0]))
+    assert reply == served.cold([{"role": "user", "content": "\ue000What is this?"}], [jpeg])
+    generate = body | {"prompt": ollama["content"], "images": ollama["images"]}
+    assert served.client.post("/api/generate", json=generate).json()["response"] == reply
+
+    count = {"model": "tiny", "messages": [{"role": "user", "content": content}]}  # the image's places counted too
+    counted = served.client.post("/v1/messages/count_tokens", json=count).json()["input_tokens"]
+    assert counted == message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+def test_a_forced_tool_call_with_an_image_is_a_valid_call(gemma3):
+    served, *_ = gemma3
+    city = {"type": "string", "enum": ["Paris", "Rome"]}
+    parameters = {"type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}
+    tool = {"name": "get_weather", "parameters": parameters}
+    answer = served.openai().chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": chat_content(pictures()[1])}],
+        tools=[{"type": "function", "function": tool}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=200,
+        temperature=0,
+        logit_bias={"0": -100, "1": -100},  # newline, space: where the call's grammar allows them, a random model
+    )  # would write them on and on
+    (call,) = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in city["enum"]
+    assert answer.choices[0].finish_reason == "tool_calls"
+
+
+def test_three_turns_about_one_image_prefill_only_their_new_tokens(gemma3):
+    """Turns 2 and 3 reuse the cache of the turn before (the usage's cached tokens: all but the new turn's, and the
+    last answer token, never fed, where the answer ran to its limit) and answer as a cold read does; the same text
+    about another picture reuses nothing, its image's places keyed by its pixels."""
+    served, *_ = gemma3
+    openai, picture = served.openai(), pictures()[2]
+    history = [{"role": "user", "content": chat_content(picture)}]
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]  # the same, as `cold` reads it
+    finish = None
+    for turn in range(3):
+        if turn:
+            question = f"And the {'colours' if turn == 1 else 'shapes'}?"
+            history.append({"role": "user", "content": question})
+            plain.append({"role": "user", "content": question})
+        answer = openai.chat.completions.create(model="tiny", messages=history, max_tokens=MAX_TOKENS, temperature=0)
+        text, usage = answer.choices[0].message.content, answer.usage
+        assert text == served.cold(plain, [picture])
+        assert usage.prompt_tokens == prompt_tokens(served, plain)
+        new = len(f"\nuser:{plain[-1]['content']}\nassistant:") + (finish == "length")  # a token per character
+        assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - new if turn else 0)
+        finish = answer.choices[0].finish_reason
+        history.append({"role": "assistant", "content": text})
+        plain.append({"role": "assistant", "content": text})
+    other = pictures()[0]
+    answer = openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": chat_content(other)}], max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert answer.usage.prompt_tokens_details.cached_tokens == 0
+    assert answer.choices[0].message.content == served.cold(plain[:1], [other]) != plain[1]["content"]
+
+
+def prompt_tokens(served: InProcessServer, messages: list[dict]) -> int:
+    """The prompt tokens of `messages` (their image places as the model writes them out)."""
+    text = served.tokenizer.apply_chat_template(messages).replace("\ue000", "<start_of_image>")
+    return len(served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False)))
+
+
+def test_four_image_requests_decode_in_one_batch(gemma3, monkeypatch):
+    from minimlx.server import bridge
+
+    served, *_ = gemma3
+    monkeypatch.setattr(bridge, "GATHER_QUIET", 0.3)  # the four arrive while the idle server waits for more
+    openai, four = served.openai(), pictures([(40, 40), (30, 80), (90, 20), (64, 64)], seed=7)
+    no_end = {str(EOS): -100}  # every answer runs to its limit: the four decode together throughout
+
+    def ask(picture):
+        messages = [{"role": "user", "content": chat_content(picture)}]
+        answer = openai.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=MAX_TOKENS, temperature=0, logit_bias=no_end
+        )
+        return answer.choices[0].message.content
+
+    served.engine.runner.batch_sizes.clear()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, four))
+    assert max(served.engine.runner.batch_sizes) == 4
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    assert answers == [served.cold(plain, [picture], logit_bias={EOS: -100}) for picture in four]
+
+
+def header_only_png(width: int, height: int) -> bytes:
+    """A PNG whose header says `width` x `height` (its pixel data a few bytes): a decompression bomb's shape."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+    )
+
+
+def bodies(image: bytes | str) -> dict[str, tuple[str, dict]]:
+    """(path, body) per API sending `image`: bytes inline (base64), or a URL as it is."""
+    inline = base64.b64encode(image).decode() if isinstance(image, bytes) else None
+    url = f"data:image/png;base64,{inline}" if inline is not None else image
+    chat = [{"type": "text", "text": "What?"}, {"type": "image_url", "image_url": {"url": url}}]
+    responses = [{"type": "input_text", "text": "What?"}, {"type": "input_image", "image_url": url}]
+    source = {"type": "base64", "media_type": "image/png", "data": inline} if inline else {"type": "url", "url": url}
+    anthropic = [{"type": "image", "source": source}, {"type": "text", "text": "What?"}]
+    out = {
+        "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": chat}], "max_tokens": 2}),
+        "responses": ("/v1/responses", {"input": [{"role": "user", "content": responses}], "max_output_tokens": 2}),
+        "messages": ("/v1/messages", {"messages": [{"role": "user", "content": anthropic}], "max_tokens": 2}),
+    }
+    if inline is not None:
+        message = {"role": "user", "content": "What?", "images": [inline]}
+        out["ollama"] = ("/api/chat", {"messages": [message], "stream": False, "options": {"num_predict": 2}})
+    return out
+
+
+def refused(served: InProcessServer, image, status: int, *words: str) -> None:
+    """Every API answers `status` within 2 s, in its own error shape, its message naming `words`."""
+    for api, (path, body) in bodies(image).items():
+        started = time.monotonic()
+        response = served.client.post(path, json={"model": "tiny", **body})
+        took, answer = time.monotonic() - started, response.json()
+        assert response.status_code == status and took < 2, (api, response.status_code, took)
+        if api == "messages":
+            assert answer["type"] == "error" and answer["error"]["type"] in (
+                "invalid_request_error",
+                "request_too_large",
+            )
+            message = answer["error"]["message"]
+        elif api == "ollama":
+            message = answer["error"]
+        else:
+            message = answer["error"]["message"]
+        assert all(word in message for word in words), (api, message)
+
+
+def test_bad_images_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3, tmp_path):
+    served, *_ = gemma3
+    png = io.BytesIO()
+    pictures()[0].save(png, "PNG")
+    refused(served, b"not a picture at all", 400, "not a readable image")
+    refused(served, png.getvalue()[:-40], 400, "not a readable image")
+    refused(served, header_only_png(20_000, 20_000), 400, "too many pixels")
+    refused(served, header_only_png(9_000, 9_000), 400, "9000 x 9000 pixels")
+    refused(served, "http://127.0.0.1:9/cat.png", 400, "does not fetch image URLs", "data URL")
+    refused(served, "file:///etc/passwd", 400, "must be an image's data URL")
+    refused(served, b"x" * 50_000_000, 413, "larger than")
+    content = [{"type": "text", "text": "<start_of_image> and "}, *chat_content(pictures()[0])]  # a place, no image
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    response = served.client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and "2 place(s) for images but 1 image(s)" in response.json()["error"]["message"]
+    answer = served.openai().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": chat_content(pictures()[0])}], max_tokens=2
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length")  # still serving
+
+    write_model(tmp_path / "llama", {"model_type": "llama", **TINY_LLAMA})
+    (tmp_path / "llama" / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    text_only = InProcessServer(tmp_path / "llama", "tiny")
+    with text_only.client:
+        refused(text_only, png.getvalue(), 400, "image input is not supported by this model")
