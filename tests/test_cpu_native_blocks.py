@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 from llamacpp import ggml_quantize
-from native_checks import integer_against_float, per_instruction_set
+from native_checks import fused_and_alone, integer_against_float, per_instruction_set
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native
@@ -21,10 +21,8 @@ else:
 
 from minimlx import load  # noqa: E402
 from minimlx.archs.gguf import unpacked  # noqa: E402
-from minimlx.core.steps import decode_steps  # noqa: E402
-from minimlx.cpu import forms, native  # noqa: E402
+from minimlx.cpu import native  # noqa: E402
 from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
-from minimlx.decode.compiled import CompiledDecoder  # noqa: E402
 from minimlx.errors import CheckpointError  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
@@ -192,26 +190,8 @@ def test_q4_k_m_fused_decode_step_gives_the_bits_of_its_ops(q4_k_m, monkeypatch,
     part as its own op, with integer products and with float32 inputs."""
     model, _ = load(q4_k_m)
     monkeypatch.setattr(native, "exact_products", exact)
-    fused_calls = []
-    block_step = native.kernel.block_step
-    monkeypatch.setattr(native.kernel, "block_step", lambda *a, **k: fused_calls.append(1) or block_step(*a, **k))
-    prompt = mx.array([[1, 5, 9, 20, 33, 7]])
-    real_step_plan = forms.step_plan
-
-    def steps(fused: bool) -> list[mx.array]:
-        monkeypatch.setattr(forms, "step_plan", real_step_plan if fused else lambda _: None)
-        decoder = CompiledDecoder(model)
-        cache = decoder.make_cache()
-        logits = [decoder(prompt, cache, last_only=True)[0, -1]]
-        with decode_steps():
-            for _ in range(8):
-                logits.append(decoder(mx.argmax(logits[-1]).reshape(1, 1), cache)[0, -1])
-                mx.eval(logits[-1])
-        return logits
-
-    fused = steps(True)
-    assert len(fused_calls) == len(model.layers)  # once per layer, as the step is traced
-    alone = steps(False)
+    fused, alone, fused_calls, _ = fused_and_alone(model, mx.array([[1, 5, 9, 20, 33, 7]]), 8, monkeypatch)
+    assert fused_calls == len(model.layers)  # once per layer, as the step is traced
     assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 
