@@ -1,5 +1,6 @@
 """Checks shared by the native kernel's tests: a program run under each instruction set the kernel can be capped at
-(MINIMLX_NATIVE_ISA), and the integer products' greedy decoding against the float path's."""
+(MINIMLX_NATIVE_ISA), the integer products' greedy decoding against the float path's, and the compiled step with each
+block as one `block_step` against the same step with every part as its own op."""
 
 import os
 import subprocess
@@ -48,3 +49,31 @@ def integer_against_float(model, prompt: mx.array, steps: int, monkeypatch) -> t
         largest = max(largest, mx.abs(logits[False] - logits[True]).max().item())
         logits = {exact: step(mx.array([[token]]), exact) for exact in (True, False)}
     return agree, largest
+
+
+def fused_and_alone(model, prompt: mx.array, steps: int, monkeypatch, cache_of=lambda cache: cache) -> tuple:
+    """Greedy logits of the compiled step from `prompt` over `steps` tokens with each block as one `block_step` and
+    with every part as its own op (caches made by `cache_of` from the decoder's), and how many times `block_step` was
+    called: (fused logits, alone logits, calls while fused, calls in all)."""
+    from minimlx.core.steps import decode_steps
+    from minimlx.cpu import forms, native
+    from minimlx.decode.compiled import CompiledDecoder
+
+    calls = []
+    block_step, real_step_plan = native.kernel.block_step, forms.step_plan
+    monkeypatch.setattr(native.kernel, "block_step", lambda *a, **k: calls.append(1) or block_step(*a, **k))
+
+    def run(fused: bool) -> list[mx.array]:
+        monkeypatch.setattr(forms, "step_plan", real_step_plan if fused else lambda _: None)
+        decoder = CompiledDecoder(model)
+        cache = [cache_of(c) for c in decoder.make_cache()]
+        logits = [decoder(prompt, cache, last_only=True)[0, -1]]
+        with decode_steps():
+            for _ in range(steps):
+                logits.append(decoder(mx.argmax(logits[-1]).reshape(1, 1), cache)[0, -1])
+                mx.eval(logits[-1])
+        return logits
+
+    fused = run(True)
+    fused_calls = len(calls)
+    return fused, run(False), fused_calls, len(calls)

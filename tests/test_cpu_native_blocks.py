@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 from llamacpp import ggml_quantize
-from native_checks import integer_against_float, per_instruction_set
+from native_checks import fused_and_alone, integer_against_float, per_instruction_set
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native
@@ -21,6 +21,7 @@ else:
 
 from minimlx import load  # noqa: E402
 from minimlx.archs.gguf import unpacked  # noqa: E402
+from minimlx.cpu import native  # noqa: E402
 from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
 from minimlx.errors import CheckpointError  # noqa: E402
 from minimlx.io.gguf_file import open_gguf  # noqa: E402
@@ -180,6 +181,18 @@ def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):
     model, _ = load(q4_k_m)
     agree, largest = integer_against_float(model, mx.array([[1, 5, 9, 20, 33, 7, 100, 3]]), 256, monkeypatch)
     assert agree >= 232 and 0 < largest <= 2.0
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_q4_k_m_fused_decode_step_gives_the_bits_of_its_ops(q4_k_m, monkeypatch, exact):
+    """The compiled step runs a block whose projections are held as GGUF blocks (Q4_K and Q6_K, as this Q4_K_M file
+    mixes them) as one `block_step`: its logits over 8 greedy steps have exactly the bits of the same step with every
+    part as its own op, with integer products and with float32 inputs."""
+    model, _ = load(q4_k_m)
+    monkeypatch.setattr(native, "exact_products", exact)
+    fused, alone, fused_calls, _ = fused_and_alone(model, mx.array([[1, 5, 9, 20, 33, 7]]), 8, monkeypatch)
+    assert fused_calls == len(model.layers)  # once per layer, as the step is traced
+    assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 
 def test_training_forms_have_gradients_and_the_same_logits(q4_k_m):

@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from models import smollm2_path
-from native_checks import integer_against_float, per_instruction_set
+from native_checks import fused_and_alone, integer_against_float, per_instruction_set
 
 if os.environ.get("CI"):  # CI installs the kernel (.ci/run): missing there is a failure
     import minimlx_native
@@ -23,7 +23,6 @@ else:
 from minimlx import load, stream_generate  # noqa: E402
 from minimlx.core.cache import quantized_cache, visible  # noqa: E402
 from minimlx.core.ffn import SwiGLU  # noqa: E402
-from minimlx.core.steps import decode_steps  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
 from minimlx.cpu.attention import attend  # noqa: E402
 from minimlx.cpu.forms import CpuRoPE, use_cpu_forms  # noqa: E402
@@ -256,31 +255,13 @@ def test_a_blocks_fused_decode_step_gives_the_bits_of_its_ops(smollm2_quantized,
     """The compiled step runs each SmolLM2 block as one `block_step` (30 per step); its logits
     over 24 greedy steps have exactly the bits of the same step with every part as its own op, with integer products
     and with float32 inputs, and over 8- and 4-bit caches (which the op writes as mx.quantize does)."""
-    from minimlx.cpu import forms
-
     model, tokenizer = smollm2_quantized
     monkeypatch.setattr(native, "exact_products", exact)
-    fused_calls = []
-    block_step = native.kernel.block_step
-    monkeypatch.setattr(native.kernel, "block_step", lambda *a, **k: fused_calls.append(1) or block_step(*a, **k))
     prompt = mx.array([tokenizer.encode("Write a short story about a robot who learns to paint.")])
-
-    def steps(fused: bool) -> list[mx.array]:
-        monkeypatch.setattr(forms, "step_plan", real_step_plan if fused else lambda _: None)
-        decoder = CompiledDecoder(model)
-        cache = [quantized_cache(c, kv_bits) for c in decoder.make_cache()]
-        logits = [decoder(prompt, cache, last_only=True)[0, -1]]
-        with decode_steps():
-            for _ in range(24):
-                logits.append(decoder(mx.argmax(logits[-1]).reshape(1, 1), cache)[0, -1])
-                mx.eval(logits[-1])
-        return logits
-
-    real_step_plan = forms.step_plan
-    fused = steps(True)
-    assert len(fused_calls) == len(model.layers)  # once per layer, as the step is traced
-    alone = steps(False)
-    assert len(fused_calls) == len(model.layers)
+    fused, alone, fused_calls, calls = fused_and_alone(
+        model, prompt, 24, monkeypatch, lambda c: quantized_cache(c, kv_bits)
+    )
+    assert fused_calls == calls == len(model.layers)  # once per layer, as the step is traced
     assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 

@@ -203,8 +203,8 @@ class StepPlan:
     """What `block_step` takes of one block: its parts (`parts_of`) and, where the op computes them, the op's settings
     (None where it does not): RMS norms, attention without biases, query/key norms, windows, chunks, sinks, capped
     scores or query temperatures, RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel
-    without a bias (gate and up alike). Made once per block and kept while its parts are the same modules; the arrays
-    are read at every step (`weights`), so that new weights (`Module.update`) are used."""
+    (affine, or GGUF blocks) without a bias (gate and up alike). Made once per block and kept while its parts are the
+    same modules; the arrays are read at every step (`weights`), so that new weights (`Module.update`) are used."""
 
     def __init__(self, parts: tuple):
         self.parts = parts
@@ -224,12 +224,12 @@ class StepPlan:
             return None
         if attn.output_gate:
             return None
-        if any(type(p) is not NativeQuantizedLinear or "bias" in p for p in (q, k, v, o, gate, up, down)):
+        if any(type(p) not in STEP_PRODUCTS or "bias" in p for p in (q, k, v, o, gate, up, down)):
             return None
-        if (gate.group_size, gate.bits) != (up.group_size, up.bits):
+        if layout(gate) != layout(up):
             return None
         return {
-            "layouts": [n for p in (q, k, v, o, up, down) for n in (p.group_size, p.bits)],
+            "layouts": [n for p in (q, k, v, o, up, down) for n in layout(p)],
             "heads": attn.heads,
             "kv_heads": attn.kv_heads,
             "rope_dims": rope.dims,
@@ -253,8 +253,27 @@ class StepPlan:
         """The op's 23 weights: the attention norm's, q, k, v and o's (weight, scales, biases), the feed-forward
         norm's, up, gate and down's."""
         attn_norm, _, _, q, k, v, o, ffn_norm, _, gate, up, down = self.parts
-        packed = [[p["weight"], p["scales"], p["biases"]] for p in (q, k, v, o, up, gate, down)]
+        packed = [step_weights(p) for p in (q, k, v, o, up, gate, down)]
         return [attn_norm.scale(), *sum(packed[:4], []), ffn_norm.scale(), *sum(packed[4:], [])]
+
+
+STEP_PRODUCTS = (NativeQuantizedLinear, NativeBlockLinear)
+"""The linear maps whose products `block_step` computes: affine-packed in the kernel's layouts, or GGUF blocks."""
+
+
+def layout(linear: NativeQuantizedLinear | NativeBlockLinear) -> tuple[int, int]:
+    """A projection's layout as `block_step` takes it: (group_size, bits), or (0, ggml type) for GGUF blocks."""
+    if type(linear) is NativeBlockLinear:
+        return 0, linear.ggml_type
+    return linear.group_size, linear.bits
+
+
+def step_weights(linear: NativeQuantizedLinear | NativeBlockLinear) -> list[mx.array]:
+    """A projection's (w, scales, biases) as `block_step` takes them: GGUF blocks hold their scales, and their weight
+    stands in all three places."""
+    if type(linear) is NativeBlockLinear:
+        return [linear["weight"]] * 3
+    return [linear["weight"], linear["scales"], linear["biases"]]
 
 
 def step_plan(block: Block) -> StepPlan:

@@ -3,7 +3,7 @@
 #include <array>
 
 #include "integer.h"
-#include "kquant_x86.h"
+#include "kquant_avx512.h"
 #include "simd_avx512.h"
 #include "simd_x86.h"
 
@@ -95,14 +95,8 @@ void integer_rows_avx512vnni(const Problem& p, int row_begin, int row_end) {
   integer_rows<Avx512, Avx512Vnni>(p, row_begin, row_end);
 }
 
-// kquant_x86.h's integer steps with VNNI on 256-bit vectors (AVX-512 VL): vpdpbusd and vpdpwssd.
-struct VnniSums {
-  static __m256i bytes(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
-  static __m256i scaled(__m256i acc, __m256i p, __m256i s) { return _mm256_dpwssd_epi32(acc, p, s); }
-};
-
 void block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end) {
-  integer_block_rows<X86BlockDot<VnniSums>>(p, row_begin, row_end);
+  integer_block_rows<Avx512BlockDot>(p, row_begin, row_end);
 }
 
 void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end) {
@@ -110,7 +104,8 @@ void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_e
 }
 
 void dequantize_blocks_avx512vnni(const BlockProblem& p, int row_begin, int row_end, float* dst) {
-  dequantize_block_rows(p, row_begin, row_end, dst);
+  for (int n = row_begin; n < row_end; ++n)
+    Avx512BlockDot::dequantize(p.type, p.w + n * p.row_bytes, p.K, dst + static_cast<int64_t>(n - row_begin) * p.K);
 }
 
 }  // namespace minimlx_native

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #if defined(__aarch64__) && !defined(__APPLE__)
@@ -1069,6 +1070,27 @@ struct QuantizedBlocks {
   QuantizedBlockInputs inputs() const { return {xq.data(), xd.data(), sums.data()}; }
 };
 
+// The integer products of float32 inputs xs (M x K, quantized once) by each block weight of `products` (their w,
+// type, out and sizes set), in one pass over the pool: their blocks of rows claimed from one counter, so that the
+// narrow ones (a block's k and v) do not each wait for the pool. Each product gives what `block_product_work` gives.
+void integer_block_products(const float* xs, int M, int K, std::vector<BlockProblem>& products) {
+  thread_local QuantizedBlocks quantized;
+  quantized.quantize(xs, M, K);
+  std::vector<int> first_block{0}, rows;
+  for (BlockProblem& p : products) {
+    p.x = quantized.inputs();
+    p.xf = xs;
+    rows.push_back(block_product_rows(p));
+    first_block.push_back(first_block.back() + (p.N + rows.back() - 1) / rows.back());
+  }
+  share(first_block.back(), [&](int b) {
+    const int i = static_cast<int>(std::upper_bound(first_block.begin(), first_block.end(), b) - first_block.begin()) - 1;
+    const BlockProblem& p = products[i];
+    const int begin = (b - first_block[i]) * rows[i];
+    kIsa.blocks.rows(p, begin, std::min(p.N, begin + rows[i]));
+  });
+}
+
 // Inputs x, w (and with a second weight, x, gate, up: silu(x @ gate.T) * (x @ up.T)), of `types`: the integer
 // products, or with `exact` float32 ones: for fewer than kDequantizedGemmRows rows each weight row dequantized once
 // and dotted with them, else each block of weight rows dequantized once for the float32 GEMM.
@@ -1177,13 +1199,25 @@ mx::array scratch(const mx::Shape& shape) {
   return a;
 }
 
+// A step's layout (group_size, bits) with group_size kBlockLayout: the weight is held as GGUF blocks of the type
+// (ggml's number) in place of bits, as block_matmul takes it; its scales and biases are inside its blocks, and the
+// step's inputs repeat the weight in their places.
+constexpr int kBlockLayout = 0;
+
+bool held_as_blocks(const int* layout) { return layout[0] == kBlockLayout; }
+
 // The product of the weight whose (w, scales, biases) start at in[first] (with `gate`, the SwiGLU product with the
-// gate's at in[gate]) for `input`, into `result`, as quantized_matmul / quantized_swiglu compute it.
+// gate's at in[gate]) for `input`, into `result`, as quantized_matmul / quantized_swiglu (block_matmul /
+// block_swiglu for a block layout) compute it.
 void packed(const std::vector<mx::array>& in, int first, const mx::array& input, const mx::array& result,
             const int* layout, bool exact, int gate = -1) {
+  mx::array out = result;
+  if (held_as_blocks(layout)) {
+    if (gate < 0) return block_product_work({layout[1]}, exact)({input, in[first]}, out);
+    return block_product_work({layout[1], layout[1]}, exact)({input, in[gate], in[first]}, out);
+  }
   std::vector<mx::array> inputs{input, in[first], in[first + 1], in[first + 2]};
   if (gate >= 0) inputs.insert(inputs.end(), {in[gate], in[gate + 1], in[gate + 2]});
-  mx::array out = result;
   product_work(layout[0], layout[1], exact)(inputs, out);
 }
 
@@ -1214,7 +1248,14 @@ void block_inputs_step(const std::vector<mx::array>& in, std::vector<mx::array> 
   mx::array v = half_kv ? scratch(out[2].shape()) : out[2];
   const bool one_layout = std::equal(s.layouts, s.layouts + 2, s.layouts + 2) &&
                           std::equal(s.layouts, s.layouts + 2, s.layouts + 4);
-  if (!s.exact && one_layout) {  // one quantization of h and one pass over the pool for the three
+  const bool all_blocks = held_as_blocks(s.layouts) && held_as_blocks(s.layouts + 2) && held_as_blocks(s.layouts + 4);
+  if (!s.exact && all_blocks) {  // the same, for weights held as blocks (of any types)
+    const int M = static_cast<int>(h.size() / h.shape(-1)), K = h.shape(-1);
+    std::vector<BlockProblem> products;
+    for (auto [first, result, layout] : {std::tuple{kInQ, &q, 0}, std::tuple{kInK, &k, 2}, std::tuple{kInV, &v, 4}})
+      products.push_back(block_problem(in[first], s.layouts[layout + 1], M, K, result->data<float>()));
+    integer_block_products(h.data<float>(), M, K, products);
+  } else if (!s.exact && one_layout) {  // one quantization of h and one pass over the pool for the three
     integer_products({h, in[kInQ], in[kInQ + 1], in[kInQ + 2], in[kInK], in[kInK + 1], in[kInK + 2], in[kInV],
                       in[kInV + 1], in[kInV + 2]},
                      {1, 4, 7}, {q.data<float>(), k.data<float>(), v.data<float>()}, -1, s.layouts[0], s.layouts[1]);
@@ -1341,6 +1382,12 @@ void block_output_step(const mx::array& x, const mx::array& q, const mx::array* 
 // Weights w, scales, biases of a packed product of K input features and N outputs, as quantized_matmul takes them.
 void check_product(const std::string& name, const std::vector<mx::array>& inputs, int first, int K, int N,
                    const std::vector<int>& layouts, int layout) {
+  if (held_as_blocks(layouts.data() + 2 * layout)) {
+    if (block_features(name, inputs[first], layouts[2 * layout + 1]) != K || inputs[first].shape(0) != N)
+      throw std::invalid_argument(name + ": weight " + std::to_string(first) + " held as blocks must be (" +
+                                  std::to_string(N) + ", row bytes) for " + std::to_string(K) + " features");
+    return;
+  }
   check_layout(name, K, inputs[first], inputs[first + 1], inputs[first + 2], layouts[2 * layout],
                layouts[2 * layout + 1]);
   if (inputs[first].shape(0) != N)
@@ -1636,7 +1683,8 @@ NB_MODULE(_ext, m) {
         "boolean `mask` (batch or 1, 1, 1, keys) hides: a batch's padding), mid = x + o(attention), and mid + "
         "down(silu(gate(n)) * up(n)) for n = rms_norm(mid) (ffn_eps). `weights`: the attention norm's weight, q's, "
         "k's, v's and o's (w, scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, "
-        "gate's and down's; `layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products. "
+        "gate's and down's; `layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products, or (0, "
+        "type) for one held as GGUF blocks (block_matmul's w, given in place of its w, scales and biases alike). "
         "Returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
   m.def("block_matmul", [](const mx::array& x, const mx::array& w, int type, bool exact) {
           return minimlx_native::block_product("minimlx_native.block_matmul", x, {w}, {type}, exact);
