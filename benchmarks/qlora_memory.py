@@ -19,32 +19,37 @@ from pathlib import Path
 VOCAB, DIMS, FFN, HEADS, KV_HEADS = 49152, 576, 1536, 9, 3
 
 
-def write_random_llama(folder: Path, layers: int) -> None:
+def write_random_llama(
+    folder: Path, layers: int, vocab=VOCAB, dims=DIMS, ffn=FFN, heads=HEADS, kv_heads=KV_HEADS, tied: bool = True
+) -> None:
+    """A random float32 llama (SmolLM2-135M's widths by default) written as a Hugging Face folder straight from MLX."""
     import mlx.core as mx
 
-    head_dim = DIMS // HEADS
-    shapes = {"model.embed_tokens.weight": (VOCAB, DIMS), "model.norm.weight": (DIMS,)}
+    head_dim = dims // heads
+    shapes = {"model.embed_tokens.weight": (vocab, dims), "model.norm.weight": (dims,)}
+    if not tied:
+        shapes["lm_head.weight"] = (vocab, dims)
     for i in range(layers):
         p = f"model.layers.{i}"
         shapes |= {
-            f"{p}.self_attn.q_proj.weight": (DIMS, DIMS),
-            f"{p}.self_attn.k_proj.weight": (KV_HEADS * head_dim, DIMS),
-            f"{p}.self_attn.v_proj.weight": (KV_HEADS * head_dim, DIMS),
-            f"{p}.self_attn.o_proj.weight": (DIMS, DIMS),
-            f"{p}.mlp.gate_proj.weight": (FFN, DIMS),
-            f"{p}.mlp.up_proj.weight": (FFN, DIMS),
-            f"{p}.mlp.down_proj.weight": (DIMS, FFN),
-            f"{p}.input_layernorm.weight": (DIMS,),
-            f"{p}.post_attention_layernorm.weight": (DIMS,),
+            f"{p}.self_attn.q_proj.weight": (dims, dims),
+            f"{p}.self_attn.k_proj.weight": (kv_heads * head_dim, dims),
+            f"{p}.self_attn.v_proj.weight": (kv_heads * head_dim, dims),
+            f"{p}.self_attn.o_proj.weight": (dims, dims),
+            f"{p}.mlp.gate_proj.weight": (ffn, dims),
+            f"{p}.mlp.up_proj.weight": (ffn, dims),
+            f"{p}.mlp.down_proj.weight": (dims, ffn),
+            f"{p}.input_layernorm.weight": (dims,),
+            f"{p}.post_attention_layernorm.weight": (dims,),
         }
     tensors = {name: mx.random.uniform(-0.02, 0.02, shape, key=mx.random.key(i))
                for i, (name, shape) in enumerate(shapes.items())}  # fmt: skip
     folder.mkdir(parents=True)
     mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "pt"})
     config = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=VOCAB, hidden_size=DIMS,
-        intermediate_size=FFN, num_hidden_layers=layers, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=vocab, hidden_size=dims,
+        intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=tied,
     )  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
 

@@ -3,7 +3,9 @@
 
 import json
 import shutil
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -494,45 +496,12 @@ def test_qlora_on_gguf_kquants(kquant_llama):
     assert error < 1e-4 and loss_error < 1e-4
 
 
-def save_random_llama(
-    folder, vocab: int, dims: int, ffn_dims: int, layers: int, heads: int, kv_heads: int, tied: bool = False
-) -> None:
+def save_random_llama(folder, vocab: int, dims: int, ffn_dims: int, layers: int, heads: int, kv_heads: int, tied=False):
     """A random float32 llama written as a Hugging Face folder straight from MLX (faster than torch at this size)."""
-    head_dim = dims // heads
-    shapes = {"model.embed_tokens.weight": (vocab, dims), "model.norm.weight": (dims,)}
-    if not tied:
-        shapes["lm_head.weight"] = (vocab, dims)
-    for i in range(layers):
-        layer = f"model.layers.{i}"
-        shapes |= {
-            f"{layer}.self_attn.q_proj.weight": (dims, dims),
-            f"{layer}.self_attn.k_proj.weight": (kv_heads * head_dim, dims),
-            f"{layer}.self_attn.v_proj.weight": (kv_heads * head_dim, dims),
-            f"{layer}.self_attn.o_proj.weight": (dims, dims),
-            f"{layer}.mlp.gate_proj.weight": (ffn_dims, dims),
-            f"{layer}.mlp.up_proj.weight": (ffn_dims, dims),
-            f"{layer}.mlp.down_proj.weight": (dims, ffn_dims),
-            f"{layer}.input_layernorm.weight": (dims,),
-            f"{layer}.post_attention_layernorm.weight": (dims,),
-        }
-    rng = np.random.default_rng(0)
-    tensors = {name: mx.array((rng.random(shape, np.float32) - 0.5) * 0.04) for name, shape in shapes.items()}
-    folder.mkdir()
-    mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "pt"})
-    config = dict(
-        model_type="llama",
-        architectures=["LlamaForCausalLM"],
-        vocab_size=vocab,
-        hidden_size=dims,
-        intermediate_size=ffn_dims,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tied,
-    )
-    (folder / "config.json").write_text(json.dumps(config))
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    from qlora_memory import write_random_llama
+
+    write_random_llama(folder, layers, vocab, dims, ffn_dims, heads, kv_heads, tied)
 
 
 def nbytes(tree) -> int:
