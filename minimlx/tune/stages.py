@@ -69,6 +69,23 @@ def stagewise_loss_and_grad(model: nn.Module, ids: mx.array, mask: mx.array) -> 
     return (loss, counted), tree_map_with_path(lambda path, _: gradients[path], model.trainable_parameters())
 
 
+def stagewise_loss(model: nn.Module, ids: mx.array, mask: mx.array) -> tuple[mx.array, mx.array]:
+    """`masked_loss(model, ids, mask)` (validation's, without gradients) a block at a time and over vocabulary tiles,
+    so that it needs no more memory than a training step a stage at a time."""
+    head = model.embed if model.tied_head else model.head
+    if not model.blocks_apart or not frozen(head):
+        return masked_loss(model, ids, mask)
+    weights = mask[:, 1:].astype(mx.float32)
+    counted = weights.sum()
+    stream, positions = model.embedded(ids[:, :-1])
+    for layer in model.layers:
+        stream = layer(stream, None, None, positions)
+        mx.eval(stream)
+    normed = model.norm(stream)
+    loss, _ = tiled_cross_entropy(model, head, normed, ids[:, 1:], weights / mx.maximum(counted, 1), gradient=False)
+    return loss, counted
+
+
 def frozen(module: nn.Module) -> bool:
     return not tree_flatten(module.trainable_parameters())
 
@@ -131,11 +148,12 @@ def head_loss_and_grad(model: nn.Module, final: mx.array, targets: mx.array, wei
 
 
 def tiled_cross_entropy(
-    model: nn.Module, head: nn.Module, normed: mx.array, targets: mx.array, weights: mx.array
-) -> tuple[mx.array, mx.array]:
-    """(sum of weights x cross-entropy, its gradient in `normed`) with a frozen head, a tile of vocabulary rows at a
-    time: the first pass keeps each position's running maximum and sum of exponentials (log-sum-exp), the second
-    turns each tile's scores into softmax - one-hot and adds its product with the tile's rows to the gradient."""
+    model: nn.Module, head: nn.Module, normed: mx.array, targets: mx.array, weights: mx.array, gradient: bool = True
+) -> tuple[mx.array, mx.array | None]:
+    """(sum of weights x cross-entropy, its gradient in `normed` unless not `gradient`) with a frozen head, a tile of
+    vocabulary rows at a time: the first pass keeps each position's running maximum and sum of exponentials
+    (log-sum-exp), the second turns each tile's scores into softmax - one-hot and adds its product with the tile's rows
+    to the gradient."""
     dims = normed.shape[-1]
     x = normed.reshape(-1, dims).astype(mx.float32)
     targets, weights = targets.reshape(-1), weights.reshape(-1)
@@ -156,6 +174,8 @@ def tiled_cross_entropy(
         mx.eval(top, total, target_score)
     log_total = top + mx.log(total)
     loss = (weights * (log_total - target_score)).sum()
+    if not gradient:
+        return loss, None
 
     d_x = mx.zeros_like(x)
     for start, stop in bounds:

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import CheckpointError, DataError, InvalidSettingError
 from .data import Batches
-from .stages import stagewise_loss_and_grad
+from .stages import stagewise_loss, stagewise_loss_and_grad
 from .train import adamw, masked_loss
 
 STATE_FILE = "training_state.safetensors"
@@ -174,7 +174,9 @@ class Trainer:
         count = None if self.settings.val_batches == -1 or batches is not None else self.settings.val_batches
         total, tokens = mx.array(0.0), mx.array(0.0)
         for batch in (batches or self.valid).in_order(count):
-            loss, counted = masked_loss(self.model, batch.ids, batch.mask)
+            loss, counted = (stagewise_loss if self.settings.grad_checkpoint else masked_loss)(
+                self.model, batch.ids, batch.mask
+            )
             total, tokens = total + loss * counted, tokens + counted
             mx.eval(total, tokens)
         return (total / mx.maximum(tokens, 1)).item()
