@@ -56,6 +56,7 @@ def test_the_best_blas_found_is_loaded(tmp_path):
     assert matmuls(tmp_path, "on")[0] == optimized_blas()
 
 
+@pytest.mark.slow  # a fresh Python process
 @pytest.mark.parametrize("library", INSTALLED or [NOT_INSTALLED])
 def test_optimized_blas_gives_the_same_matmuls(tmp_path, library):
     loaded, gemm, gemv = matmuls(tmp_path, "on", MINIMLX_BLAS=library)
@@ -72,6 +73,7 @@ def test_optimized_blas_gives_the_same_matmuls(tmp_path, library):
     assert not np.array_equal(gemm, gemm_off)
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_mkl_runs_mlx_matmuls_with_gnu_openmp(tmp_path):
     mkl = next((path for path in INSTALLED if "libmkl_rt" in path), None)
     if mkl is None:
@@ -101,6 +103,7 @@ def test_import_works_without_a_usable_blas(tmp_path, setting, warning):
         assert process.stderr == ""
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_mlx_imported_first_is_left_alone_and_said():
     """Too late to swap the BLAS: minimlx leaves MLX's own and says so once, with the fix."""
     result = run_python("import mlx.core, minimlx; print(minimlx.cpu.blas.loaded)")
@@ -110,6 +113,7 @@ def test_mlx_imported_first_is_left_alone_and_said():
     assert "imported before" not in run_python("import minimlx, mlx.core").stderr
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_the_commands_say_once_when_mlx_keeps_its_reference_blas():
     """A missing library leaves MLX's own BLAS: `minimlx bench` says so in one line, with the fix."""
     environ = {k: v for k, v in os.environ.items() if k != "MINIMLX_BLAS"}
