@@ -214,11 +214,6 @@ class BlockEmbeddingByOps(NativeBlockEmbedding):
         return through_dequantized(x, block_dequantizer(self), self.weight)
 
 
-def dequantized(module: BlockWeight) -> mx.array:
-    """The float32 weight of a module held as GGUF blocks, as a constant of the graph."""
-    return mx.stop_gradient(block_dequantizer(module)(module.weight))
-
-
 def block_dequantizer(module: BlockWeight):
     def dequantize(weight):
         rows = mx.arange(weight.shape[0], dtype=mx.int32)

@@ -33,8 +33,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..core import Experts, Router
 from ..core.quantized import QuantizedWeight
-from ..cpu.linear import NativeBlockLinear
-from ..cpu.linear import dequantized as block_weight
+from ..cpu.linear import BlockWeight, NativeBlockLinear, block_dequantizer
 from ..decode.adapters import EXPERT_PROJECTIONS
 from ..errors import InvalidSettingError
 
@@ -124,17 +123,19 @@ def linear_dims(base: nn.Module) -> tuple[int, int]:
     return (width * 32 // base.bits if isinstance(base, nn.QuantizedLinear) else width), out_dims
 
 
-def base_weight(base: nn.Module) -> mx.array:
-    """The (out, in) float weight of a linear map (a stacked (experts, out, in) one of a core part): a packed one
-    dequantized."""
-    if isinstance(base, NativeBlockLinear):
-        return block_weight(base)
-    if not isinstance(base, (nn.QuantizedLinear, QuantizedWeight)):
-        return base.weight
+def base_weight(base: nn.Module, rows: slice | None = None) -> mx.array:
+    """The (out, in) float weight of a linear map or embedding (a stacked (experts, out, in) one of a core part), or
+    `rows` of it: a packed one dequantized, outside the gradient."""
+    if isinstance(base, BlockWeight):
+        packed = base.weight if rows is None else base.weight[rows]
+        return mx.stop_gradient(block_dequantizer(base)(packed))
+    if not isinstance(base, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedWeight)):
+        return base.weight if rows is None else base.weight[rows]
+    rows = rows or slice(None)
     biases = base.get("biases")
-    scales = base.scales if biases is None else base.scales.astype(mx.float32)
-    biases = None if biases is None else biases.astype(mx.float32)
-    return mx.dequantize(base.weight, scales, biases, base.group_size, base.bits, mode=base.mode)
+    scales = base.scales[rows] if biases is None else base.scales[rows].astype(mx.float32)
+    biases = None if biases is None else biases[rows].astype(mx.float32)
+    return mx.dequantize(base.weight[rows], scales, biases, base.group_size, base.bits, mode=base.mode)
 
 
 def dropped(x: mx.array, rate: float) -> mx.array:

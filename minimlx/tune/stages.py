@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..cpu.linear import BlockWeight, block_dequantizer
+from .lora import base_weight
 from .train import masked_loss
 
 TILE_BYTES = 1 << 22
@@ -203,10 +203,4 @@ def tile_scores(model: nn.Module, x: mx.array, rows: mx.array, with_chain: bool 
 
 def head_rows(head: nn.Module, start: int, stop: int) -> mx.array:
     """Rows start..stop of a frozen head's (or tied embedding's) weight, in float32, dequantized where packed."""
-    if isinstance(head, BlockWeight):
-        return block_dequantizer(head)(head.weight[start:stop])
-    if isinstance(head, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-        biases = head.biases[start:stop] if "biases" in head else None
-        weight, scales = head.weight[start:stop], head.scales[start:stop]
-        return mx.dequantize(weight, scales, biases, head.group_size, head.bits, mode=head.mode).astype(mx.float32)
-    return head.weight[start:stop].astype(mx.float32)
+    return base_weight(head, slice(start, stop)).astype(mx.float32)
