@@ -151,6 +151,26 @@ def loopback(host: str) -> bool:
     help="Largest request body read; larger ones are answered 413.",
 )
 @click.option(
+    "--allow-image-urls",
+    is_flag=True,
+    help="Fetch http(s) image URLs that requests send (else only data URLs are read). The server then reaches any "
+    "address a client names: give it only where that is wanted.",
+)
+@click.option(
+    "--image-url-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=20,
+    show_default=True,
+    help="Largest image fetched from a URL; larger ones are answered 413.",
+)
+@click.option(
+    "--image-url-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10,
+    show_default=True,
+    help="Seconds an image URL may take to fetch; a slower one is answered 400.",
+)
+@click.option(
     "--served-model-name",
     help="The only model name requests may ask for (others get 404); default: any name is answered.",
 )
@@ -229,6 +249,9 @@ def serve(
     prompt_cache_dir,
     api_key,
     max_request_mb,
+    allow_image_urls,
+    image_url_mb,
+    image_url_timeout,
     served_model_name,
     request_timeout,
     shutdown_timeout,
@@ -247,12 +270,15 @@ def serve(
     model, or several (--model repeated, --models-dir) loaded on demand within --max-memory.
     """
     from ..server import serve as run_server
+    from ..server.images import ImageFetcher
     from ..server.models import Models, Serving
     from ..server.residency import FOREVER, Residency, byte_size, seconds
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
-    serving = Serving(chat_template, reasoning_format != "none", request_timeout, max_tokens, forced_call, heartbeat)
+    fetcher = ImageFetcher(int(image_url_mb * 1e6), image_url_timeout) if allow_image_urls else None
+    reasoning = reasoning_format != "none"
+    serving = Serving(chat_template, reasoning, request_timeout, max_tokens, forced_call, heartbeat, fetcher)
     budget = byte_size(max_memory) if max_memory is not None else None
     idle = seconds(keep_alive, "--keep-alive") if keep_alive is not None else FOREVER
     engine_options = dict(max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
