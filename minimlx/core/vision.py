@@ -105,6 +105,11 @@ class PooledProjector(nn.Module):
         self.norm = OffsetRMSNorm(dims, eps)
         self.projection = mx.zeros((dims, text_dims))
 
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The soft tokens' (rows, columns) over the picture."""
+        return self.tokens_side, self.tokens_side
+
     def __call__(self, patches: mx.array) -> mx.array:
         """(batch, side * side, dims) -> (batch, tokens, text_dims)."""
         batch, _, dims = patches.shape
@@ -125,6 +130,16 @@ class ImageEncoder(nn.Module):
     def tokens(self) -> int:
         """Soft tokens per image (the projector's `tokens`)."""
         return self.projector.tokens
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The soft tokens' (rows, columns) over the picture, in the order they stand in the prompt (row-major)."""
+        return self.projector.grid
+
+    @property
+    def patch(self) -> int:
+        """The side of the encoder's square patches, in pixels."""
+        return self.encoder.embed.patch
 
     def __call__(self, pixels: mx.array) -> mx.array:
         """(images, channels, height, width) -> (images, tokens per image, text dims)."""

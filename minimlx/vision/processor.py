@@ -55,12 +55,16 @@ class ImageProcessor:
             return cls.from_config(json.loads(shared.read_text())["image_processor"])
         raise CheckpointError(f"{folder} has no preprocessor_config.json: the model's image processor is needed")
 
-    def pixels(self, image) -> np.ndarray:
-        """One image (a path, bytes or a Pillow image) -> (channels, height, width) float32."""
+    def resized(self, image) -> Image.Image:
+        """One image (a path, bytes or a Pillow image) as the model sees it, before rescaling: RGB, at its size."""
         image = open_image(image)
         if image.size != (self.width, self.height):
             image = image.resize((self.width, self.height), resample=self.resample)
-        x = np.asarray(image).transpose(2, 0, 1)
+        return image
+
+    def pixels(self, image) -> np.ndarray:
+        """One image (a path, bytes or a Pillow image) -> (channels, height, width) float32."""
+        x = np.asarray(self.resized(image)).transpose(2, 0, 1)
         if self.rescale_factor is not None:
             x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
         x = x.astype(np.float32)
