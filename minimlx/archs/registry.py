@@ -119,6 +119,21 @@ def get_gguf_arch(architecture: str | None) -> type:
     )
 
 
+def get_mmproj_arch(projector: str | None) -> type:
+    """The plugin that reads llama.cpp mmproj files of projector type `projector` (their `clip.projector_type`):
+    the one listing it in its own `mmproj_projectors`."""
+    known = {}
+    for registration in registrations():
+        for name in vars(registration.plugin).get("mmproj_projectors", ()):
+            known.setdefault(name, registration.plugin)
+    if projector in known:
+        return known[projector]
+    raise UnsupportedArchitectureError(
+        f"mmproj projector type {projector!r} has no plugin (supported: {', '.join(sorted(known)) or 'none'}); use "
+        "the model's Hugging Face folder"
+    )
+
+
 def plugin_config(config: dict, source: str = "the config"):
     """The plugin config that a config.json dict (read from `source`) describes.
 

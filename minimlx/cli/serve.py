@@ -15,6 +15,7 @@ from .group import (
     kv_bits_option,
     main,
     max_kv_size_option,
+    mmproj_option,
     parallel_options,
 )
 from .run import open_model, use_device, whole_option
@@ -90,6 +91,7 @@ def loopback(host: str) -> bool:
     help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m; repeat it to serve several models, "
     "each loaded on the first request that names it.",
 )
+@mmproj_option
 @click.option(
     "--adapter",
     "adapters",
@@ -249,9 +251,6 @@ def serve(
     prompt_cache_dir,
     api_key,
     max_request_mb,
-    allow_image_urls,
-    image_url_mb,
-    image_url_timeout,
     served_model_name,
     request_timeout,
     shutdown_timeout,
@@ -270,14 +269,12 @@ def serve(
     model, or several (--model repeated, --models-dir) loaded on demand within --max-memory.
     """
     from ..server import serve as run_server
-    from ..server.images import ImageFetcher
     from ..server.models import Models, Serving
     from ..server.residency import FOREVER, Residency, byte_size, seconds
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
-    fetcher = ImageFetcher(int(image_url_mb * 1e6), image_url_timeout) if allow_image_urls else None
-    reasoning = reasoning_format != "none"
+    reasoning, fetcher = reasoning_format != "none", image_urls(options)
     serving = Serving(chat_template, reasoning, request_timeout, max_tokens, forced_call, heartbeat, fetcher)
     budget = byte_size(max_memory) if max_memory is not None else None
     idle = seconds(keep_alive, "--keep-alive") if keep_alive is not None else FOREVER
@@ -286,8 +283,7 @@ def serve(
     engine_options |= {name: options[name] for name in ("kv_bits", "max_kv_size")}
     several = len(options["model"]) > 1 or bool(models_dir)
     folders = adapter_folders(adapters, options["parallel"], several)
-    if options["parallel"] and several:
-        raise InvalidSettingError("--parallel serves one model; give one --model and no --models-dir")
+    check_one_model_options(options, several)
     if options["parallel"] or not several:
         options["model"] = options["model"][0] if options["model"] else None
     if not options["parallel"] or world_rank() == 0:
@@ -319,6 +315,23 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         log_format=log_format,
     )
+
+
+def image_urls(options: dict):
+    """The fetcher of http(s) image URLs that --allow-image-urls asks for (None without it), its options taken out of
+    `options`."""
+    from ..server.images import ImageFetcher
+
+    allowed, megabytes, timeout = (options.pop(k) for k in ("allow_image_urls", "image_url_mb", "image_url_timeout"))
+    return ImageFetcher(int(megabytes * 1e6), timeout) if allowed else None
+
+
+def check_one_model_options(options: dict, several: bool) -> None:
+    """The options that go with one model alone, refused with several."""
+    if options["parallel"] and several:
+        raise InvalidSettingError("--parallel serves one model; give one --model and no --models-dir")
+    if options["mmproj"] is not None and several:
+        raise InvalidSettingError("--mmproj goes with one --model; with several, each finds the mmproj*.gguf beside it")
 
 
 def adapter_folders(specs: tuple[str, ...], parallel, several: bool) -> dict[str, str]:
