@@ -105,12 +105,18 @@ def get_arch(model_type: str | None) -> type:
     )
 
 
-def get_gguf_arch(architecture: str | None) -> type:
-    """The plugin that reads GGUF files of llama.cpp architecture `architecture`."""
+def declared(attribute: str) -> dict[str, type]:
+    """Each name the registered plugins list in their own (not inherited) `attribute` -> the first plugin listing it."""
     known = {}
     for registration in registrations():
-        for name in vars(registration.plugin).get("gguf_architectures", ()):
+        for name in vars(registration.plugin).get(attribute, ()):
             known.setdefault(name, registration.plugin)
+    return known
+
+
+def get_gguf_arch(architecture: str | None) -> type:
+    """The plugin that reads GGUF files of llama.cpp architecture `architecture`."""
+    known = declared("gguf_architectures")
     if architecture in known:
         return known[architecture]
     raise UnsupportedArchitectureError(
@@ -122,10 +128,7 @@ def get_gguf_arch(architecture: str | None) -> type:
 def get_mmproj_arch(projector: str | None) -> type:
     """The plugin that reads llama.cpp mmproj files of projector type `projector` (their `clip.projector_type`):
     the one listing it in its own `mmproj_projectors`."""
-    known = {}
-    for registration in registrations():
-        for name in vars(registration.plugin).get("mmproj_projectors", ()):
-            known.setdefault(name, registration.plugin)
+    known = declared("mmproj_projectors")
     if projector in known:
         return known[projector]
     raise UnsupportedArchitectureError(

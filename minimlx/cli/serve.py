@@ -83,6 +83,12 @@ def loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def positive_option(name: str, default: float, help: str):
+    """An option taking a number above 0, its default shown."""
+    above_zero = click.FloatRange(min=0, min_open=True)
+    return click.option(name, type=above_zero, default=default, show_default=True, help=help)
+
+
 @main.command()
 @click.option(
     "--model",
@@ -145,33 +151,15 @@ def loopback(host: str) -> bool:
     help="Keep the prompt cache in DIR too, so that a restarted server reads it back.",
 )
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
-@click.option(
-    "--max-request-mb",
-    type=click.FloatRange(min=0, min_open=True),
-    default=8,
-    show_default=True,
-    help="Largest request body read; larger ones are answered 413.",
-)
+@positive_option("--max-request-mb", 8, "Largest request body read; larger ones are answered 413.")
 @click.option(
     "--allow-image-urls",
     is_flag=True,
     help="Fetch http(s) image URLs that requests send (else only data URLs are read). The server then reaches any "
     "address a client names: give it only where that is wanted.",
 )
-@click.option(
-    "--image-url-mb",
-    type=click.FloatRange(min=0, min_open=True),
-    default=20,
-    show_default=True,
-    help="Largest image fetched from a URL; larger ones are answered 413.",
-)
-@click.option(
-    "--image-url-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10,
-    show_default=True,
-    help="Seconds an image URL may take to fetch; a slower one is answered 400.",
-)
+@positive_option("--image-url-mb", 20, "Largest image fetched from a URL; larger ones are answered 413.")
+@positive_option("--image-url-timeout", 10, "Seconds an image URL may take to fetch; a slower one is answered 400.")
 @click.option(
     "--served-model-name",
     help="The only model name requests may ask for (others get 404); default: any name is answered.",
