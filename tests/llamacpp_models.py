@@ -263,17 +263,16 @@ def convert_all(tmp_path_factory):
     image-text pair in root / "gemma3-vision" (`gemma3_vision_jobs`) (conftest.py's
     `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
     root = tmp_path_factory.mktemp("llamacpp")
-    (root / "gemma3-vision").mkdir()
-    convert_models(root, MODELS, SENTENCEPIECE, TYPES, gemma3_vision_jobs(root / "gemma3-vision"))
+    convert_models(root, MODELS, SENTENCEPIECE, TYPES, lambda: gemma3_vision_jobs(root / "gemma3-vision"))
     return root
 
 
-def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...], extra=()) -> None:
+def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...], extra=None) -> None:
     """Each of `models` (as MODELS) saved as root / name, with a tiny SentencePiece tokenizer where `sentencepiece`
-    (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"; `extra`
-    jobs (as `convert` takes them) converted with them (one import of the converter for all)."""
+    (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"; the jobs
+    `extra()` makes (as `convert` takes them) converted with them (one import of the converter for all)."""
     sources, tokenizer = converter_inputs()
-    jobs = list(extra)
+    jobs = list(extra()) if extra is not None else []
     for name in models:
         folder = save_model(root, name, models, sentencepiece, tokenizer)
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
@@ -293,6 +292,7 @@ def gemma3_vision_jobs(root) -> list[tuple]:
     from safetensors.numpy import load_file, save_file
     from vision_models import save_gemma3_image_text
 
+    root.mkdir()
     vocabulary = sentencepiece_model(root / "sentencepiece", SP_VOCAB, False, GEMMA3_VISION_SPECIALS)
     tokenizer = transformers.GemmaTokenizer.from_pretrained(vocabulary.parent)
     start, end, soft = tokenizer.convert_tokens_to_ids(list(GEMMA3_VISION_SPECIALS[2:]))
