@@ -10,6 +10,8 @@ server reads, `PromptImages.read` checks (from the file's header, before decodin
 
 import base64
 import binascii
+import queue
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -129,7 +131,31 @@ class ImageFetcher:
     CHUNK = 1 << 16
 
     def fetch(self, image: ImageURL) -> bytes:
-        """The URL's bytes; an APIError (400, or 413 when too large) in one line when it cannot be had in time."""
+        """The URL's bytes; an APIError (400, or 413 when too large) in one line when it cannot be had in time. The
+        download runs on a thread of its own, waited for `timeout` at most: a name lookup that hangs (which no socket
+        timeout bounds) is left behind, not waited for."""
+        outcome = queue.SimpleQueue()
+        threading.Thread(target=lambda: outcome.put(self.attempt(image)), daemon=True).start()
+        try:
+            result = outcome.get(timeout=self.timeout + 0.05)  # the download's own deadline answers first
+        except queue.Empty:
+            result = self.slow(image)
+        if isinstance(result, APIError):
+            raise result
+        return result
+
+    def attempt(self, image: ImageURL) -> "bytes | APIError":
+        try:
+            return self.download(image)
+        except APIError as e:
+            return e
+
+    def slow(self, image: ImageURL) -> APIError:
+        message = f"fetching the image at {image.url[:80]} took more than {self.timeout:g} s; send it as a data URL"
+        return bad(image.param, f"{message} ({DATA_URL})")
+
+    def download(self, image: ImageURL) -> bytes:
+        """`fetch` on this thread, its deadline looked at between reads."""
         deadline, url, param = time.monotonic() + self.timeout, image.url, image.param
         opener = urllib.request.build_opener(HttpOnlyRedirects)
         request = urllib.request.Request(url, headers={"User-Agent": "minimlx", "Accept": "image/*"})
@@ -148,9 +174,11 @@ class ImageFetcher:
                 return bytes(body)
         except urllib.error.HTTPError as e:
             raise bad(param, f"fetching the image at {url[:80]} gave HTTP {e.code}; send it as a data URL") from None
-        except (TimeoutError, OSError, ValueError) as e:
-            why = f"took more than {self.timeout:g} s" if isinstance(e, TimeoutError) else f"failed ({reason(e)})"
-            raise bad(param, f"fetching the image at {url[:80]} {why}; send it as a data URL ({DATA_URL})") from None
+        except TimeoutError:
+            raise self.slow(image) from None
+        except (OSError, ValueError) as e:
+            message = f"fetching the image at {url[:80]} failed ({reason(e)}); send it as a data URL ({DATA_URL})"
+            raise bad(param, message) from None
 
     def too_large(self, url: str, param: str) -> APIError:
         message = (
