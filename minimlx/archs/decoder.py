@@ -388,6 +388,11 @@ class DecoderConfig:
         """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
+    def image_axes(self, ids: list[int], images: Sequence):
+        """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
+        their grid), or None where positions are the tokens' indices (these)."""
+        return None
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
         order), as the family's processor writes them (these: as given)."""

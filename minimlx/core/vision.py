@@ -173,11 +173,15 @@ class PlacedImages:
     features: mx.array
     where: mx.array
     blocks: mx.array | None = None
+    axes: mx.array | None = None  # (3, tokens): each prompt token's position along each axis (a multimodal RoPE)
 
     @classmethod
-    def at(cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool) -> "PlacedImages":
+    def at(
+        cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool, axes=None
+    ) -> "PlacedImages":
         """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), one run of `places[i]`
-        tokens per image in order; with `both_ways`, each image's tokens see each other both ways."""
+        tokens per image in order; with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens)
+        the prompt's positions along each axis where a multimodal RoPE turns them."""
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
         starts = is_image & ~np.concatenate([[False], is_image[:-1]])
@@ -189,7 +193,8 @@ class PlacedImages:
                 f"{features.shape[0]} soft tokens"
             )
         blocks = mx.array(np.where(is_image, run, -1)) if both_ways else None
-        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks)
+        axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes)
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""
