@@ -7,7 +7,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import relative_error, require
-from vision_models import CHAT_IMAGE_START, CHAT_IMAGE_TOKEN, QWEN_SHAPES, pictures, qwen_inputs
+from vision_models import (
+    CHAT_IMAGE_START,
+    CHAT_IMAGE_TOKEN,
+    IMAGE_START,
+    IMAGE_TOKEN,
+    QWEN_SHAPES,
+    pictures,
+    qwen_inputs,
+    save_qwen2_5_vl,
+)
 
 import minimlx
 from minimlx.core.windowed_vision import window_order
@@ -21,11 +30,11 @@ TEXT_IDS = list(range(3, 40))  # characters
 VISION_START, IMAGE_PAD = CHAT_IMAGE_START, CHAT_IMAGE_TOKEN
 
 
-def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]:
+def image_prompt(text_ids: list[int], images: int, before: int = 3, start: int = VISION_START) -> list[int]:
     """`text_ids` with `images` vision start tokens, each after `before` text tokens."""
     out = []
     for i in range(images):
-        out += text_ids[i * before : (i + 1) * before] + [VISION_START]
+        out += text_ids[i * before : (i + 1) * before] + [start]
     return out + text_ids[images * before :]
 
 
@@ -153,3 +162,27 @@ def test_run_with_images_answers_as_generate_does(qwen, tmp_path):
     images = [tmp_path / f"{i}.png" for i in range(3)]
     answer = minimlx.generate(model, tokenizer, prompt, chat_template=False, images=images, max_tokens=6)
     assert answer and result.stdout.strip() == answer.strip()
+
+
+def test_qwen2_vl_soft_tokens_and_greedy_ids_equal_transformers(tmp_path):
+    """Qwen2-VL: the same text side and processor, a tower without windows."""
+    torch = require("torch")
+    torch_model, processor = save_qwen2_5_vl(tmp_path, family="Qwen2VL")
+    model, tokenizer = minimlx.load(tmp_path, dtype="float32")
+    assert model.config.vision.window is None
+    images = pictures(QWEN_SHAPES)
+    with torch.no_grad():
+        theirs = torch.cat(list(torch_model.model.get_image_features(**qwen_inputs(processor, images)).pooler_output))
+    assert relative_error(np.array(model.encode_images(model.image_processor(images))), theirs.numpy()) <= 1e-5
+    prompt = image_prompt(TEXT_IDS[:14], 3, start=IMAGE_START)
+    ours = [r.token for r in minimlx.stream_generate(model, tokenizer, prompt, images=images, max_tokens=8)]
+    ids = torch.tensor([model.config.expand_images(prompt, model.image_processor(images))])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            mm_token_type_ids=(ids == IMAGE_TOKEN).int(),
+            max_new_tokens=8,
+            do_sample=False,
+            **qwen_inputs(processor, images),
+        )
+    assert len(ours) >= 2 and ours == out[0, ids.shape[1] :].tolist()[: len(ours)]

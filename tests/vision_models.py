@@ -159,12 +159,20 @@ QWEN2_5_VL = dict(
 )
 
 
-def save_qwen2_5_vl(folder: Path, seed: int = 0, outer: dict | None = None, **text):
-    """The tiny random Qwen2_5_VLForConditionalGeneration saved to `folder` with Qwen2-VL's image processor (Pillow's)
-    and a word tokenizer; returns the torch model and the transformers image processor."""
+# Qwen2-VL's tower: LayerNorm and QuickGELU-MLP blocks over the whole picture, its width `embed_dim`
+QWEN2_VL_TOWER = dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=64, patch_size=7)
+
+
+def save_qwen2_5_vl(folder: Path, seed: int = 0, outer: dict | None = None, family: str = "Qwen2_5_VL", **text):
+    """The tiny random Qwen2_5_VLForConditionalGeneration (with `family` "Qwen2VL", Qwen2VLForConditionalGeneration)
+    saved to `folder` with Qwen2-VL's image processor (Pillow's) and a word tokenizer; returns the torch model and the
+    transformers image processor."""
     transformers = require("transformers")
     config = {**QWEN2_5_VL, **(outer or {}), "text_config": {**QWEN2_5_VL["text_config"], **text}}
-    model = save_reference(folder, "Qwen2_5_VLConfig", seed, model_class="Qwen2_5_VLForConditionalGeneration", **config)
+    if family == "Qwen2VL":
+        config["vision_config"] = QWEN2_VL_TOWER
+    model_class = f"{family}ForConditionalGeneration"
+    model = save_reference(folder, family + "Config", seed, model_class=model_class, **config)
     with require("torch").no_grad():  # norms about 1, not 0: the answers of a random model then vary with the input
         for name, weight in model.named_parameters():
             if weight.ndim == 1 and ("norm" in name or "ln_q" in name):

@@ -1,9 +1,11 @@
-"""Qwen2.5-VL: Qwen2's text model read with Qwen's multimodal RoPE, and a vision tower over pictures of any size.
+"""Qwen2-VL and Qwen2.5-VL: Qwen2's text model read with Qwen's multimodal RoPE, and a vision tower over pictures of
+any size.
 
 The image processor resizes each picture to whole merge blocks within a pixel budget and cuts it into patches
-(`DynamicResolutionPatches`); the tower (`WindowedVisionEncoder`) embeds them, attends within windows of merge
-blocks except in `fullatt_block_indexes`, and merges each 2 x 2 block into one soft token. In the prompt an image is
-`<|vision_start|>`, one `<|image_pad|>` per soft token, `<|vision_end|>`.
+(`DynamicResolutionPatches`); the tower (`WindowedVisionEncoder`) embeds them, runs its blocks and merges each 2 x 2
+block into one soft token. Qwen2.5-VL's blocks are RMSNorm and gated-FFN ones attending within windows of merge
+blocks except in `fullatt_block_indexes`; Qwen2-VL's are LayerNorm and QuickGELU-MLP ones over the whole picture.
+In the prompt an image is `<|vision_start|>`, one `<|image_pad|>` per soft token, `<|vision_end|>`.
 
 Positions have three axes (time, row, column; `mrope_section` says which frequencies each turns): text tokens sit at
 the same place along all three, one after another; an image's tokens at (start, start + row, start + column) of its
@@ -16,10 +18,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..core.ffn import ACTIVATIONS
+from ..core.ffn import ACTIVATIONS, MLP, GatedFFN
+from ..core.norms import LayerNorm, RMSNorm
 from ..core.rope import MultimodalRoPE
 from ..core.vision import ImageInput
-from ..core.windowed_vision import WindowedVisionEncoder
+from ..core.windowed_vision import FlatPatchEmbedding, PatchMerger, RotaryEncoderBlock, WindowedVisionEncoder
 from ..errors import CheckpointError
 from .config import choice, number
 from .names import LLAMA_NAMES, NameMap
@@ -28,6 +31,8 @@ from .registry import register
 
 TOWER_NAMES = [
     ("patch_embed.proj.", "embed.proj."),
+    ("blocks.{i}.mlp.fc1.", "layers.{i}.mlp.up_proj."),  # Qwen2-VL's MLP
+    ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.down_proj."),
     ("blocks.{i}.", "layers.{i}."),
     ("merger.ln_q.", "merger.norm."),
     ("merger.mlp.0.", "merger.up."),
@@ -48,7 +53,7 @@ QWEN_VL_NAMES = NameMap(
 
 @dataclass(frozen=True)
 class WindowedTowerSettings:
-    """Qwen2.5-VL's `vision_config`."""
+    """The vision tower's sizes (Qwen2.5-VL's `vision_config`, or Qwen2-VL's: `qwen2_vl`)."""
 
     dims: int
     ffn_dims: int
@@ -58,11 +63,12 @@ class WindowedTowerSettings:
     patch: int
     frames: int
     merge: int
-    window: int  # pixels a window's side spans
+    window: int | None  # pixels a window's side spans (None: every block sees the whole picture)
     full_layers: tuple[int, ...]
     channels: int
     activation: str
     rope_base: float
+    gated: bool = True  # RMSNorm and gated-FFN blocks (Qwen2.5-VL), else LayerNorm and MLP ones (Qwen2-VL)
 
     @classmethod
     def from_config(cls, v: dict) -> "WindowedTowerSettings":
@@ -81,6 +87,27 @@ class WindowedTowerSettings:
             channels=number(v, "in_channels", 3),
             activation=choice(v, "hidden_act", "silu", ACTIVATIONS),
             rope_base=float(rope.get("rope_theta", 10000.0)),
+        )
+
+    @classmethod
+    def qwen2_vl(cls, v: dict) -> "WindowedTowerSettings":
+        """Qwen2-VL's `vision_config`: its width is `embed_dim`, its output `hidden_size`, its FFN `mlp_ratio` wide."""
+        dims = number(v, "embed_dim")
+        return cls(
+            dims=dims,
+            ffn_dims=int(dims * number(v, "mlp_ratio", 4, float)),
+            layers=number(v, "depth"),
+            heads=number(v, "num_heads"),
+            out_dims=number(v, "hidden_size"),
+            patch=number(v, "patch_size", 14),
+            frames=number(v, "temporal_patch_size", 2),
+            merge=number(v, "spatial_merge_size", 2),
+            window=None,
+            full_layers=(),
+            channels=number(v, "in_channels", 3),
+            activation=choice(v, "hidden_act", "quick_gelu", ACTIVATIONS),
+            rope_base=float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            gated=False,
         )
 
 
@@ -118,12 +145,16 @@ class Qwen25VLConfig(Qwen2Config):
         vision = config.get("vision_config")
         return replace(
             arch,
-            vision=WindowedTowerSettings.from_config(vision) if isinstance(vision, dict) else None,
+            vision=cls.tower_settings(vision) if isinstance(vision, dict) else None,
             mrope_sections=tuple(int(n) for n in sections),
             image_token=number(config, "image_token_id", 151655),
             image_start_token=number(config, "vision_start_token_id", 151652),
             image_end_token=number(config, "vision_end_token_id", 151653),
         )
+
+    @staticmethod
+    def tower_settings(vision: dict) -> WindowedTowerSettings:
+        return WindowedTowerSettings.from_config(vision)
 
     def rope(self, layer: int) -> MultimodalRoPE:
         return MultimodalRoPE(self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions)
@@ -132,19 +163,26 @@ class Qwen25VLConfig(Qwen2Config):
         v = self.vision
         if v is None:
             return None
-        features = v.channels * v.frames * v.patch * v.patch
-        window = v.window // v.merge // v.patch
+
+        def norm():
+            return RMSNorm(v.dims, 1e-6) if v.gated else LayerNorm(v.dims, 1e-6)
+
+        def ffn():
+            return (
+                GatedFFN(v.dims, v.ffn_dims, v.activation, bias=True)
+                if v.gated
+                else MLP(v.dims, v.ffn_dims, v.activation)
+            )
+
+        layers = [RotaryEncoderBlock(v.dims, v.heads, norm(), norm(), ffn()) for _ in range(v.layers)]
         return WindowedVisionEncoder(
-            features,
-            v.dims,
-            v.ffn_dims,
-            v.layers,
-            v.heads,
-            v.out_dims,
+            FlatPatchEmbedding(v.channels * v.frames * v.patch * v.patch, v.dims),
+            layers,
+            PatchMerger(v.dims, v.out_dims, v.merge, norm()),
+            v.dims // v.heads,
             v.merge,
-            window,
+            None if v.window is None else v.window // v.merge // v.patch,
             v.full_layers,
-            v.activation,
             v.rope_base,
         )
 
@@ -204,3 +242,15 @@ class Qwen25VLConfig(Qwen2Config):
         if name in weights:
             weights = {**weights, name: weights[name].reshape(v.dims, v.channels, v.frames, v.patch, v.patch)}
         return super().export_weights(weights)
+
+
+@register("qwen2_vl")
+@dataclass
+class Qwen2VLConfig(Qwen25VLConfig):
+    """Qwen2-VL: Qwen2.5-VL's text side and processor; a tower of LayerNorm and QuickGELU-MLP blocks without windows."""
+
+    example_config = {**Qwen25VLConfig.example_config, "model_type": "qwen2_vl"}
+
+    @staticmethod
+    def tower_settings(vision: dict) -> WindowedTowerSettings:
+        return WindowedTowerSettings.qwen2_vl(vision)

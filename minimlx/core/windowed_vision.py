@@ -1,7 +1,8 @@
 """A vision encoder over pictures of any size (Qwen2.5-VL's): flattened patches projected to the encoder's width,
-2D rotary positions (a patch's row turns half the rotated frequencies, its column the other half), pre-RMSNorm blocks
+2D rotary positions (a patch's row turns half the rotated frequencies, its column the other half), pre-norm blocks
 whose attention sees the patches of one window (a square of merge blocks) or, in the full-attention blocks, the
-whole picture; then a merger that joins each `merge` x `merge` block of patch vectors into one soft token.
+whole picture (Qwen2-VL: every block); then a merger that joins each `merge` x `merge` block of patch vectors into
+one soft token.
 
 The processor hands the patches ordered merge block by merge block (`DynamicResolutionPatches`); the encoder
 reorders those blocks window by window, so that each window's patches lie together, and puts the soft tokens back
@@ -15,8 +16,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .attention import merge_heads, split_heads
-from .ffn import ACTIVATIONS, GatedFFN
-from .norms import RMSNorm
+from .ffn import ACTIVATIONS
 from .vision import ImageEncoder, ImageInput
 
 
@@ -94,13 +94,15 @@ class WindowedEncoderAttention(nn.Module):
         return self.proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)))
 
 
-class GatedEncoderBlock(nn.Module):
-    """x + attn(rmsnorm(x)), then + gated_ffn(rmsnorm(.)) (biased projections)."""
+class RotaryEncoderBlock(nn.Module):
+    """x + attn(norm1(x)), then + mlp(norm2(.)): a pre-norm encoder block whose attention turns queries and keys by 2D
+    rotary positions and sees the patches `mask` allows. Its norms and FFN are the family's (RMSNorm and a gated FFN
+    in Qwen2.5-VL, LayerNorm and a plain MLP in Qwen2-VL)."""
 
-    def __init__(self, dims: int, hidden_dims: int, heads: int, activation: str, eps: float = 1e-6):
+    def __init__(self, dims: int, heads: int, norm1: nn.Module, norm2: nn.Module, mlp: nn.Module):
         super().__init__()
-        self.norm1, self.attn = RMSNorm(dims, eps), WindowedEncoderAttention(dims, heads)
-        self.norm2, self.mlp = RMSNorm(dims, eps), GatedFFN(dims, hidden_dims, activation, bias=True)
+        self.norm1, self.attn = norm1, WindowedEncoderAttention(dims, heads)
+        self.norm2, self.mlp = norm2, mlp
 
     def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
         x = x + self.attn(self.norm1(x), cos, sin, mask)
@@ -108,13 +110,13 @@ class GatedEncoderBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    """Each run of `merge * merge` patch vectors (a merge block) RMS-normed, joined into one vector and projected by a
-    GELU MLP to the language model's width."""
+    """Each run of `merge * merge` patch vectors (a merge block) normed (`norm`), joined into one vector and projected
+    by a GELU MLP to the language model's width."""
 
-    def __init__(self, dims: int, text_dims: int, merge: int, eps: float = 1e-6):
+    def __init__(self, dims: int, text_dims: int, merge: int, norm: nn.Module):
         super().__init__()
         self.joined = dims * merge * merge
-        self.norm = RMSNorm(dims, eps)
+        self.norm = norm
         self.up, self.down = nn.Linear(self.joined, self.joined), nn.Linear(self.joined, text_dims)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -123,29 +125,25 @@ class PatchMerger(nn.Module):
 
 class WindowedVisionEncoder(ImageEncoder):
     """Pictures of any size (patches and a (frames, rows, columns) patch grid each) -> one soft token per merge block:
-    flat patch embedding, `layers` gated blocks attending within windows of `window` merge blocks a side except the
-    `full_layers`, which see the whole picture, and the patch merger."""
+    flat patch embedding, then `layers` (`RotaryEncoderBlock`s) attending within windows of `window` merge blocks a
+    side, except the `full_layers` (every layer without a window), which see the whole picture; then the merger."""
 
     def __init__(
         self,
-        features: int,
-        dims: int,
-        hidden_dims: int,
-        layers: int,
-        heads: int,
-        text_dims: int,
+        embed: FlatPatchEmbedding,
+        layers: list[nn.Module],
+        merger: PatchMerger,
+        head_dims: int,
         merge: int,
-        window: int,
-        full_layers: Sequence[int],
-        activation: str = "silu",
+        window: int | None = None,
+        full_layers: Sequence[int] = (),
         rope_base: float = 10000.0,
     ):
         super().__init__()
-        self.merge, self.window, self.full_layers = merge, window, tuple(full_layers)
-        self.embed = FlatPatchEmbedding(features, dims)
-        self.layers = [GatedEncoderBlock(dims, hidden_dims, heads, activation) for _ in range(layers)]
-        self.merger = PatchMerger(dims, text_dims, merge)
-        self.rotary = PlanarRotary(dims // heads, rope_base)
+        self.embed, self.layers, self.merger = embed, layers, merger
+        self.merge, self.window = merge, window
+        self.full_layers = tuple(range(len(layers))) if window is None else tuple(full_layers)
+        self.rotary = PlanarRotary(head_dims, rope_base)
 
     def __call__(self, images: Sequence[ImageInput]) -> mx.array:
         return mx.concatenate([self.encode(image) for image in images], axis=0)
@@ -154,13 +152,14 @@ class WindowedVisionEncoder(ImageEncoder):
         """One picture -> (merge blocks, text dims), in merge-block order."""
         frames, rows, cols = image.grid
         m, unit = self.merge, self.merge * self.merge
-        order, sizes = window_order(frames, rows // m, cols // m, self.window)
-        patches = (order[:, None] * unit + np.arange(unit)).reshape(-1)  # the patches, window by window
+        blocks = frames * (rows // m) * (cols // m)
+        order, sizes = window_order(frames, rows // m, cols // m, self.window) if self.window else (None, [blocks])
+        patches = np.arange(blocks * unit) if order is None else (order[:, None] * unit + np.arange(unit)).reshape(-1)
         x = self.embed(mx.array(image.pixels[patches]).astype(self.embed.proj.weight.dtype))[None]
-        positions = np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches]
-        cos, sin = self.rotary.angles(positions)
+        cos, sin = self.rotary.angles(np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches])
         window_of = np.repeat(np.arange(len(sizes)), np.asarray(sizes) * unit)
-        windowed = mx.array(window_of[:, None] == window_of[None, :])
+        windowed = mx.array(window_of[:, None] == window_of[None, :]) if len(sizes) > 1 else None
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if i in self.full_layers else windowed)
-        return self.merger(x[0])[mx.array(np.argsort(order))]
+        merged = self.merger(x[0])
+        return merged if order is None else merged[mx.array(np.argsort(order))]
