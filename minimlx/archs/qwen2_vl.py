@@ -39,14 +39,14 @@ TOWER_NAMES = [
     ("merger.mlp.2.", "merger.down."),
 ]
 
-QWEN_VL_NAMES = NameMap(
+QWEN_VL_NAMES = NameMap(  # the published layout (written back by `convert`), then transformers 5's in-memory one
     [(prefix + theirs, "vision." + ours) for prefix in ("visual.", "model.visual.") for theirs, ours in TOWER_NAMES]
+    + LLAMA_NAMES.templates
     + [
         ("model.language_model." + t.removeprefix("model."), o)
         for t, o in LLAMA_NAMES.templates
         if t.startswith("model.")
-    ]
-    + LLAMA_NAMES.templates,
+    ],
     drop=LLAMA_NAMES.drop_patterns,
 )
 
