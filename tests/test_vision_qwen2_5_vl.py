@@ -98,16 +98,20 @@ def test_prompt_and_decode_positions_equal_transformers(qwen):
 
 
 def test_generate_with_images_gives_transformers_greedy_ids(qwen):
-    torch = require("torch")
     _, torch_model, processor, model, tokenizer = qwen
+    assert_greedy_ids_match(torch_model, processor, model, tokenizer, image_prompt(TEXT_IDS[:14], 3), IMAGE_PAD)
+
+
+def assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt: list[int], image_token: int) -> None:
+    """`stream_generate`'s greedy ids for `prompt` about the three pictures equal transformers' `generate`."""
+    torch = require("torch")
     images = pictures(QWEN_SHAPES)
-    prompt = image_prompt(TEXT_IDS[:14], 3)
     ours = [r.token for r in minimlx.stream_generate(model, tokenizer, prompt, images=images, max_tokens=10)]
     ids = torch.tensor([model.config.expand_images(prompt, model.image_processor(images))])
     with torch.no_grad():
         out = torch_model.generate(
             input_ids=ids,
-            mm_token_type_ids=(ids == IMAGE_PAD).int(),
+            mm_token_type_ids=(ids == image_token).int(),
             max_new_tokens=10,
             do_sample=False,
             **qwen_inputs(processor, images),
@@ -175,14 +179,4 @@ def test_qwen2_vl_soft_tokens_and_greedy_ids_equal_transformers(tmp_path):
         theirs = torch.cat(list(torch_model.model.get_image_features(**qwen_inputs(processor, images)).pooler_output))
     assert relative_error(np.array(model.encode_images(model.image_processor(images))), theirs.numpy()) <= 1e-5
     prompt = image_prompt(TEXT_IDS[:14], 3, start=IMAGE_START)
-    ours = [r.token for r in minimlx.stream_generate(model, tokenizer, prompt, images=images, max_tokens=8)]
-    ids = torch.tensor([model.config.expand_images(prompt, model.image_processor(images))])
-    with torch.no_grad():
-        out = torch_model.generate(
-            input_ids=ids,
-            mm_token_type_ids=(ids == IMAGE_TOKEN).int(),
-            max_new_tokens=8,
-            do_sample=False,
-            **qwen_inputs(processor, images),
-        )
-    assert len(ours) >= 2 and ours == out[0, ids.shape[1] :].tolist()[: len(ours)]
+    assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt, IMAGE_TOKEN)

@@ -105,10 +105,15 @@ def save_gemma3_chat(folder: Path, seed: int = 0):
     text = dict(vocab_size=EOS + len(SPECIALS), eos_token_id=EOS, bos_token_id=EOS, max_position_embeddings=1024)
     text |= dict(tie_word_embeddings=False, sliding_window=48)  # local layers see the image from a short question
     model, processor = save_gemma3_image_text(folder, seed, outer, **text)
+    with_character_tokenizer(folder)
+    return model, processor
+
+
+def with_character_tokenizer(folder: Path) -> None:
+    """The word tokenizer a save wrote into `folder` replaced by the character tokenizer and its chat template."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
     save_character_tokenizer(folder)
-    return model, processor
 
 
 def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]:
@@ -193,9 +198,7 @@ def save_qwen2_5_vl_chat(folder: Path, seed: int = 0):
     outer |= dict(image_token_id=CHAT_IMAGE_TOKEN, video_token_id=0)
     text = dict(vocab_size=EOS + len(SPECIALS), eos_token_id=EOS, bos_token_id=EOS)
     model, processor = save_qwen2_5_vl(folder, seed, outer, **text)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        (folder / name).unlink(missing_ok=True)
-    save_character_tokenizer(folder)
+    with_character_tokenizer(folder)
     return model, processor
 
 

@@ -28,7 +28,7 @@ from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import TOWERS, ImageText, text_model_names
+from .image_text import TOWERS, ImageText, flattened_kernel, shaped_kernel, text_model_names
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
@@ -275,14 +275,9 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
 
     def convert_weights(self, weights: dict) -> dict:
         """The text model's and the towers' tensors; the patch embedding's (dims, channels, p, p) kernel flattened."""
-        weights = super().convert_weights(weights)
-        name = "vision.encoder.embed.proj.weight"
-        if name in weights and weights[name].ndim == 4:
-            weights[name] = weights[name].reshape(weights[name].shape[0], -1)
-        return weights
+        return flattened_kernel(super().convert_weights(weights), "vision.encoder.embed.proj.weight")
 
     def export_weights(self, weights: dict) -> dict:
-        name, v = "vision.encoder.embed.proj.weight", self.vision
-        if name in weights:
-            weights = {**weights, name: weights[name].reshape(v.dims, v.channels, v.patch, v.patch)}
-        return super().export_weights(weights)
+        v = self.vision
+        shape = (v.dims, v.channels, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, "vision.encoder.embed.proj.weight", shape))

@@ -73,3 +73,16 @@ class ImageText:
                 skipped,
             )
         return super().convert_weights(weights)
+
+
+def flattened_kernel(weights: dict, name: str) -> dict:
+    """`weights` with the patch embedding's convolution kernel `name` (out, in, *window) flattened to the
+    (out, features) matrix of the matmul it is (a stride-window convolution over whole patches)."""
+    if name in weights and weights[name].ndim > 2:
+        weights = {**weights, name: weights[name].reshape(weights[name].shape[0], -1)}
+    return weights
+
+
+def shaped_kernel(weights: dict, name: str, shape: tuple[int, ...]) -> dict:
+    """`weights` with the flattened kernel `name` back in the convolution's `shape` (as checkpoints store it)."""
+    return {**weights, name: weights[name].reshape(shape)} if name in weights else weights

@@ -25,6 +25,7 @@ from ..core.vision import ImageInput
 from ..core.windowed_vision import FlatPatchEmbedding, PatchMerger, RotaryEncoderBlock, WindowedVisionEncoder
 from ..errors import CheckpointError
 from .config import choice, number
+from .image_text import flattened_kernel, shaped_kernel
 from .names import LLAMA_NAMES, NameMap
 from .qwen2 import Qwen2Config
 from .registry import register
@@ -231,17 +232,12 @@ class Qwen25VLConfig(Qwen2Config):
     def convert_weights(self, weights: dict) -> dict:
         """The text model's and the tower's tensors; the patch embedding's (dims, channels, frames, p, p) kernel
         flattened."""
-        weights = super().convert_weights(weights)
-        name = "vision.embed.proj.weight"
-        if name in weights and weights[name].ndim == 5:
-            weights[name] = weights[name].reshape(weights[name].shape[0], -1)
-        return weights
+        return flattened_kernel(super().convert_weights(weights), "vision.embed.proj.weight")
 
     def export_weights(self, weights: dict) -> dict:
-        name, v = "vision.embed.proj.weight", self.vision
-        if name in weights:
-            weights = {**weights, name: weights[name].reshape(v.dims, v.channels, v.frames, v.patch, v.patch)}
-        return super().export_weights(weights)
+        v = self.vision
+        shape = (v.dims, v.channels, v.frames, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, "vision.embed.proj.weight", shape))
 
 
 @register("qwen2_vl")
