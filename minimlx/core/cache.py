@@ -621,6 +621,7 @@ class RotatingKVCache(KVCache):
             raise ValueError(f"a sliding-window cache of {self.offset} tokens no longer holds the first {count}")
         self.arrays = [a[..., : self.held - n, :] for a in self.arrays] if count else None
         self.offset, self.padding = count, self.padding if count else []
+        self.shifts = self.shifts if count >= self.shifted_at else []
         return n
 
     def prefix(self, count: int) -> "RotatingKVCache":
@@ -629,6 +630,8 @@ class RotatingKVCache(KVCache):
         fresh = self.empty()
         if count:
             fresh.arrays, fresh.offset = [a[..., : count - (self.offset - self.held), :] for a in self.arrays], count
+        if count >= self.shifted_at:
+            fresh.shifts, fresh.shifted_at = list(self.shifts), self.shifted_at
         return fresh
 
     def empty(self) -> "RotatingKVCache":
@@ -650,11 +653,13 @@ class RotatingKVCache(KVCache):
         for c in caches:
             shift = merged.offset - c.offset
             merged.padding += [p + shift for p in c.row_padding()]
+            merged.shifts += c.row_shifts()
             if c.arrays is None:
                 parts.append([mx.zeros((1, *a.shape[1:-2], keep, a.shape[-1]), a.dtype) for a in filled[0].arrays])
             else:
                 parts.append([pad(a, keep - a.shape[-2], 0) for a in c.arrays])
         merged.arrays = [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
+        merged.shifts = merged.shifts if any(merged.shifts) else []
         return merged
 
 
