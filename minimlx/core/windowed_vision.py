@@ -10,6 +10,7 @@ in merge-block order at the end.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -76,9 +77,28 @@ def rotate_halves(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     return (y * cos + turned * sin).astype(x.dtype)
 
 
+@dataclass(frozen=True)
+class Windows:
+    """Runs of consecutive patches that attend among themselves: `gather` (windows, longest) their indices (padding
+    rows point at patch 0), `valid` (windows, longest) which of those are patches, and `scatter` each patch's place
+    in the windows laid end to end. Attention then runs on a batch of windows, not on the whole picture."""
+
+    gather: mx.array
+    valid: mx.array
+    scatter: mx.array
+
+    @classmethod
+    def of(cls, sizes: Sequence[int]) -> "Windows":
+        """Windows of `sizes` patches, one after another."""
+        longest, starts = max(sizes), np.cumsum([0, *sizes[:-1]])
+        valid = np.arange(longest)[None, :] < np.asarray(sizes)[:, None]
+        gather = np.where(valid, starts[:, None] + np.arange(longest)[None, :], 0)
+        return cls(mx.array(gather), mx.array(valid), mx.array(np.nonzero(valid.reshape(-1))[0]))
+
+
 class WindowedEncoderAttention(nn.Module):
-    """softmax(q k^T / sqrt(head_dim)) v both ways, within the windows `mask` allows (all of it without one); queries
-    and keys turned by 2D rotary positions."""
+    """softmax(q k^T / sqrt(head_dim)) v both ways, within each of the `windows` (over the whole picture without);
+    queries and keys turned by 2D rotary positions."""
 
     def __init__(self, dims: int, heads: int):
         super().__init__()
@@ -86,17 +106,21 @@ class WindowedEncoderAttention(nn.Module):
         self.qkv = nn.Linear(dims, 3 * dims)
         self.proj = nn.Linear(dims, dims)
 
-    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, windows: Windows | None) -> mx.array:
         """x (1, patches, dims)."""
         q, k, v = (split_heads(part, self.heads) for part in mx.split(self.qkv(x), 3, axis=-1))
         q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
         scale = (x.shape[-1] // self.heads) ** -0.5
-        return self.proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)))
+        if windows is None:
+            return self.proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)))
+        q, k, v = (t[0][:, windows.gather].transpose(1, 0, 2, 3) for t in (q, k, v))  # (windows, heads, longest, hd)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=windows.valid[:, None, None, :])
+        return self.proj(out.transpose(0, 2, 1, 3).reshape(-1, x.shape[-1])[windows.scatter][None])
 
 
 class RotaryEncoderBlock(nn.Module):
     """x + attn(norm1(x)), then + mlp(norm2(.)): a pre-norm encoder block whose attention turns queries and keys by 2D
-    rotary positions and sees the patches `mask` allows. Its norms and FFN are the family's (RMSNorm and a gated FFN
+    rotary positions and sees the patches of its window. Its norms and FFN are the family's (RMSNorm and a gated FFN
     in Qwen2.5-VL, LayerNorm and a plain MLP in Qwen2-VL)."""
 
     def __init__(self, dims: int, heads: int, norm1: nn.Module, norm2: nn.Module, mlp: nn.Module):
@@ -104,8 +128,8 @@ class RotaryEncoderBlock(nn.Module):
         self.norm1, self.attn = norm1, WindowedEncoderAttention(dims, heads)
         self.norm2, self.mlp = norm2, mlp
 
-    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, windows: Windows | None) -> mx.array:
+        x = x + self.attn(self.norm1(x), cos, sin, windows)
         return x + self.mlp(self.norm2(x))
 
 
@@ -157,8 +181,7 @@ class WindowedVisionEncoder(ImageEncoder):
         patches = np.arange(blocks * unit) if order is None else (order[:, None] * unit + np.arange(unit)).reshape(-1)
         x = self.embed(mx.array(image.pixels[patches]).astype(self.embed.proj.weight.dtype))[None]
         cos, sin = self.rotary.angles(np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches])
-        window_of = np.repeat(np.arange(len(sizes)), np.asarray(sizes) * unit)
-        windowed = mx.array(window_of[:, None] == window_of[None, :]) if len(sizes) > 1 else None
+        windowed = Windows.of([n * unit for n in sizes]) if len(sizes) > 1 else None
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if i in self.full_layers else windowed)
         merged = self.merger(x[0])
