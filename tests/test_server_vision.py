@@ -234,9 +234,9 @@ def qwen2_5_vl(qwen2_5_vl_chat):
 
 
 def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_the_cache(qwen2_5_vl):
-    """A picture resized to a 16 x 10 patch grid (8 x 5 soft tokens): the answer equals transformers' `generate`,
-    streamed and not; the next turn prefills only its new tokens (the positions after the image shifted as in the
-    first turn) and answers as a cold read does."""
+    """A picture resized to a 16 x 10 patch grid (8 x 5 soft tokens): the answer equals transformers' `generate`
+    through chat completions (streamed and not), Responses and Messages; the next turn prefills only its new tokens
+    (the positions after the image shifted as in the first turn) and answers as a cold read does."""
     torch = require("torch")
     served, torch_model, processor = qwen2_5_vl
     picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
@@ -260,6 +260,19 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
     stream = openai.chat.completions.create(messages=history, stream=True, **settings)
     streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert expected and first.choices[0].message.content == streamed == expected
+    image = {"type": "input_image", "image_url": data_url(picture)}
+    content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
+    responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
+    assert openai.responses.create(**responses, temperature=0).output_text == expected
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data(picture)}}
+    content = [{"type": "text", "text": ASK[0]}, block, {"type": "text", "text": ASK[1]}]
+    message = served.anthropic().messages.create(
+        messages=[{"role": "user", "content": content}],
+        model="tiny",
+        max_tokens=MAX_TOKENS,
+        extra_body={"temperature": 0},
+    )
+    assert "".join(b.text for b in message.content) == expected
     history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
     plain += history[-2:]
     second = openai.chat.completions.create(messages=history, **settings)
