@@ -182,3 +182,18 @@ def test_qwen2_vl_soft_tokens_and_greedy_ids_equal_transformers(tmp_path):
     assert relative_error(np.array(model.encode_images(model.image_processor(images))), theirs.numpy()) <= 1e-5
     prompt = image_prompt(TEXT_IDS[:14], 3, start=IMAGE_START)
     assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt, IMAGE_TOKEN)
+    assert_written_back_as_saved(model, tmp_path)
+
+
+def assert_written_back_as_saved(model, folder) -> None:
+    """`export_weights` (what `convert` writes) gives the saved checkpoint's names and shapes (the patch kernel 5D)."""
+    from mlx.utils import tree_flatten
+
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    saved = mx.load(str(folder / "model.safetensors"))
+    assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in saved.items()}
+
+
+def test_the_published_layout_is_written_back(qwen):
+    folder, *_, model, _ = qwen
+    assert_written_back_as_saved(model, folder)
