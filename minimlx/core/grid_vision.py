@@ -1,0 +1,184 @@
+"""A vision encoder over pictures of any size: each picture's patches keep their place as 2D rotary positions (row,
+column) instead of a learned embedding, and several pictures go through in one pass, each patch attending to the
+patches of its own picture only (block-diagonal attention).
+
+Pixels (channels, height, width), height and width multiples of the patch, are cut into patches, each flattened
+(channel, row, column) and projected (the stride-`patch` convolution as the matmul it is), RMS-normed, then run
+through pre-norm blocks (RMSNorm -> attention with 2D RoPE -> added; RMSNorm -> gated FFN -> added). A projector
+(`MergedProjector`) RMS-norms the patch vectors, merges each `merge` x `merge` square of neighbours into one
+vector and maps it to the language model's width with a linear-GELU-linear.
+"""
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .attention import merge_heads, split_heads
+from .ffn import ACTIVATIONS, GatedFFN
+from .norms import RMSNorm
+
+
+def patches_of(pixels: mx.array, patch: int) -> mx.array:
+    """(channels, height, width) -> (rows * columns, channels * patch * patch): non-overlapping squares in row-major
+    order, each flattened (channel, row, column) as a convolution kernel (dims, channels, p, p) is."""
+    channels, height, width = pixels.shape
+    rows, cols = height // patch, width // patch
+    squares = pixels[:, : rows * patch, : cols * patch].reshape(channels, rows, patch, cols, patch)
+    return squares.transpose(1, 3, 0, 2, 4).reshape(rows * cols, channels * patch * patch)
+
+
+class GridRoPE:
+    """Rotary positions over a patch grid, rotating the two halves of each head against each other: the first
+    quarter of the pairs turns with the patch's row at the even frequencies of a `head_dim` RoPE (base**(-4j/d)),
+    the second quarter with its column at the odd ones (base**(-(4j+2)/d))."""
+
+    def __init__(self, head_dim: int, base: float):
+        inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+        self.row_freq, self.col_freq = inv_freq[0::2], inv_freq[1::2]
+
+    def angles(self, grids: Sequence[tuple[int, int]]) -> tuple[mx.array, mx.array]:
+        """cos and sin (patches, head_dim) of every patch of the grids (rows, columns), grid after grid."""
+        rows = np.concatenate([np.repeat(np.arange(r), c) for r, c in grids]).astype(np.float32)
+        cols = np.concatenate([np.tile(np.arange(c), r) for r, c in grids]).astype(np.float32)
+        half = np.concatenate([rows[:, None] * self.row_freq, cols[:, None] * self.col_freq], axis=-1)
+        angles = mx.array(np.concatenate([half, half], axis=-1))
+        return mx.cos(angles), mx.sin(angles)
+
+    @staticmethod
+    def rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        """x (batch, heads, patches, head_dim) turned by the angles: x cos + rotate_half(x) sin."""
+        first, second = mx.split(x, 2, axis=-1)
+        return x * cos.astype(x.dtype) + mx.concatenate([-second, first], axis=-1) * sin.astype(x.dtype)
+
+
+def block_diagonal(lengths: Sequence[int]) -> mx.array | None:
+    """A (patches, patches) mask letting each picture's patches see each other only; None for one picture."""
+    if len(lengths) == 1:
+        return None
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    return mx.array(owner[:, None] == owner[None, :])
+
+
+class GridAttention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim)) v over the patches a mask allows, queries and keys turned by 2D RoPE."""
+
+    def __init__(self, dims: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q_proj = nn.Linear(dims, dims, bias=False)
+        self.k_proj = nn.Linear(dims, dims, bias=False)
+        self.v_proj = nn.Linear(dims, dims, bias=False)
+        self.o_proj = nn.Linear(dims, dims, bias=False)
+
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
+        q, k, v = (split_heads(proj(x), self.heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = GridRoPE.rotate(q, cos, sin), GridRoPE.rotate(k, cos, sin)
+        scale = (x.shape[-1] // self.heads) ** -0.5
+        return self.o_proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)))
+
+
+class GridBlock(nn.Module):
+    """x + attn(rms(x)), then + ffn(rms(.)): a pre-norm block with a gated FFN."""
+
+    def __init__(self, dims: int, hidden_dims: int, heads: int, eps: float, activation: str):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(dims, eps), GridAttention(dims, heads)
+        self.ffn_norm, self.ffn = RMSNorm(dims, eps), GatedFFN(dims, hidden_dims, activation)
+
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class GridEncoder(nn.Module):
+    """Pictures of any size (each (channels, height, width)) -> one vector per patch, picture after picture: the
+    patches projected and RMS-normed, then the blocks over all pictures at once (block-diagonal attention).
+    `feature_layer` picks the hidden state handed on (0: the normed patches, i: block i's output, negative: from the
+    end); the blocks after it are not built."""
+
+    def __init__(
+        self,
+        dims: int,
+        hidden_dims: int,
+        layers: int,
+        heads: int,
+        patch: int,
+        rope_base: float,
+        channels: int = 3,
+        eps: float = 1e-5,
+        activation: str = "gelu",
+        feature_layer: int = -1,
+    ):
+        super().__init__()
+        self.patch = patch
+        self.proj = nn.Linear(channels * patch * patch, dims, bias=False)
+        self.norm = RMSNorm(dims, eps)
+        used = feature_layer % (layers + 1)
+        self.layers = [GridBlock(dims, hidden_dims, heads, eps, activation) for _ in range(used)]
+        self.rope = GridRoPE(dims // heads, rope_base)
+
+    def grid(self, pixels) -> tuple[int, int]:
+        """(rows, columns) of patches of a picture (channels, height, width)."""
+        return pixels.shape[-2] // self.patch, pixels.shape[-1] // self.patch
+
+    def __call__(self, pictures: Sequence[mx.array]) -> mx.array:
+        """Pictures -> (patches of all, dims)."""
+        grids = [self.grid(p) for p in pictures]
+        dtype = self.proj.weight.dtype
+        x = self.norm(self.proj(mx.concatenate([patches_of(p.astype(dtype), self.patch) for p in pictures])))[None]
+        cos, sin = self.rope.angles(grids)
+        mask = block_diagonal([r * c for r, c in grids])
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return x[0]
+
+
+def merge_squares(x: mx.array, grid: tuple[int, int], merge: int) -> mx.array:
+    """One picture's patch vectors (rows * columns, dims) -> (rows/merge * columns/merge, dims * merge**2): each
+    merge x merge square of neighbours, in row-major order of squares, its vectors laid side by side feature-major
+    (feature, row in square, column in square), as torch's `unfold` lays them."""
+    rows, cols = grid
+    dims = x.shape[-1]
+    squares = x.reshape(rows // merge, merge, cols // merge, merge, dims).transpose(0, 2, 4, 1, 3)
+    return squares.reshape((rows // merge) * (cols // merge), dims * merge * merge)
+
+
+class MergedProjector(nn.Module):
+    """Patch vectors -> soft tokens: RMS-normed, each merge x merge square merged into one vector (`merge_squares`
+    then a linear map back to the encoder's width), then linear-GELU-linear to the language model's width."""
+
+    def __init__(self, dims: int, text_dims: int, merge: int, eps: float, activation: str, bias: bool):
+        super().__init__()
+        self.merge = merge
+        self.norm = RMSNorm(dims, eps)
+        self.merging = nn.Linear(dims * merge * merge, dims, bias=False)
+        self.linear_1 = nn.Linear(dims, text_dims, bias=bias)
+        self.linear_2 = nn.Linear(text_dims, text_dims, bias=bias)
+        self.activation = ACTIVATIONS[activation]
+
+    def __call__(self, patches: mx.array, grids: Sequence[tuple[int, int]]) -> mx.array:
+        """(patches of all pictures, dims) with each picture's grid -> (soft tokens of all, text dims)."""
+        x = self.norm(patches)
+        starts = np.cumsum([0] + [r * c for r, c in grids])
+        merged = [merge_squares(x[a:b], grid, self.merge) for a, b, grid in zip(starts[:-1], starts[1:], grids)]
+        x = self.merging(mx.concatenate(merged))
+        return self.linear_2(self.activation(self.linear_1(x)))
+
+
+class GridImageEncoder(nn.Module):
+    """A `GridEncoder` and its `MergedProjector`: pictures of any size to their soft tokens, picture after picture."""
+
+    def __init__(self, encoder: GridEncoder, projector: MergedProjector):
+        super().__init__()
+        self.encoder, self.projector = encoder, projector
+
+    def tokens_grid(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, columns) of soft tokens of a picture of `height` x `width` pixels."""
+        side = self.encoder.patch * self.projector.merge
+        return height // side, width // side
+
+    def __call__(self, pictures: Sequence[mx.array]) -> mx.array:
+        """Pictures (channels, height, width) -> (soft tokens of all, text dims), each picture's in row-major order."""
+        return self.projector(self.encoder(pictures), [self.encoder.grid(p) for p in pictures])
