@@ -7,6 +7,7 @@ holds each of those as a field and builds every family from them (`rope`, `atten
 a family's plugin sets fields, as defaults or from its own config keys in `from_config`, and builds nothing itself.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -372,12 +373,24 @@ class DecoderConfig:
     exports_recurrent: ClassVar[bool] = False
 
     def image_encoder(self) -> nn.Module | None:
-        """The image encoder of a family that reads images (its soft tokens join the prompt), None for text only."""
+        """The image encoder (`core.vision.ImageEncoder`) of a family that reads images (its soft tokens join the
+        prompt), None for text only."""
         return None
 
-    def expand_images(self, ids: list[int]) -> list[int]:
-        """A prompt's ids with each image's places for its soft tokens written out, as the family's processor writes
-        them (these: as given)."""
+    def image_processor(self, settings: dict):
+        """The family's image processor (`minimlx.vision.ImageProcessor`) from its saved `settings`
+        (`preprocessor_config.json`); only a family with an `image_encoder` has one."""
+        raise NotImplementedError(f"{type(self).__name__} reads no images")
+
+    images_both_ways: ClassVar[bool] = False  # whether an image's soft tokens see each other both ways
+
+    def image_places(self, image) -> int:
+        """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""
+        raise NotImplementedError(f"{type(self).__name__} reads no images")
+
+    def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
+        """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
+        order), as the family's processor writes them (these: as given)."""
         return ids
 
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:

@@ -18,11 +18,12 @@ LayerNorm) and a projector that average-pools its patch grid to `mm_tokens_per_i
 and projects them; an image's soft tokens see each other both ways in every layer (within the window in local ones).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
-from ..core.vision import ImageEncoder, PooledProjector, VisionEncoder
+from ..core.vision import FixedSizeImageEncoder, PooledProjector, VisionEncoder
 from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
@@ -243,14 +244,26 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
             image_end_token=number(config, "eoi_token_index", 256000),
         )
 
-    def image_encoder(self) -> ImageEncoder | None:
+    images_both_ways = True
+
+    def image_encoder(self) -> FixedSizeImageEncoder | None:
         v = self.vision
         if v is None:
             return None
         encoder = VisionEncoder(v.dims, v.ffn_dims, v.layers, v.heads, v.image_size, v.patch, v.channels, v.eps)
-        return ImageEncoder(encoder, PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps))
+        return FixedSizeImageEncoder(
+            encoder, PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps)
+        )
 
-    def expand_images(self, ids: list[int]) -> list[int]:
+    def image_processor(self, settings: dict):
+        from ..vision import FixedSizeImages
+
+        return FixedSizeImages.from_config(settings)
+
+    def image_places(self, image) -> int:
+        return self.vision.tokens
+
+    def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image start token followed by the image's soft-token places and its end token
         (as Gemma 3's processor writes them), unless they already are."""
         out = []

@@ -1,11 +1,22 @@
 """Vision encoders and the parts that hand their output to a language model.
 
+The protocol every image-text family follows (each image may have its own size, grid and number of soft tokens):
+
+1. the family's image processor (`minimlx.vision.ImageProcessor`) turns each picture into an `ImageInput`: its pixels
+   and the grid facts its encoder needs (a patch grid, a tiling);
+2. the family's config writes each image's places into the prompt from those facts (`image_places`,
+   `expand_images`);
+3. the family's `ImageEncoder` turns the images into their soft tokens, one row per place, image after image;
+4. `PlacedImages` puts them at their places in the prompt's embeddings.
+
 A picture (batch, channels, height, width) is cut into square patches, each flattened and projected to the
 encoder's width, given a learned position, and run through pre-norm blocks whose attention sees every patch
 (no mask, no cache). A projector turns the encoder's patch vectors into soft tokens of the language model's width;
 `PlacedImages` says where in a prompt they go and which prompt tokens see each other both ways.
 """
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -114,48 +125,71 @@ class PooledProjector(nn.Module):
         return self.norm(pooled) @ self.projection
 
 
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    """One picture as its family's image processor prepares it: `pixels` (float32, of the family's shape: a picture
+    (channels, height, width), or its patches flattened) and `grid`, the facts its encoder and its places in the
+    prompt follow from (a patch grid (frames, rows, columns), a tiling; empty where every image is alike)."""
+
+    pixels: np.ndarray
+    grid: tuple[int, ...] = ()
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the pixels and the grid: what tells this image's soft tokens from another's."""
+        h = hashlib.sha256(np.ascontiguousarray(self.pixels, dtype=np.float32).tobytes())
+        h.update(np.asarray(self.grid, dtype=np.int64).tobytes())
+        return h.digest()
+
+
 class ImageEncoder(nn.Module):
-    """A vision encoder and its projector: preprocessed pixels to the language model's soft tokens."""
+    """A family's image encoder: images (`ImageInput`s) -> their soft tokens (places, text dims), the rows of each
+    image in order, as many as its config writes places for it (`image_places`)."""
+
+    def __call__(self, images: Sequence[ImageInput]) -> mx.array:
+        raise NotImplementedError
+
+
+class FixedSizeImageEncoder(ImageEncoder):
+    """A vision encoder and its projector over pictures of one size, each giving the projector's `tokens`."""
 
     def __init__(self, encoder: nn.Module, projector: nn.Module):
         super().__init__()
         self.encoder, self.projector = encoder, projector
 
-    @property
-    def tokens(self) -> int:
-        """Soft tokens per image (the projector's `tokens`)."""
-        return self.projector.tokens
-
-    def __call__(self, pixels: mx.array) -> mx.array:
-        """(images, channels, height, width) -> (images, tokens per image, text dims)."""
-        return self.projector(self.encoder(pixels))
+    def __call__(self, images: Sequence[ImageInput]) -> mx.array:
+        """Images of (channels, height, width) pixels -> (images * tokens, text dims)."""
+        pixels = mx.array(np.stack([image.pixels for image in images]))
+        tokens = self.projector(self.encoder(pixels))
+        return tokens.reshape(-1, tokens.shape[-1])
 
 
 @dataclass
 class PlacedImages:
     """Soft tokens placed in a prompt: `features` (tokens, dims) replace the embeddings at `where` (their indices in
-    the prompt, in order); `blocks` gives each prompt token its image's number, -1 for text: tokens of one image
-    see each other both ways."""
+    the prompt, in order); `blocks` (where an image's tokens see each other both ways, else None) gives each prompt
+    token its image's number, -1 for text."""
 
     features: mx.array
     where: mx.array
-    blocks: mx.array
+    blocks: mx.array | None = None
 
     @classmethod
-    def at(cls, ids, image_token: int, features: mx.array) -> "PlacedImages":
-        """`features` (images, tokens per image, dims) at the runs of `image_token` in `ids` (one prompt's ids), one
-        run per image in order."""
+    def at(cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool) -> "PlacedImages":
+        """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), one run of `places[i]`
+        tokens per image in order; with `both_ways`, each image's tokens see each other both ways."""
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
         starts = is_image & ~np.concatenate([[False], is_image[:-1]])
-        blocks = np.where(is_image, np.cumsum(starts) - 1, -1)
-        images, per_image, dims = features.shape
-        if int(starts.sum()) != images or int(is_image.sum()) != images * per_image:
+        run = np.cumsum(starts) - 1
+        lengths = np.bincount(run[is_image], minlength=len(places)) if is_image.any() else np.zeros(0, int)
+        if list(lengths) != list(places) or features.shape[0] != sum(places):
             raise ValueError(
-                f"the prompt holds {int(starts.sum())} image runs of {int(is_image.sum())} tokens in all for {images} "
-                f"images of {per_image} tokens each"
+                f"the prompt holds image runs of {list(lengths)} tokens for images of {list(places)} places and "
+                f"{features.shape[0]} soft tokens"
             )
-        return cls(features.reshape(-1, dims), mx.array(np.nonzero(is_image)[0]), mx.array(blocks))
+        blocks = mx.array(np.where(is_image, run, -1)) if both_ways else None
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks)
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""

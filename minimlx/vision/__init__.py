@@ -1,6 +1,6 @@
-"""Images in: decoding picture files and preparing their pixels as a model's image processor does."""
+"""Images in: decoding picture files and preparing them as a model's image processor does."""
 
 from .images import open_image
-from .processor import ImageProcessor
+from .processor import FixedSizeImages, ImageProcessor, Normalisation, read_processor_config
 
-__all__ = ["ImageProcessor", "open_image"]
+__all__ = ["FixedSizeImages", "ImageProcessor", "Normalisation", "open_image", "read_processor_config"]
