@@ -388,6 +388,11 @@ class DecoderConfig:
         """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
+    def image_runs(self, image) -> tuple[int, ...]:
+        """The lengths of the runs of `image_token` one image's places make in the prompt, in order: one run of
+        `image_places`, unless the family's layout breaks them with other tokens (rows ended by a break token)."""
+        return (self.image_places(image),)
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
         order), as the family's processor writes them (these: as given)."""

@@ -17,6 +17,7 @@ prompt row by row, `[IMG]` per token, `[IMG_BREAK]` after each row, `[IMG_END]` 
 text is (causally).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..core.ffn import ACTIVATIONS
@@ -245,11 +246,41 @@ class Mistral3Config(ImageText, Ministral3Config):
         projector = MergedProjector(v.dims, self.dims, v.merge, self.norm_eps, v.projector_activation, v.projector_bias)
         return GridImageEncoder(encoder, projector)
 
-    def image_layout(self, rows: int, cols: int) -> list[int]:
-        """The places of a picture of `rows` x `cols` soft tokens, as Pixtral's processor writes them: `[IMG]` per
+    def image_processor(self, settings: dict):
+        from ..vision import LongestEdgeImages
+
+        return LongestEdgeImages.from_config(settings, multiple=self.vision.patch * self.vision.merge)
+
+    def image_places(self, image) -> int:
+        rows, cols = image.grid
+        return rows * cols
+
+    def image_runs(self, image) -> tuple[int, ...]:
+        rows, cols = image.grid
+        return (cols,) * rows
+
+    def image_layout(self, image) -> list[int]:
+        """The places of an image of (rows, columns) soft tokens, as Pixtral's processor writes them: `[IMG]` per
         token, `[IMG_BREAK]` after each row but the last, `[IMG_END]` after it."""
+        rows, cols = image.grid
         row = [self.image_token] * cols + [self.image_break_token]
         return (row * rows)[:-1] + [self.image_end_token]
+
+    def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
+        """A prompt's ids with each lone `[IMG]` (as the chat template writes one per image) replaced by its image's
+        layout (`image_layout`); images already written out are kept and counted."""
+        out, image = [], 0
+        for i, token in enumerate(ids):
+            starts = token == self.image_token and (i == 0 or ids[i - 1] not in (token, self.image_break_token))
+            lone = starts and (
+                i + 1 == len(ids) or ids[i + 1] not in (token, self.image_break_token, self.image_end_token)
+            )
+            if lone and image < len(images):
+                out += self.image_layout(images[image])
+            else:
+                out.append(token)
+            image += starts
+        return out
 
     def convert_weights(self, weights: dict) -> dict:
         """The text model's and the towers' tensors; the patch convolution's kernel, (dims, channels, p, p) as torch

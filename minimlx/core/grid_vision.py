@@ -18,6 +18,7 @@ import numpy as np
 from .attention import merge_heads, split_heads
 from .ffn import ACTIVATIONS, GatedFFN
 from .norms import RMSNorm
+from .vision import ImageEncoder, ImageInput
 
 
 def patches_of(pixels: mx.array, patch: int) -> mx.array:
@@ -167,18 +168,14 @@ class MergedProjector(nn.Module):
         return self.linear_2(self.activation(self.linear_1(x)))
 
 
-class GridImageEncoder(nn.Module):
-    """A `GridEncoder` and its `MergedProjector`: pictures of any size to their soft tokens, picture after picture."""
+class GridImageEncoder(ImageEncoder):
+    """A `GridEncoder` and its `MergedProjector`: images of any size (pixels (channels, height, width), height and
+    width multiples of `patch * merge`) to their soft tokens, image after image, each's in row-major order."""
 
     def __init__(self, encoder: GridEncoder, projector: MergedProjector):
         super().__init__()
         self.encoder, self.projector = encoder, projector
 
-    def tokens_grid(self, height: int, width: int) -> tuple[int, int]:
-        """(rows, columns) of soft tokens of a picture of `height` x `width` pixels."""
-        side = self.encoder.patch * self.projector.merge
-        return height // side, width // side
-
-    def __call__(self, pictures: Sequence[mx.array]) -> mx.array:
-        """Pictures (channels, height, width) -> (soft tokens of all, text dims), each picture's in row-major order."""
+    def __call__(self, images: Sequence[ImageInput]) -> mx.array:
+        pictures = [mx.array(image.pixels) for image in images]
         return self.projector(self.encoder(pictures), [self.encoder.grid(p) for p in pictures])

@@ -164,6 +164,13 @@ class FixedSizeImageEncoder(ImageEncoder):
         return tokens.reshape(-1, tokens.shape[-1])
 
 
+def image_owners(ids, image_token: int, places: Sequence[int]) -> np.ndarray:
+    """Each prompt token's image number (-1 for text): image i owns the next `places[i]` places of `image_token`."""
+    is_image = np.asarray(ids).reshape(-1) == image_token
+    owner = np.searchsorted(np.cumsum(places), np.cumsum(is_image) - 1, side="right")
+    return np.where(is_image, owner, -1)
+
+
 @dataclass
 class PlacedImages:
     """Soft tokens placed in a prompt: `features` (tokens, dims) replace the embeddings at `where` (their indices in
@@ -176,19 +183,17 @@ class PlacedImages:
 
     @classmethod
     def at(cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool) -> "PlacedImages":
-        """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), one run of `places[i]`
-        tokens per image in order; with `both_ways`, each image's tokens see each other both ways."""
+        """`features` (tokens, dims) at the places of `image_token` in `ids` (one prompt's ids), image after image:
+        image i takes the next `places[i]` of them (a run, or several where the family's layout breaks an image's
+        places with other tokens); with `both_ways`, each image's tokens see each other both ways."""
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
-        starts = is_image & ~np.concatenate([[False], is_image[:-1]])
-        run = np.cumsum(starts) - 1
-        lengths = np.bincount(run[is_image], minlength=len(places)) if is_image.any() else np.zeros(0, int)
-        if list(lengths) != list(places) or features.shape[0] != sum(places):
+        if int(is_image.sum()) != sum(places) or features.shape[0] != sum(places):
             raise ValueError(
-                f"the prompt holds image runs of {list(lengths)} tokens for images of {list(places)} places and "
+                f"the prompt holds {int(is_image.sum())} image places for images of {list(places)} places and "
                 f"{features.shape[0]} soft tokens"
             )
-        blocks = mx.array(np.where(is_image, run, -1)) if both_ways else None
+        blocks = mx.array(image_owners(ids, image_token, places)) if both_ways else None
         return cls(features, mx.array(np.nonzero(is_image)[0]), blocks)
 
     def scatter(self, x: mx.array) -> mx.array:

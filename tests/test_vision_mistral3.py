@@ -1,0 +1,130 @@
+"""Mistral 3 with images: Pixtral's processor's pixels (each picture at its own size), the Pixtral encoder's and
+projector's soft tokens for several pictures in one pass, the prompt's layout of [IMG], [IMG_BREAK] and [IMG_END],
+and greedy generation through `minimlx run --image`, against transformers on a tiny random
+Mistral3ForConditionalGeneration saved with its image processor."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import relative_error, require
+from vision_models import (
+    PIXTRAL_IMAGE,
+    pictures,
+    pixtral_inputs,
+    pixtral_layout,
+    save_mistral3_image_text,
+)
+
+import minimlx
+
+SHAPES = [(37, 91), (120, 64), (20, 30)]  # (height, width): wide, tall (both scaled down), small (kept, padded up)
+
+
+@pytest.fixture(scope="module")
+def mistral3(tmp_path_factory):
+    """(folder, torch model, transformers image processor, minimlx model in float32, the pictures)."""
+    folder = tmp_path_factory.mktemp("mistral3-image-text")
+    torch_model, processor = save_mistral3_image_text(folder)
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    return folder, torch_model, processor, model, pictures(SHAPES, seed=5)
+
+
+def test_pixels_equal_the_processors_for_pictures_of_three_sizes(mistral3):
+    _, _, processor, model, images = mistral3
+    reference = pixtral_inputs(processor, images)
+    ours = model.image_processor(images)
+    assert [image.pixels.shape[1:] for image in ours] == [tuple(size) for size in reference["image_sizes"]]
+    assert [image.grid for image in ours] == [(3, 6), (6, 4), (3, 4)]
+    for image, padded, (height, width) in zip(ours, reference["pixel_values"], reference["image_sizes"]):
+        assert image.pixels.dtype == np.float32
+        assert np.abs(image.pixels - padded[:, :height, :width]).max() <= 1e-5
+
+
+def test_soft_tokens_of_three_pictures_in_one_pass_equal_transformers(mistral3):
+    """Three pictures of different grids go through the encoder together (block-diagonal attention); each's soft
+    tokens equal transformers' and those of the picture encoded alone."""
+    torch = require("torch")
+    _, torch_model, processor, model, images = mistral3
+    reference = pixtral_inputs(processor, images)
+    with torch.no_grad():
+        theirs = torch_model.model.get_image_features(
+            torch.tensor(reference["pixel_values"]), image_sizes=torch.tensor(reference["image_sizes"])
+        ).pooler_output
+    inputs = model.image_processor(images)
+    ours = np.array(model.encode_images(inputs))
+    assert ours.shape == (18 + 24 + 12, 64)
+    assert relative_error(ours, np.concatenate([t.numpy() for t in theirs])) <= 1e-4
+    alone = np.array(model.encode_images(inputs[1:2]))
+    assert relative_error(alone, theirs[1].numpy()) <= 1e-4
+
+
+def test_prompt_layout_is_the_processors(mistral3):
+    _, _, processor, model, images = mistral3
+    sizes = pixtral_inputs(processor, images)["image_sizes"]
+    prompt = [3, PIXTRAL_IMAGE, 4, 5, PIXTRAL_IMAGE, 6, PIXTRAL_IMAGE, 7]
+    expected = [3, *pixtral_layout(*sizes[0]), 4, 5, *pixtral_layout(*sizes[1]), 6, *pixtral_layout(*sizes[2]), 7]
+    written = model.config.expand_images(prompt, model.image_processor(images))
+    assert written == expected
+    assert model.config.expand_images(written, model.image_processor(images)) == expected  # written out: kept
+
+
+def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path):
+    """`minimlx run --image` three times (three sizes and aspects) prints what transformers' greedy `generate`
+    gives on the processor's pixels and the layout its processor writes."""
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    torch = require("torch")
+    folder, torch_model, processor, model, images = mistral3
+    paths = []
+    for i, picture in enumerate(images):
+        picture.save(tmp_path / f"{i}.png")
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+    words = [3, 4, PIXTRAL_IMAGE, 5, PIXTRAL_IMAGE, 6, 7, PIXTRAL_IMAGE, 8, 9]
+    reference = pixtral_inputs(processor, images)
+    ids = []
+    for word, image in zip(words, np.cumsum(np.array(words) == PIXTRAL_IMAGE) - 1):
+        ids += pixtral_layout(*reference["image_sizes"][image]) if word == PIXTRAL_IMAGE else [word]
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=torch.tensor([ids]),
+            pixel_values=torch.tensor(reference["pixel_values"]),
+            image_sizes=torch.tensor(reference["image_sizes"]),
+            max_new_tokens=8,
+            do_sample=False,
+        )
+    theirs = out[0, len(ids) :].tolist()
+    _, tokenizer = minimlx.load(folder, dtype="float32")
+    ours = [r.token for r in minimlx.stream_generate(model, tokenizer, words, images=images, max_tokens=8)]
+    assert len(ours) >= 2 and ours == theirs[: len(ours)]
+    prompt = " ".join(f"w{i}" for i in words)
+    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "8", "--temp", "0"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == tokenizer.decode(ours).strip()
+
+
+def test_mlx_vlm_layout_loads_into_the_same_soft_tokens(mistral3, tmp_path):
+    """mlx-vlm's folder names (`vision_tower.vision_model.*`; `language_model.*` as transformers saves them) and its
+    channels-last patch kernel (dims, p, p, channels) load into the same soft tokens and logits."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder, _, _, model, images = mistral3
+    renamed = {}
+    for name, w in load_file(str(folder / "model.safetensors")).items():
+        if name == "vision_tower.patch_conv.weight":
+            w = w.transpose(0, 2, 3, 1)
+        name = name.replace("vision_tower.", "vision_tower.vision_model.")
+        renamed[name] = np.ascontiguousarray(w)
+    assert renamed["vision_tower.vision_model.patch_conv.weight"].shape == (32, 4, 4, 3)
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    for name in ("config.json", "preprocessor_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    theirs = minimlx.load_model(tmp_path, dtype="float32")
+    inputs = model.image_processor(images)
+    assert np.array_equal(np.array(theirs.encode_images(inputs)), np.array(model.encode_images(inputs)))
+    ids = mx.array([[3, 4, 5]])
+    assert np.array_equal(np.array(theirs(ids)), np.array(model(ids)))
