@@ -105,22 +105,30 @@ def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path)
     assert result.stdout.strip() == tokenizer.decode(ours).strip()
 
 
-def test_mlx_vlm_layout_loads_into_the_same_soft_tokens(mistral3, tmp_path):
-    """mlx-vlm's folder names (`vision_tower.vision_model.*`; `language_model.*` as transformers saves them) and its
-    channels-last patch kernel (dims, p, p, channels) load into the same soft tokens and logits."""
+def mlx_vlm_name(name: str, w: np.ndarray) -> tuple[str, np.ndarray]:
+    """mlx-vlm's name and layout of a tensor transformers saved: the tower under `vision_tower.vision_model.`, the
+    patch kernel channels-last (dims, p, p, channels)."""
+    if name == "vision_tower.patch_conv.weight":
+        w = w.transpose(0, 2, 3, 1)
+    return name.replace("vision_tower.", "vision_tower.vision_model."), w
+
+
+def transformers_5_name(name: str, w: np.ndarray) -> tuple[str, np.ndarray]:
+    """The name transformers 5 gives a tensor in memory (everything but the head under `model.`)."""
+    if name.startswith("language_model.lm_head."):
+        return name.removeprefix("language_model."), w
+    return "model." + name.replace("language_model.model.", "language_model."), w
+
+
+@pytest.mark.parametrize("rename", [mlx_vlm_name, transformers_5_name])
+def test_other_layouts_load_into_the_same_model(mistral3, tmp_path, rename):
     import shutil
 
     from safetensors.numpy import load_file, save_file
 
     folder, _, _, model, images = mistral3
-    renamed = {}
-    for name, w in load_file(str(folder / "model.safetensors")).items():
-        if name == "vision_tower.patch_conv.weight":
-            w = w.transpose(0, 2, 3, 1)
-        name = name.replace("vision_tower.", "vision_tower.vision_model.")
-        renamed[name] = np.ascontiguousarray(w)
-    assert renamed["vision_tower.vision_model.patch_conv.weight"].shape == (32, 4, 4, 3)
-    save_file(renamed, str(tmp_path / "model.safetensors"))
+    renamed = dict(rename(name, w) for name, w in load_file(str(folder / "model.safetensors")).items())
+    save_file({name: np.ascontiguousarray(w) for name, w in renamed.items()}, str(tmp_path / "model.safetensors"))
     for name in ("config.json", "preprocessor_config.json"):
         shutil.copy(folder / name, tmp_path / name)
     theirs = minimlx.load_model(tmp_path, dtype="float32")

@@ -97,7 +97,7 @@ class GridEncoder(nn.Module):
     """Pictures of any size (each (channels, height, width)) -> one vector per patch, picture after picture: the
     patches projected and RMS-normed, then the blocks over all pictures at once (block-diagonal attention).
     `feature_layer` picks the hidden state handed on (0: the normed patches, i: block i's output, negative: from the
-    end); the blocks after it are not built."""
+    end); the blocks after it are kept (the checkpoint holds them) but not run."""
 
     def __init__(
         self,
@@ -116,8 +116,8 @@ class GridEncoder(nn.Module):
         self.patch = patch
         self.proj = nn.Linear(channels * patch * patch, dims, bias=False)
         self.norm = RMSNorm(dims, eps)
-        used = feature_layer % (layers + 1)
-        self.layers = [GridBlock(dims, hidden_dims, heads, eps, activation) for _ in range(used)]
+        self.layers = [GridBlock(dims, hidden_dims, heads, eps, activation) for _ in range(layers)]
+        self.used = feature_layer % (layers + 1)
         self.rope = GridRoPE(dims // heads, rope_base)
 
     def grid(self, pixels) -> tuple[int, int]:
@@ -131,7 +131,7 @@ class GridEncoder(nn.Module):
         x = self.norm(self.proj(mx.concatenate([patches_of(p.astype(dtype), self.patch) for p in pictures])))[None]
         cos, sin = self.rope.angles(grids)
         mask = block_diagonal([r * c for r, c in grids])
-        for layer in self.layers:
+        for layer in self.layers[: self.used]:
             x = layer(x, cos, sin, mask)
         return x[0]
 
