@@ -28,7 +28,7 @@ from .decoder import DecoderConfig
 from .deepseek_moe import DeepseekV2Config
 from .experts import MoEConfig
 from .gguf import Metadata, llama_config
-from .image_text import TOWERS, ImageText, text_model_names
+from .image_text import ImageText, text_model_names, with_vision_names
 from .llama3 import Llama3Config
 from .names import LLAMA_NAMES, NameMap
 from .registry import register
@@ -148,16 +148,10 @@ def pixtral_names(text: NameMap) -> NameMap:
     """`text` (a text model's map under the image-text layouts) with the Pixtral tower and Mistral 3's projector:
     the published and transformers-saved names (`vision_tower.`, `multi_modal_projector.`), transformers 5's own
     (under `model.`) and mlx-vlm's (`vision_tower.vision_model.`)."""
-    tower = [
-        (prefix + theirs, f"vision.{ours}")
-        for prefix in ("vision_tower.", "model.vision_tower.", "vision_tower.vision_model.")
-        for theirs, ours in PIXTRAL_NAMES
-    ]
-    projector = [
-        (prefix + theirs, f"vision.{ours}") for prefix in ("", "model.") for theirs, ours in MISTRAL3_PROJECTOR_NAMES
-    ]
-    drop = [d for d in text.drop_patterns if d not in TOWERS]
-    return NameMap(tower + projector + text.templates, drop=drop)
+    prefixes = ("vision_tower.", "model.vision_tower.", "vision_tower.vision_model.")
+    tower = [(theirs, f"vision.{ours}") for theirs, ours in PIXTRAL_NAMES]
+    projector = [(theirs, f"vision.{ours}") for theirs, ours in MISTRAL3_PROJECTOR_NAMES]
+    return with_vision_names(text, prefixes, tower, projector)
 
 
 @dataclass(frozen=True)

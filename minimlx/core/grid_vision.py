@@ -18,16 +18,7 @@ import numpy as np
 from .attention import merge_heads, split_heads
 from .ffn import ACTIVATIONS, GatedFFN
 from .norms import RMSNorm
-from .vision import ImageEncoder, ImageInput
-
-
-def patches_of(pixels: mx.array, patch: int) -> mx.array:
-    """(channels, height, width) -> (rows * columns, channels * patch * patch): non-overlapping squares in row-major
-    order, each flattened (channel, row, column) as a convolution kernel (dims, channels, p, p) is."""
-    channels, height, width = pixels.shape
-    rows, cols = height // patch, width // patch
-    squares = pixels[:, : rows * patch, : cols * patch].reshape(channels, rows, patch, cols, patch)
-    return squares.transpose(1, 3, 0, 2, 4).reshape(rows * cols, channels * patch * patch)
+from .vision import ImageEncoder, ImageInput, patches_of
 
 
 class GridRoPE:

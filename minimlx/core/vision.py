@@ -28,6 +28,17 @@ from .ffn import MLP
 from .norms import LayerNorm, OffsetRMSNorm
 
 
+def patches_of(pixels: mx.array, patch: int) -> mx.array:
+    """(..., channels, height, width) -> (..., rows * columns, channels * patch * patch): non-overlapping squares in
+    row-major order, each flattened (channel, row, column) as a convolution's (dims, channels, p, p) kernel is, so
+    the stride-`patch` convolution is a matmul with that kernel flattened."""
+    *lead, channels, height, width = pixels.shape
+    rows, cols, n = height // patch, width // patch, len(lead)
+    squares = pixels[..., : rows * patch, : cols * patch].reshape(*lead, channels, rows, patch, cols, patch)
+    squares = squares.transpose(*range(n), n + 1, n + 3, n, n + 2, n + 4)
+    return squares.reshape(*lead, rows * cols, channels * patch * patch)
+
+
 class PatchEmbedding(nn.Module):
     """Non-overlapping `patch` x `patch` squares, each flattened (channel, row, column) and projected: the
     convolution of stride `patch` written as the matmul it is (its (dims, channels, p, p) kernel flattened to
@@ -41,12 +52,8 @@ class PatchEmbedding(nn.Module):
 
     def __call__(self, pixels: mx.array) -> mx.array:
         """pixels (batch, channels, height, width) -> (batch, patches, dims), patches in row-major order."""
-        batch, channels, height, width = pixels.shape
-        p = self.patch
-        rows, cols = height // p, width // p
-        squares = pixels.reshape(batch, channels, rows, p, cols, p).transpose(0, 2, 4, 1, 3, 5)
-        squares = squares.reshape(batch, rows * cols, channels * p * p)
-        return self.proj(squares) + self.position_embedding(mx.arange(rows * cols))
+        squares = patches_of(pixels, self.patch)
+        return self.proj(squares) + self.position_embedding(mx.arange(squares.shape[-2]))
 
 
 class EncoderAttention(nn.Module):
