@@ -24,7 +24,7 @@ SHAPES = [(37, 91), (120, 64), (20, 30)]  # (height, width): wide, tall (both sc
 def mistral3(tmp_path_factory):
     """(folder, torch model, transformers image processor, minimlx model in float32, the pictures)."""
     folder = tmp_path_factory.mktemp("mistral3-image-text")
-    torch_model, processor = save_mistral3_image_text(folder)
+    torch_model, processor = save_mistral3_image_text(folder, seed=2)  # a seed whose greedy ids follow the images
     model, tokenizer = minimlx.load(folder, dtype="float32")
     return folder, torch_model, processor, model, pictures(SHAPES, seed=5)
 
@@ -68,6 +68,35 @@ def test_prompt_layout_is_the_processors(mistral3):
     assert model.config.expand_images(written, model.image_processor(images)) == expected  # written out: kept
 
 
+def written_prompt(words: list[int], sizes) -> list[int]:
+    """`words` with each [IMG] written out for the next image of `sizes` as Mistral 3's processor writes it."""
+    ids = []
+    for word, image in zip(words, np.cumsum(np.array(words) == PIXTRAL_IMAGE) - 1):
+        ids += pixtral_layout(*sizes[image]) if word == PIXTRAL_IMAGE else [word]
+    return ids
+
+
+def test_logits_of_a_prompt_with_three_images_equal_transformers(mistral3):
+    """The soft tokens stand at the [IMG] places, row by row between the [IMG_BREAK]s; other images (the same sizes,
+    other pixels) give other logits."""
+    from minimlx.core.vision import PlacedImages
+
+    torch = require("torch")
+    _, torch_model, processor, model, images = mistral3
+    reference = pixtral_inputs(processor, images)
+    ids = written_prompt([3, PIXTRAL_IMAGE, 4, PIXTRAL_IMAGE, 5, PIXTRAL_IMAGE, 6], reference["image_sizes"])
+    inputs = model.image_processor(images)
+    places = [model.config.image_places(image) for image in inputs]
+    placed = PlacedImages.at(ids, PIXTRAL_IMAGE, model.encode_images(inputs), places, both_ways=False)
+    ours = np.array(model(mx.array([ids]), model.make_cache(), images=placed))
+    with torch.no_grad():
+        pixels, sizes = torch.tensor(reference["pixel_values"]), torch.tensor(reference["image_sizes"])
+        theirs = torch_model(input_ids=torch.tensor([ids]), pixel_values=pixels, image_sizes=sizes).logits.numpy()
+        others = torch_model(input_ids=torch.tensor([ids]), pixel_values=-pixels, image_sizes=sizes).logits.numpy()
+    assert relative_error(ours, theirs) <= 1e-4
+    assert relative_error(others, theirs) > 1e-2
+
+
 def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path):
     """`minimlx run --image` three times (three sizes and aspects) prints what transformers' greedy `generate`
     gives on the processor's pixels and the layout its processor writes."""
@@ -83,9 +112,7 @@ def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path)
         paths += ["--image", str(tmp_path / f"{i}.png")]
     words = [3, 4, PIXTRAL_IMAGE, 5, PIXTRAL_IMAGE, 6, 7, PIXTRAL_IMAGE, 8, 9]
     reference = pixtral_inputs(processor, images)
-    ids = []
-    for word, image in zip(words, np.cumsum(np.array(words) == PIXTRAL_IMAGE) - 1):
-        ids += pixtral_layout(*reference["image_sizes"][image]) if word == PIXTRAL_IMAGE else [word]
+    ids = written_prompt(words, reference["image_sizes"])
     with torch.no_grad():
         out = torch_model.generate(
             input_ids=torch.tensor([ids]),
