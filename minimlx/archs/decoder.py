@@ -393,6 +393,11 @@ class DecoderConfig:
         `image_places`, unless the family's layout breaks them with other tokens (rows ended by a break token)."""
         return (self.image_places(image),)
 
+    def image_axes(self, ids: list[int], images: Sequence):
+        """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
+        their grid), or None where positions are the tokens' indices (these)."""
+        return None
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
         order), as the family's processor writes them (these: as given)."""

@@ -187,12 +187,16 @@ class PlacedImages:
     features: mx.array
     where: mx.array
     blocks: mx.array | None = None
+    axes: mx.array | None = None  # (3, tokens): each prompt token's position along each axis (a multimodal RoPE)
 
     @classmethod
-    def at(cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool) -> "PlacedImages":
+    def at(
+        cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool, axes=None
+    ) -> "PlacedImages":
         """`features` (tokens, dims) at the places of `image_token` in `ids` (one prompt's ids), image after image:
         image i takes the next `places[i]` of them (a run, or several where the family's layout breaks an image's
-        places with other tokens); with `both_ways`, each image's tokens see each other both ways."""
+        places with other tokens); with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens)
+        the prompt's positions along each axis where a multimodal RoPE turns them."""
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
         if int(is_image.sum()) != sum(places) or features.shape[0] != sum(places):
@@ -201,7 +205,8 @@ class PlacedImages:
                 f"{features.shape[0]} soft tokens"
             )
         blocks = mx.array(image_owners(ids, image_token, places)) if both_ways else None
-        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks)
+        axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes)
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""
