@@ -1,6 +1,6 @@
-"""A vision encoder over pictures of any size: each picture's patches keep their place as 2D rotary positions (row,
-column) instead of a learned embedding, and several pictures go through in one pass, each patch attending to the
-patches of its own picture only (block-diagonal attention).
+"""A vision encoder over pictures of any size (Pixtral's): each picture's patches keep their place as 2D rotary
+positions (row, column: `PlanarRotary`) instead of a learned embedding, and several pictures go through in one pass,
+each patch attending to the patches of its own picture only (block-diagonal attention).
 
 Pixels (channels, height, width), height and width multiples of the patch, are cut into patches, each flattened
 (channel, row, column) and projected (the stride-`patch` convolution as the matmul it is), RMS-normed, then run
@@ -19,30 +19,13 @@ from .attention import merge_heads, split_heads
 from .ffn import ACTIVATIONS, GatedFFN
 from .norms import RMSNorm
 from .vision import ImageEncoder, ImageInput, patches_of
+from .windowed_vision import PlanarRotary, rotate_halves
 
 
-class GridRoPE:
-    """Rotary positions over a patch grid, rotating the two halves of each head against each other: the first
-    quarter of the pairs turns with the patch's row at the even frequencies of a `head_dim` RoPE (base**(-4j/d)),
-    the second quarter with its column at the odd ones (base**(-(4j+2)/d))."""
-
-    def __init__(self, head_dim: int, base: float):
-        inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
-        self.row_freq, self.col_freq = inv_freq[0::2], inv_freq[1::2]
-
-    def angles(self, grids: Sequence[tuple[int, int]]) -> tuple[mx.array, mx.array]:
-        """cos and sin (patches, head_dim) of every patch of the grids (rows, columns), grid after grid."""
-        rows = np.concatenate([np.repeat(np.arange(r), c) for r, c in grids]).astype(np.float32)
-        cols = np.concatenate([np.tile(np.arange(c), r) for r, c in grids]).astype(np.float32)
-        half = np.concatenate([rows[:, None] * self.row_freq, cols[:, None] * self.col_freq], axis=-1)
-        angles = mx.array(np.concatenate([half, half], axis=-1))
-        return mx.cos(angles), mx.sin(angles)
-
-    @staticmethod
-    def rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-        """x (batch, heads, patches, head_dim) turned by the angles: x cos + rotate_half(x) sin."""
-        first, second = mx.split(x, 2, axis=-1)
-        return x * cos.astype(x.dtype) + mx.concatenate([-second, first], axis=-1) * sin.astype(x.dtype)
+def grid_positions(grids: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(patches, 2): each patch's (row, column) in its grid (rows, columns), row-major, grid after grid."""
+    rows = np.concatenate([np.repeat(np.arange(r), c) for r, c in grids])
+    return np.stack([rows, np.concatenate([np.tile(np.arange(c), r) for r, c in grids])], axis=-1)
 
 
 def block_diagonal(lengths: Sequence[int]) -> mx.array | None:
@@ -66,7 +49,7 @@ class GridAttention(nn.Module):
 
     def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
         q, k, v = (split_heads(proj(x), self.heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = GridRoPE.rotate(q, cos, sin), GridRoPE.rotate(k, cos, sin)
+        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
         scale = (x.shape[-1] // self.heads) ** -0.5
         return self.o_proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)))
 
@@ -109,7 +92,7 @@ class GridEncoder(nn.Module):
         self.norm = RMSNorm(dims, eps)
         self.layers = [GridBlock(dims, hidden_dims, heads, eps, activation) for _ in range(layers)]
         self.used = feature_layer % (layers + 1)
-        self.rope = GridRoPE(dims // heads, rope_base)
+        self.rope = PlanarRotary(dims // heads, rope_base, offset_columns=True)
 
     def grid(self, pixels) -> tuple[int, int]:
         """(rows, columns) of patches of a picture (channels, height, width)."""
@@ -120,7 +103,7 @@ class GridEncoder(nn.Module):
         grids = [self.grid(p) for p in pictures]
         dtype = self.proj.weight.dtype
         x = self.norm(self.proj(mx.concatenate([patches_of(p.astype(dtype), self.patch) for p in pictures])))[None]
-        cos, sin = self.rope.angles(grids)
+        cos, sin = self.rope.angles(grid_positions(grids))
         mask = block_diagonal([r * c for r, c in grids])
         for layer in self.layers[: self.used]:
             x = layer(x, cos, sin, mask)
