@@ -18,7 +18,7 @@ import numpy as np
 from .attention import merge_heads, split_heads
 from .ffn import ACTIVATIONS, GatedFFN
 from .norms import RMSNorm
-from .vision import ImageEncoder, ImageInput, patches_of
+from .vision import ImageEncoder, ImageInput, block_diagonal, patches_of
 from .windowed_vision import PlanarRotary, rotate_halves
 
 
@@ -26,14 +26,6 @@ def grid_positions(grids: Sequence[tuple[int, int]]) -> np.ndarray:
     """(patches, 2): each patch's (row, column) in its grid (rows, columns), row-major, grid after grid."""
     rows = np.concatenate([np.repeat(np.arange(r), c) for r, c in grids])
     return np.stack([rows, np.concatenate([np.tile(np.arange(c), r) for r, c in grids])], axis=-1)
-
-
-def block_diagonal(lengths: Sequence[int]) -> mx.array | None:
-    """A (patches, patches) mask letting each picture's patches see each other only; None for one picture."""
-    if len(lengths) == 1:
-        return None
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    return mx.array(owner[:, None] == owner[None, :])
 
 
 class GridAttention(nn.Module):

@@ -28,6 +28,15 @@ from .ffn import MLP
 from .norms import LayerNorm, OffsetRMSNorm
 
 
+def block_diagonal(lengths: Sequence[int]) -> mx.array | None:
+    """A (tokens, tokens) mask letting the tokens of each consecutive span of `lengths` (a picture's patches, a
+    window's) see each other only; None for one span (nothing hidden)."""
+    if len(lengths) == 1:
+        return None
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    return mx.array(owner[:, None] == owner[None, :])
+
+
 def patches_of(pixels: mx.array, patch: int) -> mx.array:
     """(..., channels, height, width) -> (..., rows * columns, channels * patch * patch): non-overlapping squares in
     row-major order, each flattened (channel, row, column) as a convolution's (dims, channels, p, p) kernel is, so

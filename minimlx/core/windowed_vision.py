@@ -17,7 +17,7 @@ import numpy as np
 from .attention import merge_heads, split_heads
 from .ffn import ACTIVATIONS, GatedFFN
 from .norms import RMSNorm
-from .vision import ImageEncoder, ImageInput
+from .vision import ImageEncoder, ImageInput, block_diagonal
 
 
 def merge_block_positions(rows: int, cols: int, merge: int) -> np.ndarray:
@@ -161,8 +161,7 @@ class WindowedVisionEncoder(ImageEncoder):
         x = self.embed(mx.array(image.pixels[patches]).astype(self.embed.proj.weight.dtype))[None]
         positions = np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches]
         cos, sin = self.rotary.angles(positions)
-        window_of = np.repeat(np.arange(len(sizes)), np.asarray(sizes) * unit)
-        windowed = mx.array(window_of[:, None] == window_of[None, :])
+        windowed = block_diagonal(np.asarray(sizes) * unit)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if i in self.full_layers else windowed)
         return self.merger(x[0])[mx.array(np.argsort(order))]
