@@ -388,6 +388,11 @@ class DecoderConfig:
         """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
+    def image_runs(self, image) -> tuple[int, ...]:
+        """The lengths of the runs of `image_token` one image's places make in the prompt, in order: one run of
+        `image_places`, unless the family's layout breaks them with other tokens (rows ended by a break token)."""
+        return (self.image_places(image),)
+
     def image_axes(self, ids: list[int], images: Sequence):
         """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
         their grid), or None where positions are the tokens' indices (these)."""

@@ -28,7 +28,7 @@ from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import TOWERS, ImageText, flattened_kernel, shaped_kernel, text_model_names
+from .image_text import ImageText, flattened_kernel, shaped_kernel, text_model_names, with_vision_names
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
@@ -167,19 +167,15 @@ def image_text_names(text: NameMap) -> NameMap:
     """`text` (a text model's map under the image-text layouts) with Gemma 3's vision tower and projector read too:
     the published checkpoints' names first (`vision_tower.vision_model.`), then those transformers 5 writes (without
     `vision_model.`, or under `model.`). The SigLIP pooling head some towers carry is unused and left out."""
-    tower = [
-        (prefix + theirs, f"vision.encoder.{ours}")
-        for prefix in (
-            "vision_tower.vision_model.",
-            "model.vision_tower.vision_model.",
-            "vision_tower.",
-            "model.vision_tower.",
-        )
-        for theirs, ours in SIGLIP_NAMES
-    ]
-    projector = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in GEMMA3_PROJECTOR_NAMES]
-    drop = [d for d in text.drop_patterns if d not in TOWERS] + [r"^(model\.)?vision_tower\.(vision_model\.)?head\."]
-    return NameMap(tower + projector + text.templates, drop=drop)
+    prefixes = (
+        "vision_tower.vision_model.",
+        "model.vision_tower.vision_model.",
+        "vision_tower.",
+        "model.vision_tower.",
+    )
+    tower = [(theirs, f"vision.encoder.{ours}") for theirs, ours in SIGLIP_NAMES]
+    head = r"^(model\.)?vision_tower\.(vision_model\.)?head\."
+    return with_vision_names(text, prefixes, tower, GEMMA3_PROJECTOR_NAMES, drop=[head])
 
 
 @dataclass(frozen=True)

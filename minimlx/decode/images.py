@@ -7,18 +7,19 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..core.vision import ImageInput, PlacedImages
+from ..core.vision import ImageInput, PlacedImages, image_owners
 from ..errors import InvalidSettingError
 from .prefill import marked
 
 
 @dataclass(frozen=True, eq=False)
 class PromptImages:
-    """A prompt's images, prepared by the model's image processor: `inputs` (`ImageInput`s) for the runs of `token`
-    in the prompt (one run of `places[i]` tokens per image, in order), `end` the index just past the last run, and
-    `digests` each image's pixels and grid hashed (SHA-256), which `keyed` writes into the ids the prompt cache
-    matches. Under a multimodal RoPE, `axes` (3, tokens) are the prompt's positions along each axis, and the tokens
-    after the last image sit `shift` further on than their index (the caches are told so: `Cache.shift_positions`)."""
+    """A prompt's images, prepared by the model's image processor: `inputs` (`ImageInput`s) for the places of `token`
+    in the prompt (`places[i]` tokens per image, in order, in the runs the family's `image_runs` gives), `end` the
+    index just past the last place, and `digests` each image's pixels and grid hashed (SHA-256), which `keyed` writes
+    into the ids the prompt cache matches. Under a multimodal RoPE, `axes` (3, tokens) are the prompt's positions
+    along each axis, and the tokens after the last image sit `shift` further on than their index (the caches are told
+    so: `Cache.shift_positions`)."""
 
     inputs: tuple[ImageInput, ...]
     places: tuple[int, ...]
@@ -42,7 +43,7 @@ class PromptImages:
         ids = config.expand_images(list(ids), inputs)
         places = tuple(config.image_places(image) for image in inputs)
         runs = image_runs(ids, config.image_token)
-        if [stop - start for start, stop in runs] != list(places):
+        if [stop - start for start, stop in runs] != [run for image in inputs for run in config.image_runs(image)]:
             raise InvalidSettingError(
                 f"the prompt has {len(runs)} place(s) for images but {len(images)} image(s) came; write the model's "
                 "image token where each image goes, once per image"
@@ -57,11 +58,10 @@ class PromptImages:
     def keyed(self, ids: list[int]) -> list[int]:
         """`ids` with each image's places as ids no token has (negative, from the image's digest): the prompt cache
         matches these, so a cache made with one image is never reused for another."""
-        out, image = list(ids), -1
-        for i, token in enumerate(ids[: self.end]):
-            if token != self.token:
+        out = list(ids)
+        for i, image in enumerate(image_owners(ids[: self.end], self.token, self.places)):
+            if image < 0:
                 continue
-            image += i == 0 or ids[i - 1] != self.token
             chunk = self.digests[image][4 * (i % 8) : 4 * (i % 8) + 4]
             out[i] = -1 - (int.from_bytes(chunk, "little") & 0x7FFFFFFF)
         return out
