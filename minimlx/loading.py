@@ -360,10 +360,10 @@ def load(
     checkpoint = read_checkpoint(path, dtype, parallel, mmproj)
     model = assemble(checkpoint, dtype, parallel)
     if "vision" in model:
-        from .vision import ImageProcessor
+        from .vision import read_processor_config
 
-        own = checkpoint.image_processor
-        model.image_processor = ImageProcessor.from_config(own) if own is not None else ImageProcessor.from_folder(path)
+        settings = checkpoint.image_processor
+        model.image_processor = model.config.image_processor(settings or read_processor_config(path))
     tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:

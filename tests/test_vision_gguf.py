@@ -30,12 +30,12 @@ def test_the_text_and_mmproj_files_give_the_folders_soft_tokens_and_greedy_ids(p
     named, _ = minimlx.load(text_file, dtype="float32", mmproj=mmproj)
     found, _ = minimlx.load(text_file, dtype="float32")  # the mmproj*.gguf beside it
     images = pictures()[:2]
-    assert np.array_equal(named.image_processor(images), reference.image_processor(images))
-    pixels = mx.array(reference.image_processor(images))
-    soft = np.array(reference.encode_images(pixels))
+    inputs = reference.image_processor(images)
+    assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(named.image_processor(images), inputs, strict=True))
+    soft = np.array(reference.encode_images(inputs))
     # llama.cpp's converter stores the projection in float16: the soft tokens agree to its precision
-    assert relative_error(np.array(named.encode_images(pixels)), soft) <= 1e-3
-    assert np.array_equal(np.array(found.encode_images(pixels)), np.array(named.encode_images(pixels)))
+    assert relative_error(np.array(named.encode_images(inputs)), soft) <= 1e-3
+    assert np.array_equal(np.array(found.encode_images(inputs)), np.array(named.encode_images(inputs)))
 
     start = named.config.image_start_token
     assert start == reference.config.image_start_token and named.config.vision.tokens == 16
@@ -50,13 +50,14 @@ def test_the_text_and_mmproj_files_give_the_folders_soft_tokens_and_greedy_ids(p
     assert len(expected) >= 4 and greedy(named) == expected == greedy(found)
 
     def logits(model, pictures):  # the whole prompt's, its images' soft tokens in place
-        ids = model.config.expand_images(prompt)
-        placed = PlacedImages.at(ids, model.config.image_token, model.encode_images(mx.array(pictures)))
+        ids, config = model.config.expand_images(prompt, pictures), model.config
+        features = model.encode_images(pictures)
+        placed = PlacedImages.at(ids, config.image_token, features, [16, 16], config.images_both_ways)
         return np.array(model(mx.array([ids]), images=placed))
 
-    ours, theirs = logits(named, pixels), logits(reference, pixels)
+    ours, theirs = logits(named, inputs), logits(reference, inputs)
     assert relative_error(ours, theirs) <= 1e-3
-    assert relative_error(logits(reference, pixels[::-1]), theirs) > 2e-2  # the images matter to these logits
+    assert relative_error(logits(reference, inputs[::-1]), theirs) > 2e-2  # the images matter to these logits
 
     text_only = tmp_path / text_file.name
     text_only.symlink_to(text_file)  # no mmproj beside it: the text model alone
