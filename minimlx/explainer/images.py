@@ -1,7 +1,8 @@
 """A picture in the explainer: read once for an image-text model, put into every prompt walked (its start token before
 the prompt's text, unless the prompt writes it), its soft tokens placed in each pass; and what the image panel draws:
-the picture as the model sees it, its encoder's patches and its soft tokens' grid, and where those tokens stand in the
-prompt (the panel's heatmap is a chosen token's attention to them, read from the walk's attention weights)."""
+the picture, its encoder's patches and its soft tokens' grid over it, and where those tokens stand in the
+prompt (the panel's heatmap is a chosen token's attention to them, read from the walk's attention weights). The
+family says what grids its images make (`image_grids`): Gemma 3's alone for now."""
 
 import base64
 import io

@@ -160,7 +160,7 @@ function minimlxExplain(root, options) {
     panels.attention.append(el("div", { class: "mx-attention" }, grid, side));
   }
 
-  // the picture as the model sees it, its encoder's patches (faint) and its soft tokens' grid, and under the
+  // the picture, its encoder's patches (faint) and its soft tokens' grid over it, and under the
   // attention panel's layer and head the chosen token's attention to each soft token, drawn over its cell
   function drawImage(w, weights) {
     clear(panels.image);
@@ -170,7 +170,7 @@ function minimlxExplain(root, options) {
     const W = 360, H = Math.round((W * im.height) / im.width);
     const canvas = el("canvas", { width: String(W), height: String(H), class: "mx-image-heat", "data-grid": JSON.stringify(im.grid) });
     const g = canvas.getContext("2d");
-    let note = `The picture as the model sees it (${im.width} x ${im.height}): ${prow} x ${pcol} patches (faint lines), pooled into ${rows} x ${cols} soft tokens (white lines), positions ${im.start} to ${im.stop - 1} of the prompt.`;
+    let note = `The picture: the model reads it as ${prow} x ${pcol} patches (faint lines), pooled into ${rows} x ${cols} soft tokens (white lines), positions ${im.start} to ${im.stop - 1} of the prompt.`;
     if (weights && weights.length) {
       const row = weights[state.head][p].slice(im.start, im.stop);
       const grid = Array.from({ length: rows }, (_, r) => row.slice(r * cols, (r + 1) * cols));
