@@ -5,6 +5,7 @@ Llama 3.1 RoPE scaling that llama.cpp keeps as a `rope_freqs` tensor): each mode
 config's values back to it. The tokenizer is SmolLM2's, one the converter recognises; hence the 49152-token vocabulary.
 """
 
+import json
 import os
 import shutil
 
@@ -260,10 +261,14 @@ def needed(what: str, why: str):
 
 def convert_all(tmp_path_factory):
     """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf", and the Gemma 3
-    image-text pair in root / "gemma3-vision" (`gemma3_vision_jobs`) (conftest.py's
-    `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
+    and Qwen2.5-VL image-text pairs in root / "gemma3-vision" and root / "qwen2_5_vl-vision" (`*_vision_jobs`)
+    (conftest.py's `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
     root = tmp_path_factory.mktemp("llamacpp")
-    convert_models(root, MODELS, SENTENCEPIECE, TYPES, lambda: gemma3_vision_jobs(root / "gemma3-vision"))
+
+    def image_text():
+        return gemma3_vision_jobs(root / "gemma3-vision") + qwen2_5_vl_vision_jobs(root / "qwen2_5_vl-vision")
+
+    convert_models(root, MODELS, SENTENCEPIECE, TYPES, image_text)
     return root
 
 
@@ -316,6 +321,44 @@ def gemma3_vision_jobs(root) -> list[tuple]:
     processor.write_text(processor.read_text().rstrip().rstrip("}") + ', "image_seq_length": 16}')
     (root / "gguf").mkdir()
     text_file, mmproj = root / "gguf" / "gemma3-tiny-f32.gguf", root / "gguf" / "mmproj-gemma3-tiny-f32.gguf"
+    return [(folder, "f32", text_file), (folder, "f32", mmproj, ["--mmproj"])]
+
+
+QWEN_VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+
+def qwen2_5_vl_vision_jobs(root) -> list[tuple]:
+    """vision_models.py's tiny Qwen2.5-VL over a tiny SentencePiece vocabulary holding Qwen's image tokens, special
+    as in Qwen's tokenizer (the converter reads a tokenizer.model before a BPE vocabulary, which it would have to
+    recognise), saved as root / "hf"
+    with what llama.cpp assumes of the tower and preprocessing (windows of 112 pixels, 8 to 4096 soft tokens a
+    picture; three blocks, so that the converter names the merger's second layer `mm.2`), and the converter's jobs
+    making its text file and its mmproj file in root / "gguf", in f32."""
+    import transformers
+    from vision_models import QWEN2_5_VL, save_qwen2_5_vl
+
+    root.mkdir()
+    vocabulary = sentencepiece_model(root / "sentencepiece", SP_VOCAB, False, QWEN_VISION_SPECIALS)
+    tokenizer = transformers.LlamaTokenizer.from_pretrained(vocabulary.parent)
+    tokenizer.add_tokens([transformers.AddedToken(t, special=True) for t in QWEN_VISION_SPECIALS], special_tokens=True)
+    start, end, pad = tokenizer.convert_tokens_to_ids(list(QWEN_VISION_SPECIALS))
+    tower = dict(QWEN2_5_VL["vision_config"], depth=3, window_size=112, fullatt_block_indexes=[1])
+    outer = dict(vision_start_token_id=start, vision_end_token_id=end, image_token_id=pad, video_token_id=0)
+    text = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    folder = root / "hf"
+    save_qwen2_5_vl(folder, 0, dict(outer, vision_config=tower), **text)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    tokenizer.save_pretrained(folder)
+    shutil.copy(vocabulary, folder / "tokenizer.model")
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    specials = {str(i): {"content": t, "special": True} for i, t in zip((start, end, pad), QWEN_VISION_SPECIALS)}
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "added_tokens_decoder": specials}))
+    token = (7 * 2) ** 2  # a soft token's pixels
+    limits = dict(patch_size=7, merge_size=2, temporal_patch_size=2, min_pixels=8 * token, max_pixels=4096 * token)
+    transformers.Qwen2VLImageProcessorPil(**limits).save_pretrained(folder)
+    (root / "gguf").mkdir()
+    text_file, mmproj = root / "gguf" / "qwen2_5_vl-tiny-f32.gguf", root / "gguf" / "mmproj-qwen2_5_vl-tiny-f32.gguf"
     return [(folder, "f32", text_file), (folder, "f32", mmproj, ["--mmproj"])]
 
 

@@ -24,11 +24,18 @@ from dataclasses import dataclass, replace
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
 from ..core.vision import FixedSizeImageEncoder, PooledProjector, VisionEncoder
-from ..errors import CheckpointError, UnsupportedArchitectureError
+from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import ImageText, flattened_kernel, shaped_kernel, text_model_names, with_vision_names
+from .image_text import (
+    ImageText,
+    flattened_kernel,
+    shaped_kernel,
+    text_model_names,
+    vocabulary_ids,
+    with_vision_names,
+)
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
@@ -268,11 +275,7 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         clip.vision.projector.scale_factor says otherwise), the image tokens' ids looked up in the text file's
         vocabulary by their texts."""
         m = Metadata(clip)
-        vocabulary = list(text_metadata.get("tokenizer.ggml.tokens") or ())
-        missing = [t for t in cls.image_tokens if t not in vocabulary]
-        if missing:
-            raise CheckpointError(f"the text file's vocabulary lacks {', '.join(missing)}: it is not Gemma 3's")
-        start, end, soft = (vocabulary.index(t) for t in cls.image_tokens)
+        start, end, soft = vocabulary_ids(text_metadata, cls.image_tokens, "Gemma 3")
         side = m["vision.image_size"] // m["vision.patch_size"] // m.get("vision.projector.scale_factor", 4)
         vision = {
             "hidden_size": m["vision.embedding_length"],

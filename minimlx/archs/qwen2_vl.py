@@ -16,6 +16,7 @@ index plus one shift per prompt, which the caches carry (`Cache.shift_positions`
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import mlx.core as mx
 import numpy as np
 
 from ..core.ffn import ACTIVATIONS, MLP, GatedFFN
@@ -25,7 +26,9 @@ from ..core.vision import ImageInput
 from ..core.windowed_vision import FlatPatchEmbedding, PatchMerger, RotaryEncoderBlock, WindowedVisionEncoder
 from ..errors import CheckpointError
 from .config import choice, number
-from .image_text import flattened_kernel, shaped_kernel
+from .fused import fuse
+from .gguf import Metadata, llama_config
+from .image_text import flattened_kernel, shaped_kernel, vocabulary_ids
 from .names import LLAMA_NAMES, NameMap
 from .qwen2 import Qwen2Config
 from .registry import register
@@ -41,6 +44,25 @@ QWEN2_VL_MLP_NAMES = [
     ("blocks.{i}.mlp.fc1.", "layers.{i}.mlp.up_proj."),
     ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.down_proj."),
 ]
+
+TOWER_GGUF_NAMES = NameMap(
+    [
+        ("v.patch_embd.", "vision.embed.proj."),
+        ("v.blk.{i}.ln1.", "vision.layers.{i}.norm1."),
+        ("v.blk.{i}.ln2.", "vision.layers.{i}.norm2."),
+        ("v.blk.{i}.attn_q.", "vision.layers.{i}.attn.q."),
+        ("v.blk.{i}.attn_k.", "vision.layers.{i}.attn.k."),
+        ("v.blk.{i}.attn_v.", "vision.layers.{i}.attn.v."),
+        ("v.blk.{i}.attn_out.", "vision.layers.{i}.attn.proj."),
+        ("v.blk.{i}.ffn_gate.", "vision.layers.{i}.mlp.gate_proj."),
+        ("v.blk.{i}.ffn_up.", "vision.layers.{i}.mlp.up_proj."),
+        ("v.blk.{i}.ffn_down.", "vision.layers.{i}.mlp.down_proj."),
+        ("v.post_ln.", "vision.merger.norm."),
+        ("mm.0.", "vision.merger.up."),
+        ("mm.2.", "vision.merger.down."),
+    ]
+)  # llama.cpp's mmproj names of the tower: q, k and v split, the patch kernel one 2D kernel per frame (`.weight.1`)
+IMAGE_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")  # their texts in Qwen's vocabulary
 
 
 def qwen_vl_names(tower: list[tuple[str, str]]) -> NameMap:
@@ -132,6 +154,9 @@ class Qwen25VLConfig(Qwen2Config):
         },
     }
     names = qwen_vl_names(TOWER_NAMES)
+    gguf_architectures = ("qwen2vl",)  # llama.cpp's text files of Qwen2-VL and Qwen2.5-VL
+    mmproj_projectors = ("qwen2.5vl_merger",)  # llama.cpp's clip.projector_type of the mmproj files it reads
+    mmproj_text = ("qwen2vl",)
 
     vision: WindowedTowerSettings | None = None
     mrope_sections: tuple[int, ...] = ()
@@ -162,6 +187,76 @@ class Qwen25VLConfig(Qwen2Config):
     @staticmethod
     def tower_settings(vision: dict) -> WindowedTowerSettings:
         return WindowedTowerSettings.from_config(vision)
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """A llama.cpp `qwen2vl` text file: llama.cpp's LLaMA keys, the multimodal RoPE's sections from
+        rope.dimension_sections (its fourth, 0, unused); the text model alone until an mmproj file adds the tower."""
+        sections = Metadata(metadata)["rope.dimension_sections"]
+        return {**llama_config(metadata, tensors, "qwen2_5_vl"), "mrope_section": list(sections[:3])}
+
+    @classmethod
+    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict) -> dict:
+        """The image-text config of a `qwen2vl` text file's config `text` and a llama.cpp mmproj file's metadata
+        `clip`: the tower's sizes from its clip.vision keys, its full-attention blocks every n_wa_pattern-th (as
+        llama.cpp runs them), windows of clip.vision.window_size pixels (112, llama.cpp's and every published
+        checkpoint's, where the file has none); the image tokens' ids looked up in the text file's vocabulary."""
+        m = Metadata(clip)
+        start, end, pad = vocabulary_ids(text_metadata, IMAGE_TOKENS, "Qwen2-VL or Qwen2.5-VL")
+        return {
+            **text,
+            "model_type": cls.mmproj_model_type,
+            "vision_config": cls.mmproj_tower(m),
+            "image_token_id": pad,
+            "vision_start_token_id": start,
+            "vision_end_token_id": end,
+        }
+
+    mmproj_model_type = "qwen2_5_vl"
+
+    @staticmethod
+    def mmproj_tower(m: Metadata) -> dict:
+        """Qwen2.5-VL's `vision_config` from an mmproj file's clip.vision keys."""
+        layers, pattern = m["vision.block_count"], m["vision.n_wa_pattern"]
+        return {
+            "depth": layers,
+            "hidden_size": m["vision.embedding_length"],
+            "intermediate_size": m["vision.feed_forward_length"],
+            "num_heads": m["vision.attention.head_count"],
+            "out_hidden_size": m["vision.projection_dim"],
+            "patch_size": m["vision.patch_size"],
+            "spatial_merge_size": m.get("vision.spatial_merge_size", 2),
+            "temporal_patch_size": 2,  # llama.cpp's converter splits the kernel of two frames into two
+            "window_size": m.get("vision.window_size", 112),
+            "fullatt_block_indexes": [i for i in range(layers) if (i + 1) % pattern == 0],
+        }
+
+    @classmethod
+    def mmproj_processor(cls, clip: dict) -> dict:
+        """The image processor's config an mmproj file's metadata gives: Qwen's dynamic resolution over its patch
+        and merge sizes, bicubic, normalised by the file's mean and std, between 8 and 4096 soft tokens a picture
+        (llama.cpp's limits) unless clip.vision.image_min_pixels / image_max_pixels say otherwise."""
+        m = Metadata(clip)
+        patch, merge = m["vision.patch_size"], m.get("vision.spatial_merge_size", 2)
+        token = (patch * merge) ** 2
+        return {
+            "patch_size": patch,
+            "merge_size": merge,
+            "temporal_patch_size": 2,
+            "min_pixels": m.get("vision.image_min_pixels", 8 * token),
+            "max_pixels": m.get("vision.image_max_pixels", 4096 * token),
+            "resample": 3,
+            "image_mean": list(m["vision.image_mean"]),
+            "image_std": list(m["vision.image_std"]),
+        }
+
+    def convert_mmproj_weights(self, tensors: dict) -> dict:
+        """An mmproj file's tensors -> the model's: q, k and v fused back into qkv, the two frames' 2D patch kernels
+        stacked into the 3D one and flattened."""
+        weights = fuse(TOWER_GGUF_NAMES.to_ours(tensors), "qkv", ["q", "k", "v"])
+        kernel = "vision.embed.proj.weight"
+        frames = [weights.pop(kernel), weights.pop(kernel + ".1")]
+        return flattened_kernel({**weights, kernel: mx.stack(frames, axis=2)}, kernel)
 
     def rope(self, layer: int) -> MultimodalRoPE:
         return MultimodalRoPE(self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions)
