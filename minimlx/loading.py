@@ -121,12 +121,14 @@ def gguf_checkpoint(path: Path, metadata: dict, tensors, weights: dict[str, mx.a
 
 
 def image_text_checkpoint(path: Path, metadata: dict, tensors: dict, mmproj: Path, dtype: str | None) -> Checkpoint:
-    """A GGUF text file (its `metadata` and `tensors`) and llama.cpp's mmproj file of its vision tower as one
-    image-text checkpoint: the plugin reading the mmproj's projector type (`mmproj_projectors`) makes the config of
-    both, names the tower's tensors (read as floats) and gives the image processor's settings."""
+    """A GGUF text file (its `metadata` and `tensors`) and llama.cpp's mmproj file of its vision tower as one image-text
+    checkpoint: the plugin reading the mmproj's projector type (`mmproj_projectors`) makes the config of both (from the
+    two files' metadata and the mmproj's tensors' shapes), names the tower's tensors (read as floats) and gives the
+    image processor's settings."""
     if not mmproj.is_file():
         raise ModelNotFoundError(f"no such mmproj file: {mmproj}; give the vision tower's .gguf file (mmproj-*.gguf)")
-    clip = open_gguf(mmproj).metadata
+    directory = open_gguf(mmproj)
+    clip, shapes = directory.metadata, {name: shape for name, (_, shape, _) in directory.tensors.items()}
     reader = mmproj_reader(clip, str(mmproj))
     if metadata.get("general.architecture") not in reader.mmproj_text:
         raise CheckpointError(
@@ -141,7 +143,7 @@ def image_text_checkpoint(path: Path, metadata: dict, tensors: dict, mmproj: Pat
             "another model; give this model's mmproj file"
         )
     with reported(reader, str(mmproj), "the plugin for its projector"):
-        config = reader.mmproj_config(text, metadata, clip)
+        config = reader.mmproj_config(text, metadata, clip, shapes)
         processor = reader.mmproj_processor(clip)
     arch = plugin_config(config, f"{path} with {mmproj.name}")
     vision, _ = read_gguf(mmproj, DTYPES.get(dtype) or mx.float32)

@@ -174,7 +174,7 @@ def save_qwen2_5_vl(folder: Path, seed: int = 0, outer: dict | None = None, fami
     transformers image processor."""
     transformers = require("transformers")
     config = {**QWEN2_5_VL, **(outer or {}), "text_config": {**QWEN2_5_VL["text_config"], **text}}
-    if family == "Qwen2VL":
+    if family == "Qwen2VL" and "vision_config" not in (outer or {}):
         config["vision_config"] = QWEN2_VL_TOWER
     model_class = f"{family}ForConditionalGeneration"
     model = save_reference(folder, family + "Config", seed, model_class=model_class, **config)

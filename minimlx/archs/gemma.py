@@ -269,11 +269,11 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         )
 
     @classmethod
-    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict) -> dict:
+    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict, shapes: dict) -> dict:
         """The image-text config of a text file's config `text` (its `gguf_config`) and a llama.cpp mmproj file's
-        metadata `clip`: the tower's sizes from its clip.vision keys (its projector pools 4 x 4 patches unless
-        clip.vision.projector.scale_factor says otherwise), the image tokens' ids looked up in the text file's
-        vocabulary by their texts."""
+        metadata `clip` (`shapes`: its tensors' shapes, by name): the tower's sizes from its clip.vision keys (its
+        projector pools 4 x 4 patches unless clip.vision.projector.scale_factor says otherwise), the image tokens' ids
+        looked up in the text file's vocabulary by their texts."""
         m = Metadata(clip)
         start, end, soft = vocabulary_ids(text_metadata, cls.image_tokens, "Gemma 3")
         side = m["vision.image_size"] // m["vision.patch_size"] // m.get("vision.projector.scale_factor", 4)

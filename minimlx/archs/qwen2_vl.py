@@ -200,24 +200,25 @@ class Qwen25VLConfig(Qwen2Config):
         return {**llama_config(metadata, tensors, "qwen2_5_vl"), "mrope_section": list(sections[:3])}
 
     @classmethod
-    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict) -> dict:
-        """The image-text config of a `qwen2vl` text file's config `text` and a llama.cpp mmproj file's metadata
-        `clip`: the tower's sizes from its clip.vision keys, its full-attention blocks every n_wa_pattern-th (as
-        llama.cpp runs them), windows of clip.vision.window_size pixels (112, llama.cpp's and every published
-        checkpoint's, where the file has none); the image tokens' ids looked up in the text file's vocabulary."""
+    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict, shapes: dict) -> dict:
+        """The image-text config of a `qwen2vl` text file's config `text` and a llama.cpp mmproj file's metadata `clip`
+        (`shapes`: its tensors' shapes, by name): the tower's sizes from its clip.vision keys, its full-attention blocks
+        every n_wa_pattern-th (as llama.cpp runs them), windows of clip.vision.window_size pixels (112, llama.cpp's and
+        every published checkpoint's, where the file has none); the image tokens' ids looked up in the text file's
+        vocabulary."""
         m = Metadata(clip)
         start, end, pad = vocabulary_ids(text_metadata, IMAGE_TOKENS, "Qwen2-VL or Qwen2.5-VL")
         return {
             **text,
             "model_type": cls.mmproj_model_type,
-            "vision_config": cls.mmproj_tower(m),
+            "vision_config": cls.mmproj_tower(m, shapes),
             "image_token_id": pad,
             "vision_start_token_id": start,
             "vision_end_token_id": end,
         }
 
     @staticmethod
-    def mmproj_tower(m: Metadata) -> dict:
+    def mmproj_tower(m: Metadata, shapes: dict) -> dict:
         """Qwen2.5-VL's `vision_config` from an mmproj file's clip.vision keys."""
         layers, pattern = m["vision.block_count"], m["vision.n_wa_pattern"]
         return {
@@ -359,7 +360,27 @@ class Qwen2VLConfig(Qwen25VLConfig):
 
     example_config = {**Qwen25VLConfig.example_config, "model_type": "qwen2_vl"}
     names = qwen_vl_names(QWEN2_VL_MLP_NAMES + TOWER_NAMES)
+    mmproj_projectors = ("qwen2vl_merger",)
+    mmproj_model_type = "qwen2_vl"
 
     @staticmethod
     def tower_settings(vision: dict) -> WindowedTowerSettings:
         return WindowedTowerSettings.qwen2_vl(vision)
+
+    @staticmethod
+    def mmproj_tower(m: Metadata, shapes: dict) -> dict:
+        """Qwen2-VL's `vision_config` from an mmproj file's clip.vision keys, its FFN's width from `ffn_up`'s rows
+        (llama.cpp's converter writes the tower's output width as feed_forward_length)."""
+        dims, up = m["vision.embedding_length"], shapes.get("v.blk.0.ffn_up.weight")
+        if up is None:
+            raise CheckpointError("the mmproj file lacks v.blk.0.ffn_up.weight; it is incomplete, re-convert it")
+        return {
+            "depth": m["vision.block_count"],
+            "embed_dim": dims,
+            "mlp_ratio": up[0] / dims,
+            "num_heads": m["vision.attention.head_count"],
+            "hidden_size": m["vision.projection_dim"],
+            "patch_size": m["vision.patch_size"],
+            "spatial_merge_size": m.get("vision.spatial_merge_size", 2),
+            "temporal_patch_size": 2,
+        }
