@@ -313,6 +313,27 @@ def test_gguf_files_from_llama_cpp_match_the_source_and_their_dequantization(ggu
     assert relative_error(logits, logits_of(path, reference, metadata, ids)[0]) <= 1e-4
 
 
+@pytest.mark.slow
+def test_gguf_vocabulary_gives_the_source_tokenizers_and_llama_cpps_ids(gguf_files):
+    """The files' `gemma4` vocabulary (BPE over "▁"-spelled UTF-8, newline runs apart) tokenizes as the folder's
+    tokenizer does, and as llama-tokenize does where it is built; decoding gives the text back."""
+    from corpus import CORPUS
+    from llamacpp import TOOLS, llama_tokenize
+
+    from minimlx.io.gguf_file import GGUFFile
+    from minimlx.text import Tokenizer
+
+    folder, _ = gguf_files["dense"]
+    path, texts = folder.with_name("dense-f32.gguf"), [*CORPUS, "a\n\nb\n\n\nc", "  two  spaces\tand a tab\n"]
+    tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    source = Tokenizer.from_folder(folder)
+    assert ids == [source.encode(text, add_special_tokens=False) for text in texts]
+    assert [tokenizer.decode(i) for i in ids] == texts
+    if (TOOLS / "build" / "bin" / "llama-tokenize").is_file():
+        assert ids == llama_tokenize(path, texts, add_bos=False)
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
