@@ -81,6 +81,14 @@ LLAMA4 = dict(
         original_max_position_embeddings=64,
     ),
 )
+
+
+def mistral3(text: dict, model_type: str) -> tuple:
+    """A Mistral 3 image-text checkpoint's CONFIGS entry around the text model `text` of type `model_type`."""
+    config = dict(text_config=dict(text, model_type=model_type), vision_config=dict(VISION, head_dim=8))
+    return "Mistral3Config", dict(config, image_token_index=95), dict(model_class="Mistral3ForConditionalGeneration")
+
+
 CONFIGS = {
     "olmo3": (
         "Olmo3Config",
@@ -95,25 +103,9 @@ CONFIGS = {
         ),
     ),
     "ministral3": ("Ministral3Config", MINISTRAL3),
-    "mistral3": (
-        "Mistral3Config",
-        dict(
-            text_config=dict(MINISTRAL3, model_type="ministral3"),
-            vision_config=dict(VISION, head_dim=8),
-            image_token_index=95,
-        ),
-        dict(model_class="Mistral3ForConditionalGeneration"),
-    ),
+    "mistral3": mistral3(MINISTRAL3, "ministral3"),
     "mistral4": ("Mistral4Config", MISTRAL4, dict(model_class="Mistral4ForCausalLM")),
-    "mistral3_mistral4": (  # Mistral 4 as published (Mistral Small 4): the text of an image-text checkpoint
-        "Mistral3Config",
-        dict(
-            text_config=dict(MISTRAL4, model_type="mistral4"),
-            vision_config=dict(VISION, head_dim=8),
-            image_token_index=95,
-        ),
-        dict(model_class="Mistral3ForConditionalGeneration"),
-    ),
+    "mistral3_mistral4": mistral3(MISTRAL4, "mistral4"),  # Mistral 4 as published (Mistral Small 4)
     "llama4_text": ("Llama4TextConfig", LLAMA4),
     "llama4": (
         "Llama4Config",
