@@ -5,6 +5,7 @@ Llama 3.1 RoPE scaling that llama.cpp keeps as a `rope_freqs` tensor): each mode
 config's values back to it. The tokenizer is SmolLM2's, one the converter recognises; hence the 49152-token vocabulary.
 """
 
+import json
 import os
 import shutil
 
@@ -328,6 +329,13 @@ def add_token(folder, *tokens: str) -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
     tokenizer.save_pretrained(folder)
+
+
+def declare_bos(folder) -> None:
+    """The folder's tokenizer_config.json declaring that texts start with the BOS token, as DeepSeek's do (the
+    tokenizer itself unchanged: the converter fingerprints it)."""
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "add_bos_token": True}, indent=2))
 
 
 def logits_of(path, tensors: dict, metadata: dict, ids=IDS) -> tuple[np.ndarray, nn.Module]:
