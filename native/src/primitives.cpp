@@ -1082,9 +1082,11 @@ void integer_block_products(const float* xs, int M, int K, std::vector<BlockProb
 }
 
 // Fewest input rows of a prompt's product that take the integer GEMM (kquant_gemm_avx512.h) where the instruction set
-// has one: every row, so that each of a prompt's rows sums as it does alone however the prompt was chunked or cached
-// (its last token, fed alone, too).
-constexpr int kIntegerGemmRows = 1;
+// has one; fewer (a prompt's last token, fed alone; a short rest after a cached start) take the row products of decode
+// steps: the GEMM unpacks every weight block, whose cost a few rows do not repay. Each row of a product of at least
+// this many rows sums as it does alone, so a prompt's chunks of at least this many tokens come out the same however
+// the prompt is split.
+constexpr int kIntegerGemmRows = 8;
 
 // A prompt's product `p` (with `gate_w` of `gate_type`, silu(x @ gate.T) * (x @ up.T), p the up product) by the
 // integer GEMM: the inputs quantized once, the weight rows in tiles of kGemmTileRows, one pass over the pool.
@@ -1719,7 +1721,7 @@ NB_MODULE(_ext, m) {
         "super-blocks of Q4_K (type 12), Q5_K (13) or Q6_K (14), or K / 32 blocks of Q8_0 (8). x is quantized to 8 "
         "bits per block of 32 (as llama.cpp's Q8_0) for integer dot products, unless `exact`: x stays float32, each "
         "weight row dequantized once for fewer than 28 rows of x, the float32 GEMM from 28. With `prompt` (a prompt's "
-        "product, not `exact`), its rows take the integer GEMM where the CPU has AVX-512 VNNI (each tile of 32 "
+        "product, not `exact`), 8 rows or more take the integer GEMM where the CPU has AVX-512 VNNI (each tile of 32 "
         "weight rows unpacked once for all the rows of x), elsewhere the float32 GEMM from 28 rows.");
   m.def("block_swiglu", [](const mx::array& x, const mx::array& gate_w, int gate_type, const mx::array& up_w,
                            int up_type, bool exact, bool prompt) {
