@@ -119,7 +119,7 @@ def convert(
     outputs = partial(
         output_tensors, quantize=quantize, bits=bits, group_size=group_size, mode=mode, recipe=recipe, dtype=dtype
     )
-    config, tensors, quantization = checkpoint.config, *outputs(checkpoint)
+    config, tensors, quantization = checkpoint.arch.export_config(checkpoint.config), *outputs(checkpoint)
     torch_dtype = dtype or dominant_float_dtype(tensors)
     layout = {name: (w.shape, w.dtype) for name, w in tensors.items()}
     if standins is None:  # a folder's tensors are read as they are evaluated

@@ -175,21 +175,34 @@ def test_unknown_layer_kind_is_refused_before_any_tensor():
             build_model({**config, "model_type": model_type, "layer_types": kinds})
 
 
-CONVERTS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5")  # the families whose mlx-lm layout is mapped
-
-
 def test_convert_writes_what_it_reads_or_refuses_in_one_line(checkpoint, tmp_path):
-    """`minimlx convert` of Qwen3.5 and Qwen3-Next gives an MLX folder whose logits are transformers'; LFM2's and
-    Granite 4's recurrent layers (not mapped yet) are refused in one line rather than written under names mlx-lm
-    would misread."""
+    """`minimlx convert` of each family gives an MLX folder whose logits are transformers'; an LFM2 with a head of its
+    own (mlx-lm's LFM2 always ties it) is refused in one line rather than written as a folder mlx-lm misreads."""
     from minimlx.errors import UnsupportedArchitectureError
 
     folder, reference, ids = checkpoint
-    if json.loads((folder / "config.json").read_text())["model_type"] not in CONVERTS:
-        with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
+    config = json.loads((folder / "config.json").read_text())
+    if config["model_type"] == "lfm2" and not config.get("tie_word_embeddings", True):
+        with pytest.raises(UnsupportedArchitectureError, match="always ties its head"):
             minimlx.convert(folder, tmp_path / "mlx")
         return
     model = minimlx.load_model(minimlx.convert(folder, tmp_path / "mlx"), dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+
+
+def test_qwen3_5_text_is_written_inside_the_image_text_model_mlx_lm_reads(tmp_path):
+    """mlx-lm has no model of the text model's own type: the folder is its `qwen3_5` one (config as `text_config`,
+    tensors under `language_model`), which mlx-lm and minimlx read with transformers' logits."""
+    from mlx_lm_reference import mlx_lm_logits
+
+    config = dict(QWEN3_5, layer_types=["linear_attention"] * 3 + ["full_attention"])  # as mlx-lm reads the kinds
+    torch_model = save_reference(tmp_path / "hf", "Qwen3_5TextConfig", **config)
+    ids = random_ids(VOCAB, tokens=TOKENS)
+    reference = reference_logits(torch_model, ids)
+    written = minimlx.convert(tmp_path / "hf", tmp_path / "mlx")
+    assert json.loads((written / "config.json").read_text())["model_type"] == "qwen3_5"
+    assert relative_error(np.array(mlx_lm_logits(written, ids)), reference) <= 1e-4
+    model = minimlx.load_model(written, dtype="float32")
     assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
 
 
