@@ -162,6 +162,26 @@ def test_snapshot_restores_a_recurrent_state(checkpoint):
         assert relative_error(together[row : row + 1], own) <= 1e-5
 
 
+@pytest.mark.parametrize(
+    "name, change, tensor",
+    [
+        ("lfm2", {"conv_L_cache": 5}, "conv1d"),  # the convolution's state: 4 columns, not 2
+        ("granitemoehybrid", {"mamba_d_state": 32}, "mamba.in_proj"),  # Mamba2's state: 32 wide, not 16
+        ("qwen3_5_text", {"linear_value_head_dim": 16}, "linear_attn"),  # the delta rule's: 16 x 16, not 16 x 8
+    ],
+)
+def test_state_sizes_that_disagree_with_the_config_are_refused_from_the_headers(name, change, tensor, tmp_path):
+    """Each family's recurrent state sized otherwise by the config than by its tensors: refused in one line naming the
+    tensor and the config (from the tensors' shapes; tests/test_bad_inputs.py checks the CLI's exit 2 on Qwen3.5)."""
+    config_class, config = CONFIGS[name]
+    save_reference(tmp_path, config_class, **config)
+    (tmp_path / "config.json").write_text(json.dumps({**json.loads((tmp_path / "config.json").read_text()), **change}))
+    with pytest.raises(CheckpointError, match="shape") as refusal:
+        minimlx.load_model(tmp_path, dtype="float32")
+    message = str(refusal.value)
+    assert "\n" not in message and "config" in message and tensor in message, message
+
+
 def test_unknown_layer_kind_is_refused_before_any_tensor():
     from minimlx.archs import build_model
 
