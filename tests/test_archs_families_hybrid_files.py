@@ -12,6 +12,7 @@ Mamba2 layers (as the published checkpoints are), and a dense Granite 4's FFN wi
 the published dense checkpoints set to their `shared_intermediate_size`): the source models here are so.
 """
 
+import json
 import shutil
 import subprocess
 
@@ -20,12 +21,12 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf_files import load_gguf, reference_tensors
-from hybrid_model import FAMILIES, GRANITE
+from hybrid_model import FAMILIES, GRANITE, QWEN3_5_SIZES
 from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 from reference import random_ids, reference_logits, relative_error, save_reference, to_v4_layout
 
 import minimlx
-from minimlx.cpu.linear import BlockWeight
+from minimlx.cpu.linear import BlockWeight, NativeBlockLinear
 from minimlx.io.gguf_file import read_gguf
 
 TOKENS = 80  # over one 64-token chunk of the delta rule
@@ -106,6 +107,22 @@ GGUF = {
 }
 
 
+# A Qwen3.5 wide enough for the K-quants (rows of whole blocks of 256) in every linear map, the DeltaNet's among them;
+# as many value heads as key heads, as Qwen3.5-0.8B has. Only its K-quant file is tested.
+WIDE = "qwen35-wide"
+WIDE_QWEN3_5 = dict(
+    QWEN3_5_SIZES,
+    **GGUF_SIZES,
+    hidden_size=256,
+    intermediate_size=512,
+    head_dim=64,
+    linear_num_key_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    layer_types=INTERVAL,
+)
+
+
 @pytest.fixture(scope="module")
 def gguf_files(hybrid, tmp_path_factory):
     """(root, {name: transformers' logits}, ids): each family saved with SmolLM2's tokenizer (Qwen3.5: the `hybrid`
@@ -128,6 +145,10 @@ def gguf_files(hybrid, tmp_path_factory):
         references[name] = reference_logits(model, ids)
         flags = ["--no-mtp"] if name.startswith("qwen") else []  # Qwen's multi-token-prediction layer left out
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf", flags) for kind in ("f32", "q8_0")]
+    folder = root / WIDE
+    save_reference(folder, "Qwen3_5TextConfig", **WIDE_QWEN3_5)
+    shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
+    jobs.append((folder, "f32", root / f"{WIDE}-f32.gguf", ["--no-mtp"]))
     convert(jobs, sources)
     return root, references, ids
 
@@ -179,8 +200,7 @@ MLX_LM_READS = ("lfm2", "qwen3next")
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(GGUF))
 def test_gguf_converts_to_mlx_folders(gguf_files, name, tmp_path):
-    """`minimlx convert` of the f32 file gives transformers' logits in minimlx and (`MLX_LM_READS`) in mlx-lm; of the
-    q8_0 file, kept packed, the file's own logits."""
+    """`minimlx convert` of the f32 file gives transformers' logits in minimlx and (`MLX_LM_READS`) in mlx-lm."""
     root, references, ids = gguf_files
     folder = minimlx.convert(root / f"{name}-f32.gguf", tmp_path / "f32")
     assert (
@@ -188,13 +208,20 @@ def test_gguf_converts_to_mlx_folders(gguf_files, name, tmp_path):
     )
     if name in MLX_LM_READS:
         assert relative_error(np.array(mlx_lm_logits(folder, ids)), references[name]) <= 1e-4
-    packed, _ = load_gguf(root / f"{name}-q8_0.gguf", "quantized")
+
+
+@pytest.mark.slow
+def test_packed_gguf_converts_to_a_packed_mlx_folder(gguf_files, tmp_path):
+    """Qwen3.5's q8_0 file (its DeltaNet's rows re-ordered from llama.cpp's tiled heads while packed), kept packed in
+    the folder: the file's own logits."""
+    root, _, ids = gguf_files
+    path = root / "qwen35-q8_0.gguf"
+    packed, _ = load_gguf(path, "quantized")
     expected = np.array(packed(mx.array(ids)).astype(mx.float32))
-    folder = minimlx.convert(root / f"{name}-q8_0.gguf", tmp_path / "q8_0")
+    folder = minimlx.convert(path, tmp_path / "q8_0")
+    assert "quantization" in json.loads((folder / "config.json").read_text())
     ours = np.array(minimlx.load_model(folder, dtype="quantized")(mx.array(ids)).astype(mx.float32))
     assert relative_error(ours, expected) <= 1e-4
-    if name in MLX_LM_READS:
-        assert relative_error(np.array(mlx_lm_logits(folder, ids)), expected) <= 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -207,17 +234,17 @@ def q4_k_m_files(gguf_files):
     if not tool.is_file():
         pytest.skip(f"no llama-quantize at {tool} (build llama.cpp's tools into the test cache)")
     root = gguf_files[0]
-    for name in GGUF:
+    for name in [*GGUF, WIDE]:
         source, target = root / f"{name}-f32.gguf", root / f"{name}-q4_k_m.gguf"
         subprocess.run([tool, source, target, "Q4_K_M"], check=True, capture_output=True)
     return gguf_files
 
 
-TILED = {"lfm2": False, "granitehybrid": False, "qwen3next": False, "qwen35moe": True, "qwen35": True}
+TILED = {"lfm2": False, "granitehybrid": False, "qwen3next": False, "qwen35moe": True, "qwen35": True, WIDE: False}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(GGUF))
+@pytest.mark.parametrize("name", [*sorted(GGUF), WIDE])
 def test_q4_k_m_gguf_matches_its_reference_dequantization(q4_k_m_files, name):
     """llama-quantize's Q4_K_M file gives the logits of its tensors as gguf-py dequantizes them, its linear maps kept
     packed, the recurrent layers' as the attention layers'."""
@@ -229,9 +256,13 @@ def test_q4_k_m_gguf_matches_its_reference_dequantization(q4_k_m_files, name):
     expected = logits_of(path, reference_tensors(path), metadata, ids)[0]
     model, _ = load_gguf(path, "quantized")
     assert relative_error(np.array(model(mx.array(ids)).astype(mx.float32)), expected) <= 1e-4
-    maps = {p: module for p, module in model.named_modules() if p.endswith("_proj") and ".experts." not in p}
+    maps = {p: m for p, m in model.named_modules() if "_proj" in p.rsplit(".", 1)[-1] and ".experts." not in p}
     packed = (nn.QuantizedLinear, BlockWeight)
     # in float: the rows llama-quantize keeps so (not whole blocks of 32), and Qwen3.5's DeltaNet out_proj, whose
     # columns come in llama.cpp's tiled head order, not whole groups
     unpacked = {p for p, m in maps.items() if not isinstance(m, packed) and m.weight.shape[1] % 32 == 0}
     assert unpacked == ({p for p in maps if p.endswith("out_proj") and ".attn." in p} if TILED[name] else set())
+    if name == WIDE:  # the K-quant rows as stored, through the native block products, in every layer
+        kinds = {p.rsplit(".", 1)[-1]: m.mode for p, m in maps.items() if isinstance(m, NativeBlockLinear)}
+        deltanet = {"in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"}
+        assert deltanet | {"q_proj", "o_proj"} <= set(kinds) and set(kinds.values()) <= {"q4_k", "q5_k", "q6_k"}
