@@ -10,6 +10,11 @@ GGUF files: the f32 file gives transformers' logits of the source model; the q8_
 llama.cpp's reference code, dequantizes them. llama.cpp's converter writes Granite 4 without RoPE whenever it has
 Mamba2 layers (as the published checkpoints are), and a dense Granite 4's FFN width as `intermediate_size` (which
 the published dense checkpoints set to their `shared_intermediate_size`): the source models here are so.
+
+llama-quantize's Q4_K_M files of them (tiny rows falling back to Q5_0 and Q8_0, and a Qwen3.5 wide enough for Q4_K
+and Q6_K rows) give the logits of gguf-py's dequantization, their linear maps kept packed as the file stores them.
+`minimlx convert` writes each family from the Hugging Face folder, mlx-lm's folders and the GGUF files into MLX
+folders mlx-lm reads.
 """
 
 import json
