@@ -205,6 +205,13 @@ def test_convert_writes_what_it_reads_or_refuses_in_one_line(checkpoint, tmp_pat
     if config["model_type"] == "lfm2" and not config.get("tie_word_embeddings", True):
         with pytest.raises(UnsupportedArchitectureError, match="always ties its head"):
             minimlx.convert(folder, tmp_path / "mlx")
+        from click.testing import CliRunner
+
+        from minimlx.cli import main
+
+        result = CliRunner().invoke(main, ["convert", str(folder), str(tmp_path / "mlx")])
+        assert result.exit_code == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()]
+        assert result.stderr.startswith("error: ") and not (tmp_path / "mlx").exists()
         return
     model = minimlx.load_model(minimlx.convert(folder, tmp_path / "mlx"), dtype="float32")
     assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4

@@ -80,18 +80,15 @@ class Lfm2Config(DecoderConfig):
 
     recurrent_module = "conv"
 
-    def export_weights(self, weights: dict) -> dict:
-        """mlx-lm's layout, which has no head of its own: refused for a checkpoint that has one."""
+    def export_config(self, config: dict) -> dict:
+        """The config with every key mlx-lm's LFM2 requires (transformers' defaults where the checkpoint leaves one
+        out, as transformers does for a default value). mlx-lm's LFM2 has no head of its own: a checkpoint that has
+        one is refused."""
         if not self.tied_head:
             raise UnsupportedArchitectureError(
                 "mlx-lm's LFM2 always ties its head to the embedding, so this checkpoint's own lm_head cannot be "
                 "written as an MLX folder; load the checkpoint directly"
             )
-        return super().export_weights(weights)
-
-    def export_config(self, config: dict) -> dict:
-        """The config with every key mlx-lm's LFM2 requires (transformers' defaults where the checkpoint leaves one
-        out, as transformers does for a default value)."""
         required = {
             "max_position_embeddings": 128000,
             "norm_eps": 1e-5,
