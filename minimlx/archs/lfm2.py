@@ -82,8 +82,9 @@ class Lfm2Config(DecoderConfig):
 
     def export_config(self, config: dict) -> dict:
         """The config with every key mlx-lm's LFM2 requires (transformers' defaults where the checkpoint leaves one
-        out, as transformers does for a default value). mlx-lm's LFM2 has no head of its own: a checkpoint that has
-        one is refused."""
+        out) and the FFN's width as the model has it, not to be adjusted again (the same width in minimlx, mlx-lm and
+        transformers whichever adjustment keys the checkpoint had). mlx-lm's LFM2 has no head of its own: a checkpoint
+        that has one is refused."""
         if not self.tied_head:
             raise UnsupportedArchitectureError(
                 "mlx-lm's LFM2 always ties its head to the embedding, so this checkpoint's own lm_head cannot be "
@@ -97,9 +98,9 @@ class Lfm2Config(DecoderConfig):
             "block_dim": self.dims,
             "block_multiple_of": 256,
             "block_ffn_dim_multiplier": 1.0,
-            "block_auto_adjust_ff_dim": True,
         }
-        return {**config, **{key: value for key, value in required.items() if config.get(key) is None}}
+        width = {"block_auto_adjust_ff_dim": False, "intermediate_size": self.ffn_dims, "block_ff_dim": self.ffn_dims}
+        return {**config, **{key: value for key, value in required.items() if config.get(key) is None}, **width}
 
     gguf_architectures = ("lfm2",)
     gguf_names = LLAMA_GGUF_NAMES.extended(
