@@ -286,9 +286,9 @@ def load(
     checkpoint = read_checkpoint(path, dtype, parallel)
     model = assemble(checkpoint, dtype, parallel)
     if "vision" in model:
-        from .vision import ImageProcessor
+        from .vision import read_processor_config
 
-        model.image_processor = ImageProcessor.from_folder(path)
+        model.image_processor = model.config.image_processor(read_processor_config(path))
     tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:

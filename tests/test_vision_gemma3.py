@@ -9,9 +9,9 @@ from reference import relative_error, require
 from vision_models import IMAGE_START, IMAGE_TOKEN, TOKENS_PER_IMAGE, image_prompt, pictures, save_gemma3_image_text
 
 import minimlx
-from minimlx.core.vision import PlacedImages
+from minimlx.core.vision import ImageInput, PlacedImages
 from minimlx.errors import InvalidSettingError
-from minimlx.vision import ImageProcessor
+from minimlx.vision import FixedSizeImages
 
 TEXT_IDS = list(range(3, 40))
 
@@ -39,7 +39,7 @@ def reference_logits(torch_model, ids, pixels, both_ways: bool = True) -> np.nda
 def test_pixels_equal_the_processors_for_images_of_three_shapes(gemma3):
     folder, _, processor, _ = gemma3
     images = pictures()
-    ours = ImageProcessor.from_folder(folder)(images)
+    ours = np.stack([image.pixels for image in FixedSizeImages.from_folder(folder)(images)])
     assert ours.shape == (3, 3, 56, 56) and ours.dtype == np.float32
     assert np.abs(ours - reference_pixels(processor, images)).max() <= 1e-5
 
@@ -53,7 +53,7 @@ def test_picture_files_decode_as_pillow_reads_them(gemma3, tmp_path, suffix):
     path = tmp_path / f"picture.{suffix}"
     frames = pictures([(45, 70), (45, 70)], seed=3)
     frames[0].save(path, save_all=suffix == "gif", append_images=frames[1:] if suffix == "gif" else [])
-    ours = ImageProcessor.from_folder(folder)([path])
+    ours = FixedSizeImages.from_folder(folder)([path])[0].pixels[None]
     with Image.open(path) as image:
         image.seek(0)
         assert np.abs(ours - reference_pixels(processor, [image.convert("RGB")])).max() <= 1e-5
@@ -65,8 +65,7 @@ def test_image_features_equal_transformers(gemma3):
     pixels = reference_pixels(processor, pictures())
     with torch.no_grad():
         reference = torch_model.model.get_image_features(torch.tensor(pixels)).pooler_output.numpy()
-    ours = np.array(model.encode_images(mx.array(pixels)))
-    assert ours.shape == (3, TOKENS_PER_IMAGE, 64)
+    ours = np.array(model.encode_images([ImageInput(p) for p in pixels])).reshape(3, TOKENS_PER_IMAGE, 64)
     assert relative_error(ours, reference) <= 1e-4
 
 
@@ -78,7 +77,8 @@ def test_logits_of_a_prompt_with_two_images_equal_transformers(gemma3):
     assert ids.count(IMAGE_TOKEN) == 2 * TOKENS_PER_IMAGE
     pixels = reference_pixels(processor, pictures()[:2])
     reference = reference_logits(torch_model, ids, pixels)
-    placed = PlacedImages.at(ids, IMAGE_TOKEN, model.encode_images(mx.array(pixels)))
+    features = model.encode_images([ImageInput(p) for p in pixels])
+    placed = PlacedImages.at(ids, IMAGE_TOKEN, features, [TOKENS_PER_IMAGE] * 2, both_ways=True)
     assert relative_error(np.array(model(mx.array([ids]), images=placed)), reference) <= 1e-4
     cached = np.array(model(mx.array([ids]), model.make_cache(), images=placed))
     assert relative_error(cached, reference) <= 1e-4
@@ -172,6 +172,6 @@ def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
     for name in ("config.json", "preprocessor_config.json"):
         shutil.copy(folder / name, tmp_path / name)
     mx.save_safetensors(str(tmp_path / "model.safetensors"), written)
-    pixels = mx.array(reference_pixels(processor, pictures()))
+    pixels = [ImageInput(p) for p in reference_pixels(processor, pictures())]
     published = minimlx.load_model(tmp_path, dtype="float32")
     assert np.array_equal(np.array(published.encode_images(pixels)), np.array(model.encode_images(pixels)))

@@ -8,6 +8,7 @@ a family's plugin sets fields, as defaults or from its own config keys in `from_
 """
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -375,12 +376,34 @@ class DecoderConfig:
     gives every layer's mixer; None for a family whose recurrent layers `minimlx convert` cannot write."""
 
     def image_encoder(self) -> nn.Module | None:
-        """The image encoder of a family that reads images (its soft tokens join the prompt), None for text only."""
+        """The image encoder (`core.vision.ImageEncoder`) of a family that reads images (its soft tokens join the
+        prompt), None for text only."""
         return None
 
-    def expand_images(self, ids: list[int]) -> list[int]:
-        """A prompt's ids with each image's places for its soft tokens written out, as the family's processor writes
-        them (these: as given)."""
+    def image_processor(self, settings: dict):
+        """The family's image processor (`minimlx.vision.ImageProcessor`) from its saved `settings`
+        (`preprocessor_config.json`); only a family with an `image_encoder` has one."""
+        raise NotImplementedError(f"{type(self).__name__} reads no images")
+
+    images_both_ways: ClassVar[bool] = False  # whether an image's soft tokens see each other both ways
+
+    def image_places(self, image) -> int:
+        """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""
+        raise NotImplementedError(f"{type(self).__name__} reads no images")
+
+    def image_runs(self, image) -> tuple[int, ...]:
+        """The lengths of the runs of `image_token` one image's places make in the prompt, in order: one run of
+        `image_places`, unless the family's layout breaks them with other tokens (rows ended by a break token)."""
+        return (self.image_places(image),)
+
+    def image_axes(self, ids: list[int], images: Sequence):
+        """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
+        their grid), or None where positions are the tokens' indices (these)."""
+        return None
+
+    def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
+        """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
+        order), as the family's processor writes them (these: as given)."""
         return ids
 
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:

@@ -18,16 +18,17 @@ LayerNorm) and a projector that average-pools its patch grid to `mm_tokens_per_i
 and projects them; an image's soft tokens see each other both ways in every layer (within the window in local ones).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
-from ..core.vision import ImageEncoder, PooledProjector, VisionEncoder
+from ..core.vision import FixedSizeImageEncoder, PooledProjector, VisionEncoder
 from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import TOWERS, ImageText, text_model_names
+from .image_text import ImageText, flattened_kernel, shaped_kernel, text_model_names, with_vision_names
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
@@ -166,19 +167,15 @@ def image_text_names(text: NameMap) -> NameMap:
     """`text` (a text model's map under the image-text layouts) with Gemma 3's vision tower and projector read too:
     the published checkpoints' names first (`vision_tower.vision_model.`), then those transformers 5 writes (without
     `vision_model.`, or under `model.`). The SigLIP pooling head some towers carry is unused and left out."""
-    tower = [
-        (prefix + theirs, f"vision.encoder.{ours}")
-        for prefix in (
-            "vision_tower.vision_model.",
-            "model.vision_tower.vision_model.",
-            "vision_tower.",
-            "model.vision_tower.",
-        )
-        for theirs, ours in SIGLIP_NAMES
-    ]
-    projector = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in GEMMA3_PROJECTOR_NAMES]
-    drop = [d for d in text.drop_patterns if d not in TOWERS] + [r"^(model\.)?vision_tower\.(vision_model\.)?head\."]
-    return NameMap(tower + projector + text.templates, drop=drop)
+    prefixes = (
+        "vision_tower.vision_model.",
+        "model.vision_tower.vision_model.",
+        "vision_tower.",
+        "model.vision_tower.",
+    )
+    tower = [(theirs, f"vision.encoder.{ours}") for theirs, ours in SIGLIP_NAMES]
+    head = r"^(model\.)?vision_tower\.(vision_model\.)?head\."
+    return with_vision_names(text, prefixes, tower, GEMMA3_PROJECTOR_NAMES, drop=[head])
 
 
 @dataclass(frozen=True)
@@ -243,14 +240,26 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
             image_end_token=number(config, "eoi_token_index", 256000),
         )
 
-    def image_encoder(self) -> ImageEncoder | None:
+    images_both_ways = True
+
+    def image_encoder(self) -> FixedSizeImageEncoder | None:
         v = self.vision
         if v is None:
             return None
         encoder = VisionEncoder(v.dims, v.ffn_dims, v.layers, v.heads, v.image_size, v.patch, v.channels, v.eps)
-        return ImageEncoder(encoder, PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps))
+        return FixedSizeImageEncoder(
+            encoder, PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps)
+        )
 
-    def expand_images(self, ids: list[int]) -> list[int]:
+    def image_processor(self, settings: dict):
+        from ..vision import FixedSizeImages
+
+        return FixedSizeImages.from_config(settings)
+
+    def image_places(self, image) -> int:
+        return self.vision.tokens
+
+    def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image start token followed by the image's soft-token places and its end token
         (as Gemma 3's processor writes them), unless they already are."""
         out = []
@@ -262,14 +271,9 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
 
     def convert_weights(self, weights: dict) -> dict:
         """The text model's and the towers' tensors; the patch embedding's (dims, channels, p, p) kernel flattened."""
-        weights = super().convert_weights(weights)
-        name = "vision.encoder.embed.proj.weight"
-        if name in weights and weights[name].ndim == 4:
-            weights[name] = weights[name].reshape(weights[name].shape[0], -1)
-        return weights
+        return flattened_kernel(super().convert_weights(weights), "vision.encoder.embed.proj.weight")
 
     def export_weights(self, weights: dict) -> dict:
-        name, v = "vision.encoder.embed.proj.weight", self.vision
-        if name in weights:
-            weights = {**weights, name: weights[name].reshape(v.dims, v.channels, v.patch, v.patch)}
-        return super().export_weights(weights)
+        v = self.vision
+        shape = (v.dims, v.channels, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, "vision.encoder.embed.proj.weight", shape))

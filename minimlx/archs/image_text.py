@@ -52,6 +52,16 @@ def text_model_names(names: NameMap) -> NameMap:
     return NameMap(pairs + heads, drop=[*names.drop_patterns, *TOWERS])
 
 
+def with_vision_names(text: NameMap, tower_prefixes, tower, projector, drop=()) -> NameMap:
+    """`text` (a text model's map under the image-text layouts, `text_model_names`) reading a vision tower too: the
+    `tower` pairs (theirs, ours) under each of `tower_prefixes`, the `projector` pairs bare and under `model.`
+    (transformers 5's own names); `drop`: patterns of the towers' tensors left out."""
+    towers = [(prefix + theirs, ours) for prefix in tower_prefixes for theirs, ours in tower]
+    projectors = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in projector]
+    kept = [d for d in text.drop_patterns if d not in TOWERS]
+    return NameMap(towers + projectors + text.templates, drop=[*kept, *drop])
+
+
 class ImageText:
     """Put before a text family's plugin in the bases of its image-text plugin: the config read from `text_config`
     (with the outer config's `inherited` keys), the tensors from under `language_model`, the towers' left out."""
@@ -73,3 +83,16 @@ class ImageText:
                 skipped,
             )
         return super().convert_weights(weights)
+
+
+def flattened_kernel(weights: dict, name: str) -> dict:
+    """`weights` with the patch embedding's convolution kernel `name` (out, in, *window) flattened to the
+    (out, features) matrix of the matmul it is (a stride-window convolution over whole patches)."""
+    if name in weights and weights[name].ndim > 2:
+        weights = {**weights, name: weights[name].reshape(weights[name].shape[0], -1)}
+    return weights
+
+
+def shaped_kernel(weights: dict, name: str, shape: tuple[int, ...]) -> dict:
+    """`weights` with the flattened kernel `name` back in the convolution's `shape` (as checkpoints store it)."""
+    return {**weights, name: weights[name].reshape(shape)} if name in weights else weights

@@ -19,13 +19,15 @@ class Transformer(nn.Module):
     `layer_inputs` gives each layer an input of its own from the tokens and their embedding (`PerLayerInputs`), put
     in the pass's `Positions` for the blocks to read. `blocks_apart` declares whether each block reads nothing of the
     pass but the residual stream and its own cache, so that ranks may hold blocks apart (not where a layer attends
-    over another's keys and values, or reads an input of its own). `vision` (an `ImageEncoder`) turns pixels into soft
+    over another's keys and values, or reads an input of its own). `vision` (an `ImageEncoder`) turns images into soft
     tokens (`encode_images`), which a forward pass's `images` place among the embedded tokens.
     """
 
     config = None  # the architecture plugin's config (its `max_positions` the context), set by `archs.build`
     checkpoint_blocks = False  # training: keep only each block's input and recompute its inside for the gradients
-    image_processor = None  # with `vision`: what turns pictures into its pixels (`minimlx.vision`), set by `load`
+    image_processor = (
+        None  # with `vision`: what turns pictures into its `ImageInput`s (`minimlx.vision`), set by `load`
+    )
 
     def __init__(
         self,
@@ -96,7 +98,7 @@ class Transformer(nn.Module):
         positions = Positions.of(ids.shape[1], cache[0] if cache is not None else None)
         if images is not None:
             x = images.scatter(x)
-            positions.blocks = images.blocks
+            positions.blocks, positions.axes = images.blocks, images.axes
         if "positions" in self:
             start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
@@ -105,9 +107,9 @@ class Transformer(nn.Module):
             positions.layer_inputs = self.layer_inputs(ids, x)
         return x, positions
 
-    def encode_images(self, pixels: mx.array) -> mx.array:
-        """Preprocessed pixels (images, channels, height, width) -> soft tokens (images, tokens, dims)."""
-        return self.vision(pixels)
+    def encode_images(self, images) -> mx.array:
+        """Images as the image processor prepared them (`ImageInput`s) -> their soft tokens (places, dims)."""
+        return self.vision(images)
 
     def run_layer(self, layer: nn.Module, x: mx.array, cache, recorder: Recorder | None, positions: Positions):
         """One block of the loop (a backend's form of the model may schedule it differently). With

@@ -1,11 +1,22 @@
 """Vision encoders and the parts that hand their output to a language model.
 
+The protocol every image-text family follows (each image may have its own size, grid and number of soft tokens):
+
+1. the family's image processor (`minimlx.vision.ImageProcessor`) turns each picture into an `ImageInput`: its pixels
+   and the grid facts its encoder needs (a patch grid, a tiling);
+2. the family's config writes each image's places into the prompt from those facts (`image_places`,
+   `expand_images`);
+3. the family's `ImageEncoder` turns the images into their soft tokens, one row per place, image after image;
+4. `PlacedImages` puts them at their places in the prompt's embeddings.
+
 A picture (batch, channels, height, width) is cut into square patches, each flattened and projected to the
 encoder's width, given a learned position, and run through pre-norm blocks whose attention sees every patch
 (no mask, no cache). A projector turns the encoder's patch vectors into soft tokens of the language model's width;
 `PlacedImages` says where in a prompt they go and which prompt tokens see each other both ways.
 """
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -15,6 +26,26 @@ import numpy as np
 from .attention import merge_heads, split_heads
 from .ffn import MLP
 from .norms import LayerNorm, OffsetRMSNorm
+
+
+def block_diagonal(lengths: Sequence[int]) -> mx.array | None:
+    """A (tokens, tokens) mask letting the tokens of each consecutive span of `lengths` (a picture's patches, a
+    window's) see each other only; None for one span (nothing hidden)."""
+    if len(lengths) == 1:
+        return None
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    return mx.array(owner[:, None] == owner[None, :])
+
+
+def patches_of(pixels: mx.array, patch: int) -> mx.array:
+    """(..., channels, height, width) -> (..., rows * columns, channels * patch * patch): non-overlapping squares in
+    row-major order, each flattened (channel, row, column) as a convolution's (dims, channels, p, p) kernel is, so
+    the stride-`patch` convolution is a matmul with that kernel flattened."""
+    *lead, channels, height, width = pixels.shape
+    rows, cols, n = height // patch, width // patch, len(lead)
+    squares = pixels[..., : rows * patch, : cols * patch].reshape(*lead, channels, rows, patch, cols, patch)
+    squares = squares.transpose(*range(n), n + 1, n + 3, n, n + 2, n + 4)
+    return squares.reshape(*lead, rows * cols, channels * patch * patch)
 
 
 class PatchEmbedding(nn.Module):
@@ -30,12 +61,8 @@ class PatchEmbedding(nn.Module):
 
     def __call__(self, pixels: mx.array) -> mx.array:
         """pixels (batch, channels, height, width) -> (batch, patches, dims), patches in row-major order."""
-        batch, channels, height, width = pixels.shape
-        p = self.patch
-        rows, cols = height // p, width // p
-        squares = pixels.reshape(batch, channels, rows, p, cols, p).transpose(0, 2, 4, 1, 3, 5)
-        squares = squares.reshape(batch, rows * cols, channels * p * p)
-        return self.proj(squares) + self.position_embedding(mx.arange(rows * cols))
+        squares = patches_of(pixels, self.patch)
+        return self.proj(squares) + self.position_embedding(mx.arange(squares.shape[-2]))
 
 
 class EncoderAttention(nn.Module):
@@ -114,48 +141,81 @@ class PooledProjector(nn.Module):
         return self.norm(pooled) @ self.projection
 
 
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    """One picture as its family's image processor prepares it: `pixels` (float32, of the family's shape: a picture
+    (channels, height, width), or its patches flattened) and `grid`, the facts its encoder and its places in the
+    prompt follow from (a patch grid (frames, rows, columns), a tiling; empty where every image is alike)."""
+
+    pixels: np.ndarray
+    grid: tuple[int, ...] = ()
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the pixels and the grid: what tells this image's soft tokens from another's."""
+        h = hashlib.sha256(np.ascontiguousarray(self.pixels, dtype=np.float32).tobytes())
+        h.update(np.asarray(self.grid, dtype=np.int64).tobytes())
+        return h.digest()
+
+
 class ImageEncoder(nn.Module):
-    """A vision encoder and its projector: preprocessed pixels to the language model's soft tokens."""
+    """A family's image encoder: images (`ImageInput`s) -> their soft tokens (places, text dims), the rows of each
+    image in order, as many as its config writes places for it (`image_places`)."""
+
+    def __call__(self, images: Sequence[ImageInput]) -> mx.array:
+        raise NotImplementedError
+
+
+class FixedSizeImageEncoder(ImageEncoder):
+    """A vision encoder and its projector over pictures of one size, each giving the projector's `tokens`."""
 
     def __init__(self, encoder: nn.Module, projector: nn.Module):
         super().__init__()
         self.encoder, self.projector = encoder, projector
 
-    @property
-    def tokens(self) -> int:
-        """Soft tokens per image (the projector's `tokens`)."""
-        return self.projector.tokens
+    def __call__(self, images: Sequence[ImageInput]) -> mx.array:
+        """Images of (channels, height, width) pixels -> (images * tokens, text dims)."""
+        pixels = mx.array(np.stack([image.pixels for image in images]))
+        tokens = self.projector(self.encoder(pixels))
+        return tokens.reshape(-1, tokens.shape[-1])
 
-    def __call__(self, pixels: mx.array) -> mx.array:
-        """(images, channels, height, width) -> (images, tokens per image, text dims)."""
-        return self.projector(self.encoder(pixels))
+
+def image_owners(ids, image_token: int, places: Sequence[int]) -> np.ndarray:
+    """Each prompt token's image number (-1 for text): image i owns the next `places[i]` places of `image_token`."""
+    is_image = np.asarray(ids).reshape(-1) == image_token
+    owner = np.searchsorted(np.cumsum(places), np.cumsum(is_image) - 1, side="right")
+    return np.where(is_image, owner, -1)
 
 
 @dataclass
 class PlacedImages:
     """Soft tokens placed in a prompt: `features` (tokens, dims) replace the embeddings at `where` (their indices in
-    the prompt, in order); `blocks` gives each prompt token its image's number, -1 for text: tokens of one image
-    see each other both ways."""
+    the prompt, in order); `blocks` (where an image's tokens see each other both ways, else None) gives each prompt
+    token its image's number, -1 for text."""
 
     features: mx.array
     where: mx.array
-    blocks: mx.array
+    blocks: mx.array | None = None
+    axes: mx.array | None = None  # (3, tokens): each prompt token's position along each axis (a multimodal RoPE)
 
     @classmethod
-    def at(cls, ids, image_token: int, features: mx.array) -> "PlacedImages":
-        """`features` (images, tokens per image, dims) at the runs of `image_token` in `ids` (one prompt's ids), one
-        run per image in order."""
+    def at(
+        cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool, axes=None
+    ) -> "PlacedImages":
+        """`features` (tokens, dims) at the places of `image_token` in `ids` (one prompt's ids), image after image:
+        image i takes the next `places[i]` of them (a run, or several where the family's layout breaks an image's
+        places with other tokens); with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens)
+        the prompt's positions along each axis where a multimodal RoPE turns them."""
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
-        starts = is_image & ~np.concatenate([[False], is_image[:-1]])
-        blocks = np.where(is_image, np.cumsum(starts) - 1, -1)
-        images, per_image, dims = features.shape
-        if int(starts.sum()) != images or int(is_image.sum()) != images * per_image:
+        if int(is_image.sum()) != sum(places) or features.shape[0] != sum(places):
             raise ValueError(
-                f"the prompt holds {int(starts.sum())} image runs of {int(is_image.sum())} tokens in all for {images} "
-                f"images of {per_image} tokens each"
+                f"the prompt holds {int(is_image.sum())} image places for images of {list(places)} places and "
+                f"{features.shape[0]} soft tokens"
             )
-        return cls(features.reshape(-1, dims), mx.array(np.nonzero(is_image)[0]), mx.array(blocks))
+        blocks = mx.array(image_owners(ids, image_token, places)) if both_ways else None
+        axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes)
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""

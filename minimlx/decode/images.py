@@ -1,28 +1,33 @@
 """A prompt with images: their pixels read, their places written out, their soft tokens prefilled in one first pass
 (each image's tokens see each other both ways), and the ids by which the prompt cache tells images apart."""
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from ..core.vision import PlacedImages
+from ..core.vision import ImageInput, PlacedImages, image_owners
 from ..errors import InvalidSettingError
 from .prefill import marked
 
 
 @dataclass(frozen=True, eq=False)
 class PromptImages:
-    """A prompt's images, preprocessed: `pixels` (images, channels, height, width) float32 for the runs of `token` in
-    the prompt (one run per image, in order), `end` the index just past the last run, and `digests` each image's
-    pixels hashed (SHA-256), which `keyed` writes into the ids the prompt cache matches."""
+    """A prompt's images, prepared by the model's image processor: `inputs` (`ImageInput`s) for the places of `token`
+    in the prompt (`places[i]` tokens per image, in order, in the runs the family's `image_runs` gives), `end` the
+    index just past the last place, and `digests` each image's pixels and grid hashed (SHA-256), which `keyed` writes
+    into the ids the prompt cache matches. Under a multimodal RoPE, `axes` (3, tokens) are the prompt's positions
+    along each axis, and the tokens after the last image sit `shift` further on than their index (the caches are told
+    so: `Cache.shift_positions`)."""
 
-    pixels: np.ndarray
+    inputs: tuple[ImageInput, ...]
+    places: tuple[int, ...]
     token: int
     end: int
     digests: tuple[bytes, ...]
+    axes: np.ndarray | None = None
+    shift: int = 0
 
     @classmethod
     def read(cls, model, ids: list[int], images: Sequence) -> tuple[list[int], "PromptImages"]:
@@ -33,28 +38,30 @@ class PromptImages:
             raise InvalidSettingError("this model reads text only; drop the images, or load an image-text model")
         if model.image_processor is None:
             raise InvalidSettingError("the model has no image processor: put its preprocessor_config.json beside it")
-        ids = model.config.expand_images(list(ids))
-        token, per_image = model.config.image_token, model.vision.tokens
-        runs = image_runs(ids, token)
-        if len(runs) != len(images) or any(stop - start != per_image for start, stop in runs):
+        config = model.config
+        inputs = tuple(model.image_processor(images))
+        ids = config.expand_images(list(ids), inputs)
+        places = tuple(config.image_places(image) for image in inputs)
+        runs = image_runs(ids, config.image_token)
+        if [stop - start for start, stop in runs] != [run for image in inputs for run in config.image_runs(image)]:
             raise InvalidSettingError(
                 f"the prompt has {len(runs)} place(s) for images but {len(images)} image(s) came; write the model's "
                 "image token where each image goes, once per image"
             )
         if runs and runs[-1][1] >= len(ids):
             raise InvalidSettingError("the prompt ends inside an image's places; write text after the image")
-        pixels = model.image_processor(images)
-        digests = tuple(hashlib.sha256(np.ascontiguousarray(p).tobytes()).digest() for p in pixels)
-        return ids, cls(pixels, token, runs[-1][1] if runs else 0, digests)
+        digests = tuple(image.digest for image in inputs)
+        axes = config.image_axes(ids, inputs)
+        shift = 0 if axes is None else int(axes[0, -1]) - (len(ids) - 1)
+        return ids, cls(inputs, places, config.image_token, runs[-1][1] if runs else 0, digests, axes, shift)
 
     def keyed(self, ids: list[int]) -> list[int]:
         """`ids` with each image's places as ids no token has (negative, from the image's digest): the prompt cache
         matches these, so a cache made with one image is never reused for another."""
-        out, image = list(ids), -1
-        for i, token in enumerate(ids[: self.end]):
-            if token != self.token:
+        out = list(ids)
+        for i, image in enumerate(image_owners(ids[: self.end], self.token, self.places)):
+            if image < 0:
                 continue
-            image += i == 0 or ids[i - 1] != self.token
             chunk = self.digests[image][4 * (i % 8) : 4 * (i % 8) + 4]
             out[i] = -1 - (int.from_bytes(chunk, "little") & 0x7FFFFFFF)
         return out
@@ -62,10 +69,13 @@ class PromptImages:
     def feed(self, model, ids: list[int], cache: list) -> None:
         """Feed `ids` (the prompt but its last token, which holds every image) into `cache` (empty) in one pass, the
         images' soft tokens in place; evaluated."""
-        features = model.encode_images(mx.array(self.pixels))
-        placed = PlacedImages.at(ids, self.token, features)
+        features = model.encode_images(self.inputs)
+        placed = PlacedImages.at(ids, self.token, features, self.places, model.config.images_both_ways, self.axes)
         marked(cache)
         model(mx.array([ids]), cache, images=placed, last_only=True)
+        if self.axes is not None:
+            for c in cache:
+                c.shift_positions(self.shift)
         mx.eval([c.state for c in marked(cache)])
 
     def prefill_prompt(self, model, ids: list[int], cache: list) -> mx.array:

@@ -87,9 +87,14 @@ class ServedModel:
     def count_tokens(self, turn: Turn) -> int:
         """The turn's prompt tokens, each image's places among them (as `expand_images` writes them out)."""
         count = self.renderer.count_tokens(turn)
-        if turn.images:
-            start = self.engine.model.config.image_start_token
-            count += len(turn.images) * (len(self.engine.model.config.expand_images([start])) - 1)
+        model = self.engine.model
+        if turn.images and model.image_processor is not None:
+            try:
+                inputs = model.image_processor(turn.images)
+            except InvalidSettingError as e:
+                raise bad(turn.messages_param, str(e)) from None
+            start = model.config.image_start_token
+            count += sum(len(model.config.expand_images([start], [image])) - 1 for image in inputs)
         return count
 
     async def start(self, turn: Turn) -> Answer:

@@ -1,6 +1,13 @@
-"""Images in: decoding picture files and preparing their pixels as a model's image processor does."""
+"""Images in: decoding picture files and preparing them as a model's image processor does."""
 
 from .images import open_image
-from .processor import ImageProcessor
+from .processor import FixedSizeImages, ImageProcessor, LongestEdgeImages, Normalisation, read_processor_config
 
-__all__ = ["ImageProcessor", "open_image"]
+__all__ = [
+    "FixedSizeImages",
+    "ImageProcessor",
+    "LongestEdgeImages",
+    "Normalisation",
+    "open_image",
+    "read_processor_config",
+]
