@@ -80,7 +80,7 @@ def seeded_model(model_type: str, folder):
         model.load_weights(list(weights.items()))
         return model, arch
     mx.save_safetensors(str(folder / "model.safetensors"), exported)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(arch.export_config(config)))  # the config written with them
     return minimlx.load_model(folder), arch
 
 
