@@ -1,7 +1,7 @@
 """The benchmarks' standard synthetic GGUF files: a LLaMA-shaped 1B and 3B, a Qwen3-shaped 4B, a Gemma-4-shaped 1B
-(dense), a GLM-4.5-shaped 1B (MoE) and a Qwen3.5-shaped 0.8B (hybrid) of random weights, as Hugging Face folders (float16 safetensors, a shard per
-layer), converted to F16 by llama.cpp's own converter and quantized by its `llama-quantize` to Q4_K_M, Q5_K_M, Q6_K
-and Q8_0, as a user's downloads are.
+(dense), a GLM-4.5-shaped 1B (MoE) and a Qwen3.5-shaped 0.8B (hybrid) of random weights, as Hugging Face folders
+(float16 safetensors, a shard per layer), converted to F16 by llama.cpp's own converter and quantized by its
+`llama-quantize` to Q4_K_M, Q5_K_M, Q6_K and Q8_0, as a user's downloads are.
 
     python benchmarks/synthetic_gguf.py [--folder DIR] [--models llama-1b,gemma4-1b,glm45-1b,...] [--types Q4_K_M,...]
 
