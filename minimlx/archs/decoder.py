@@ -388,6 +388,16 @@ class DecoderConfig:
         """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
+    def image_runs(self, image) -> tuple[int, ...]:
+        """The runs of places one image takes in the prompt, in order: one of `image_places`, unless the family
+        writes an image's places in pieces (Idefics3: a run per tile, between the tiles' own tokens)."""
+        return (self.image_places(image),)
+
+    def with_tokenizer(self, tokenizer) -> "DecoderConfig":
+        """This config with what it needs of the model's tokenizer to write image places (a family whose places
+        are written with tokens its config does not name, such as Idefics3's tile tokens); as it is for most."""
+        return self
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
         order), as the family's processor writes them (these: as given)."""

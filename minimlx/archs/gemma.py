@@ -23,12 +23,20 @@ from dataclasses import dataclass, replace
 
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
-from ..core.vision import FixedSizeImageEncoder, PooledProjector, VisionEncoder
+from ..core.vision import FixedSizeImageEncoder, PooledProjector
 from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import TOWERS, ImageText, text_model_names
+from .image_text import (
+    SIGLIP_NAMES,
+    TOWERS,
+    ImageText,
+    VisionSettings,
+    convolution_kernel,
+    patch_kernel,
+    text_model_names,
+)
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
@@ -145,18 +153,6 @@ class Gemma3TextConfig(Gemma2Config):
         return gemma_gguf_config(metadata, tensors, "gemma3_text", 6, window=None, local_base=1e4, big_layers=62)
 
 
-SIGLIP_NAMES = [
-    ("embeddings.patch_embedding.", "embed.proj."),
-    ("embeddings.position_embedding.", "embed.position_embedding."),
-    ("encoder.layers.{i}.layer_norm1.", "layers.{i}.attn_norm."),
-    ("encoder.layers.{i}.layer_norm2.", "layers.{i}.ffn_norm."),
-    ("encoder.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
-    ("encoder.layers.{i}.self_attn.", "layers.{i}.attn."),
-    ("encoder.layers.{i}.mlp.fc1.", "layers.{i}.ffn.up_proj."),
-    ("encoder.layers.{i}.mlp.fc2.", "layers.{i}.ffn.down_proj."),
-    ("post_layernorm.", "norm."),
-]
-
 GEMMA3_PROJECTOR_NAMES = [
     ("multi_modal_projector.mm_input_projection_weight", "vision.projector.projection"),
     ("multi_modal_projector.mm_soft_emb_norm.", "vision.projector.norm."),
@@ -180,37 +176,6 @@ def image_text_names(text: NameMap) -> NameMap:
     projector = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in GEMMA3_PROJECTOR_NAMES]
     drop = [d for d in text.drop_patterns if d not in TOWERS] + [r"^(model\.)?vision_tower\.(vision_model\.)?head\."]
     return NameMap(tower + projector + text.templates, drop=drop)
-
-
-@dataclass(frozen=True)
-class VisionSettings:
-    """A SigLIP encoder's sizes and its projector's soft tokens per image (Gemma 3's `vision_config`)."""
-
-    dims: int
-    ffn_dims: int
-    layers: int
-    heads: int
-    image_size: int
-    patch: int
-    channels: int
-    eps: float
-    activation: str
-    tokens: int  # soft tokens per image
-
-    @classmethod
-    def from_config(cls, vision: dict, tokens: int) -> "VisionSettings":
-        return cls(
-            dims=number(vision, "hidden_size"),
-            ffn_dims=number(vision, "intermediate_size"),
-            layers=number(vision, "num_hidden_layers"),
-            heads=number(vision, "num_attention_heads"),
-            image_size=number(vision, "image_size"),
-            patch=number(vision, "patch_size"),
-            channels=number(vision, "num_channels", 3),
-            eps=number(vision, "layer_norm_eps", 1e-6, float),
-            activation=choice(vision, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
-            tokens=tokens,
-        )
 
 
 @register("gemma3")
@@ -250,9 +215,8 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         v = self.vision
         if v is None:
             return None
-        encoder = VisionEncoder(v.dims, v.ffn_dims, v.layers, v.heads, v.image_size, v.patch, v.channels, v.eps)
         return FixedSizeImageEncoder(
-            encoder, PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps)
+            v.encoder(), PooledProjector(v.dims, self.dims, v.image_size // v.patch, v.tokens, v.eps)
         )
 
     def image_processor(self, settings: dict):
@@ -274,15 +238,8 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         return out
 
     def convert_weights(self, weights: dict) -> dict:
-        """The text model's and the towers' tensors; the patch embedding's (dims, channels, p, p) kernel flattened."""
-        weights = super().convert_weights(weights)
-        name = "vision.encoder.embed.proj.weight"
-        if name in weights and weights[name].ndim == 4:
-            weights[name] = weights[name].reshape(weights[name].shape[0], -1)
-        return weights
+        """The text model's and the towers' tensors; the patch embedding's kernel flattened (`patch_kernel`)."""
+        return patch_kernel(super().convert_weights(weights), self.vision)
 
     def export_weights(self, weights: dict) -> dict:
-        name, v = "vision.encoder.embed.proj.weight", self.vision
-        if name in weights:
-            weights = {**weights, name: weights[name].reshape(v.dims, v.channels, v.patch, v.patch)}
-        return super().export_weights(weights)
+        return super().export_weights(convolution_kernel(weights, self.vision))

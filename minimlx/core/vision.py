@@ -125,6 +125,24 @@ class PooledProjector(nn.Module):
         return self.norm(pooled) @ self.projection
 
 
+class PixelShuffleProjector(nn.Module):
+    """Patch vectors -> soft tokens: each `scale` x `scale` square of the patch grid concatenated into one vector
+    (its rows in order, each row's patches in order: the pixel shuffle, space to depth), then projected to the
+    language model's width without a bias. A square grid of side patches gives (side / scale) ** 2 tokens."""
+
+    def __init__(self, dims: int, text_dims: int, scale: int):
+        super().__init__()
+        self.scale = scale
+        self.proj = nn.Linear(dims * scale * scale, text_dims, bias=False)
+
+    def __call__(self, patches: mx.array) -> mx.array:
+        """(batch, side * side, dims) -> (batch, (side / scale) ** 2, text_dims)."""
+        batch, count, dims = patches.shape
+        side, s = int(round(count**0.5)), self.scale
+        grid = patches.reshape(batch, side // s, s, side // s, s, dims).transpose(0, 1, 3, 2, 4, 5)
+        return self.proj(grid.reshape(batch, (side // s) ** 2, s * s * dims))
+
+
 @dataclass(frozen=True, eq=False)
 class ImageInput:
     """One picture as its family's image processor prepares it: `pixels` (float32, of the family's shape: a picture
@@ -151,15 +169,17 @@ class ImageEncoder(nn.Module):
 
 
 class FixedSizeImageEncoder(ImageEncoder):
-    """A vision encoder and its projector over pictures of one size, each giving the projector's `tokens`."""
+    """A vision encoder and its projector over pictures of one size, each giving the projector's `tokens`; an image
+    may be a stack of such pictures (the tiles of a tiled picture), each giving its own."""
 
     def __init__(self, encoder: nn.Module, projector: nn.Module):
         super().__init__()
         self.encoder, self.projector = encoder, projector
 
     def __call__(self, images: Sequence[ImageInput]) -> mx.array:
-        """Images of (channels, height, width) pixels -> (images * tokens, text dims)."""
-        pixels = mx.array(np.stack([image.pixels for image in images]))
+        """Images of (channels, height, width) or (tiles, channels, height, width) pixels -> (pictures * tokens,
+        text dims), in order."""
+        pixels = mx.array(np.concatenate([image.pixels.reshape(-1, *image.pixels.shape[-3:]) for image in images]))
         tokens = self.projector(self.encoder(pixels))
         return tokens.reshape(-1, tokens.shape[-1])
 
@@ -175,20 +195,26 @@ class PlacedImages:
     blocks: mx.array | None = None
 
     @classmethod
-    def at(cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool) -> "PlacedImages":
-        """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), one run of `places[i]`
-        tokens per image in order; with `both_ways`, each image's tokens see each other both ways."""
+    def at(
+        cls, ids, image_token: int, features: mx.array, places: Sequence[int | Sequence[int]], both_ways: bool
+    ) -> "PlacedImages":
+        """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), image after image:
+        `places[i]` is image i's run length, or the lengths of its runs in order (a tiled image: a run per tile);
+        with `both_ways`, each image's tokens see each other both ways."""
+        runs = [(i, length) for i, p in enumerate(places) for length in ((p,) if isinstance(p, int) else p)]
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
         starts = is_image & ~np.concatenate([[False], is_image[:-1]])
         run = np.cumsum(starts) - 1
-        lengths = np.bincount(run[is_image], minlength=len(places)) if is_image.any() else np.zeros(0, int)
-        if list(lengths) != list(places) or features.shape[0] != sum(places):
+        lengths = np.bincount(run[is_image], minlength=len(runs)) if is_image.any() else np.zeros(0, int)
+        expected = [length for _, length in runs]
+        if list(lengths) != expected or features.shape[0] != sum(expected):
             raise ValueError(
-                f"the prompt holds image runs of {list(lengths)} tokens for images of {list(places)} places and "
+                f"the prompt holds image runs of {list(lengths)} tokens for runs of {expected} places and "
                 f"{features.shape[0]} soft tokens"
             )
-        blocks = mx.array(np.where(is_image, run, -1)) if both_ways else None
+        owner = np.array([i for i, _ in runs] or [0])
+        blocks = mx.array(np.where(is_image, owner[np.maximum(run, 0)], -1)) if both_ways else None
         return cls(features, mx.array(np.nonzero(is_image)[0]), blocks)
 
     def scatter(self, x: mx.array) -> mx.array:
