@@ -29,12 +29,12 @@ from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
 from .image_text import (
-    SIGLIP_NAMES,
     TOWERS,
     ImageText,
     VisionSettings,
     convolution_kernel,
     patch_kernel,
+    siglip_names,
     text_model_names,
 )
 from .llama3 import Llama3Config
@@ -163,16 +163,9 @@ def image_text_names(text: NameMap) -> NameMap:
     """`text` (a text model's map under the image-text layouts) with Gemma 3's vision tower and projector read too:
     the published checkpoints' names first (`vision_tower.vision_model.`), then those transformers 5 writes (without
     `vision_model.`, or under `model.`). The SigLIP pooling head some towers carry is unused and left out."""
-    tower = [
-        (prefix + theirs, f"vision.encoder.{ours}")
-        for prefix in (
-            "vision_tower.vision_model.",
-            "model.vision_tower.vision_model.",
-            "vision_tower.",
-            "model.vision_tower.",
-        )
-        for theirs, ours in SIGLIP_NAMES
-    ]
+    tower = siglip_names(
+        "vision_tower.vision_model.", "model.vision_tower.vision_model.", "vision_tower.", "model.vision_tower."
+    )
     projector = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in GEMMA3_PROJECTOR_NAMES]
     drop = [d for d in text.drop_patterns if d not in TOWERS] + [r"^(model\.)?vision_tower\.(vision_model\.)?head\."]
     return NameMap(tower + projector + text.templates, drop=drop)

@@ -22,12 +22,12 @@ from ..core.vision import FixedSizeImageEncoder, PixelShuffleProjector
 from ..errors import CheckpointError, InvalidSettingError
 from .config import number
 from .image_text import (
-    SIGLIP_NAMES,
     TOWERS,
     ImageText,
     VisionSettings,
     convolution_kernel,
     patch_kernel,
+    siglip_names,
     text_model_names,
 )
 from .llama3 import Llama3Config
@@ -39,11 +39,7 @@ FAKE_TOKEN, GLOBAL_TOKEN = "<fake_token_around_image>", "<global-img>"
 
 def idefics3_names() -> NameMap:
     text = text_model_names(LLAMA_NAMES, bodies=("model.text_model.", "language_model."), heads=("", "language_model."))
-    tower = [
-        (prefix + theirs, f"vision.encoder.{ours}")
-        for prefix in ("model.vision_model.", "vision_model.")
-        for theirs, ours in SIGLIP_NAMES
-    ]
+    tower = siglip_names("model.vision_model.", "vision_model.")
     connector = [
         (prefix + "connector.modality_projection.proj.", "vision.projector.proj.") for prefix in ("model.", "")
     ]

@@ -102,6 +102,12 @@ SIGLIP_NAMES = [
 ]
 
 
+def siglip_names(*prefixes: str) -> list[tuple[str, str]]:
+    """A SigLIP tower's tensors under each of `prefixes` (the first is the one written), onto ours under
+    `vision.encoder.`."""
+    return [(prefix + theirs, f"vision.encoder.{ours}") for prefix in prefixes for theirs, ours in SIGLIP_NAMES]
+
+
 @dataclass(frozen=True)
 class VisionSettings:
     """A SigLIP encoder's sizes (a `vision_config`) and its projector's soft tokens per image (or per tile)."""
