@@ -10,6 +10,7 @@ from vision_models import IDEFICS3_TOKENS_PER_TILE, pictures, save_idefics3
 
 import minimlx
 from minimlx.core.vision import PlacedImages
+from minimlx.decode.images import PromptImages
 from minimlx.vision import TiledImages
 
 PROMPT = "User:<image>What is<image> this?\n<image><end_of_utterance>\nAssistant:"
@@ -65,6 +66,9 @@ def test_prompt_places_and_logits_equal_the_processors_and_transformers(idefics3
     ours = np.array(model(mx.array([ids]), images=placed))
     assert relative_error(ours, theirs) <= 1e-4
     assert relative_error(np.array(model(mx.array([ids]))), theirs) > 1e-2
+    written, prompt = PromptImages.read(model, tokenizer.encode(PROMPT, add_special_tokens=False), images)
+    keyed = prompt.keyed(written)  # each tile's places keyed by its own picture's digest
+    assert written == ids and [k < 0 for k in keyed] == [t == model.config.image_token for t in ids]
 
 
 def test_run_with_three_images_gives_transformers_greedy_ids(idefics3, tmp_path):
