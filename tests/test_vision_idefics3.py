@@ -57,7 +57,7 @@ def test_prompt_places_and_logits_equal_the_processors_and_transformers(idefics3
     reference = reference_inputs(processor, images)
     inputs = model.image_processor(images)
     ids = model.config.expand_images(tokenizer.encode(PROMPT, add_special_tokens=False), inputs)
-    assert ids == reference["input_ids"][0].tolist()
+    assert ids == reference["input_ids"][0].tolist() and model.config.expand_images(ids, inputs) == ids  # kept
     assert ids.count(model.config.image_token) == IDEFICS3_TOKENS_PER_TILE * (3 + 5 + 5)
     with torch.no_grad():
         theirs = torch_model(**reference).logits.numpy()
@@ -124,3 +124,45 @@ def test_smolvlm_from_mlx_vlms_folder_layout_equals_transformers(tmp_path):
         theirs = torch_model.model.get_image_features(pixels).pooler_output[0].numpy()
     ours = np.array(model.encode_images(TiledImages.from_config(processor.image_processor.to_dict())(images)))
     assert relative_error(ours, theirs) <= 1e-4
+
+
+@pytest.mark.slow  # a server
+def test_serve_answers_with_three_images_as_transformers_generates(idefics3):
+    """An OpenAI chat completion whose user message holds three pictures (data URLs) between its words: the chat
+    template's image places become `<image>`s, written out as the processor writes them; the answer equals
+    transformers' greedy `generate` on that text, and the usage counts its written-out prompt."""
+    import base64
+    import io
+
+    from starlette.testclient import TestClient
+
+    from minimlx.decode import Engine
+    from minimlx.server.app import Server
+    from minimlx.server.models import Models
+
+    torch, openai = require("torch"), require("openai")
+    _, torch_model, processor, model, tokenizer = idefics3
+    images = pictures(SHAPES)
+    parts = []
+    for picture in images:
+        png = io.BytesIO()
+        picture.save(png, "PNG")
+        parts.append(
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()},
+            }
+        )
+    content = [{"type": "text", "text": "What is"}, *parts, {"type": "text", "text": " this?"}]
+    with TestClient(Server(Models.one(Engine(model, tokenizer), "smol")).app) as client:
+        answer = openai.OpenAI(
+            base_url="http://testserver/v1", api_key="-", http_client=client
+        ).chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": content}], max_tokens=8, temperature=0
+        )
+    reference = reference_inputs(processor, images, "user:What is<image><image><image> this?\nassistant:")
+    with torch.no_grad():
+        out = torch_model.generate(**reference, max_new_tokens=8, do_sample=False)
+    theirs = out[0, reference["input_ids"].shape[1] :].tolist()
+    assert answer.usage.prompt_tokens == reference["input_ids"].shape[1]
+    assert answer.choices[0].message.content == tokenizer.decode(theirs)

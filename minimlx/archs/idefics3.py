@@ -139,13 +139,24 @@ class Idefics3Config(ImageText, Llama3Config):
         return out + fake + self.spell(GLOBAL_TOKEN) + run + fake
 
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
-        """A prompt's ids with each lone image token (the prompt's `<image>`) written out as its picture's tiles and
-        global image, as the processor writes them; runs already written out are kept."""
-        out, pictures, token = [], iter(images), self.image_token
-        for i, t in enumerate(ids):
-            lone = t == token and (i == 0 or ids[i - 1] != token) and (i + 1 == len(ids) or ids[i + 1] != token)
-            picture = next(pictures, None) if lone else None
-            out += [t] if picture is None else self.image_layout(*picture.grid)
+        """A prompt's ids with each image token (the prompt's `<image>`) written out as its picture's tiles and global
+        image, as the processor writes them; a tile's run already written out (after its fake token and row or
+        global token) is kept."""
+        out, pictures, token, i = [], iter(images), self.image_token, 0
+        while i < len(ids):
+            if ids[i] != token:
+                out.append(ids[i])
+                i += 1
+            elif i >= 2 and self.spell is not None and ids[i - 2 : i - 1] == self.spell(FAKE_TOKEN)[-1:]:
+                written = i
+                while written < min(len(ids), i + self.vision.tokens) and ids[written] == token:
+                    written += 1
+                out += ids[i:written]
+                i = written
+            else:
+                picture = next(pictures, None)
+                out += [token] if picture is None else self.image_layout(*picture.grid)
+                i += 1
         return out
 
     def convert_weights(self, weights: dict) -> dict:
