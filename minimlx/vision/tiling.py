@@ -58,23 +58,23 @@ class TiledImages(ImageProcessor):
     """Pictures -> pixels (tiles, channels, tile, tile): with `split`, the tiles row by row and then the global image,
     grid (rows, columns); without, the picture resized to one tile, grid (0, 0)."""
 
-    longest_edge: int | None  # None: no first resize
-    tile: int
+    tile: int  # the tiles' side (`max_image_size.longest_edge`)
+    longest_edge: int | None = None  # the first resize's longest side (`size.longest_edge`) ...
+    size: tuple[int, int] | None = None  # ... or its (height, width); neither: no first resize
     split: bool = True
     resample: int = Image.Resampling.LANCZOS
     normalisation: Normalisation = Normalisation()
-    size: tuple[int, int] | None = None  # (height, width): a first resize to this size instead of by the longest edge
 
     @classmethod
     def from_config(cls, config: dict) -> "TiledImages":
-        size, tile = config.get("size") or {}, (config.get("max_image_size") or {}).get("longest_edge", 364)
-        resize = config.get("do_resize", True)
-        if resize and "longest_edge" not in size and not ("height" in size and "width" in size):
+        size, resize = config.get("size") or {}, config.get("do_resize", True)
+        by_edge = resize and "longest_edge" in size
+        if resize and not by_edge and not ("height" in size and "width" in size):
             raise CheckpointError(f"the image processor's size needs a longest_edge, or a height and a width: {size}")
         return cls(
-            longest_edge=int(size.get("longest_edge", 4 * 364)) if resize and "longest_edge" in size else None,
-            size=(int(size["height"]), int(size["width"])) if resize and "longest_edge" not in size else None,
-            tile=int(tile),
+            tile=int((config.get("max_image_size") or {}).get("longest_edge", 364)),
+            longest_edge=int(size["longest_edge"]) if by_edge else None,
+            size=(int(size["height"]), int(size["width"])) if resize and not by_edge else None,
             split=bool(config.get("do_image_splitting", True)),
             resample=int(config.get("resample", Image.Resampling.LANCZOS)),
             normalisation=Normalisation.from_config(config),
