@@ -36,6 +36,16 @@ def hf_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen2_5_vl_chat(tmp_path_factory):
+    """(folder, torch model, transformers image processor) of vision_models.py's tiny random Qwen2.5-VL over the
+    character tokenizer, built once for the modules that test it directly and through the server."""
+    from vision_models import save_qwen2_5_vl_chat
+
+    folder = tmp_path_factory.mktemp("qwen2_5_vl-chat")
+    return folder, *save_qwen2_5_vl_chat(folder)
+
+
+@pytest.fixture(scope="session")
 def adapted_llama(hf_folder, tmp_path_factory):
     """(folder, adapter folder): `hf_folder`'s tiny llama and a rank-4 LoRA of its last block's q, v and down
     projections, B random (as training leaves it), saved in PEFT's format."""

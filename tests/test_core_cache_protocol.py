@@ -282,3 +282,29 @@ def test_fixed_capacity_stands_for_its_growing_kind(cls):
         and same(arrays(growing), arrays(cache))
         and same(arrays(back), arrays(cache))
     )
+
+
+@pytest.mark.parametrize("kind", [KVCache, lambda: RotatingKVCache(WINDOW)], ids=["KVCache", "RotatingKVCache"])
+def test_shifted_positions_survive_merges_selections_prefixes_and_snapshots(kind):
+    """A multimodal RoPE's shift (`shift_positions`): the tokens after it sit that much further on; a batch holds one
+    per row, a prefix keeps it only once it holds the tokens before it, a snapshot (the fixed kind's too) keeps it."""
+
+    def entries(tokens):
+        return mx.zeros((1, HEADS, tokens, DIMS)), mx.zeros((1, HEADS, tokens, DIMS))
+
+    shifted, plain = kind(), kind()
+    shifted.update(*entries(5))
+    shifted.shift_positions(-3)
+    shifted.update(*entries(2))
+    plain.update(*entries(4))
+    assert shifted.position.tolist() == [4] and plain.position == 4
+    merged = type(shifted).merge([shifted, plain])
+    assert merged.position.tolist() == [4, 4] and merged.select([0]).position.tolist() == [4]
+    assert merged.select([1]).position == 4
+    assert shifted.prefix(6).position.tolist() == [3] and shifted.prefix(4).position == 4
+    fixed = FixedKVCache()
+    fixed.restore(shifted.snapshot())
+    assert fixed.position.tolist() == [4] and fixed.prefix(4).position.tolist() == [4]
+    back = kind()
+    back.restore(fixed.snapshot())
+    assert back.position.tolist() == [4]

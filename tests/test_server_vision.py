@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from models import TINY_LLAMA, write_model
 from reference import require
-from vision_models import CHAT_IMAGE_TOKEN, EOS, pictures, save_gemma3_chat
+from vision_models import CHAT_IMAGE_TOKEN, EOS, QWEN_SHAPES, pictures, qwen_inputs, save_gemma3_chat
 
 import minimlx
 from minimlx.decode import Engine
@@ -222,6 +222,50 @@ def test_four_image_requests_decode_in_one_batch(gemma3, monkeypatch):
     assert max(served.engine.runner.batch_sizes) == 4
     plain = [{"role": "user", "content": "\ue000".join(ASK)}]
     assert answers == [served.cold(plain, [picture], logit_bias={EOS: -100}) for picture in four]
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_vl(qwen2_5_vl_chat):
+    """(the server of the tiny Qwen2.5-VL, the transformers model, its image processor)."""
+    folder, torch_model, processor = qwen2_5_vl_chat
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        yield served, torch_model, processor
+
+
+def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_the_cache(qwen2_5_vl):
+    """A picture resized to a 16 x 10 patch grid (8 x 5 soft tokens): the answer equals transformers' `generate`,
+    streamed and not; the next turn prefills only its new tokens (the positions after the image shifted as in the
+    first turn) and answers as a cold read does."""
+    torch = require("torch")
+    served, torch_model, processor = qwen2_5_vl
+    picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    text = served.tokenizer.apply_chat_template(plain).replace("\ue000", "<start_of_image>")
+    images = served.model.image_processor([picture])
+    ids = served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False), images)
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            **qwen_inputs(processor, [picture]),
+        )
+    expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
+    history = [{"role": "user", "content": chat_content(picture)}]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    first = openai.chat.completions.create(messages=history, **settings)
+    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert expected and first.choices[0].message.content == streamed == expected
+    history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
+    plain += history[-2:]
+    second = openai.chat.completions.create(messages=history, **settings)
+    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > ids.shape[1] - 2
+    assert second.choices[0].message.content == served.cold(plain, [picture])
 
 
 def header_only_png(width: int, height: int) -> bytes:

@@ -105,10 +105,15 @@ def save_gemma3_chat(folder: Path, seed: int = 0):
     text = dict(vocab_size=EOS + len(SPECIALS), eos_token_id=EOS, bos_token_id=EOS, max_position_embeddings=1024)
     text |= dict(tie_word_embeddings=False, sliding_window=48)  # local layers see the image from a short question
     model, processor = save_gemma3_image_text(folder, seed, outer, **text)
+    with_character_tokenizer(folder)
+    return model, processor
+
+
+def with_character_tokenizer(folder: Path) -> None:
+    """The word tokenizer a save wrote into `folder` replaced by the character tokenizer and its chat template."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
     save_character_tokenizer(folder)
-    return model, processor
 
 
 def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]:
@@ -117,6 +122,91 @@ def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]
     for i in range(images):
         out += text_ids[i * before : (i + 1) * before] + [IMAGE_START]
     return out + text_ids[images * before :]
+
+
+# Qwen2.5-VL: a tower of 7-pixel patches merged 2 x 2 (a soft token per 14 x 14 pixels), windows of 2 x 2 merge blocks
+# in its first block and the whole picture in its second, pictures resized to at most 48 soft tokens
+VISION_START, VISION_END, IMAGE_PAD = IMAGE_START, IMAGE_END, IMAGE_TOKEN
+QWEN_SHAPES = [(56, 84), (120, 64), (300, 200)]  # 4 x 6 merge blocks (6 windows); 9 x 5; resized to 8 x 5
+
+QWEN2_5_VL = dict(
+    text_config=dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=1,
+        eos_token_id=1,
+    ),
+    vision_config=dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=48,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=7,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=28,
+        fullatt_block_indexes=[1],
+    ),
+    image_token_id=IMAGE_PAD,
+    vision_start_token_id=VISION_START,
+    vision_end_token_id=VISION_END,
+    video_token_id=96,
+    tie_word_embeddings=False,
+)
+
+
+# Qwen2-VL's tower: LayerNorm and QuickGELU-MLP blocks over the whole picture, its width `embed_dim`
+QWEN2_VL_TOWER = dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=64, patch_size=7)
+
+
+def save_qwen2_5_vl(folder: Path, seed: int = 0, outer: dict | None = None, family: str = "Qwen2_5_VL", **text):
+    """The tiny random Qwen2_5_VLForConditionalGeneration (with `family` "Qwen2VL", Qwen2VLForConditionalGeneration)
+    saved to `folder` with Qwen2-VL's image processor (Pillow's) and a word tokenizer; returns the torch model and the
+    transformers image processor."""
+    transformers = require("transformers")
+    config = {**QWEN2_5_VL, **(outer or {}), "text_config": {**QWEN2_5_VL["text_config"], **text}}
+    if family == "Qwen2VL":
+        config["vision_config"] = QWEN2_VL_TOWER
+    model_class = f"{family}ForConditionalGeneration"
+    model = save_reference(folder, family + "Config", seed, model_class=model_class, **config)
+    with require("torch").no_grad():  # norms about 1, not 0: the answers of a random model then vary with the input
+        for name, weight in model.named_parameters():
+            if weight.ndim == 1 and ("norm" in name or "ln_q" in name):
+                weight.add_(1.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    processor = transformers.Qwen2VLImageProcessorPil(
+        patch_size=7, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28, max_pixels=14 * 14 * 48
+    )
+    processor.save_pretrained(folder)
+    save_tokenizer(folder)
+    return model, processor
+
+
+def save_qwen2_5_vl_chat(folder: Path, seed: int = 0):
+    """`save_qwen2_5_vl`'s model over the character tokenizer and its chat template (its image start, end and pad
+    tokens the tokenizer's special ones)."""
+    outer = dict(vision_start_token_id=CHAT_IMAGE_START, vision_end_token_id=CHAT_IMAGE_END)
+    outer |= dict(image_token_id=CHAT_IMAGE_TOKEN, video_token_id=0)
+    text = dict(vocab_size=EOS + len(SPECIALS), eos_token_id=EOS, bos_token_id=EOS)
+    model, processor = save_qwen2_5_vl(folder, seed, outer, **text)
+    with_character_tokenizer(folder)
+    return model, processor
+
+
+def qwen_inputs(processor, images) -> dict:
+    """transformers' image inputs of `images`: pixel_values and image_grid_thw, as torch tensors."""
+    torch = require("torch")
+    out = processor(images=images, return_tensors="np")
+    return {"pixel_values": torch.tensor(out["pixel_values"]), "image_grid_thw": torch.tensor(out["image_grid_thw"])}
 
 
 # Idefics3 / SmolVLM: the character tokenizer with the processor's tokens; tiles of 28 pixels, 4 x 4 patches of 7

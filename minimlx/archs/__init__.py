@@ -18,6 +18,7 @@ from . import (  # noqa: F401  (registration happens on import)
     olmo3,
     phi3,
     qwen2,
+    qwen2_vl,
     qwen3,
     qwen3_next,
     smollm3,

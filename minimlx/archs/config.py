@@ -50,6 +50,9 @@ def normalize_config(config: dict) -> dict:
     if scaling:
         scaling = dict(_object(scaling, "rope_scaling"))
         scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type") or "default"
+        if "mrope_section" in scaling:  # Qwen's multimodal RoPE: which frequencies turn by which axis's position
+            config["mrope_section"] = scaling.pop("mrope_section")
+            scaling["rope_type"] = "default" if scaling["rope_type"] == "mrope" else scaling["rope_type"]
         config["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
     else:
         config["rope_scaling"] = None

@@ -398,6 +398,11 @@ class DecoderConfig:
         are written with tokens its config does not name, such as Idefics3's tile tokens); as it is for most."""
         return self
 
+    def image_axes(self, ids: list[int], images: Sequence):
+        """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
+        their grid), or None where positions are the tokens' indices (these)."""
+        return None
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image's places for its soft tokens written out (`images`: its `ImageInput`s, in
         order), as the family's processor writes them (these: as given)."""

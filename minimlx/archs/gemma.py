@@ -32,8 +32,8 @@ from .image_text import (
     TOWERS,
     ImageText,
     VisionSettings,
-    convolution_kernel,
-    patch_kernel,
+    flattened_kernel,
+    shaped_kernel,
     siglip_names,
     text_model_names,
 )
@@ -231,8 +231,10 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         return out
 
     def convert_weights(self, weights: dict) -> dict:
-        """The text model's and the towers' tensors; the patch embedding's kernel flattened (`patch_kernel`)."""
-        return patch_kernel(super().convert_weights(weights), self.vision)
+        """The text model's and the towers' tensors; the patch embedding's (dims, channels, p, p) kernel flattened."""
+        return flattened_kernel(super().convert_weights(weights), "vision.encoder.embed.proj.weight")
 
     def export_weights(self, weights: dict) -> dict:
-        return super().export_weights(convolution_kernel(weights, self.vision))
+        v = self.vision
+        shape = (v.dims, v.channels, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, "vision.encoder.embed.proj.weight", shape))

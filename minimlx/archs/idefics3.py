@@ -25,8 +25,8 @@ from .image_text import (
     TOWERS,
     ImageText,
     VisionSettings,
-    convolution_kernel,
-    patch_kernel,
+    flattened_kernel,
+    shaped_kernel,
     siglip_names,
     text_model_names,
 )
@@ -35,6 +35,7 @@ from .names import LLAMA_NAMES, NameMap
 from .registry import register
 
 FAKE_TOKEN, GLOBAL_TOKEN = "<fake_token_around_image>", "<global-img>"
+PATCH_KERNEL = "vision.encoder.embed.proj.weight"
 
 
 def idefics3_names() -> NameMap:
@@ -160,8 +161,15 @@ class Idefics3Config(ImageText, Llama3Config):
         return out
 
     def convert_weights(self, weights: dict) -> dict:
-        """The text model's and the towers' tensors; the patch embedding's kernel flattened (`patch_kernel`)."""
-        return patch_kernel(super().convert_weights(weights), self.vision)
+        """The text model's and the towers' tensors; the patch embedding's kernel flattened, channels first (mlx-vlm
+        stores it (dims, p, p, channels))."""
+        weights = super().convert_weights(weights)
+        kernel, v = weights.get(PATCH_KERNEL), self.vision
+        if kernel is not None and kernel.ndim == 4 and kernel.shape[-1] == v.channels != kernel.shape[1]:
+            weights = {**weights, PATCH_KERNEL: kernel.transpose(0, 3, 1, 2)}
+        return flattened_kernel(weights, PATCH_KERNEL)
 
     def export_weights(self, weights: dict) -> dict:
-        return super().export_weights(convolution_kernel(weights, self.vision))
+        v = self.vision
+        shape = (v.dims, v.channels, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, PATCH_KERNEL, shape))

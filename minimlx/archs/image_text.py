@@ -152,23 +152,14 @@ class VisionSettings:
         )
 
 
-def patch_kernel(weights: dict, vision: VisionSettings | None) -> dict:
-    """`weights` with the patch embedding's convolution kernel as the matmul weight `PatchEmbedding` holds: (dims,
-    channels, p, p) as transformers saves it, or (dims, p, p, channels) as mlx-vlm does, flattened in (channel, row,
-    column) order."""
-    name = "vision.encoder.embed.proj.weight"
-    kernel = weights.get(name)
-    if kernel is None or kernel.ndim != 4:
-        return weights
-    if kernel.shape[-1] == vision.channels and kernel.shape[1] != vision.channels:
-        kernel = kernel.transpose(0, 3, 1, 2)
-    return {**weights, name: kernel.reshape(kernel.shape[0], -1)}
+def flattened_kernel(weights: dict, name: str) -> dict:
+    """`weights` with the patch embedding's convolution kernel `name` (out, in, *window) flattened to the
+    (out, features) matrix of the matmul it is (a stride-window convolution over whole patches)."""
+    if name in weights and weights[name].ndim > 2:
+        weights = {**weights, name: weights[name].reshape(weights[name].shape[0], -1)}
+    return weights
 
 
-def convolution_kernel(weights: dict, vision: VisionSettings) -> dict:
-    """`weights` with the patch embedding's weight as the (dims, channels, p, p) convolution kernel transformers
-    saves (`patch_kernel` undone)."""
-    name, v = "vision.encoder.embed.proj.weight", vision
-    if name not in weights:
-        return weights
-    return {**weights, name: weights[name].reshape(v.dims, v.channels, v.patch, v.patch)}
+def shaped_kernel(weights: dict, name: str, shape: tuple[int, ...]) -> dict:
+    """`weights` with the flattened kernel `name` back in the convolution's `shape` (as checkpoints store it)."""
+    return {**weights, name: weights[name].reshape(shape)} if name in weights else weights

@@ -63,6 +63,9 @@ class Snapshot:
     arrays: list[mx.array]
     offset: int
     padding: list[int] = field(default_factory=list)
+    shifts: list[int] = field(default_factory=list)
+    """Per row, how many positions further on than its count the next token sits (`Cache.shift_positions`)."""
+    shifted_at: int = 0
     marks: list[dict[int, list[mx.array]]] = field(default_factory=list)
     """A kind that cannot be cut: per row, its states at earlier token counts (`Cache.mark`), by count."""
 
@@ -175,6 +178,12 @@ class Cache(ABC):
     def row_padding(self) -> list[int]:
         return [0] * self.rows()
 
+    def shift_positions(self, shift: int) -> None:
+        """From the next token on, this one sequence's tokens sit `shift` positions further on than their count (a
+        multimodal RoPE gives an image's tokens fewer positions than places): `position` says so, and a `prefix`
+        that keeps the tokens before now keeps no shift."""
+        raise ValueError(f"a {type(self).__name__} cannot shift its positions; use a plain KV cache")
+
     def select(self, rows: list[int]) -> "Cache":
         """A cache of these rows only (a kind without `ROWS` holds one)."""
         if rows != [0]:
@@ -202,6 +211,8 @@ class GrowingBuffer(Cache):
         self.arrays: list[mx.array] | None = None
         self.offset = 0
         self.padding: list[int] = []  # per row; empty means no row is padded
+        self.shifts: list[int] = []  # per row (`shift_positions`); empty means no row is shifted
+        self.shifted_at = 0  # the tokens one row had when it was shifted
 
     def append(self, *new: mx.array) -> list[mx.array]:
         previous, count = self.offset, new[0].shape[-2]
@@ -248,11 +259,19 @@ class GrowingBuffer(Cache):
     def trim(self, n: int) -> int:
         n = min(self.offset, n)
         self.offset -= n
+        if self.offset < self.shifted_at:
+            self.shifts = []
         return n
 
     def keeps(self, count: int) -> bool:
         """Whether the first `count` tokens can still be had back (by `trim` or `prefix`)."""
         return count <= self.offset
+
+    def shift_positions(self, shift: int) -> None:
+        self.shifts, self.shifted_at = [shift], self.offset
+
+    def row_shifts(self) -> list[int]:
+        return self.shifts or [0] * self.rows()
 
     @property
     def nbytes(self) -> int:
@@ -267,16 +286,20 @@ class GrowingBuffer(Cache):
         return [a[..., : self.offset, :] for a in self.arrays] if self.arrays is not None else []
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.held_columns(), self.offset, list(self.padding))
+        return Snapshot(self.held_columns(), self.offset, list(self.padding), list(self.shifts), self.shifted_at)
 
     def restore(self, snapshot: Snapshot) -> None:
         # views of the snapshot's arrays: writing into them (`append`) leaves the snapshot's own as they are
         self.arrays = [a[..., : a.shape[-2], :] for a in snapshot.arrays] or None
         self.offset, self.padding = snapshot.offset, list(snapshot.padding)
+        self.shifts, self.shifted_at = list(snapshot.shifts), snapshot.shifted_at
 
     @property
     def position(self) -> int | mx.array:
-        """Position of the next token in its own sequence: `offset`, or one per row (batch,) when rows are padded."""
+        """Position of the next token in its own sequence: `offset`, or one per row (batch,) when rows are padded or
+        shifted."""
+        if any(self.shifts):
+            return row_positions(self.offset, self.row_padding()) + mx.array(self.row_shifts())
         return row_positions(self.offset, self.padding) if any(self.padding) else self.offset
 
     def mask(self, tokens: int) -> str | mx.array | None:
@@ -303,6 +326,8 @@ class GrowingBuffer(Cache):
             return self
         picked = self.empty()
         picked.offset, picked.padding = self.offset - drop, [p - drop for p in padding]
+        picked.shifts = [self.row_shifts()[r] for r in rows] if any(self.shifts) else []
+        picked.shifted_at = max(self.shifted_at - drop, 0)
         picked.arrays = [self.kept_columns(a if everything else a[mx.array(rows)], drop) for a in self.arrays]
         return picked
 
@@ -319,6 +344,8 @@ class GrowingBuffer(Cache):
         leaves this one as it is."""
         fresh = self.empty()
         fresh.arrays, fresh.offset = [a[..., :count, :] for a in self.arrays], count
+        if count >= self.shifted_at:
+            fresh.shifts, fresh.shifted_at = list(self.shifts), self.shifted_at
         return fresh
 
     @classmethod
@@ -336,11 +363,13 @@ class GrowingBuffer(Cache):
         for c in caches:
             shift = offset - c.offset
             merged.padding += [p + shift for p in c.row_padding()]
+            merged.shifts += c.row_shifts()
             if c.arrays is None:
                 parts.append([mx.zeros((1, *a.shape[1:-2], capacity, a.shape[-1]), a.dtype) for a in filled[0].arrays])
             else:
                 parts.append([pad(a[..., : c.offset, :], shift, capacity - offset) for a in c.arrays])
         merged.offset, merged.arrays = offset, [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
+        merged.shifts = merged.shifts if any(merged.shifts) else []
         return merged
 
 
@@ -592,6 +621,7 @@ class RotatingKVCache(KVCache):
             raise ValueError(f"a sliding-window cache of {self.offset} tokens no longer holds the first {count}")
         self.arrays = [a[..., : self.held - n, :] for a in self.arrays] if count else None
         self.offset, self.padding = count, self.padding if count else []
+        self.shifts = self.shifts if count >= self.shifted_at else []
         return n
 
     def prefix(self, count: int) -> "RotatingKVCache":
@@ -600,6 +630,8 @@ class RotatingKVCache(KVCache):
         fresh = self.empty()
         if count:
             fresh.arrays, fresh.offset = [a[..., : count - (self.offset - self.held), :] for a in self.arrays], count
+        if count >= self.shifted_at:
+            fresh.shifts, fresh.shifted_at = list(self.shifts), self.shifted_at
         return fresh
 
     def empty(self) -> "RotatingKVCache":
@@ -621,11 +653,13 @@ class RotatingKVCache(KVCache):
         for c in caches:
             shift = merged.offset - c.offset
             merged.padding += [p + shift for p in c.row_padding()]
+            merged.shifts += c.row_shifts()
             if c.arrays is None:
                 parts.append([mx.zeros((1, *a.shape[1:-2], keep, a.shape[-1]), a.dtype) for a in filled[0].arrays])
             else:
                 parts.append([pad(a, keep - a.shape[-2], 0) for a in c.arrays])
         merged.arrays = [mx.concatenate(rows, axis=0) for rows in zip(*parts)]
+        merged.shifts = merged.shifts if any(merged.shifts) else []
         return merged
 
 
@@ -744,14 +778,22 @@ class FixedKVCache(Cache):
         self.values: mx.array | None = None
         self.offset = 0
         self.start = mx.array([0])  # `offset` as an array of one: where the next token goes
+        self.shift = mx.array([0])  # how many positions further on the next token sits (`shift_positions`)
+        self.shifted_at = 0
 
     @classmethod
-    def over(cls, keys: mx.array, values: mx.array, offset: int, start: mx.array) -> "FixedKVCache":
+    def over(
+        cls, keys: mx.array, values: mx.array, offset: int, start: mx.array, shift: mx.array | None = None
+    ) -> "FixedKVCache":
         """A cache over buffers (1, kv_heads, capacity, head_dim) whose first `offset` columns hold tokens (`start`:
-        `offset` as an array, which the layers of a step share)."""
+        `offset` as an array, which the layers of a step share; `shift` its positions' shift)."""
         cache = cls()
         cache.keys, cache.values, cache.offset, cache.start = keys, values, offset, start
+        cache.shift = cache.shift if shift is None else shift
         return cache
+
+    def shift_positions(self, shift: int) -> None:
+        self.shift, self.shifted_at = mx.array([shift]), self.offset
 
     @property
     def capacity(self) -> int:
@@ -815,7 +857,7 @@ class FixedKVCache(Cache):
 
     @property
     def position(self) -> mx.array:
-        return self.start
+        return self.start + self.shift
 
     def mask(self, tokens: int) -> str | mx.array:
         """One token (the compiled step): (1, 1, 1, capacity), the columns up to its position `start` (computed
@@ -832,6 +874,8 @@ class FixedKVCache(Cache):
         n = min(self.offset, n)
         self.offset -= n
         self.start = mx.array([self.offset])
+        if self.offset < self.shifted_at:
+            self.shift = mx.array([0])
         return n
 
     @property
@@ -850,12 +894,15 @@ class FixedKVCache(Cache):
         return FixedKVCache()
 
     def snapshot(self) -> Snapshot:
-        return Snapshot([a[..., : self.offset, :] for a in self.buffers] if self.keys is not None else [], self.offset)
+        arrays = [a[..., : self.offset, :] for a in self.buffers] if self.keys is not None else []
+        shifted = self.shift.item()
+        return Snapshot(arrays, self.offset, shifts=[shifted] if shifted else [], shifted_at=self.shifted_at)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Hold a snapshot of this kind or of the growing kind it stands for (one row, unpadded), with room for more."""
         self.keys = self.values = None
         self.offset, self.start = 0, mx.array([0])
+        self.shift, self.shifted_at = mx.array(snapshot.shifts or [0]), snapshot.shifted_at
         if snapshot.arrays:
             self.take(snapshot.arrays, snapshot.offset)
 
@@ -863,6 +910,8 @@ class FixedKVCache(Cache):
         fresh = self.empty()
         if count:
             fresh.take(self.buffers, min(count, self.offset))
+        if count >= self.shifted_at:
+            fresh.shift, fresh.shifted_at = self.shift, self.shifted_at
         return fresh
 
 

@@ -10,6 +10,7 @@ ACTIVATIONS = {
     "gelu_tanh": nn.gelu_approx,
     "relu": nn.relu,
     "silu": nn.silu,
+    "quick_gelu": nn.gelu_fast_approx,  # x * sigmoid(1.702 x)
 }
 
 

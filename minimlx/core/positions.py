@@ -43,6 +43,9 @@ class Positions:
     def __init__(self, tokens: int, offset: int | mx.array = 0, blocks: mx.array | None = None):
         self.tokens, self.offset = tokens, offset
         self.blocks = blocks  # (tokens,) block numbers, -1 outside blocks: a block's tokens see each other both ways
+        # (axes, tokens) positions along each axis where they are not `offset` onward along all (an image's tokens
+        # under a multimodal RoPE, in a prompt's first pass)
+        self.axes: mx.array | None = None
         self.masks: dict = {}
         self.angle_pairs: dict = {}
         self.lent: dict[int, LentKV] = {}

@@ -133,3 +133,28 @@ class RoPE(nn.Module):
         else:
             angles = (start + mx.arange(tokens)).astype(mx.float32)[:, None] / self._wavelengths
         return mx.cos(angles), mx.sin(angles)
+
+
+class MultimodalRoPE(RoPE):
+    """Qwen's multimodal RoPE: each position has three axes (time, row, column) and `sections` (frequency counts,
+    in order) say which axis turns which frequencies. A text token sits at the same position along every axis, so it
+    turns as under `RoPE`; an image's tokens sit on their grid, given by the pass's `axes` (3, tokens)."""
+
+    def __init__(self, dims: int, base: float, sections: tuple[int, ...], max_positions: int = 2048):
+        super().__init__(dims, base, None, max_positions)
+        if sum(sections) != dims // 2:
+            raise ValueError(f"mrope_section {list(sections)} must add up to half the rotated width ({dims // 2})")
+        self._axis_of = mx.array(sum(([i % 3] * n for i, n in enumerate(sections)), []))  # each frequency's axis
+        self.settings = (*self.settings, tuple(sections))
+
+    def rotate(self, x: mx.array, positions: Positions) -> mx.array:
+        if positions.axes is None:
+            return super().rotate(x, positions)
+        # (3, tokens) -> (tokens, dims / 2): each frequency at its own axis's position
+        at = positions.axes[self._axis_of].astype(mx.float32).T
+        angles = at / self._wavelengths
+        cos, sin = mx.cos(angles), mx.sin(angles)
+        half = self.dims // 2
+        x1, x2 = x[..., :half].astype(mx.float32), x[..., half : self.dims].astype(mx.float32)
+        turned = mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+        return turned if self.dims == x.shape[-1] else mx.concatenate([turned, x[..., self.dims :]], axis=-1)

@@ -98,7 +98,7 @@ class Transformer(nn.Module):
         positions = Positions.of(ids.shape[1], cache[0] if cache is not None else None)
         if images is not None:
             x = images.scatter(x)
-            positions.blocks = images.blocks
+            positions.blocks, positions.axes = images.blocks, images.axes
         if "positions" in self:
             start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded

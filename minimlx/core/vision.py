@@ -193,14 +193,22 @@ class PlacedImages:
     features: mx.array
     where: mx.array
     blocks: mx.array | None = None
+    axes: mx.array | None = None  # (3, tokens): each prompt token's position along each axis (a multimodal RoPE)
 
     @classmethod
     def at(
-        cls, ids, image_token: int, features: mx.array, places: Sequence[int | Sequence[int]], both_ways: bool
+        cls,
+        ids,
+        image_token: int,
+        features: mx.array,
+        places: Sequence[int | Sequence[int]],
+        both_ways: bool,
+        axes=None,
     ) -> "PlacedImages":
         """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), image after image:
         `places[i]` is image i's run length, or the lengths of its runs in order (a tiled image: a run per tile);
-        with `both_ways`, each image's tokens see each other both ways."""
+        with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens) the prompt's positions
+        along each axis where a multimodal RoPE turns them."""
         runs = [(i, length) for i, p in enumerate(places) for length in ((p,) if isinstance(p, int) else p)]
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
@@ -215,7 +223,8 @@ class PlacedImages:
             )
         owner = np.array([i for i, _ in runs] or [0])
         blocks = mx.array(np.where(is_image, owner[np.maximum(run, 0)], -1)) if both_ways else None
-        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks)
+        axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes)
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""

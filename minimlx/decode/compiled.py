@@ -44,11 +44,12 @@ class CompiledDecoder:
     def make_cache(self) -> list[FixedKVCache]:
         return [FixedKVCache() for _ in self.model.layers]
 
-    def traced(self, ids: mx.array, start: mx.array, buffers: list[list[mx.array]]):
-        """One step, every layer at the position `start`: one array for all of them."""
+    def traced(self, ids: mx.array, start: mx.array, shift: mx.array, buffers: list[list[mx.array]]):
+        """One step, every layer at the position `start` (its rotary position shifted by `shift`): one array for all
+        of them."""
         for c, held in zip(self.cache, buffers):
             c.hold(held)
-            c.start = start
+            c.start, c.shift = start, shift
         logits = self.model(ids, self.cache)
         return logits, self.cache[0].start, [c.buffers for c in self.cache]
 
@@ -62,8 +63,8 @@ class CompiledDecoder:
 
     def step_over(self, ids: mx.array, cache: list[KVCache]) -> mx.array:
         """The compiled step of one sequence over growing caches: over views of their buffers, written back."""
-        start = mx.array([cache[0].offset])
-        views = [FixedKVCache.over(*c.arrays, c.offset, start) for c in cache]
+        start, shift = mx.array([cache[0].offset]), mx.array(cache[0].row_shifts())
+        views = [FixedKVCache.over(*c.arrays, c.offset, start, shift) for c in cache]
         for c in cache:  # the views alone hold the buffers, so that the step may write them in place
             c.arrays = None
         try:
@@ -78,10 +79,11 @@ class CompiledDecoder:
         for c in cache:
             c.reserve(1)
         self.cache = cache
-        logits, start, buffers = self.forward(ids, cache[0].start, [c.buffers for c in cache])
+        shift = cache[0].shift
+        logits, start, buffers = self.forward(ids, cache[0].start, shift, [c.buffers for c in cache])
         for c, held in zip(cache, buffers):
             c.hold(held)
-            c.start, c.offset = start, offset + 1
+            c.start, c.shift, c.offset = start, shift, offset + 1
         return logits
 
 

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from ..core.vision import ImageInput, PlacedImages
 from ..errors import InvalidSettingError
@@ -16,13 +17,16 @@ class PromptImages:
     """A prompt's images, prepared by the model's image processor: `inputs` (`ImageInput`s) for the runs of `token`
     in the prompt (image i's runs of `places[i]` tokens, image after image), `end` the index just past the last run, and
     `digests` each image's pixels and grid hashed (SHA-256), which `keyed` writes into the ids the prompt cache
-    matches."""
+    matches. Under a multimodal RoPE, `axes` (3, tokens) are the prompt's positions along each axis, and the tokens
+    after the last image sit `shift` further on than their index (the caches are told so: `Cache.shift_positions`)."""
 
     inputs: tuple[ImageInput, ...]
     places: tuple[tuple[int, ...], ...]
     token: int
     end: int
     digests: tuple[bytes, ...]
+    axes: np.ndarray | None = None
+    shift: int = 0
 
     @classmethod
     def read(cls, model, ids: list[int], images: Sequence) -> tuple[list[int], "PromptImages"]:
@@ -46,7 +50,9 @@ class PromptImages:
         if runs and runs[-1][1] >= len(ids):
             raise InvalidSettingError("the prompt ends inside an image's places; write text after the image")
         digests = tuple(image.digest for image in inputs)
-        return ids, cls(inputs, places, config.image_token, runs[-1][1] if runs else 0, digests)
+        axes = config.image_axes(ids, inputs)
+        shift = 0 if axes is None else int(axes[0, -1]) - (len(ids) - 1)
+        return ids, cls(inputs, places, config.image_token, runs[-1][1] if runs else 0, digests, axes, shift)
 
     def keyed(self, ids: list[int]) -> list[int]:
         """`ids` with each image's places as ids no token has (negative, from the image's digest): the prompt cache
@@ -65,9 +71,12 @@ class PromptImages:
         """Feed `ids` (the prompt but its last token, which holds every image) into `cache` (empty) in one pass, the
         images' soft tokens in place; evaluated."""
         features = model.encode_images(self.inputs)
-        placed = PlacedImages.at(ids, self.token, features, self.places, model.config.images_both_ways)
+        placed = PlacedImages.at(ids, self.token, features, self.places, model.config.images_both_ways, self.axes)
         marked(cache)
         model(mx.array([ids]), cache, images=placed, last_only=True)
+        if self.axes is not None:
+            for c in cache:
+                c.shift_positions(self.shift)
         mx.eval([c.state for c in marked(cache)])
 
     def prefill_prompt(self, model, ids: list[int], cache: list) -> mx.array:

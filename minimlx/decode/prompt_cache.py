@@ -121,6 +121,8 @@ def columns(cache) -> tuple[dict, list[mx.array]]:
     if any(snapshot.padding) or cache.rows() != 1:
         raise ValueError("a prompt cache file holds one sequence, unpadded")
     described = kind(cache) | {"offset": snapshot.offset}
+    if snapshot.shifts:  # a multimodal RoPE's shift of the positions after its images
+        described |= {"shifts": snapshot.shifts, "shifted_at": snapshot.shifted_at}
     if cache.can(Can.QUANTIZED):
         described["group_size"] = cache.group_size
     if not cache.can(Can.CUT):
@@ -156,7 +158,8 @@ def restored(described: dict, arrays: list[mx.array]):
         count = described["arrays"]
         states = [arrays[i : i + count] for i in range(0, len(arrays), count)] if count else [[]]
         arrays, marks = states[0], [dict(zip(described["marks"], states[1:]))]
-    cache.restore(Snapshot(arrays, described["offset"], marks=marks))
+    shifts = {"shifts": described.get("shifts", []), "shifted_at": described.get("shifted_at", 0)}
+    cache.restore(Snapshot(arrays, described["offset"], marks=marks, **shifts))
     return cache
 
 

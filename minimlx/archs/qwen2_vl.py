@@ -1,0 +1,252 @@
+"""Qwen2-VL and Qwen2.5-VL: Qwen2's text model read with Qwen's multimodal RoPE, and a vision tower over pictures of
+any size.
+
+The image processor resizes each picture to whole merge blocks within a pixel budget and cuts it into patches
+(`DynamicResolutionPatches`); the tower (`WindowedVisionEncoder`) embeds them, runs its blocks and merges each 2 x 2
+block into one soft token. Qwen2.5-VL's blocks are RMSNorm and gated-FFN ones attending within windows of merge
+blocks except in `fullatt_block_indexes`; Qwen2-VL's are LayerNorm and QuickGELU-MLP ones over the whole picture.
+In the prompt an image is `<|vision_start|>`, one `<|image_pad|>` per soft token, `<|vision_end|>`.
+
+Positions have three axes (time, row, column; `mrope_section` says which frequencies each turns): text tokens sit at
+the same place along all three, one after another; an image's tokens at (start, start + row, start + column) of its
+merged grid, and the text after it from start + max(rows, columns) on. Past the last image every position is its
+index plus one shift per prompt, which the caches carry (`Cache.shift_positions`).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..core.ffn import ACTIVATIONS, MLP, GatedFFN
+from ..core.norms import LayerNorm, RMSNorm
+from ..core.rope import MultimodalRoPE
+from ..core.vision import ImageInput
+from ..core.windowed_vision import FlatPatchEmbedding, PatchMerger, RotaryEncoderBlock, WindowedVisionEncoder
+from ..errors import CheckpointError
+from .config import choice, number
+from .image_text import flattened_kernel, shaped_kernel
+from .names import LLAMA_NAMES, NameMap
+from .qwen2 import Qwen2Config
+from .registry import register
+
+TOWER_NAMES = [
+    ("patch_embed.proj.", "embed.proj."),
+    ("blocks.{i}.mlp.fc1.", "layers.{i}.mlp.up_proj."),  # Qwen2-VL's MLP
+    ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.down_proj."),
+    ("blocks.{i}.", "layers.{i}."),
+    ("merger.ln_q.", "merger.norm."),
+    ("merger.mlp.0.", "merger.up."),
+    ("merger.mlp.2.", "merger.down."),
+]
+
+QWEN_VL_NAMES = NameMap(  # the published layout (written back by `convert`), then transformers 5's in-memory one
+    [(prefix + theirs, "vision." + ours) for prefix in ("visual.", "model.visual.") for theirs, ours in TOWER_NAMES]
+    + LLAMA_NAMES.templates
+    + [
+        ("model.language_model." + t.removeprefix("model."), o)
+        for t, o in LLAMA_NAMES.templates
+        if t.startswith("model.")
+    ],
+    drop=LLAMA_NAMES.drop_patterns,
+)
+
+
+@dataclass(frozen=True)
+class WindowedTowerSettings:
+    """The vision tower's sizes (Qwen2.5-VL's `vision_config`, or Qwen2-VL's: `qwen2_vl`)."""
+
+    dims: int
+    ffn_dims: int
+    layers: int
+    heads: int
+    out_dims: int
+    patch: int
+    frames: int
+    merge: int
+    window: int | None  # pixels a window's side spans (None: every block sees the whole picture)
+    full_layers: tuple[int, ...]
+    channels: int
+    activation: str
+    rope_base: float
+    gated: bool = True  # RMSNorm and gated-FFN blocks (Qwen2.5-VL), else LayerNorm and MLP ones (Qwen2-VL)
+
+    @classmethod
+    def from_config(cls, v: dict) -> "WindowedTowerSettings":
+        rope = v.get("rope_parameters") or {}
+        return cls(
+            dims=number(v, "hidden_size"),
+            ffn_dims=number(v, "intermediate_size"),
+            layers=number(v, "depth"),
+            heads=number(v, "num_heads"),
+            out_dims=number(v, "out_hidden_size"),
+            patch=number(v, "patch_size", 14),
+            frames=number(v, "temporal_patch_size", 2),
+            merge=number(v, "spatial_merge_size", 2),
+            window=number(v, "window_size", 112),
+            full_layers=tuple(v.get("fullatt_block_indexes") or ()),
+            channels=number(v, "in_channels", 3),
+            activation=choice(v, "hidden_act", "silu", ACTIVATIONS),
+            rope_base=float(rope.get("rope_theta", 10000.0)),
+        )
+
+    @classmethod
+    def qwen2_vl(cls, v: dict) -> "WindowedTowerSettings":
+        """Qwen2-VL's `vision_config`: its width is `embed_dim`, its output `hidden_size`, its FFN `mlp_ratio` wide."""
+        dims = number(v, "embed_dim")
+        return cls(
+            dims=dims,
+            ffn_dims=int(dims * number(v, "mlp_ratio", 4, float)),
+            layers=number(v, "depth"),
+            heads=number(v, "num_heads"),
+            out_dims=number(v, "hidden_size"),
+            patch=number(v, "patch_size", 14),
+            frames=number(v, "temporal_patch_size", 2),
+            merge=number(v, "spatial_merge_size", 2),
+            window=None,
+            full_layers=(),
+            channels=number(v, "in_channels", 3),
+            activation=choice(v, "hidden_act", "quick_gelu", ACTIVATIONS),
+            rope_base=float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            gated=False,
+        )
+
+
+@register("qwen2_5_vl")
+@dataclass
+class Qwen25VLConfig(Qwen2Config):
+    """The text model from `text_config` (transformers 5) or the top level (the published configs); the tower from
+    `vision_config`."""
+
+    example_config = {
+        "model_type": "qwen2_5_vl",
+        "text_config": {
+            **Qwen2Config.example_config,
+            "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 1, 1]},
+        },
+    }
+    names = QWEN_VL_NAMES
+
+    vision: WindowedTowerSettings | None = None
+    mrope_sections: tuple[int, ...] = ()
+    image_token: int = 151655
+    image_start_token: int = 151652
+    image_end_token: int = 151653
+
+    @classmethod
+    def from_config(cls, config: dict):
+        text = config.get("text_config")
+        outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
+        arch = super().from_config({**outer, **text} if isinstance(text, dict) else outer)
+        sections = (text if isinstance(text, dict) else config).get("mrope_section")
+        if not isinstance(sections, list) or len(sections) != 3:
+            raise CheckpointError(
+                "a qwen2_5_vl config needs rope_scaling.mrope_section (three numbers); fix the config"
+            )
+        vision = config.get("vision_config")
+        return replace(
+            arch,
+            vision=cls.tower_settings(vision) if isinstance(vision, dict) else None,
+            mrope_sections=tuple(int(n) for n in sections),
+            image_token=number(config, "image_token_id", 151655),
+            image_start_token=number(config, "vision_start_token_id", 151652),
+            image_end_token=number(config, "vision_end_token_id", 151653),
+        )
+
+    @staticmethod
+    def tower_settings(vision: dict) -> WindowedTowerSettings:
+        return WindowedTowerSettings.from_config(vision)
+
+    def rope(self, layer: int) -> MultimodalRoPE:
+        return MultimodalRoPE(self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions)
+
+    def image_encoder(self) -> WindowedVisionEncoder | None:
+        v = self.vision
+        if v is None:
+            return None
+
+        def norm():
+            return RMSNorm(v.dims, 1e-6) if v.gated else LayerNorm(v.dims, 1e-6)
+
+        def ffn():
+            return (
+                GatedFFN(v.dims, v.ffn_dims, v.activation, bias=True)
+                if v.gated
+                else MLP(v.dims, v.ffn_dims, v.activation)
+            )
+
+        layers = [RotaryEncoderBlock(v.dims, v.heads, norm(), norm(), ffn()) for _ in range(v.layers)]
+        return WindowedVisionEncoder(
+            FlatPatchEmbedding(v.channels * v.frames * v.patch * v.patch, v.dims),
+            layers,
+            PatchMerger(v.dims, v.out_dims, v.merge, norm()),
+            v.dims // v.heads,
+            v.merge,
+            None if v.window is None else v.window // v.merge // v.patch,
+            v.full_layers,
+            v.rope_base,
+        )
+
+    def image_processor(self, settings: dict):
+        from ..vision.patches import DynamicResolutionPatches
+
+        return DynamicResolutionPatches.from_config(settings)
+
+    def image_places(self, image: ImageInput) -> int:
+        frames, rows, cols = image.grid
+        return frames * rows * cols // self.vision.merge**2
+
+    def expand_images(self, ids: list[int], images: Sequence[ImageInput] = ()) -> list[int]:
+        """Each `<|vision_start|>` followed by its image's `<|image_pad|>` places and `<|vision_end|>` (a single pad
+        after it, as Qwen's chat template writes one, stands for them all), image after image."""
+        out, i, image = [], 0, 0
+        while i < len(ids):
+            out.append(ids[i])
+            i += 1
+            if out[-1] != self.image_start_token or image >= len(images):
+                continue
+            while i < len(ids) and ids[i] == self.image_token:
+                i += 1
+            out += [self.image_token] * self.image_places(images[image])
+            if i >= len(ids) or ids[i] != self.image_end_token:
+                out.append(self.image_end_token)
+            image += 1
+        return out
+
+    def image_axes(self, ids: list[int], images: Sequence[ImageInput]) -> np.ndarray:
+        """(3, tokens): each token's (time, row, column) position, as transformers' `get_rope_index` gives them for
+        pictures (one frame each)."""
+        axes, at, image, i = [], 0, 0, 0
+        while i < len(ids):
+            if ids[i] != self.image_token:
+                axes.append(np.full((3, 1), at))
+                at, i = at + 1, i + 1
+                continue
+            _, rows, cols = images[image].grid
+            rows, cols = rows // self.vision.merge, cols // self.vision.merge
+            r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+            axes.append(at + np.stack([np.zeros(rows * cols, int), r.reshape(-1), c.reshape(-1)]))
+            at, i, image = at + max(rows, cols), i + rows * cols, image + 1
+        return np.concatenate(axes, axis=1)
+
+    def convert_weights(self, weights: dict) -> dict:
+        """The text model's and the tower's tensors; the patch embedding's (dims, channels, frames, p, p) kernel
+        flattened."""
+        return flattened_kernel(super().convert_weights(weights), "vision.embed.proj.weight")
+
+    def export_weights(self, weights: dict) -> dict:
+        v = self.vision
+        shape = (v.dims, v.channels, v.frames, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, "vision.embed.proj.weight", shape))
+
+
+@register("qwen2_vl")
+@dataclass
+class Qwen2VLConfig(Qwen25VLConfig):
+    """Qwen2-VL: Qwen2.5-VL's text side and processor; a tower of LayerNorm and QuickGELU-MLP blocks without windows."""
+
+    example_config = {**Qwen25VLConfig.example_config, "model_type": "qwen2_vl"}
+
+    @staticmethod
+    def tower_settings(vision: dict) -> WindowedTowerSettings:
+        return WindowedTowerSettings.qwen2_vl(vision)

@@ -1,0 +1,188 @@
+"""A vision encoder over pictures of any size (Qwen2.5-VL's): flattened patches projected to the encoder's width,
+2D rotary positions (a patch's row turns half the rotated frequencies, its column the other half), pre-norm blocks
+whose attention sees the patches of one window (a square of merge blocks) or, in the full-attention blocks, the
+whole picture (Qwen2-VL: every block); then a merger that joins each `merge` x `merge` block of patch vectors into
+one soft token.
+
+The processor hands the patches ordered merge block by merge block (`DynamicResolutionPatches`); the encoder
+reorders those blocks window by window, so that each window's patches lie together, and puts the soft tokens back
+in merge-block order at the end.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .attention import merge_heads, split_heads
+from .ffn import ACTIVATIONS
+from .vision import ImageEncoder, ImageInput
+
+
+def merge_block_positions(rows: int, cols: int, merge: int) -> np.ndarray:
+    """(rows * cols, 2): each patch's (row, column), the patches ordered merge block by merge block."""
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    shape = (rows // merge, merge, cols // merge, merge)
+    return np.stack([a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (r, c)], axis=-1)
+
+
+def window_order(frames: int, rows: int, cols: int, window: int) -> tuple[np.ndarray, list[int]]:
+    """(the merge blocks of a `frames` x `rows` x `cols` grid of them, window by window: `window` x `window` blocks
+    from the top left, row-major within each; the blocks in each window, empty windows left out)."""
+    index = np.arange(frames * rows * cols).reshape(frames, rows, cols)
+    high, wide = (rows // window + 1) * window, (cols // window + 1) * window  # padded as transformers pads
+    padded = np.full((frames, high, wide), -1)
+    padded[:, :rows, :cols] = index
+    windows = padded.reshape(frames, high // window, window, wide // window, window).transpose(0, 1, 3, 2, 4)
+    windows = windows.reshape(-1, window * window)
+    sizes = (windows >= 0).sum(axis=1)
+    order = windows.reshape(-1)
+    return order[order >= 0], [int(n) for n in sizes if n]
+
+
+class FlatPatchEmbedding(nn.Module):
+    """Flattened patches (patches, channels * frames * p * p) projected to the encoder's width: a 3D convolution of
+    stride its kernel, written as the matmul it is."""
+
+    def __init__(self, features: int, dims: int):
+        super().__init__()
+        self.proj = nn.Linear(features, dims, bias=False)
+
+    def __call__(self, patches: mx.array) -> mx.array:
+        return self.proj(patches)
+
+
+class PlanarRotary:
+    """2D rotary positions over heads of `head_dims`: frequencies base ** (-4i / head_dims), the first half of the
+    rotated pairs turned by the patch's row, the second by its column (rotate-half pairs over the whole head)."""
+
+    def __init__(self, head_dims: int, base: float = 10000.0):
+        half = head_dims // 2
+        self.inv_freq = 1.0 / (base ** (np.arange(0, half, 2, dtype=np.float32) / half))
+
+    def angles(self, positions: np.ndarray) -> tuple[mx.array, mx.array]:
+        """positions (patches, 2) -> cos, sin (patches, head_dims)."""
+        turns = (positions[:, :, None].astype(np.float32) * self.inv_freq).reshape(len(positions), -1)
+        turns = mx.array(np.concatenate([turns, turns], axis=-1))
+        return mx.cos(turns), mx.sin(turns)
+
+
+def rotate_halves(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    """x (heads, tokens, head_dims) turned by rotate-half pairs in float32, in x's dtype."""
+    half = x.shape[-1] // 2
+    y = x.astype(mx.float32)
+    turned = mx.concatenate([-y[..., half:], y[..., :half]], axis=-1)
+    return (y * cos + turned * sin).astype(x.dtype)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Runs of consecutive patches that attend among themselves: `gather` (windows, longest) their indices (padding
+    rows point at patch 0), `valid` (windows, longest) which of those are patches, and `scatter` each patch's place
+    in the windows laid end to end. Attention then runs on a batch of windows, not on the whole picture."""
+
+    gather: mx.array
+    valid: mx.array
+    scatter: mx.array
+
+    @classmethod
+    def of(cls, sizes: Sequence[int]) -> "Windows":
+        """Windows of `sizes` patches, one after another."""
+        longest, starts = max(sizes), np.cumsum([0, *sizes[:-1]])
+        valid = np.arange(longest)[None, :] < np.asarray(sizes)[:, None]
+        gather = np.where(valid, starts[:, None] + np.arange(longest)[None, :], 0)
+        return cls(mx.array(gather), mx.array(valid), mx.array(np.nonzero(valid.reshape(-1))[0]))
+
+
+class WindowedEncoderAttention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim)) v both ways, within each of the `windows` (over the whole picture without);
+    queries and keys turned by 2D rotary positions."""
+
+    def __init__(self, dims: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dims, 3 * dims)
+        self.proj = nn.Linear(dims, dims)
+
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, windows: Windows | None) -> mx.array:
+        """x (1, patches, dims)."""
+        q, k, v = (split_heads(part, self.heads) for part in mx.split(self.qkv(x), 3, axis=-1))
+        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
+        scale = (x.shape[-1] // self.heads) ** -0.5
+        if windows is None:
+            return self.proj(merge_heads(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)))
+        q, k, v = (t[0][:, windows.gather].transpose(1, 0, 2, 3) for t in (q, k, v))  # (windows, heads, longest, hd)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=windows.valid[:, None, None, :])
+        return self.proj(out.transpose(0, 2, 1, 3).reshape(-1, x.shape[-1])[windows.scatter][None])
+
+
+class RotaryEncoderBlock(nn.Module):
+    """x + attn(norm1(x)), then + mlp(norm2(.)): a pre-norm encoder block whose attention turns queries and keys by 2D
+    rotary positions and sees the patches of its window. Its norms and FFN are the family's (RMSNorm and a gated FFN
+    in Qwen2.5-VL, LayerNorm and a plain MLP in Qwen2-VL)."""
+
+    def __init__(self, dims: int, heads: int, norm1: nn.Module, norm2: nn.Module, mlp: nn.Module):
+        super().__init__()
+        self.norm1, self.attn = norm1, WindowedEncoderAttention(dims, heads)
+        self.norm2, self.mlp = norm2, mlp
+
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, windows: Windows | None) -> mx.array:
+        x = x + self.attn(self.norm1(x), cos, sin, windows)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """Each run of `merge * merge` patch vectors (a merge block) normed (`norm`), joined into one vector and projected
+    by a GELU MLP to the language model's width."""
+
+    def __init__(self, dims: int, text_dims: int, merge: int, norm: nn.Module):
+        super().__init__()
+        self.joined = dims * merge * merge
+        self.norm = norm
+        self.up, self.down = nn.Linear(self.joined, self.joined), nn.Linear(self.joined, text_dims)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down(ACTIVATIONS["gelu"](self.up(self.norm(x).reshape(-1, self.joined))))
+
+
+class WindowedVisionEncoder(ImageEncoder):
+    """Pictures of any size (patches and a (frames, rows, columns) patch grid each) -> one soft token per merge block:
+    flat patch embedding, then `layers` (`RotaryEncoderBlock`s) attending within windows of `window` merge blocks a
+    side, except the `full_layers` (every layer without a window), which see the whole picture; then the merger."""
+
+    def __init__(
+        self,
+        embed: FlatPatchEmbedding,
+        layers: list[nn.Module],
+        merger: PatchMerger,
+        head_dims: int,
+        merge: int,
+        window: int | None = None,
+        full_layers: Sequence[int] = (),
+        rope_base: float = 10000.0,
+    ):
+        super().__init__()
+        self.embed, self.layers, self.merger = embed, layers, merger
+        self.merge, self.window = merge, window
+        self.full_layers = tuple(range(len(layers))) if window is None else tuple(full_layers)
+        self.rotary = PlanarRotary(head_dims, rope_base)
+
+    def __call__(self, images: Sequence[ImageInput]) -> mx.array:
+        return mx.concatenate([self.encode(image) for image in images], axis=0)
+
+    def encode(self, image: ImageInput) -> mx.array:
+        """One picture -> (merge blocks, text dims), in merge-block order."""
+        frames, rows, cols = image.grid
+        m, unit = self.merge, self.merge * self.merge
+        blocks = frames * (rows // m) * (cols // m)
+        order, sizes = window_order(frames, rows // m, cols // m, self.window) if self.window else (None, [blocks])
+        patches = np.arange(blocks * unit) if order is None else (order[:, None] * unit + np.arange(unit)).reshape(-1)
+        x = self.embed(mx.array(image.pixels[patches]).astype(self.embed.proj.weight.dtype))[None]
+        cos, sin = self.rotary.angles(np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches])
+        windowed = Windows.of([n * unit for n in sizes]) if len(sizes) > 1 else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if i in self.full_layers else windowed)
+        merged = self.merger(x[0])
+        return merged if order is None else merged[mx.array(np.argsort(order))]

@@ -1,0 +1,182 @@
+"""Qwen2.5-VL with images: dynamic-resolution pixels, the windowed tower's soft tokens, multimodal RoPE positions (the
+shift after the images carried by the caches through the compiled step, batching and the prompt cache), and greedy
+generation, against transformers on a tiny random Qwen2_5_VLForConditionalGeneration saved with its processor (the
+`qwen2_5_vl_chat` fixture, over a character tokenizer)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from reference import relative_error, require
+from vision_models import (
+    CHAT_IMAGE_START,
+    CHAT_IMAGE_TOKEN,
+    IMAGE_START,
+    IMAGE_TOKEN,
+    QWEN_SHAPES,
+    pictures,
+    qwen_inputs,
+    save_qwen2_5_vl,
+)
+
+import minimlx
+from minimlx.core.windowed_vision import window_order
+from minimlx.decode import Engine, Request, SamplingSettings
+from minimlx.decode.generate import make_cache
+from minimlx.decode.images import PromptImages
+from minimlx.vision.patches import DynamicResolutionPatches
+
+pytestmark = pytest.mark.slow  # a transformers model is built (5 s)
+TEXT_IDS = list(range(3, 40))  # characters
+VISION_START, IMAGE_PAD = CHAT_IMAGE_START, CHAT_IMAGE_TOKEN
+
+
+def image_prompt(text_ids: list[int], images: int, before: int = 3, start: int = VISION_START) -> list[int]:
+    """`text_ids` with `images` vision start tokens, each after `before` text tokens."""
+    out = []
+    for i in range(images):
+        out += text_ids[i * before : (i + 1) * before] + [start]
+    return out + text_ids[images * before :]
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen2_5_vl_chat):
+    """(folder, torch model, transformers image processor, minimlx model and tokenizer in float32)."""
+    folder, torch_model, processor = qwen2_5_vl_chat
+    return folder, torch_model, processor, *minimlx.load(folder, dtype="float32")
+
+
+def reference_logits(torch_model, processor, ids, images) -> np.ndarray:
+    torch = require("torch")
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = torch_model(input_ids=ids, mm_token_type_ids=(ids == IMAGE_PAD).int(), **qwen_inputs(processor, images))
+    return out.logits[0].numpy()
+
+
+def test_pixels_and_grids_equal_the_processors_for_images_of_three_shapes(qwen):
+    folder, _, processor, _, _ = qwen
+    images = pictures(QWEN_SHAPES)
+    ours = DynamicResolutionPatches.from_folder(folder)(images)
+    assert [image.grid for image in ours] == [(1, 8, 12), (1, 18, 10), (1, 16, 10)]  # the last resized down
+    theirs = processor(images=images, return_tensors="np")
+    assert theirs["image_grid_thw"].tolist() == [list(image.grid) for image in ours]
+    assert np.abs(np.concatenate([image.pixels for image in ours]) - theirs["pixel_values"]).max() <= 1e-5
+
+
+def test_soft_tokens_equal_transformers_with_several_windows(qwen):
+    torch = require("torch")
+    folder, torch_model, processor, model, _ = qwen
+    images = pictures(QWEN_SHAPES)
+    assert len(window_order(1, 4, 6, 2)[1]) == 6  # the first picture's 4 x 6 merge blocks: 6 windows of 2 x 2
+    with torch.no_grad():
+        theirs = torch_model.model.get_image_features(**qwen_inputs(processor, images)).pooler_output
+    theirs = torch.cat(list(theirs)).numpy()
+    ours = np.array(model.encode_images(model.image_processor(images)))
+    assert ours.shape == (24 + 45 + 40, 64) and relative_error(ours, theirs) <= 1e-5
+
+
+def test_prompt_and_decode_positions_equal_transformers(qwen):
+    """Three images of different grids: the prompt's logits (each image's tokens on their grid) and those of the tokens
+    fed one by one after it (their positions shifted from their indices, read from fixed-capacity caches); without
+    the shift they differ."""
+    _, torch_model, processor, model, _ = qwen
+    images = pictures(QWEN_SHAPES)
+    prompt = image_prompt(TEXT_IDS, 3) + [50, 60, 70]
+    ids, placed = PromptImages.read(model, prompt, images)
+    reference = reference_logits(torch_model, processor, ids, images)
+    assert placed.shift < 0  # the images take fewer positions than places
+    cache = make_cache(model)  # the compiled step's fixed-capacity caches
+    placed.feed(model, ids[:-4], cache)
+    steps = np.stack([np.array(model(mx.array([[token]]), cache))[0, -1] for token in ids[-4:]])
+    assert relative_error(steps, reference[-4:]) <= 1e-4
+    unshifted = model.make_cache()
+    placed.feed(model, ids[:-4], unshifted)
+    for c in unshifted:
+        c.shift_positions(0)
+    wrong = np.array(model(mx.array([ids[-4:]]), unshifted))[0]
+    assert relative_error(wrong, reference[-4:]) > 1e-2
+
+
+def test_generate_with_images_gives_transformers_greedy_ids(qwen):
+    _, torch_model, processor, model, tokenizer = qwen
+    assert_greedy_ids_match(torch_model, processor, model, tokenizer, image_prompt(TEXT_IDS[:14], 3), IMAGE_PAD)
+
+
+def assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt: list[int], image_token: int) -> None:
+    """`stream_generate`'s greedy ids for `prompt` about the three pictures equal transformers' `generate`."""
+    torch = require("torch")
+    images = pictures(QWEN_SHAPES)
+    ours = [r.token for r in minimlx.stream_generate(model, tokenizer, prompt, images=images, max_tokens=10)]
+    ids = torch.tensor([model.config.expand_images(prompt, model.image_processor(images))])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            mm_token_type_ids=(ids == image_token).int(),
+            max_new_tokens=10,
+            do_sample=False,
+            **qwen_inputs(processor, images),
+        )
+    assert len(ours) >= 2 and ours == out[0, ids.shape[1] :].tolist()[: len(ours)]
+
+
+def test_rows_with_and_without_images_batch_and_reuse_the_prompt_cache(qwen):
+    """An image prompt and a text prompt decode in one batch, each as it does alone; the image conversation's next
+    turn reuses its cache (the shift after its image with it) and answers as a cold read does."""
+    _, _, _, model, tokenizer = qwen
+    picture = pictures(QWEN_SHAPES)[:1]
+    ids, placed = PromptImages.read(model, image_prompt(TEXT_IDS[:8], 1), picture)
+    text = TEXT_IDS[10:30]
+    no_end = {"stop_ids": frozenset(), "settings": SamplingSettings(max_tokens=8)}  # every answer runs to 8 tokens
+
+    def run(engine, requests):
+        generations = [engine.submit(r) for r in requests]
+        while any(g.running for g in generations):
+            engine.step()
+        return [list(g.tokens) for g in generations]
+
+    alone = [
+        run(Engine(model, tokenizer), [r])[0] for r in (Request(ids, images=placed, **no_end), Request(text, **no_end))
+    ]
+    engine = Engine(model, tokenizer, prompt_cache_size=4)
+    assert run(engine, [Request(ids, images=placed, **no_end), Request(text, **no_end)]) == alone
+    assert max(engine.runner.batch_sizes) == 2
+    follow = ids + alone[0] + TEXT_IDS[30:34]
+    again = Request(follow, images=PromptImages.read(model, follow, picture)[1], **no_end)
+    generation = engine.submit(again)
+    while generation.running:
+        engine.step()
+    assert generation.cached_tokens >= len(ids)
+    assert list(generation.tokens) == run(Engine(model, tokenizer), [again])[0]
+
+
+def test_run_with_images_answers_as_generate_does(qwen, tmp_path):
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    folder, *_, model, tokenizer = qwen
+    paths = []
+    for i, picture in enumerate(pictures(QWEN_SHAPES)):
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+        picture.save(tmp_path / f"{i}.png")
+    prompt = "<start_of_image>".join(["Look: ", ", then ", " and ", ". Which?"])
+    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "6", "--temp", "0"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
+    assert result.exit_code == 0, result.output
+    images = [tmp_path / f"{i}.png" for i in range(3)]
+    answer = minimlx.generate(model, tokenizer, prompt, chat_template=False, images=images, max_tokens=6)
+    assert answer and result.stdout.strip() == answer.strip()
+
+
+def test_qwen2_vl_soft_tokens_and_greedy_ids_equal_transformers(tmp_path):
+    """Qwen2-VL: the same text side and processor, a tower without windows."""
+    torch = require("torch")
+    torch_model, processor = save_qwen2_5_vl(tmp_path, family="Qwen2VL")
+    model, tokenizer = minimlx.load(tmp_path, dtype="float32")
+    assert model.config.vision.window is None
+    images = pictures(QWEN_SHAPES)
+    with torch.no_grad():
+        theirs = torch.cat(list(torch_model.model.get_image_features(**qwen_inputs(processor, images)).pooler_output))
+    assert relative_error(np.array(model.encode_images(model.image_processor(images))), theirs.numpy()) <= 1e-5
+    prompt = image_prompt(TEXT_IDS[:14], 3, start=IMAGE_START)
+    assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt, IMAGE_TOKEN)
