@@ -71,6 +71,20 @@ def test_prompt_places_and_logits_equal_the_processors_and_transformers(idefics3
     assert written == ids and [k < 0 for k in keyed] == [t == model.config.image_token for t in ids]
 
 
+def test_pictures_left_whole_are_written_as_the_processor_writes_them(idefics3):
+    """Without splitting, each `<image>` becomes the global image's tokens alone, as the processor writes it."""
+    transformers = require("transformers")
+    _, _, processor, model, tokenizer = idefics3
+    whole = transformers.Idefics3ImageProcessorPil(
+        **{**processor.image_processor.to_dict(), "do_image_splitting": False}
+    )
+    reference = transformers.Idefics3Processor(whole, processor.tokenizer, image_seq_len=IDEFICS3_TOKENS_PER_TILE)
+    inputs = TiledImages.from_config(whole.to_dict())(pictures(SHAPES))
+    ids = model.config.expand_images(tokenizer.encode(PROMPT, add_special_tokens=False), inputs)
+    assert ids == reference(text=PROMPT, images=[pictures(SHAPES)])["input_ids"][0]
+    assert [model.config.image_runs(image) for image in inputs] == [(IDEFICS3_TOKENS_PER_TILE,)] * 3
+
+
 def test_run_with_three_images_gives_transformers_greedy_ids(idefics3, tmp_path):
     from click.testing import CliRunner
 
