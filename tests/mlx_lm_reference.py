@@ -84,13 +84,14 @@ CONFIGS = {
 }
 
 
-def save_tokenizer(folder: Path) -> None:
-    """A word-level tokenizer over VOCAB made-up words, saved the way transformers saves any tokenizer."""
+def save_tokenizer(folder: Path, eos: str = "w1") -> None:
+    """A word-level tokenizer over VOCAB made-up words, saved the way transformers saves any tokenizer. Its end token
+    is matched inside words too (w1 in w10): the words a test writes do not start with it."""
     tokenizers, transformers = require("tokenizers"), require("transformers")
     vocab = {f"w{i}": i for i in range(VOCAB)}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", eos_token="w1")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", eos_token=eos)
     tokenizer.save_pretrained(folder)
 
 

@@ -61,8 +61,8 @@ def test_prompt_places_and_logits_equal_the_processors_and_transformers(idefics3
     assert ids.count(model.config.image_token) == IDEFICS3_TOKENS_PER_TILE * (3 + 5 + 5)
     with torch.no_grad():
         theirs = torch_model(**reference).logits.numpy()
-    runs = [model.config.image_runs(image) for image in inputs]
-    placed = PlacedImages.at(ids, model.config.image_token, model.encode_images(inputs), runs, both_ways=False)
+    places = [model.config.image_places(image) for image in inputs]
+    placed = PlacedImages.at(ids, model.config.image_token, model.encode_images(inputs), places, both_ways=False)
     ours = np.array(model(mx.array([ids]), images=placed))
     assert relative_error(ours, theirs) <= 1e-4
     assert relative_error(np.array(model(mx.array([ids]))), theirs) > 1e-2

@@ -119,9 +119,10 @@ def assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt: li
     assert len(ours) >= 2 and ours == out[0, ids.shape[1] :].tolist()[: len(ours)]
 
 
-def test_rows_with_and_without_images_batch_and_reuse_the_prompt_cache(qwen):
+def test_rows_with_and_without_images_batch_and_reuse_the_prompt_cache(qwen, tmp_path):
     """An image prompt and a text prompt decode in one batch, each as it does alone; the image conversation's next
-    turn reuses its cache (the shift after its image with it) and answers as a cold read does."""
+    turn reuses its cache (the shift after its image with it), in memory and from a prompt cache file after a restart,
+    and answers as a cold read does."""
     _, _, _, model, tokenizer = qwen
     picture = pictures(QWEN_SHAPES)[:1]
     ids, placed = PromptImages.read(model, image_prompt(TEXT_IDS[:8], 1), picture)
@@ -132,21 +133,22 @@ def test_rows_with_and_without_images_batch_and_reuse_the_prompt_cache(qwen):
         generations = [engine.submit(r) for r in requests]
         while any(g.running for g in generations):
             engine.step()
-        return [list(g.tokens) for g in generations]
+        return [(list(g.tokens), g.cached_tokens) for g in generations]
 
     alone = [
-        run(Engine(model, tokenizer), [r])[0] for r in (Request(ids, images=placed, **no_end), Request(text, **no_end))
+        run(Engine(model, tokenizer), [r])[0][0]
+        for r in (Request(ids, images=placed, **no_end), Request(text, **no_end))
     ]
-    engine = Engine(model, tokenizer, prompt_cache_size=4)
-    assert run(engine, [Request(ids, images=placed, **no_end), Request(text, **no_end)]) == alone
+    saving = dict(prompt_cache_size=4, prompt_cache_dir=str(tmp_path))
+    engine = Engine(model, tokenizer, **saving)
+    assert [t for t, _ in run(engine, [Request(ids, images=placed, **no_end), Request(text, **no_end)])] == alone
     assert max(engine.runner.batch_sizes) == 2
     follow = ids + alone[0] + TEXT_IDS[30:34]
     again = Request(follow, images=PromptImages.read(model, follow, picture)[1], **no_end)
-    generation = engine.submit(again)
-    while generation.running:
-        engine.step()
-    assert generation.cached_tokens >= len(ids)
-    assert list(generation.tokens) == run(Engine(model, tokenizer), [again])[0]
+    cold = run(Engine(model, tokenizer), [again])[0][0]
+    for warm in (engine, Engine(model, tokenizer, **saving)):  # in memory; from the file, restarted
+        tokens, cached = run(warm, [again])[0]
+        assert cached >= len(ids) and tokens == cold
 
 
 def test_run_with_images_answers_as_generate_does(qwen, tmp_path):
@@ -180,3 +182,18 @@ def test_qwen2_vl_soft_tokens_and_greedy_ids_equal_transformers(tmp_path):
     assert relative_error(np.array(model.encode_images(model.image_processor(images))), theirs.numpy()) <= 1e-5
     prompt = image_prompt(TEXT_IDS[:14], 3, start=IMAGE_START)
     assert_greedy_ids_match(torch_model, processor, model, tokenizer, prompt, IMAGE_TOKEN)
+    assert_written_back_as_saved(model, tmp_path)
+
+
+def assert_written_back_as_saved(model, folder) -> None:
+    """`export_weights` (what `convert` writes) gives the saved checkpoint's names and shapes (the patch kernel 5D)."""
+    from mlx.utils import tree_flatten
+
+    written = model.config.export_weights(dict(tree_flatten(model.parameters())))
+    saved = mx.load(str(folder / "model.safetensors"))
+    assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in saved.items()}
+
+
+def test_the_published_layout_is_written_back(qwen):
+    folder, *_, model, _ = qwen
+    assert_written_back_as_saved(model, folder)

@@ -209,6 +209,71 @@ def qwen_inputs(processor, images) -> dict:
     return {"pixel_values": torch.tensor(out["pixel_values"]), "image_grid_thw": torch.tensor(out["image_grid_thw"])}
 
 
+# Mistral 3: the Pixtral encoder over 4-pixel patches, 2 x 2 of them merged into each soft token, pictures fitted
+# into 48 pixels; the word tokenizer's w10, w12 and w13 stand for [IMG], [IMG_BREAK] and [IMG_END] (tekken's ids).
+PIXTRAL_IMAGE, PIXTRAL_BREAK, PIXTRAL_END = 10, 12, 13
+PIXTRAL_PATCH, PIXTRAL_MERGE, PIXTRAL_LONGEST_EDGE = 4, 2, 48
+
+MISTRAL3_IMAGE_TEXT = dict(
+    text_config=dict(
+        model_type="mistral",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        sliding_window=None,
+        bos_token_id=1,
+        eos_token_id=2,  # the word tokenizer's end (w2, not w1: the image tokens' words start with w1)
+    ),
+    vision_config=dict(
+        model_type="pixtral",
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=PIXTRAL_LONGEST_EDGE,
+        patch_size=PIXTRAL_PATCH,
+    ),
+    image_token_index=PIXTRAL_IMAGE,
+    spatial_merge_size=PIXTRAL_MERGE,
+    tie_word_embeddings=False,
+)
+
+
+def save_mistral3_image_text(folder: Path, seed: int = 0):
+    """The tiny random Mistral3ForConditionalGeneration saved to `folder` with Pixtral's image processor (the Pillow
+    one) and a word tokenizer; returns the torch model and the transformers image processor."""
+    transformers = require("transformers")
+    model = save_reference(
+        folder, "Mistral3Config", seed, model_class="Mistral3ForConditionalGeneration", **MISTRAL3_IMAGE_TEXT
+    )
+    size = {"height": PIXTRAL_PATCH, "width": PIXTRAL_PATCH}
+    processor = transformers.PixtralImageProcessorPil(patch_size=size, size={"longest_edge": PIXTRAL_LONGEST_EDGE})
+    processor.save_pretrained(folder)
+    save_tokenizer(folder, eos="w2")
+    return model, processor
+
+
+def pixtral_inputs(processor, images) -> dict:
+    """The image processor's output as Mistral 3's processor (PixtralProcessor) asks for it: squares of the patch
+    times the spatial merge."""
+    side = PIXTRAL_PATCH * PIXTRAL_MERGE
+    return processor(images=images, patch_size={"height": side, "width": side}, return_tensors="np")
+
+
+def pixtral_layout(height: int, width: int) -> list[int]:
+    """An image's places as PixtralProcessor.replace_image_token writes them (the processor itself needs
+    torchvision): [IMG] per merged square, [IMG_BREAK] after each row, the last replaced by [IMG_END]."""
+    side = PIXTRAL_PATCH * PIXTRAL_MERGE
+    places = ([PIXTRAL_IMAGE] * (width // side) + [PIXTRAL_BREAK]) * (height // side)
+    return places[:-1] + [PIXTRAL_END]
+
+
 # Idefics3 / SmolVLM: the character tokenizer with the processor's tokens; tiles of 28 pixels, 4 x 4 patches of 7
 # shuffled 2 x 2 into 4 soft tokens each; pictures resized to a longest edge of two tiles.
 IDEFICS3_SPECIALS = ["<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"] + [

@@ -389,9 +389,15 @@ class DecoderConfig:
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
     def image_runs(self, image) -> tuple[int, ...]:
-        """The runs of places one image takes in the prompt, in order: one of `image_places`, unless the family
-        writes an image's places in pieces (Idefics3: a run per tile, between the tiles' own tokens)."""
+        """The lengths of the runs of `image_token` one image's places make in the prompt, in order: one run of
+        `image_places`, unless the family's layout breaks them with other tokens (rows ended by a break token)."""
         return (self.image_places(image),)
+
+    def image_grids(self, image) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """(the encoder's patches, the soft tokens) of one image as (rows, columns) over the picture, its soft tokens
+        row-major in one run (what the explainer draws over the picture); None where the family's layout is not
+        such a grid."""
+        return None
 
     def with_tokenizer(self, tokenizer) -> "DecoderConfig":
         """This config with what it needs of the model's tokenizer to write image places (a family whose places

@@ -65,6 +65,16 @@ def text_model_names(
     return NameMap(pairs, drop=[*names.drop_patterns, *TOWERS])
 
 
+def with_vision_names(text: NameMap, tower_prefixes, tower, projector, drop=()) -> NameMap:
+    """`text` (a text model's map under the image-text layouts, `text_model_names`) reading a vision tower too: the
+    `tower` pairs (theirs, ours) under each of `tower_prefixes`, the `projector` pairs bare and under `model.`
+    (transformers 5's own names); `drop`: patterns of the towers' tensors left out."""
+    towers = [(prefix + theirs, ours) for prefix in tower_prefixes for theirs, ours in tower]
+    projectors = [(prefix + theirs, ours) for prefix in ("", "model.") for theirs, ours in projector]
+    kept = [d for d in text.drop_patterns if d not in TOWERS]
+    return NameMap(towers + projectors + text.templates, drop=[*kept, *drop])
+
+
 class ImageText:
     """Put before a text family's plugin in the bases of its image-text plugin: the config read from `text_config`
     (with the outer config's `inherited` keys), the tensors from under `language_model`, the towers' left out."""

@@ -32,24 +32,30 @@ from .registry import register
 
 TOWER_NAMES = [
     ("patch_embed.proj.", "embed.proj."),
-    ("blocks.{i}.mlp.fc1.", "layers.{i}.mlp.up_proj."),  # Qwen2-VL's MLP
-    ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.down_proj."),
     ("blocks.{i}.", "layers.{i}."),
     ("merger.ln_q.", "merger.norm."),
     ("merger.mlp.0.", "merger.up."),
     ("merger.mlp.2.", "merger.down."),
 ]
+QWEN2_VL_MLP_NAMES = [
+    ("blocks.{i}.mlp.fc1.", "layers.{i}.mlp.up_proj."),
+    ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.down_proj."),
+]
 
-QWEN_VL_NAMES = NameMap(  # the published layout (written back by `convert`), then transformers 5's in-memory one
-    [(prefix + theirs, "vision." + ours) for prefix in ("visual.", "model.visual.") for theirs, ours in TOWER_NAMES]
-    + LLAMA_NAMES.templates
-    + [
-        ("model.language_model." + t.removeprefix("model."), o)
-        for t, o in LLAMA_NAMES.templates
-        if t.startswith("model.")
-    ],
-    drop=LLAMA_NAMES.drop_patterns,
-)
+
+def qwen_vl_names(tower: list[tuple[str, str]]) -> NameMap:
+    """The tower's names under `visual.` and the text model's: the published layout (written back by `convert`),
+    then transformers 5's in-memory one."""
+    return NameMap(
+        [(prefix + theirs, "vision." + ours) for prefix in ("visual.", "model.visual.") for theirs, ours in tower]
+        + LLAMA_NAMES.templates
+        + [
+            ("model.language_model." + t.removeprefix("model."), o)
+            for t, o in LLAMA_NAMES.templates
+            if t.startswith("model.")
+        ],
+        drop=LLAMA_NAMES.drop_patterns,
+    )
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ class Qwen25VLConfig(Qwen2Config):
             "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 1, 1]},
         },
     }
-    names = QWEN_VL_NAMES
+    names = qwen_vl_names(TOWER_NAMES)
 
     vision: WindowedTowerSettings | None = None
     mrope_sections: tuple[int, ...] = ()
@@ -246,6 +252,7 @@ class Qwen2VLConfig(Qwen25VLConfig):
     """Qwen2-VL: Qwen2.5-VL's text side and processor; a tower of LayerNorm and QuickGELU-MLP blocks without windows."""
 
     example_config = {**Qwen25VLConfig.example_config, "model_type": "qwen2_vl"}
+    names = qwen_vl_names(QWEN2_VL_MLP_NAMES + TOWER_NAMES)
 
     @staticmethod
     def tower_settings(vision: dict) -> WindowedTowerSettings:

@@ -28,6 +28,26 @@ from .ffn import MLP
 from .norms import LayerNorm, OffsetRMSNorm
 
 
+def block_diagonal(lengths: Sequence[int]) -> mx.array | None:
+    """A (tokens, tokens) mask letting the tokens of each consecutive span of `lengths` (a picture's patches, a
+    window's) see each other only; None for one span (nothing hidden)."""
+    if len(lengths) == 1:
+        return None
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    return mx.array(owner[:, None] == owner[None, :])
+
+
+def patches_of(pixels: mx.array, patch: int) -> mx.array:
+    """(..., channels, height, width) -> (..., rows * columns, channels * patch * patch): non-overlapping squares in
+    row-major order, each flattened (channel, row, column) as a convolution's (dims, channels, p, p) kernel is, so
+    the stride-`patch` convolution is a matmul with that kernel flattened."""
+    *lead, channels, height, width = pixels.shape
+    rows, cols, n = height // patch, width // patch, len(lead)
+    squares = pixels[..., : rows * patch, : cols * patch].reshape(*lead, channels, rows, patch, cols, patch)
+    squares = squares.transpose(*range(n), n + 1, n + 3, n, n + 2, n + 4)
+    return squares.reshape(*lead, rows * cols, channels * patch * patch)
+
+
 class PatchEmbedding(nn.Module):
     """Non-overlapping `patch` x `patch` squares, each flattened (channel, row, column) and projected: the
     convolution of stride `patch` written as the matmul it is (its (dims, channels, p, p) kernel flattened to
@@ -41,12 +61,8 @@ class PatchEmbedding(nn.Module):
 
     def __call__(self, pixels: mx.array) -> mx.array:
         """pixels (batch, channels, height, width) -> (batch, patches, dims), patches in row-major order."""
-        batch, channels, height, width = pixels.shape
-        p = self.patch
-        rows, cols = height // p, width // p
-        squares = pixels.reshape(batch, channels, rows, p, cols, p).transpose(0, 2, 4, 1, 3, 5)
-        squares = squares.reshape(batch, rows * cols, channels * p * p)
-        return self.proj(squares) + self.position_embedding(mx.arange(rows * cols))
+        squares = patches_of(pixels, self.patch)
+        return self.proj(squares) + self.position_embedding(mx.arange(squares.shape[-2]))
 
 
 class EncoderAttention(nn.Module):
@@ -184,6 +200,13 @@ class FixedSizeImageEncoder(ImageEncoder):
         return tokens.reshape(-1, tokens.shape[-1])
 
 
+def image_owners(ids, image_token: int, places: Sequence[int]) -> np.ndarray:
+    """Each prompt token's image number (-1 for text): image i owns the next `places[i]` places of `image_token`."""
+    is_image = np.asarray(ids).reshape(-1) == image_token
+    owner = np.searchsorted(np.cumsum(places), np.cumsum(is_image) - 1, side="right")
+    return np.where(is_image, owner, -1)
+
+
 @dataclass
 class PlacedImages:
     """Soft tokens placed in a prompt: `features` (tokens, dims) replace the embeddings at `where` (their indices in
@@ -197,32 +220,20 @@ class PlacedImages:
 
     @classmethod
     def at(
-        cls,
-        ids,
-        image_token: int,
-        features: mx.array,
-        places: Sequence[int | Sequence[int]],
-        both_ways: bool,
-        axes=None,
+        cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool, axes=None
     ) -> "PlacedImages":
-        """`features` (tokens, dims) at the runs of `image_token` in `ids` (one prompt's ids), image after image:
-        `places[i]` is image i's run length, or the lengths of its runs in order (a tiled image: a run per tile);
-        with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens) the prompt's positions
-        along each axis where a multimodal RoPE turns them."""
-        runs = [(i, length) for i, p in enumerate(places) for length in ((p,) if isinstance(p, int) else p)]
+        """`features` (tokens, dims) at the places of `image_token` in `ids` (one prompt's ids), image after image:
+        image i takes the next `places[i]` of them (a run, or several where the family's layout breaks an image's
+        places with other tokens); with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens)
+        the prompt's positions along each axis where a multimodal RoPE turns them."""
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
-        starts = is_image & ~np.concatenate([[False], is_image[:-1]])
-        run = np.cumsum(starts) - 1
-        lengths = np.bincount(run[is_image], minlength=len(runs)) if is_image.any() else np.zeros(0, int)
-        expected = [length for _, length in runs]
-        if list(lengths) != expected or features.shape[0] != sum(expected):
+        if int(is_image.sum()) != sum(places) or features.shape[0] != sum(places):
             raise ValueError(
-                f"the prompt holds image runs of {list(lengths)} tokens for runs of {expected} places and "
+                f"the prompt holds {int(is_image.sum())} image places for images of {list(places)} places and "
                 f"{features.shape[0]} soft tokens"
             )
-        owner = np.array([i for i, _ in runs] or [0])
-        blocks = mx.array(np.where(is_image, owner[np.maximum(run, 0)], -1)) if both_ways else None
+        blocks = mx.array(image_owners(ids, image_token, places)) if both_ways else None
         axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
         return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes)
 

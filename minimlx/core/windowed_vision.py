@@ -55,12 +55,14 @@ class FlatPatchEmbedding(nn.Module):
 
 
 class PlanarRotary:
-    """2D rotary positions over heads of `head_dims`: frequencies base ** (-4i / head_dims), the first half of the
-    rotated pairs turned by the patch's row, the second by its column (rotate-half pairs over the whole head)."""
+    """2D rotary positions over heads of `head_dims`: the first half of the rotated pairs turned by the patch's row,
+    the second by its column (rotate-half pairs over the whole head), both at frequencies base ** (-4i / head_dims);
+    with `offset_columns`, the columns at the frequencies between those, base ** (-(4i + 2) / head_dims) (Pixtral's:
+    the row takes the even frequencies of a 1D RoPE over the head, the column the odd ones)."""
 
-    def __init__(self, head_dims: int, base: float = 10000.0):
-        half = head_dims // 2
-        self.inv_freq = 1.0 / (base ** (np.arange(0, half, 2, dtype=np.float32) / half))
+    def __init__(self, head_dims: int, base: float = 10000.0, offset_columns: bool = False):
+        freqs = base ** (-np.arange(0, head_dims, 2, dtype=np.float32) / head_dims)
+        self.inv_freq = np.stack([freqs[0::2], freqs[1::2] if offset_columns else freqs[0::2]])  # (row, column)
 
     def angles(self, positions: np.ndarray) -> tuple[mx.array, mx.array]:
         """positions (patches, 2) -> cos, sin (patches, head_dims)."""

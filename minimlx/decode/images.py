@@ -7,21 +7,22 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..core.vision import ImageInput, PlacedImages
+from ..core.vision import ImageInput, PlacedImages, image_owners
 from ..errors import InvalidSettingError
 from .prefill import marked
 
 
 @dataclass(frozen=True, eq=False)
 class PromptImages:
-    """A prompt's images, prepared by the model's image processor: `inputs` (`ImageInput`s) for the runs of `token`
-    in the prompt (image i's runs of `places[i]` tokens, image after image), `end` the index just past the last run, and
-    `digests` each image's pixels and grid hashed (SHA-256), which `keyed` writes into the ids the prompt cache
-    matches. Under a multimodal RoPE, `axes` (3, tokens) are the prompt's positions along each axis, and the tokens
-    after the last image sit `shift` further on than their index (the caches are told so: `Cache.shift_positions`)."""
+    """A prompt's images, prepared by the model's image processor: `inputs` (`ImageInput`s) for the places of `token`
+    in the prompt (`places[i]` tokens per image, in order, in the runs the family's `image_runs` gives), `end` the
+    index just past the last place, and `digests` each image's pixels and grid hashed (SHA-256), which `keyed` writes
+    into the ids the prompt cache matches. Under a multimodal RoPE, `axes` (3, tokens) are the prompt's positions
+    along each axis, and the tokens after the last image sit `shift` further on than their index (the caches are told
+    so: `Cache.shift_positions`)."""
 
     inputs: tuple[ImageInput, ...]
-    places: tuple[tuple[int, ...], ...]
+    places: tuple[int, ...]
     token: int
     end: int
     digests: tuple[bytes, ...]
@@ -40,9 +41,9 @@ class PromptImages:
         config = model.config
         inputs = tuple(model.image_processor(images))
         ids = config.expand_images(list(ids), inputs)
-        places = tuple(config.image_runs(image) for image in inputs)
+        places = tuple(config.image_places(image) for image in inputs)
         runs = image_runs(ids, config.image_token)
-        if [stop - start for start, stop in runs] != [length for image in places for length in image]:
+        if [stop - start for start, stop in runs] != [run for image in inputs for run in config.image_runs(image)]:
             raise InvalidSettingError(
                 f"the prompt has {len(runs)} place(s) for images but {len(images)} image(s) came; write the model's "
                 "image token where each image goes, once per image"
@@ -57,13 +58,11 @@ class PromptImages:
     def keyed(self, ids: list[int]) -> list[int]:
         """`ids` with each image's places as ids no token has (negative, from the image's digest): the prompt cache
         matches these, so a cache made with one image is never reused for another."""
-        out, run = list(ids), -1
-        owners = [image for image, runs in enumerate(self.places) for _ in runs]
-        for i, token in enumerate(ids[: self.end]):
-            if token != self.token:
+        out = list(ids)
+        for i, image in enumerate(image_owners(ids[: self.end], self.token, self.places)):
+            if image < 0:
                 continue
-            run += i == 0 or ids[i - 1] != self.token
-            chunk = self.digests[owners[run]][4 * (i % 8) : 4 * (i % 8) + 4]
+            chunk = self.digests[image][4 * (i % 8) : 4 * (i % 8) + 4]
             out[i] = -1 - (int.from_bytes(chunk, "little") & 0x7FFFFFFF)
         return out
 

@@ -7,6 +7,7 @@ then x * rescale_factor in float64 cast to float32, then (x - mean) / std), so t
 """
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,3 +108,48 @@ class FixedSizeImages(ImageProcessor):
         if image.size != (self.width, self.height):
             image = image.resize((self.width, self.height), resample=self.resample)
         return ImageInput(self.normalisation(image))
+
+
+def fit_longest_edge(height: int, width: int, longest: int, multiple: int) -> tuple[int, int]:
+    """(height, width) of a picture scaled down (never up) to fit `longest` x `longest`, keeping its aspect (each side
+    floored), then each side rounded up to a multiple of `multiple`: Pixtral's rule."""
+    ratio = max(height / longest, width / longest)
+    if ratio > 1:
+        height, width = max(int(math.floor(height / ratio)), 1), max(int(math.floor(width / ratio)), 1)
+    return (height - 1) // multiple * multiple + multiple, (width - 1) // multiple * multiple + multiple
+
+
+@dataclass(frozen=True)
+class LongestEdgeImages(ImageProcessor):
+    """Each picture kept at its own aspect, scaled to fit `longest_edge` and to multiples of `multiple` pixels
+    (`fit_longest_edge`): pixels (channels, height, width) and the grid (rows, columns) of `multiple`-pixel squares.
+    Pixtral's processor (its `multiple` is the patch times the spatial merge, as Mistral 3's processor passes it)."""
+
+    longest_edge: int
+    multiple: int
+    resample: int = Image.Resampling.BICUBIC
+    normalisation: Normalisation = Normalisation()
+
+    @classmethod
+    def from_config(cls, config: dict, multiple: int | None = None) -> "LongestEdgeImages":
+        size, patch = config.get("size") or {}, config.get("patch_size") or {}
+        if "longest_edge" not in size:
+            raise CheckpointError(f"the image processor's size needs a longest_edge, not {size}")
+        if multiple is None:
+            multiple = int(patch["height"] if isinstance(patch, dict) else patch or 16)
+        return cls(
+            longest_edge=int(size["longest_edge"]),
+            multiple=multiple,
+            resample=int(config.get("resample", Image.Resampling.BICUBIC)),
+            normalisation=Normalisation.from_config(config, PIXTRAL_MEAN, PIXTRAL_STD),
+        )
+
+    def prepare(self, image: Image.Image) -> ImageInput:
+        height, width = fit_longest_edge(image.height, image.width, self.longest_edge, self.multiple)
+        if image.size != (width, height):
+            image = image.resize((width, height), resample=self.resample)
+        return ImageInput(self.normalisation(image), (height // self.multiple, width // self.multiple))
+
+
+PIXTRAL_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's, the processor's defaults
+PIXTRAL_STD = (0.26862954, 0.26130258, 0.27577711)
