@@ -402,6 +402,11 @@ class DecoderConfig:
         such a grid."""
         return None
 
+    def with_tokenizer(self, tokenizer) -> "DecoderConfig":
+        """This config with what it needs of the model's tokenizer to write image places (a family whose places
+        are written with tokens its config does not name, such as Idefics3's tile tokens); as it is for most."""
+        return self
+
     def image_axes(self, ids: list[int], images: Sequence):
         """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
         their grid), or None where positions are the tokens' indices (these)."""
