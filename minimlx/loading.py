@@ -361,12 +361,13 @@ def load(
     check_dtype(dtype)
     checkpoint = read_checkpoint(path, dtype, parallel, mmproj)
     model = assemble(checkpoint, dtype, parallel)
+    tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     if "vision" in model:
         from .vision import read_processor_config
 
         settings = checkpoint.image_processor
         model.image_processor = model.config.image_processor(settings or read_processor_config(path))
-    tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
+        model.config = model.config.with_tokenizer(tokenizer)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:
         raise CheckpointError(

@@ -421,6 +421,13 @@ def add_token(folder, *tokens: str) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def declare_bos(folder) -> None:
+    """The folder's tokenizer_config.json declaring that texts start with the BOS token, as DeepSeek's do (the
+    tokenizer itself unchanged: the converter fingerprints it)."""
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "add_bos_token": True}, indent=2))
+
+
 def logits_of(path, tensors: dict, metadata: dict, ids=IDS) -> tuple[np.ndarray, nn.Module]:
     """load_gguf(path, "float32")'s logits and model, with `tensors` and `metadata` as what read_gguf reads (the
     test's own reading of the file, or something made of it)."""

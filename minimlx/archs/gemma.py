@@ -29,7 +29,9 @@ from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
 from .image_text import (
+    SIGLIP_NAMES,
     ImageText,
+    VisionSettings,
     flattened_kernel,
     shaped_kernel,
     text_model_names,
@@ -152,18 +154,6 @@ class Gemma3TextConfig(Gemma2Config):
         return gemma_gguf_config(metadata, tensors, "gemma3_text", 6, window=None, local_base=1e4, big_layers=62)
 
 
-SIGLIP_NAMES = [
-    ("embeddings.patch_embedding.", "embed.proj."),
-    ("embeddings.position_embedding.", "embed.position_embedding."),
-    ("encoder.layers.{i}.layer_norm1.", "layers.{i}.attn_norm."),
-    ("encoder.layers.{i}.layer_norm2.", "layers.{i}.ffn_norm."),
-    ("encoder.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
-    ("encoder.layers.{i}.self_attn.", "layers.{i}.attn."),
-    ("encoder.layers.{i}.mlp.fc1.", "layers.{i}.ffn.up_proj."),
-    ("encoder.layers.{i}.mlp.fc2.", "layers.{i}.ffn.down_proj."),
-    ("post_layernorm.", "norm."),
-]
-
 SIGLIP_GGUF_NAMES = NameMap(
     [
         ("v.patch_embd.", "vision.encoder.embed.proj."),
@@ -201,37 +191,6 @@ def image_text_names(text: NameMap) -> NameMap:
     tower = [(theirs, f"vision.encoder.{ours}") for theirs, ours in SIGLIP_NAMES]
     head = r"^(model\.)?vision_tower\.(vision_model\.)?head\."
     return with_vision_names(text, prefixes, tower, GEMMA3_PROJECTOR_NAMES, drop=[head])
-
-
-@dataclass(frozen=True)
-class VisionSettings:
-    """A SigLIP encoder's sizes and its projector's soft tokens per image (Gemma 3's `vision_config`)."""
-
-    dims: int
-    ffn_dims: int
-    layers: int
-    heads: int
-    image_size: int
-    patch: int
-    channels: int
-    eps: float
-    activation: str
-    tokens: int  # soft tokens per image
-
-    @classmethod
-    def from_config(cls, vision: dict, tokens: int) -> "VisionSettings":
-        return cls(
-            dims=number(vision, "hidden_size"),
-            ffn_dims=number(vision, "intermediate_size"),
-            layers=number(vision, "num_hidden_layers"),
-            heads=number(vision, "num_attention_heads"),
-            image_size=number(vision, "image_size"),
-            patch=number(vision, "patch_size"),
-            channels=number(vision, "num_channels", 3),
-            eps=number(vision, "layer_norm_eps", 1e-6, float),
-            activation=choice(vision, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
-            tokens=tokens,
-        )
 
 
 @register("gemma3")
