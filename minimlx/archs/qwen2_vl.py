@@ -13,8 +13,10 @@ merged grid, and the text after it from start + max(rows, columns) on. Past the 
 index plus one shift per prompt, which the caches carry (`Cache.shift_positions`).
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -22,7 +24,13 @@ from ..core.ffn import ACTIVATIONS, MLP, GatedFFN
 from ..core.norms import LayerNorm, RMSNorm
 from ..core.rope import MultimodalRoPE
 from ..core.vision import ImageInput
-from ..core.windowed_vision import FlatPatchEmbedding, PatchMerger, RotaryEncoderBlock, WindowedVisionEncoder
+from ..core.windowed_vision import (
+    FlatPatchEmbedding,
+    InterpolatedPositions,
+    PatchMerger,
+    RotaryEncoderBlock,
+    WindowedVisionEncoder,
+)
 from ..errors import CheckpointError
 from .config import choice, number
 from .image_text import flattened_kernel, shaped_kernel
@@ -76,6 +84,8 @@ class WindowedTowerSettings:
     activation: str
     rope_base: float
     gated: bool = True  # RMSNorm and gated-FFN blocks (Qwen2.5-VL), else LayerNorm and MLP ones (Qwen2-VL)
+    positions: int = 0  # learned positions resampled to each grid (Qwen3-VL's table of this many), else none
+    deepstack_layers: tuple[int, ...] = ()  # the blocks whose outputs are DeepStack's levels (Qwen3-VL)
 
     @classmethod
     def from_config(cls, v: dict) -> "WindowedTowerSettings":
@@ -94,6 +104,20 @@ class WindowedTowerSettings:
             channels=number(v, "in_channels", 3),
             activation=choice(v, "hidden_act", "silu", ACTIVATIONS),
             rope_base=float(rope.get("rope_theta", 10000.0)),
+        )
+
+    @classmethod
+    def qwen3_vl(cls, v: dict) -> "WindowedTowerSettings":
+        """Qwen3-VL's and Qwen3.5's `vision_config`: LayerNorm and MLP blocks over the whole picture, learned
+        positions, DeepStack levels from `deepstack_visual_indexes` (none in Qwen3.5)."""
+        return replace(
+            cls.from_config(v),
+            window=None,
+            full_layers=(),
+            activation=choice(v, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
+            gated=False,
+            positions=number(v, "num_position_embeddings"),
+            deepstack_layers=tuple(v.get("deepstack_visual_indexes") or ()),
         )
 
     @classmethod
@@ -118,26 +142,19 @@ class WindowedTowerSettings:
         )
 
 
-@register("qwen2_5_vl")
 @dataclass
-class Qwen25VLConfig(Qwen2Config):
-    """The text model from `text_config` (transformers 5) or the top level (the published configs); the tower from
-    `vision_config`."""
-
-    example_config = {
-        "model_type": "qwen2_5_vl",
-        "text_config": {
-            **Qwen2Config.example_config,
-            "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 1, 1]},
-        },
-    }
-    names = qwen_vl_names(TOWER_NAMES)
+class QwenImages:
+    """Put before a Qwen text family's plugin in the bases of its image-text plugin (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+    Qwen3.5): the text model read from `text_config` (transformers 5) or the top level (the published Qwen2.5-VL
+    configs), the tower from `vision_config` (`tower_settings`), Qwen's image tokens, dynamic-resolution processor and
+    multimodal RoPE (its frequencies `interleaved` among the axes in Qwen3-VL and Qwen3.5)."""
 
     vision: WindowedTowerSettings | None = None
     mrope_sections: tuple[int, ...] = ()
     image_token: int = 151655
     image_start_token: int = 151652
     image_end_token: int = 151653
+    mrope_interleaved: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: dict):
@@ -145,18 +162,19 @@ class Qwen25VLConfig(Qwen2Config):
         outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
         arch = super().from_config({**outer, **text} if isinstance(text, dict) else outer)
         sections = (text if isinstance(text, dict) else config).get("mrope_section")
-        if not isinstance(sections, list) or len(sections) != 3:
-            raise CheckpointError(
-                "a qwen2_5_vl config needs rope_scaling.mrope_section (three numbers); fix the config"
-            )
         vision = config.get("vision_config")
+        if (sections is not None or isinstance(vision, dict)) and (not isinstance(sections, list) or len(sections) != 3):
+            raise CheckpointError(
+                f"a {config.get('model_type')} config needs rope_parameters.mrope_section (three numbers); fix the "
+                "config"
+            )
         return replace(
             arch,
             vision=cls.tower_settings(vision) if isinstance(vision, dict) else None,
-            mrope_sections=tuple(int(n) for n in sections),
-            image_token=number(config, "image_token_id", 151655),
-            image_start_token=number(config, "vision_start_token_id", 151652),
-            image_end_token=number(config, "vision_end_token_id", 151653),
+            mrope_sections=tuple(int(n) for n in sections or ()),
+            image_token=number(config, "image_token_id", cls.image_token),
+            image_start_token=number(config, "vision_start_token_id", cls.image_start_token),
+            image_end_token=number(config, "vision_end_token_id", cls.image_end_token),
         )
 
     @staticmethod
@@ -164,15 +182,21 @@ class Qwen25VLConfig(Qwen2Config):
         return WindowedTowerSettings.from_config(vision)
 
     def rope(self, layer: int) -> MultimodalRoPE:
-        return MultimodalRoPE(self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions)
+        """Layer `layer`'s multimodal RoPE (the text model's plain one where the config gives no sections: a checkpoint
+        read as text only)."""
+        if not self.mrope_sections:
+            return super().rope(layer)
+        return MultimodalRoPE(
+            self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions, self.mrope_interleaved
+        )
 
     def image_encoder(self) -> WindowedVisionEncoder | None:
         v = self.vision
         if v is None:
             return None
 
-        def norm():
-            return RMSNorm(v.dims, 1e-6) if v.gated else LayerNorm(v.dims, 1e-6)
+        def norm(dims=v.dims):
+            return RMSNorm(dims, 1e-6) if v.gated else LayerNorm(dims, 1e-6)
 
         def ffn():
             return (
@@ -182,8 +206,9 @@ class Qwen25VLConfig(Qwen2Config):
             )
 
         layers = [RotaryEncoderBlock(v.dims, v.heads, norm(), norm(), ffn()) for _ in range(v.layers)]
+        joined = v.dims * v.merge * v.merge
         return WindowedVisionEncoder(
-            FlatPatchEmbedding(v.channels * v.frames * v.patch * v.patch, v.dims),
+            FlatPatchEmbedding(v.channels * v.frames * v.patch * v.patch, v.dims, bias=v.positions > 0),
             layers,
             PatchMerger(v.dims, v.out_dims, v.merge, norm()),
             v.dims // v.heads,
@@ -191,6 +216,9 @@ class Qwen25VLConfig(Qwen2Config):
             None if v.window is None else v.window // v.merge // v.patch,
             v.full_layers,
             v.rope_base,
+            positions=InterpolatedPositions(math.isqrt(v.positions), v.dims) if v.positions else None,
+            deepstack=[PatchMerger(v.dims, v.out_dims, v.merge, norm(joined), True) for _ in v.deepstack_layers],
+            deepstack_layers=v.deepstack_layers,
         )
 
     def image_processor(self, settings: dict):
@@ -244,6 +272,21 @@ class Qwen25VLConfig(Qwen2Config):
         v = self.vision
         shape = (v.dims, v.channels, v.frames, v.patch, v.patch) if v is not None else ()
         return super().export_weights(shaped_kernel(weights, "vision.embed.proj.weight", shape))
+
+
+@register("qwen2_5_vl")
+@dataclass
+class Qwen25VLConfig(QwenImages, Qwen2Config):
+    """Qwen2.5-VL: Qwen2's text model; a tower of RMSNorm and gated-FFN blocks attending within windows."""
+
+    example_config = {
+        "model_type": "qwen2_5_vl",
+        "text_config": {
+            **Qwen2Config.example_config,
+            "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 1, 1]},
+        },
+    }
+    names = qwen_vl_names(TOWER_NAMES)
 
 
 @register("qwen2_vl")
