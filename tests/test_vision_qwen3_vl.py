@@ -8,8 +8,15 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import relative_error, require
-from vision_models import CHAT_IMAGE_START, CHAT_IMAGE_TOKEN, EOS, QWEN_SHAPES, pictures, qwen_inputs
-from vision_models import save_qwen3_image_text
+from vision_models import (
+    CHAT_IMAGE_START,
+    CHAT_IMAGE_TOKEN,
+    EOS,
+    QWEN_SHAPES,
+    pictures,
+    qwen_inputs,
+    save_qwen3_image_text,
+)
 
 import minimlx
 from minimlx.decode.images import PromptImages
@@ -47,9 +54,7 @@ def assert_logits_after_images_match(torch_model, processor, model, images) -> N
 def transformers_greedy(torch_model, processor, model, prompt: list[int], images, tokens: int) -> list[int]:
     ids = model.config.expand_images(prompt, model.image_processor(images))
     with require("torch").no_grad():
-        out = torch_model.generate(
-            **torch_image_inputs(ids, processor, images), max_new_tokens=tokens, do_sample=False
-        )
+        out = torch_model.generate(**torch_image_inputs(ids, processor, images), max_new_tokens=tokens, do_sample=False)
     return out[0, len(ids) :].tolist()
 
 
@@ -110,3 +115,19 @@ def test_moe_variants_logits_after_an_image_equal_transformers(family, tmp_path)
     torch_model, processor = save_qwen3_image_text(tmp_path, family, chat=True)
     model, _ = minimlx.load(tmp_path, dtype="float32")
     assert_logits_after_images_match(torch_model, processor, model, pictures(QWEN_SHAPES[2:]))
+
+
+def test_a_folder_without_the_tower_reads_its_text_model(qwen3_vl_chat, tmp_path):
+    """A text-only conversion (mlx-lm's drops the tower but keeps the config's vision_config): the text model is
+    read and answers as the whole checkpoint's does on text."""
+    import shutil
+
+    folder = qwen3_vl_chat[0]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    weights = mx.load(str(folder / "model.safetensors"))
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), {k: v for k, v in weights.items() if "visual" not in k})
+    text_only, whole = minimlx.load_model(tmp_path, "float32"), minimlx.load_model(folder, "float32")
+    assert "vision" not in text_only and "vision" in whole
+    ids = mx.array([TEXT_IDS])
+    assert relative_error(np.array(text_only(ids)), np.array(whole(ids))) == 0

@@ -163,7 +163,8 @@ class QwenImages:
         arch = super().from_config({**outer, **text} if isinstance(text, dict) else outer)
         sections = (text if isinstance(text, dict) else config).get("mrope_section")
         vision = config.get("vision_config")
-        if (sections is not None or isinstance(vision, dict)) and (not isinstance(sections, list) or len(sections) != 3):
+        wanted = sections is not None or isinstance(vision, dict)  # a text-only checkpoint may turn positions plainly
+        if wanted and (not isinstance(sections, list) or len(sections) != 3):
             raise CheckpointError(
                 f"a {config.get('model_type')} config needs rope_parameters.mrope_section (three numbers); fix the "
                 "config"

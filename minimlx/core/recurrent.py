@@ -11,7 +11,6 @@ growing cache. A block holds one where it would hold attention; its cache is a `
   projection.
 """
 
-import math
 from typing import ClassVar
 
 import mlx.core as mx
