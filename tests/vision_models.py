@@ -129,6 +129,16 @@ def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]
 VISION_START, VISION_END, IMAGE_PAD = IMAGE_START, IMAGE_END, IMAGE_TOKEN
 QWEN_SHAPES = [(56, 84), (120, 64), (300, 200)]  # 4 x 6 merge blocks (6 windows); 9 x 5; resized to 8 x 5
 
+QWEN_TOWER = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    out_hidden_size=64,
+    patch_size=7,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 QWEN2_5_VL = dict(
     text_config=dict(
         vocab_size=VOCAB,
@@ -144,18 +154,7 @@ QWEN2_5_VL = dict(
         bos_token_id=1,
         eos_token_id=1,
     ),
-    vision_config=dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=48,
-        num_heads=2,
-        out_hidden_size=64,
-        patch_size=7,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=28,
-        fullatt_block_indexes=[1],
-    ),
+    vision_config=dict(QWEN_TOWER, window_size=28, fullatt_block_indexes=[1]),
     image_token_id=IMAGE_PAD,
     vision_start_token_id=VISION_START,
     vision_end_token_id=VISION_END,
@@ -202,17 +201,7 @@ def save_qwen_image_text(folder: Path, family: str, config: dict, seed: int = 0,
 # tower without DeepStack. The processor normalises to [-1, 1] as theirs do.
 QWEN3_ROPE = {"rope_type": "default", "rope_theta": 100.0, "mrope_interleaved": True}
 QWEN3_VL_TEXT = dict(QWEN2_5_VL["text_config"], head_dim=16, rope_parameters={**QWEN3_ROPE, "mrope_section": [2, 3, 3]})
-QWEN3_TOWER = dict(
-    depth=2,
-    hidden_size=32,
-    intermediate_size=48,
-    num_heads=2,
-    out_hidden_size=64,
-    patch_size=7,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    num_position_embeddings=16,
-)
+QWEN3_TOWER = dict(QWEN_TOWER, num_position_embeddings=16)
 QWEN3_5_TEXT = dict(
     QWEN3_VL_TEXT,
     layer_types=["linear_attention", "full_attention"],
