@@ -110,6 +110,14 @@ def kquant_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def kquant_moe(tmp_path_factory):
+    """kquant_llama.py's tiny llama with a mixture of 4 experts: its F32 and K-quant files by type, written once."""
+    from kquant_llama import kquant_llama
+
+    return kquant_llama(tmp_path_factory.mktemp("kquant-moe"), experts=4)
+
+
+@pytest.fixture(scope="session")
 def hybrid(tmp_path_factory):
     """(folder, transformers model, minimlx model, tokenizer) of the tiny random hybrid (tests/hybrid_model.py)."""
     from hybrid_model import hybrid_model

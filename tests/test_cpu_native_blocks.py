@@ -22,9 +22,16 @@ else:
 from minimlx import load  # noqa: E402
 from minimlx.archs.gguf import unpacked  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
-from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
+from minimlx.cpu.linear import (  # noqa: E402
+    GEMM_ROWS,
+    BlockExpertsByOps,
+    BlockLinearByOps,
+    NativeBlockEmbedding,
+    NativeBlockExperts,
+    NativeBlockLinear,
+)
 from minimlx.errors import CheckpointError  # noqa: E402
-from minimlx.io.gguf_file import open_gguf  # noqa: E402
+from minimlx.io.gguf_file import nbytes, open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
 from minimlx.quantization import dequantize_stored  # noqa: E402
 from minimlx.tune.train import differentiable  # noqa: E402
@@ -87,14 +94,51 @@ def test_integer_product_is_the_product_of_q8_inputs(kind, rows):
     assert mx.array_equal(got, alone).item()
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_swiglu_product_equals_its_parts(exact):
+@pytest.mark.parametrize("kind", TYPES)
+def test_prompt_product_is_the_product_of_q8_inputs(kind):
+    """A prompt's products (`prompt`, the integer GEMM where the CPU has one) take the inputs as the integer products
+    do: the float32 product of those inputs to float32 rounding, each row as it is alone (a prompt's rows come out the
+    same however it is chunked into parts of 8 rows or more), and 40 weight rows (a tile of 32 and a part of one);
+    fewer rows take the decode steps' integer products."""
+    blocks, weight = blocks_of(kind, 40, 1024, seed=6)
+    x = mx.random.normal((21, 1024), key=mx.random.key(6)) * mx.where(mx.arange(1024) % 97 == 5, 20.0, 1.0)
+    got = minimlx_native.block_matmul(x, blocks, int(kind), prompt=True)
+    value, _ = q8_inputs(x)
+    assert mx.all(mx.abs(got - value @ weight.T) <= 1e-5 * (mx.abs(value) @ mx.abs(weight).T)).item()
+    chunks = [minimlx_native.block_matmul(x[a:b], blocks, int(kind), prompt=True) for a, b in ((0, 8), (8, 21))]
+    assert mx.array_equal(got, mx.concatenate(chunks)).item()
+    few = minimlx_native.block_matmul(x[:3], blocks, int(kind), prompt=True)
+    assert mx.array_equal(few, minimlx_native.block_matmul(x[:3], blocks, int(kind))).item()
+
+
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q6_K])
+def test_gathered_product_is_each_rows_experts_product(kind):
+    """Stacked experts held as GGUF blocks: each row times its expert's weight, runs of one expert computed as one
+    product of their rows (float32 with `exact`; the integer products or, from 8 rows in a prompt, the integer GEMM:
+    the product of the 8-bit inputs), an expert outside the stack giving zeros."""
+    pieces = [blocks_of(kind, 40, 512, seed=20 + e) for e in range(3)]
+    blocks, weight = mx.stack([b for b, _ in pieces]), mx.stack([w for _, w in pieces])
+    ids = mx.array([2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 7, 2], dtype=mx.int32)
+    x = mx.random.normal((ids.size, 512), key=mx.random.key(9))
+    chosen = weight[mx.minimum(ids, 2)]
+    value, _ = q8_inputs(x)
+    for kwargs, inputs in (({"exact": True}, x), ({}, value), ({"prompt": True}, value)):
+        got = minimlx_native.block_gather_matmul(x, blocks, int(kind), ids, **kwargs)
+        want = (chosen @ inputs[:, :, None])[:, :, 0] * (ids < 3)[:, None]
+        bound = (mx.abs(chosen) @ mx.abs(inputs)[:, :, None])[:, :, 0]
+        assert mx.all(mx.abs(got - want) <= 1e-5 * bound + 1e-6).item(), kwargs
+    alone = mx.concatenate([minimlx_native.block_matmul(x[i : i + 1], blocks[int(ids[i])], int(kind)) for i in (1, 2)])
+    assert mx.array_equal(minimlx_native.block_gather_matmul(x, blocks, int(kind), ids)[1:3], alone).item()
+
+
+@pytest.mark.parametrize(("exact", "prompt"), [(False, False), (True, False), (False, True)])
+def test_swiglu_product_equals_its_parts(exact, prompt):
     """The gated product of a Q4_K gate and a Q6_K up (as a Q4_K_M file may hold them)."""
     (gate, _), (up, _) = blocks_of(T.Q4_K, 64, 512, seed=4), blocks_of(T.Q6_K, 64, 512, seed=5)
     x = mx.random.normal((2, 512), key=mx.random.key(0))
-    g = minimlx_native.block_matmul(x, gate, int(T.Q4_K), exact=exact)
-    want = g * mx.sigmoid(g) * minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact)
-    got = minimlx_native.block_swiglu(x, gate, int(T.Q4_K), up, int(T.Q6_K), exact=exact)
+    g = minimlx_native.block_matmul(x, gate, int(T.Q4_K), exact=exact, prompt=prompt)
+    want = g * mx.sigmoid(g) * minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact, prompt=prompt)
+    got = minimlx_native.block_swiglu(x, gate, int(T.Q4_K), up, int(T.Q6_K), exact=exact, prompt=prompt)
     assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item()
 
 
@@ -170,6 +214,28 @@ def test_q4_k_m_prompt_logits_equal_the_dequantized_models(q4_k_m):
     assert mx.abs(stored(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
     short = stored(ids[:, :8])
     assert 0 < mx.abs(short - want[:, :8]).max().item() <= 0.2 * mx.abs(want).max().item()
+
+
+def test_a_mixture_of_experts_file_keeps_its_experts_stored(kquant_moe, monkeypatch):
+    """A Q4_K_M mixture of experts holds its stacked experts as the file's blocks (`NativeBlockExperts`), their bytes
+    the file's, and gives the dequantized model's logits with float32 inputs; the integer products stay near them."""
+    path = kquant_moe["Q4_K_M"]
+    model, _ = load(path)
+    experts = {p: m for p, m in model.named_modules() if type(m) is NativeBlockExperts}
+    assert {p.rsplit(".", 1)[-1] for p in experts} == {"gate_proj", "up_proj", "down_proj"}
+    file = open_gguf(path)
+    stored = sum(nbytes(kind, shape) for name, (kind, shape, _) in file.tensors.items() if "_exps." in name)
+    assert sum(m.weight.nbytes for m in experts.values()) == stored
+    ids = mx.array([list(range(1, 80, 2))])
+    dequantized, _ = load(path, dtype="float32")
+    want = dequantized(ids)
+    monkeypatch.setattr(native, "exact_products", True)
+    assert mx.abs(model(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
+    monkeypatch.setattr(native, "exact_products", False)
+    assert 0 < mx.abs(model(ids[:, :8]) - want[:, :8]).max().item() <= 0.2 * mx.abs(want).max().item()
+    differentiable(model)  # training's forms: the experts dequantized by MLX ops, with gradients to their inputs
+    assert type(model.layers[0].ffn.experts.up_proj) is BlockExpertsByOps
+    assert mx.abs(model(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
 
 
 def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):

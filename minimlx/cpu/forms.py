@@ -17,14 +17,17 @@ from ..core.recorder import Recorder
 from . import attention, elementwise, native
 from .linear import (
     BlockEmbeddingByOps,
+    BlockExpertsByOps,
     BlockLinearByOps,
     NativeBlockEmbedding,
+    NativeBlockExperts,
     NativeBlockLinear,
     NativeLinear,
     NativeQuantizedEmbedding,
     NativeQuantizedLinear,
     QuantizedEmbeddingByOps,
     QuantizedLinearByOps,
+    block_inputs,
     exact,
     gated_product,
 )
@@ -171,7 +174,7 @@ class NativeBlock(Block):
             *(x, cache.buffers, cache.start),
             plan.weights(),
             *positions.angles(plan.parts[2]),
-            exact=exact(),
+            exact=block_inputs(x)["exact"] if plan.blocks else exact(),
             mask=mask,
             **plan.settings,
         )
@@ -209,6 +212,7 @@ class StepPlan:
     def __init__(self, parts: tuple):
         self.parts = parts
         self.settings = self.settings_of(*parts)
+        self.blocks = self.settings is not None and not any(self.settings["layouts"][0::2])  # GGUF blocks only
 
     @staticmethod
     def settings_of(attn_norm, attn, rope, q, k, v, o, ffn_norm, ffn, gate, up, down) -> dict | None:
@@ -318,6 +322,7 @@ CORE_PARTS = {form: part for part, form in (FORMS | NATIVE_FORMS).items()} | {
     NativeQuantizedEmbedding: QuantizedEmbeddingByOps,
     NativeBlockLinear: BlockLinearByOps,  # weights held as GGUF blocks have no MLX module: dequantized as they are used
     NativeBlockEmbedding: BlockEmbeddingByOps,
+    NativeBlockExperts: BlockExpertsByOps,
 }
 """Each CPU form -> the core part (or MLX module) it computes differently."""
 

@@ -13,16 +13,18 @@ fewer than 28 input rows multiply 8-bit-quantized inputs by the codes with integ
 them (`gated_product`).
 
 GGUF's Q4_K, Q5_K, Q6_K and Q8_0 matrices, held as the file stores them (`quantization.BLOCK_MODES`), run as
-`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' products (and short prompts', `block_exact`) quantize
-their inputs to 8 bits per block of 32 (as llama.cpp's Q8_0 activations) and multiply them by the stored codes with
-integer dot products; longer prompts' products dequantize each block of weight rows once for the float32 GEMM.
+`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' and the engine's prompts' products (`block_inputs`)
+quantize their inputs to 8 bits per block of 32 (as llama.cpp's Q8_0 activations) and multiply them by the stored
+codes with integer dot products (a prompt's in an integer GEMM); a model called directly with many rows dequantizes
+each block of weight rows once for the float32 GEMM.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..core.steps import decoding
+from ..core.moe import ExpertLinear, with_expert_bias
+from ..core.steps import decoding, prompting
 from ..quantization import BLOCK_MODES
 from . import native
 
@@ -85,9 +87,18 @@ dequantizing the whole weight for a few rows would cost far more than the produc
 switches at the same 28 rows)."""
 
 
-def block_exact(x: mx.array) -> bool:
-    """Whether a product with GGUF blocks keeps float32 inputs: `--exact`, or a prompt's of at least GEMM_ROWS rows."""
-    return native.exact_products or (not decoding() and x.size // max(x.shape[-1], 1) >= GEMM_ROWS)
+def block_inputs(x: mx.array) -> dict:
+    """How a product with GGUF blocks takes its inputs (the native op's `exact` and `prompt`): float32 under
+    `--exact`; quantized to 8 bits for integer products in a decode step, and in a prompt fed for generation (the
+    integer GEMM, where the CPU has one); otherwise float32 from GEMM_ROWS rows (a model called directly: the anatomy
+    tools, comparisons with a file's dequantized weights) and integer products below."""
+    if native.exact_products:
+        return {"exact": True}
+    if decoding():
+        return {"exact": False}
+    if prompting():
+        return {"exact": False, "prompt": True}
+    return {"exact": x.size // max(x.shape[-1], 1) >= GEMM_ROWS}
 
 
 class BlockWeight(nn.Module):
@@ -115,7 +126,7 @@ class NativeBlockLinear(BlockWeight):
         return module
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, **block_inputs(x))
         return y + self.bias if "bias" in self else y
 
 
@@ -132,7 +143,38 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_rows(self.weight, x.astype(mx.int32), self.ggml_type)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+        return native.kernel.block_matmul(x, self.weight, self.ggml_type, **block_inputs(x))
+
+
+class NativeBlockExperts(nn.Module):
+    """`ExpertLinear` whose stacked weight is held as GGUF blocks, `weight` (experts, out, row bytes) uint8: each row's
+    product with its expert's weight in the native kernel (`block_gather_matmul`), the inputs taken as
+    `NativeBlockLinear`'s are."""
+
+    def __init__(self, num_experts: int, rows: int, in_dims: int, mode: str):
+        super().__init__()
+        ggml_type, values, size, _ = BLOCK_MODES[mode]
+        self.mode, self.ggml_type, self.in_dims = mode, ggml_type, in_dims
+        self.weight = mx.zeros((num_experts, rows, in_dims // values * size), mx.uint8)
+
+    @classmethod
+    def from_experts(cls, experts: ExpertLinear, group_size: int, bits: int, mode: str) -> "NativeBlockExperts":
+        module = cls(*experts.weight.shape, mode)
+        if "bias" in experts:
+            module.bias = experts.bias
+        return module
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        """As `ExpertLinear`: x (..., 1, in) against expert_indices (...), broadcast, -> (..., 1, out)."""
+        batch = mx.broadcast_shapes(x.shape[:-2], expert_indices.shape)
+        rows = mx.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(-1, x.shape[-1])
+        ids = mx.broadcast_to(expert_indices, batch).reshape(-1).astype(mx.int32)
+        y = native.kernel.block_gather_matmul(rows, self.weight, self.ggml_type, ids, **block_inputs(rows))
+        return with_expert_bias(self, y.reshape(*batch, 1, -1), expert_indices)
+
+    def _extra_repr(self) -> str:
+        experts, rows, _ = self.weight.shape
+        return f"experts={experts}, rows={rows}, in_dims={self.in_dims}, mode={self.mode}"
 
 
 DEQUANTIZED_BYTES = 1 << 20
@@ -214,6 +256,19 @@ class BlockEmbeddingByOps(NativeBlockEmbedding):
         return through_dequantized(x, block_dequantizer(self), self.weight)
 
 
+class BlockExpertsByOps(NativeBlockExperts):
+    """`NativeBlockExperts` as MLX ops that have gradients (training): the stacked weight dequantized (no gradient flows
+    into the stored blocks), then MLX's gathered matmul, as `ExpertLinear` computes it."""
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        experts, rows, _ = self.weight.shape
+        stacked = self.weight.reshape(experts * rows, -1)
+        weight = native.kernel.block_rows(stacked, mx.arange(experts * rows, dtype=mx.int32), self.ggml_type)
+        weight = mx.stop_gradient(weight.reshape(experts, rows, -1))
+        y = mx.gather_mm(x, weight.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices)
+        return with_expert_bias(self, y, expert_indices)
+
+
 def block_dequantizer(module: BlockWeight):
     def dequantize(weight):
         rows = mx.arange(weight.shape[0], dtype=mx.int32)
@@ -225,6 +280,7 @@ def block_dequantizer(module: BlockWeight):
 BLOCK_FORMS = {
     nn.Linear: NativeBlockLinear.from_linear,
     nn.Embedding: NativeBlockEmbedding.from_embedding,
+    ExpertLinear: NativeBlockExperts.from_experts,
 }
 """The native kernel's form of each module type it runs from weights held as GGUF blocks."""
 
@@ -264,7 +320,7 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
     if type(gate) is NativeBlockLinear:
         if gate.weight.shape[0] != up.weight.shape[0]:
             return None
-        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, exact=block_exact(x))
+        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, **block_inputs(x))
     if type(gate) is NativeQuantizedLinear:
         if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
             return None

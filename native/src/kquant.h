@@ -296,6 +296,50 @@ struct ScalarBlockDot {
   }
 };
 
+// The integer GEMM's view of a block type (kquant_gemm_avx512.h): its values in groups of one scale and bias each,
+// sub-blocks of 32 (Q4_K, Q5_K), groups of 16 (Q6_K) or blocks of 32 (Q8_0).
+constexpr int kGemmTileRows = 32;  // weight rows an integer GEMM's panel holds: two vectors of 16 lanes
+
+inline int group_span(int type) { return type == static_cast<int>(Blocks::q6_k) ? 16 : 32; }
+
+// The input rows' side of an integer GEMM: per row and group of `span` values, its block's step xd and xd times the
+// sum of the group's codes (`GemmInputStore` makes them).
+struct GemmInputs {
+  const int8_t* xq = nullptr;
+  const float* steps = nullptr;      // M x (K / span)
+  const float* step_sums = nullptr;  // M x (K / span)
+  int span = 0;
+
+  // The same inputs from row m on (of K values each).
+  GemmInputs from_row(int m, int K) const {
+    const int64_t groups = K / span;
+    return {xq + static_cast<int64_t>(m) * K, steps + m * groups, step_sums + m * groups, span};
+  }
+};
+
+struct GemmInputStore {
+  std::vector<float> steps, step_sums;
+
+  GemmInputs prepare(const QuantizedBlockInputs& x, int M, int K, int span) {
+    const int groups = K / span;
+    steps.resize(static_cast<size_t>(M) * groups);
+    step_sums.resize(steps.size());
+    for (int m = 0; m < M; ++m) {
+      const float* xd = x.xd + static_cast<int64_t>(m) * (K / 32);
+      const int16_t* sums = x.sums + static_cast<int64_t>(m) * (K / 16);
+      float* step = steps.data() + static_cast<int64_t>(m) * groups;
+      float* step_sum = step_sums.data() + static_cast<int64_t>(m) * groups;
+      for (int g = 0; g < groups; ++g) {
+        const int first = g * span / 16;  // the group's first 16-code sum
+        const int total = span == 16 ? sums[first] : sums[first] + sums[first + 1];
+        step[g] = xd[g * span / 32];
+        step_sum[g] = step[g] * static_cast<float>(total);
+      }
+    }
+    return {x.xq, steps.data(), step_sums.data(), span};
+  }
+};
+
 // Each instruction set's block products and dequantization.
 void block_rows_scalar(const BlockProblem& p, int row_begin, int row_end);
 void float_block_rows_scalar(const BlockProblem& p, int row_begin, int row_end);
@@ -307,6 +351,7 @@ void dequantize_blocks_avx2(const BlockProblem& p, int row_begin, int row_end, f
 void block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end);
 void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end);
 void dequantize_blocks_avx512vnni(const BlockProblem& p, int row_begin, int row_end, float* dst);
+void block_gemm_avx512vnni(const BlockProblem& p, const GemmInputs& x, int row_begin, int row_end);
 #endif
 
 }  // namespace minimlx_native
