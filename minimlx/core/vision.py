@@ -178,7 +178,8 @@ class ImageInput:
 
 class ImageEncoder(nn.Module):
     """A family's image encoder: images (`ImageInput`s) -> their soft tokens (places, text dims), the rows of each
-    image in order, as many as its config writes places for it (`image_places`)."""
+    image in order, as many as its config writes places for it (`image_places`); an encoder with DeepStack levels
+    (Qwen3-VL's) returns (1 + levels, places, text dims), the soft tokens first (`PlacedImages.at` takes either)."""
 
     def __call__(self, images: Sequence[ImageInput]) -> mx.array:
         raise NotImplementedError
