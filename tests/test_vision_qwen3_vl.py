@@ -62,6 +62,7 @@ def test_qwen3_vl_pixels_features_logits_and_run_equal_transformers(qwen3_vl_cha
     """Three pictures resized to grids of 8 x 12, 18 x 10 and 16 x 10 patches (the last resized down), the 4 x 4
     table of learned positions resampled to each; two DeepStack levels."""
     from click.testing import CliRunner
+    from mlx.utils import tree_flatten
 
     from minimlx.cli import main
 
@@ -81,6 +82,9 @@ def test_qwen3_vl_pixels_features_logits_and_run_equal_transformers(qwen3_vl_cha
     assert features.shape == (3, 24 + 45 + 40, 64)
     assert relative_error(features, np.stack([level.numpy() for level in levels])) <= 1e-5
     assert_logits_after_images_match(torch_model, processor, model, images)
+    weights = dict(tree_flatten(model.parameters()))  # what `convert` writes reads back as the same model
+    back = model.config.convert_weights(model.config.export_weights(weights))
+    assert set(back) == set(weights) and all(mx.array_equal(back[k], weights[k]) for k in weights)
 
     paths = []
     for i, picture in enumerate(images):
