@@ -5,6 +5,7 @@ names the plugin, the plugin renames and re-lays its tensors, and `quantization`
 packed weights run. Neither io nor archs imports the other.
 """
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,8 @@ from .io.gguf_file import GGUFFile, open_gguf, read_gguf
 from .io.resolve import resolve
 from .quantization import BLOCK_MODES, dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
+
+log = logging.getLogger("minimlx.loading")
 
 DTYPE_CHOICES = ("quantized", *DTYPES)
 
@@ -288,6 +291,9 @@ def prepare(checkpoint: Checkpoint, dtype: str | None, split) -> tuple[nn.Module
     cut by `split` when given, and the dtype floats run in."""
     weights = checkpoint.weights
     model = build(checkpoint.arch)
+    if "vision" in model and not any(name.startswith("vision.") for name in weights):
+        log.warning("the checkpoint holds no vision tower (a text-only conversion): its text model is read")
+        model.pop("vision")
     spec = packed_modules(model, weights, checkpoint.entry)
     on_cpu = mx.default_device() == mx.cpu
     if dtype in (None, "quantized"):

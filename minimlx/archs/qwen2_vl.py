@@ -13,8 +13,10 @@ merged grid, and the text after it from start + max(rows, columns) on. Past the 
 index plus one shift per prompt, which the caches carry (`Cache.shift_positions`).
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import mlx.core as mx
 import numpy as np
@@ -23,7 +25,13 @@ from ..core.ffn import ACTIVATIONS, MLP, GatedFFN
 from ..core.norms import LayerNorm, RMSNorm
 from ..core.rope import MultimodalRoPE
 from ..core.vision import ImageInput
-from ..core.windowed_vision import FlatPatchEmbedding, PatchMerger, RotaryEncoderBlock, WindowedVisionEncoder
+from ..core.windowed_vision import (
+    FlatPatchEmbedding,
+    InterpolatedPositions,
+    PatchMerger,
+    RotaryEncoderBlock,
+    WindowedVisionEncoder,
+)
 from ..errors import CheckpointError
 from .config import choice, number
 from .fused import fuse
@@ -45,6 +53,22 @@ QWEN2_VL_MLP_NAMES = [
     ("blocks.{i}.mlp.fc2.", "layers.{i}.mlp.down_proj."),
 ]
 
+
+def qwen_vl_names(tower: list[tuple[str, str]]) -> NameMap:
+    """The tower's names under `visual.` and the text model's: the published layout (written back by `convert`),
+    then transformers 5's in-memory one."""
+    return NameMap(
+        [(prefix + theirs, "vision." + ours) for prefix in ("visual.", "model.visual.") for theirs, ours in tower]
+        + LLAMA_NAMES.templates
+        + [
+            ("model.language_model." + t.removeprefix("model."), o)
+            for t, o in LLAMA_NAMES.templates
+            if t.startswith("model.")
+        ],
+        drop=LLAMA_NAMES.drop_patterns,
+    )
+
+
 TOWER_GGUF_NAMES = NameMap(
     [
         ("v.patch_embd.", "vision.embed.proj."),
@@ -65,24 +89,6 @@ TOWER_GGUF_NAMES = NameMap(
 IMAGE_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")  # their texts in Qwen's vocabulary
 
 
-def qwen_vl_names(tower: list[tuple[str, str]]) -> NameMap:
-    """The tower's names and the text model's: the published layout (written back by `convert`), transformers 5's
-    in-memory one (`model.visual.`, `model.language_model.`) and mlx-vlm's (`vision_tower.`,
-    `language_model.model.`, `language_model.lm_head.`)."""
-    text = LLAMA_NAMES.templates
-    return NameMap(
-        [
-            (prefix + theirs, "vision." + ours)
-            for prefix in ("visual.", "model.visual.", "vision_tower.")
-            for theirs, ours in tower
-        ]
-        + text
-        + [("model.language_model." + t.removeprefix("model."), o) for t, o in text if t.startswith("model.")]
-        + [("language_model." + t, o) for t, o in text],
-        drop=LLAMA_NAMES.drop_patterns,
-    )
-
-
 @dataclass(frozen=True)
 class WindowedTowerSettings:
     """The vision tower's sizes (Qwen2.5-VL's `vision_config`, or Qwen2-VL's: `qwen2_vl`)."""
@@ -101,6 +107,8 @@ class WindowedTowerSettings:
     activation: str
     rope_base: float
     gated: bool = True  # RMSNorm and gated-FFN blocks (Qwen2.5-VL), else LayerNorm and MLP ones (Qwen2-VL)
+    positions: int = 0  # learned positions resampled to each grid (Qwen3-VL's table of this many), else none
+    deepstack_layers: tuple[int, ...] = ()  # the blocks whose outputs are DeepStack's levels (Qwen3-VL)
 
     @classmethod
     def from_config(cls, v: dict) -> "WindowedTowerSettings":
@@ -119,6 +127,20 @@ class WindowedTowerSettings:
             channels=number(v, "in_channels", 3),
             activation=choice(v, "hidden_act", "silu", ACTIVATIONS),
             rope_base=float(rope.get("rope_theta", 10000.0)),
+        )
+
+    @classmethod
+    def qwen3_vl(cls, v: dict) -> "WindowedTowerSettings":
+        """Qwen3-VL's and Qwen3.5's `vision_config`: LayerNorm and MLP blocks over the whole picture, learned
+        positions, DeepStack levels from `deepstack_visual_indexes` (none in Qwen3.5)."""
+        return replace(
+            cls.from_config(v),
+            window=None,
+            full_layers=(),
+            activation=choice(v, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
+            gated=False,
+            positions=number(v, "num_position_embeddings"),
+            deepstack_layers=tuple(v.get("deepstack_visual_indexes") or ()),
         )
 
     @classmethod
@@ -143,11 +165,143 @@ class WindowedTowerSettings:
         )
 
 
+@dataclass
+class QwenImages:
+    """Put before a Qwen text family's plugin in the bases of its image-text plugin (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+    Qwen3.5): the text model read from `text_config` (transformers 5) or the top level (the published Qwen2.5-VL
+    configs), the tower from `vision_config` (`tower_settings`), Qwen's image tokens, dynamic-resolution processor and
+    multimodal RoPE (its frequencies `interleaved` among the axes in Qwen3-VL and Qwen3.5)."""
+
+    vision: WindowedTowerSettings | None = None
+    mrope_sections: tuple[int, ...] = ()
+    image_token: int = 151655
+    image_start_token: int = 151652
+    image_end_token: int = 151653
+    mrope_interleaved: ClassVar[bool] = False
+
+    @classmethod
+    def from_config(cls, config: dict):
+        text = config.get("text_config")
+        outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
+        arch = super().from_config({**outer, **text} if isinstance(text, dict) else outer)
+        sections = (text if isinstance(text, dict) else config).get("mrope_section")
+        vision = config.get("vision_config")
+        wanted = sections is not None or isinstance(vision, dict)  # a text-only checkpoint may turn positions plainly
+        if wanted and (not isinstance(sections, list) or len(sections) != 3):
+            raise CheckpointError(
+                f"a {config.get('model_type')} config needs rope_parameters.mrope_section (three numbers); fix the "
+                "config"
+            )
+        return replace(
+            arch,
+            vision=cls.tower_settings(vision) if isinstance(vision, dict) else None,
+            mrope_sections=tuple(int(n) for n in sections or ()),
+            image_token=number(config, "image_token_id", cls.image_token),
+            image_start_token=number(config, "vision_start_token_id", cls.image_start_token),
+            image_end_token=number(config, "vision_end_token_id", cls.image_end_token),
+        )
+
+    @staticmethod
+    def tower_settings(vision: dict) -> WindowedTowerSettings:
+        return WindowedTowerSettings.from_config(vision)
+
+    def rope(self, layer: int) -> MultimodalRoPE:
+        """Layer `layer`'s multimodal RoPE (the text model's plain one where the config gives no sections: a checkpoint
+        read as text only)."""
+        if not self.mrope_sections:
+            return super().rope(layer)
+        return MultimodalRoPE(
+            self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions, self.mrope_interleaved
+        )
+
+    def image_encoder(self) -> WindowedVisionEncoder | None:
+        v = self.vision
+        if v is None:
+            return None
+
+        def norm(dims=v.dims):
+            return RMSNorm(dims, 1e-6) if v.gated else LayerNorm(dims, 1e-6)
+
+        def ffn():
+            return (
+                GatedFFN(v.dims, v.ffn_dims, v.activation, bias=True)
+                if v.gated
+                else MLP(v.dims, v.ffn_dims, v.activation)
+            )
+
+        layers = [RotaryEncoderBlock(v.dims, v.heads, norm(), norm(), ffn()) for _ in range(v.layers)]
+        joined = v.dims * v.merge * v.merge
+        return WindowedVisionEncoder(
+            FlatPatchEmbedding(v.channels * v.frames * v.patch * v.patch, v.dims, bias=v.positions > 0),
+            layers,
+            PatchMerger(v.dims, v.out_dims, v.merge, norm()),
+            v.dims // v.heads,
+            v.merge,
+            None if v.window is None else v.window // v.merge // v.patch,
+            v.full_layers,
+            v.rope_base,
+            positions=InterpolatedPositions(math.isqrt(v.positions), v.dims) if v.positions else None,
+            deepstack=[PatchMerger(v.dims, v.out_dims, v.merge, norm(joined), True) for _ in v.deepstack_layers],
+            deepstack_layers=v.deepstack_layers,
+        )
+
+    def image_processor(self, settings: dict):
+        from ..vision.patches import DynamicResolutionPatches
+
+        return DynamicResolutionPatches.from_config(settings)
+
+    def image_places(self, image: ImageInput) -> int:
+        frames, rows, cols = image.grid
+        return frames * rows * cols // self.vision.merge**2
+
+    def expand_images(self, ids: list[int], images: Sequence[ImageInput] = ()) -> list[int]:
+        """Each `<|vision_start|>` followed by its image's `<|image_pad|>` places and `<|vision_end|>` (a single pad
+        after it, as Qwen's chat template writes one, stands for them all), image after image."""
+        out, i, image = [], 0, 0
+        while i < len(ids):
+            out.append(ids[i])
+            i += 1
+            if out[-1] != self.image_start_token or image >= len(images):
+                continue
+            while i < len(ids) and ids[i] == self.image_token:
+                i += 1
+            out += [self.image_token] * self.image_places(images[image])
+            if i >= len(ids) or ids[i] != self.image_end_token:
+                out.append(self.image_end_token)
+            image += 1
+        return out
+
+    def image_axes(self, ids: list[int], images: Sequence[ImageInput]) -> np.ndarray:
+        """(3, tokens): each token's (time, row, column) position, as transformers' `get_rope_index` gives them for
+        pictures (one frame each)."""
+        axes, at, image, i = [], 0, 0, 0
+        while i < len(ids):
+            if ids[i] != self.image_token:
+                axes.append(np.full((3, 1), at))
+                at, i = at + 1, i + 1
+                continue
+            _, rows, cols = images[image].grid
+            rows, cols = rows // self.vision.merge, cols // self.vision.merge
+            r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+            axes.append(at + np.stack([np.zeros(rows * cols, int), r.reshape(-1), c.reshape(-1)]))
+            at, i, image = at + max(rows, cols), i + rows * cols, image + 1
+        return np.concatenate(axes, axis=1)
+
+    def convert_weights(self, weights: dict) -> dict:
+        """The text model's and the tower's tensors; the patch embedding's (dims, channels, frames, p, p) kernel
+        flattened."""
+        return flattened_kernel(super().convert_weights(weights), "vision.embed.proj.weight")
+
+    def export_weights(self, weights: dict) -> dict:
+        v = self.vision
+        shape = (v.dims, v.channels, v.frames, v.patch, v.patch) if v is not None else ()
+        return super().export_weights(shaped_kernel(weights, "vision.embed.proj.weight", shape))
+
+
 @register("qwen2_5_vl")
 @dataclass
-class Qwen25VLConfig(Qwen2Config):
-    """The text model from `text_config` (transformers 5) or the top level (the published configs); the tower from
-    `vision_config`."""
+class Qwen25VLConfig(QwenImages, Qwen2Config):
+    """Qwen2.5-VL: Qwen2's text model; a tower of RMSNorm and gated-FFN blocks attending within windows."""
 
     example_config = {
         "model_type": "qwen2_5_vl",
@@ -161,36 +315,6 @@ class Qwen25VLConfig(Qwen2Config):
     mmproj_projectors = ("qwen2.5vl_merger",)  # llama.cpp's clip.projector_type of the mmproj files it reads
     mmproj_text = ("qwen2vl",)
     mmproj_model_type = "qwen2_5_vl"  # the model_type of the image-text config an mmproj file makes
-
-    vision: WindowedTowerSettings | None = None
-    mrope_sections: tuple[int, ...] = ()
-    image_token: int = 151655
-    image_start_token: int = 151652
-    image_end_token: int = 151653
-
-    @classmethod
-    def from_config(cls, config: dict):
-        text = config.get("text_config")
-        outer = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
-        arch = super().from_config({**outer, **text} if isinstance(text, dict) else outer)
-        sections = (text if isinstance(text, dict) else config).get("mrope_section")
-        if not isinstance(sections, list) or len(sections) != 3:
-            raise CheckpointError(
-                "a qwen2_5_vl config needs rope_scaling.mrope_section (three numbers); fix the config"
-            )
-        vision = config.get("vision_config")
-        return replace(
-            arch,
-            vision=cls.tower_settings(vision) if isinstance(vision, dict) else None,
-            mrope_sections=tuple(int(n) for n in sections),
-            image_token=number(config, "image_token_id", 151655),
-            image_start_token=number(config, "vision_start_token_id", 151652),
-            image_end_token=number(config, "vision_end_token_id", 151653),
-        )
-
-    @staticmethod
-    def tower_settings(vision: dict) -> WindowedTowerSettings:
-        return WindowedTowerSettings.from_config(vision)
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
@@ -260,97 +384,6 @@ class Qwen25VLConfig(Qwen2Config):
         kernel = "vision.embed.proj.weight"
         frames = [weights.pop(kernel), weights.pop(kernel + ".1")]
         return flattened_kernel({**weights, kernel: mx.stack(frames, axis=2)}, kernel)
-
-    def rope(self, layer: int) -> MultimodalRoPE:
-        return MultimodalRoPE(self.rotary_dims, self.rope_base, self.mrope_sections, self.max_positions)
-
-    def image_encoder(self) -> WindowedVisionEncoder | None:
-        v = self.vision
-        if v is None:
-            return None
-
-        def norm():
-            return RMSNorm(v.dims, 1e-6) if v.gated else LayerNorm(v.dims, 1e-6)
-
-        def ffn():
-            return (
-                GatedFFN(v.dims, v.ffn_dims, v.activation, bias=True)
-                if v.gated
-                else MLP(v.dims, v.ffn_dims, v.activation)
-            )
-
-        layers = [RotaryEncoderBlock(v.dims, v.heads, norm(), norm(), ffn()) for _ in range(v.layers)]
-        return WindowedVisionEncoder(
-            FlatPatchEmbedding(v.channels * v.frames * v.patch * v.patch, v.dims),
-            layers,
-            PatchMerger(v.dims, v.out_dims, v.merge, norm()),
-            v.dims // v.heads,
-            v.merge,
-            None if v.window is None else v.window // v.merge // v.patch,
-            v.full_layers,
-            v.rope_base,
-        )
-
-    def image_processor(self, settings: dict):
-        from ..vision.patches import DynamicResolutionPatches
-
-        return DynamicResolutionPatches.from_config(settings)
-
-    def image_places(self, image: ImageInput) -> int:
-        frames, rows, cols = image.grid
-        return frames * rows * cols // self.vision.merge**2
-
-    def expand_images(self, ids: list[int], images: Sequence[ImageInput] = ()) -> list[int]:
-        """Each `<|vision_start|>` followed by its image's `<|image_pad|>` places and `<|vision_end|>` (a single pad
-        after it, as Qwen's chat template writes one, stands for them all), image after image."""
-        out, i, image = [], 0, 0
-        while i < len(ids):
-            out.append(ids[i])
-            i += 1
-            if out[-1] != self.image_start_token or image >= len(images):
-                continue
-            while i < len(ids) and ids[i] == self.image_token:
-                i += 1
-            out += [self.image_token] * self.image_places(images[image])
-            if i >= len(ids) or ids[i] != self.image_end_token:
-                out.append(self.image_end_token)
-            image += 1
-        return out
-
-    def image_axes(self, ids: list[int], images: Sequence[ImageInput]) -> np.ndarray:
-        """(3, tokens): each token's (time, row, column) position, as transformers' `get_rope_index` gives them for
-        pictures (one frame each)."""
-        axes, at, image, i = [], 0, 0, 0
-        while i < len(ids):
-            if ids[i] != self.image_token:
-                axes.append(np.full((3, 1), at))
-                at, i = at + 1, i + 1
-                continue
-            _, rows, cols = images[image].grid
-            rows, cols = rows // self.vision.merge, cols // self.vision.merge
-            r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-            axes.append(at + np.stack([np.zeros(rows * cols, int), r.reshape(-1), c.reshape(-1)]))
-            at, i, image = at + max(rows, cols), i + rows * cols, image + 1
-        return np.concatenate(axes, axis=1)
-
-    def convert_weights(self, weights: dict) -> dict:
-        """The text model's and the tower's tensors; the patch embedding's kernel, (dims, channels, frames, p, p) as
-        torch writes it or (dims, frames, p, p, channels) as mlx-vlm does, flattened in (channel, frame, row, column)
-        order."""
-        weights, name, v = super().convert_weights(weights), "vision.embed.proj.weight", self.vision
-        if v is not None and name in weights and weights[name].ndim == 5:
-            torch_order, channels_last = (
-                (v.channels, v.frames, v.patch, v.patch),
-                (v.frames, v.patch, v.patch, v.channels),
-            )
-            if weights[name].shape[1:] == channels_last != torch_order:
-                weights[name] = weights[name].transpose(0, 4, 1, 2, 3)
-        return flattened_kernel(weights, name)
-
-    def export_weights(self, weights: dict) -> dict:
-        v = self.vision
-        shape = (v.dims, v.channels, v.frames, v.patch, v.patch) if v is not None else ()
-        return super().export_weights(shaped_kernel(weights, "vision.embed.proj.weight", shape))
 
 
 @register("qwen2_vl")
