@@ -383,6 +383,8 @@ class DecoderConfig:
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
     images_both_ways: ClassVar[bool] = False  # whether an image's soft tokens see each other both ways
+    images_both_ways_windowed_only: ClassVar[bool] = False  # ... in sliding-window layers only (global: causal)
+    image_stand_in: ClassVar[int | None] = None  # the token an image's places read as for the per-layer inputs
 
     def image_places(self, image) -> int:
         """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""

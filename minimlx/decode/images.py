@@ -70,7 +70,17 @@ class PromptImages:
         """Feed `ids` (the prompt but its last token, which holds every image) into `cache` (empty) in one pass, the
         images' soft tokens in place; evaluated."""
         features = model.encode_images(self.inputs)
-        placed = PlacedImages.at(ids, self.token, features, self.places, model.config.images_both_ways, self.axes)
+        config = model.config
+        placed = PlacedImages.at(
+            ids,
+            self.token,
+            features,
+            self.places,
+            config.images_both_ways,
+            self.axes,
+            windowed_only=config.images_both_ways_windowed_only,
+            stand_in=config.image_stand_in,
+        )
         marked(cache)
         model(mx.array([ids]), cache, images=placed, last_only=True)
         if self.axes is not None:
