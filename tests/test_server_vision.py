@@ -17,7 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from models import TINY_LLAMA, write_model
 from reference import require
-from vision_models import CHAT_IMAGE_TOKEN, EOS, QWEN_SHAPES, pictures, qwen_inputs, save_gemma3_chat
+from vision_models import (
+    CHAT_IMAGE_TOKEN,
+    EOS,
+    QWEN_SHAPES,
+    gemma4_inputs,
+    pictures,
+    qwen_inputs,
+    save_gemma3_chat,
+    save_gemma4_chat,
+)
 
 import minimlx
 from minimlx.decode import Engine
@@ -63,11 +72,16 @@ class InProcessServer:
     def anthropic(self):
         return require("anthropic").Anthropic(base_url="http://testserver", api_key="-", http_client=self.client)
 
+    def prompt(self, messages: list[dict]) -> list[int]:
+        """The ids of `messages` templated, each image's place the model's image start token (not yet written out)."""
+        marker = self.tokenizer.decode([self.model.config.image_start_token])
+        text = self.tokenizer.apply_chat_template(messages).replace("\ue000", marker)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def cold(self, messages: list[dict], images: list, logit_bias: dict | None = None) -> str:
         """The greedy answer to `messages` (their image places as the model's image start token) read from an empty
         cache, outside the server: what every answer of the server must equal."""
-        text = self.tokenizer.apply_chat_template(messages).replace("\ue000", "<start_of_image>")
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.prompt(messages)
         steps = minimlx.stream_generate(
             self.model, self.tokenizer, ids, images=images, max_tokens=MAX_TOKENS, logit_bias=logit_bias
         )
@@ -273,6 +287,51 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
         extra_body={"temperature": 0},
     )
     assert "".join(b.text for b in message.content) == expected
+    history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
+    plain += history[-2:]
+    second = openai.chat.completions.create(messages=history, **settings)
+    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > ids.shape[1] - 2
+    assert second.choices[0].message.content == served.cold(plain, [picture])
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    """(the server of the tiny Gemma 4, the transformers model, its image processor)."""
+    folder = tmp_path_factory.mktemp("gemma4-chat")
+    torch_model, processor = save_gemma4_chat(folder, seed=3)
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        yield served, torch_model, processor
+
+
+def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_cache(gemma4):
+    """A 120 x 64 picture (22 x 12 patches, 66 soft tokens between the image begin and end tokens): the answer through
+    chat completions (streamed and not) equals transformers' `generate`; the next turn prefills only its new tokens
+    and answers as a cold read does."""
+    torch = require("torch")
+    served, torch_model, processor = gemma4
+    picture, openai = pictures([(120, 64)])[0], served.openai()
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
+    reference = gemma4_inputs(processor, [picture])
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            pixel_values=reference["pixel_values"],
+            image_position_ids=reference["image_position_ids"],
+            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+        )
+    expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
+    history = [{"role": "user", "content": chat_content(picture)}]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    first = openai.chat.completions.create(messages=history, **settings)
+    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert expected and first.choices[0].message.content == streamed == expected
     history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
     plain += history[-2:]
     second = openai.chat.completions.create(messages=history, **settings)

@@ -320,10 +320,11 @@ GEMMA4_IMAGE_TEXT = dict(
     image_token_id=GEMMA4_IMAGE,
     boi_token_id=GEMMA4_START,
     eoi_token_id=GEMMA4_END,
-    audio_token_id=96,
-    boa_token_id=97,
-    eoa_token_index=98,
-    video_token_id=99,
+    # the audio and video tokens, beyond any test's ids (transformers reads their places as padding)
+    audio_token_id=1000,
+    boa_token_id=1001,
+    eoa_token_index=1002,
+    video_token_id=1003,
     tie_word_embeddings=True,
 )
 
@@ -355,3 +356,16 @@ def gemma4_inputs(processor, images) -> dict:
         "image_position_ids": torch.tensor(out["image_position_ids"]),
         "soft_tokens": [int(n) for n in out["num_soft_tokens_per_image"]],
     }
+
+
+def save_gemma4_chat(folder: Path, seed: int = 0):
+    """`save_gemma4_image_text`'s model over the character tokenizer and its chat template (its image begin, end and
+    soft tokens the tokenizer's special ones; the prompt writes the soft token once per image)."""
+    outer = dict(boi_token_id=CHAT_IMAGE_START, eoi_token_id=CHAT_IMAGE_END, image_token_id=CHAT_IMAGE_TOKEN)
+    outer |= dict(tie_word_embeddings=False)  # a head of its own: tied, each token's logits would favour itself
+    vocab = EOS + len(SPECIALS)
+    text = dict(vocab_size=vocab, vocab_size_per_layer_input=vocab, eos_token_id=EOS, bos_token_id=EOS)
+    text |= dict(tie_word_embeddings=False, sliding_window=48)  # sliding layers see the image from a short question
+    model, processor = save_gemma4_image_text(folder, seed, outer, **text)
+    with_character_tokenizer(folder)
+    return model, processor
