@@ -238,6 +238,33 @@ def test_four_image_requests_decode_in_one_batch(gemma3, monkeypatch):
     assert answers == [served.cold(plain, [picture], logit_bias={EOS: -100}) for picture in four]
 
 
+def check_chat_answers(served: InProcessServer, picture, expected: str):
+    """Chat completions about `picture` (between ASK's words), not streamed and streamed, both answer `expected`
+    (not empty); the first answer."""
+    history = [{"role": "user", "content": chat_content(picture)}]
+    openai, settings = served.openai(), dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    first = openai.chat.completions.create(messages=history, **settings)
+    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert expected and first.choices[0].message.content == streamed == expected
+    return first
+
+
+def check_next_turn(served: InProcessServer, picture, first, prompt_tokens: int) -> None:
+    """The turn after `first` (the answer about `picture` to a prompt of `prompt_tokens`) prefills only its new
+    tokens and answers as a cold read of the conversation does."""
+    answer = first.choices[0].message.content
+    turns = [{"role": "assistant", "content": answer}, {"role": "user", "content": "And the colours?"}]
+    history = [{"role": "user", "content": chat_content(picture)}, *turns]
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}, *turns]
+    second = served.openai().chat.completions.create(
+        model="tiny", messages=history, max_tokens=MAX_TOKENS, temperature=0
+    )
+    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > prompt_tokens - 2
+    assert second.choices[0].message.content == served.cold(plain, [picture])
+
+
 @pytest.fixture(scope="module")
 def qwen2_5_vl(qwen2_5_vl_chat):
     """(the server of the tiny Qwen2.5-VL, the transformers model, its image processor)."""
@@ -255,9 +282,7 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
     served, torch_model, processor = qwen2_5_vl
     picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
     plain = [{"role": "user", "content": "\ue000".join(ASK)}]
-    text = served.tokenizer.apply_chat_template(plain).replace("\ue000", "<start_of_image>")
-    images = served.model.image_processor([picture])
-    ids = served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False), images)
+    ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
     ids = torch.tensor([ids])
     with torch.no_grad():
         out = torch_model.generate(
@@ -268,12 +293,7 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
             **qwen_inputs(processor, [picture]),
         )
     expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
-    history = [{"role": "user", "content": chat_content(picture)}]
-    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
-    first = openai.chat.completions.create(messages=history, **settings)
-    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
-    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert expected and first.choices[0].message.content == streamed == expected
+    first = check_chat_answers(served, picture, expected)
     image = {"type": "input_image", "image_url": data_url(picture)}
     content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
     responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
@@ -287,12 +307,7 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
         extra_body={"temperature": 0},
     )
     assert "".join(b.text for b in message.content) == expected
-    history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
-    plain += history[-2:]
-    second = openai.chat.completions.create(messages=history, **settings)
-    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > ids.shape[1] - 2
-    assert second.choices[0].message.content == served.cold(plain, [picture])
+    check_next_turn(served, picture, first, ids.shape[1])
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +326,7 @@ def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_ca
     and answers as a cold read does."""
     torch = require("torch")
     served, torch_model, processor = gemma4
-    picture, openai = pictures([(120, 64)])[0], served.openai()
+    picture = pictures([(120, 64)])[0]
     plain = [{"role": "user", "content": "\ue000".join(ASK)}]
     ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
     reference = gemma4_inputs(processor, [picture])
@@ -326,18 +341,8 @@ def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_ca
             do_sample=False,
         )
     expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
-    history = [{"role": "user", "content": chat_content(picture)}]
-    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
-    first = openai.chat.completions.create(messages=history, **settings)
-    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
-    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert expected and first.choices[0].message.content == streamed == expected
-    history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
-    plain += history[-2:]
-    second = openai.chat.completions.create(messages=history, **settings)
-    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > ids.shape[1] - 2
-    assert second.choices[0].message.content == served.cold(plain, [picture])
+    first = check_chat_answers(served, picture, expected)
+    check_next_turn(served, picture, first, ids.shape[1])
 
 
 def header_only_png(width: int, height: int) -> bytes:

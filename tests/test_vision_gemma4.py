@@ -8,7 +8,15 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import relative_error, require
-from vision_models import GEMMA4_END, GEMMA4_IMAGE, GEMMA4_START, gemma4_inputs, pictures, save_gemma4_image_text
+from vision_models import (
+    GEMMA4_END,
+    GEMMA4_IMAGE,
+    GEMMA4_START,
+    check_run_with_images,
+    gemma4_inputs,
+    pictures,
+    save_gemma4_image_text,
+)
 
 import minimlx
 
@@ -107,16 +115,8 @@ def test_logits_of_a_prompt_with_three_images_equal_transformers(gemma4):
 def test_run_with_three_images_gives_transformers_greedy_ids(gemma4, tmp_path):
     """`minimlx run --image` three times (three sizes and aspects) prints what transformers' greedy `generate` gives
     on the processor's pixels and layout."""
-    from click.testing import CliRunner
-
-    from minimlx.cli import main
-
     torch = require("torch")
     folder, torch_model, processor, model, tokenizer, images = gemma4
-    paths = []
-    for i, picture in enumerate(images):
-        picture.save(tmp_path / f"{i}.png")
-        paths += ["--image", str(tmp_path / f"{i}.png")]
     words = [3, 4, GEMMA4_IMAGE, 5, GEMMA4_IMAGE, 6, 7, GEMMA4_IMAGE, 8, 9]
     reference = gemma4_inputs(processor, images)
     ids = written_prompt(words, reference["soft_tokens"])
@@ -132,8 +132,4 @@ def test_run_with_three_images_gives_transformers_greedy_ids(gemma4, tmp_path):
     theirs = out[0, len(ids) :].tolist()
     ours = [r.token for r in minimlx.stream_generate(model, tokenizer, words, images=images, max_tokens=8)]
     assert len(ours) >= 2 and ours == theirs[: len(ours)]
-    prompt = " ".join(f"w{i}" for i in words)
-    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "8", "--temp", "0"]
-    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
-    assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == tokenizer.decode(ours).strip()
+    check_run_with_images(folder, words, images, tokenizer.decode(ours), tmp_path)

@@ -116,6 +116,24 @@ def with_character_tokenizer(folder: Path) -> None:
     save_character_tokenizer(folder)
 
 
+def check_run_with_images(folder: Path, words: list[int], images: list, expected: str, tmp_path: Path) -> None:
+    """`minimlx run --image` with `images` saved as PNG files, on the word tokenizer's prompt of `words` (greedy, 8
+    tokens, no chat template), prints `expected`."""
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    paths = []
+    for i, picture in enumerate(images):
+        picture.save(tmp_path / f"{i}.png")
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+    prompt = " ".join(f"w{i}" for i in words)
+    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "8", "--temp", "0"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == expected.strip()
+
+
 def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]:
     """`text_ids` with `images` image start tokens, each after `before` text tokens."""
     out = []
