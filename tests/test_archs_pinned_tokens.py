@@ -42,6 +42,8 @@ PINNED = {
     "qwen3": [38, 24, 37, 16, 54, 37, 16, 54, 37, 16, 54, 37],
     "qwen3_moe": [7, 30, 33, 53, 37, 53, 37, 53, 37, 53, 37, 53],
     "smollm3": [34, 34, 34, 34, 34, 34, 34, 18, 34, 18, 34, 18],
+    "idefics3": [34, 34, 34, 34, 34, 34, 34, 18, 34, 18, 34, 18],
+    "smolvlm": [34, 34, 34, 34, 34, 34, 34, 18, 34, 18, 34, 18],
     "deepseek_v32": [6, 63, 56, 40, 60, 24, 30, 30, 42, 35, 33, 30],
     "glm4_moe": [30, 63, 53, 53, 53, 53, 53, 53, 53, 53, 53, 53],
     "llama4": [42, 54, 54, 6, 61, 30, 36, 30, 30, 25, 25, 25],
@@ -80,7 +82,7 @@ def seeded_model(model_type: str, folder):
         model.load_weights(list(weights.items()))
         return model, arch
     mx.save_safetensors(str(folder / "model.safetensors"), exported)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(arch.export_config(config)))  # the config written with them
     return minimlx.load_model(folder), arch
 
 

@@ -25,6 +25,7 @@ from .bridge import EngineBridge
 from .card import ModelCard
 from .catalog import Catalog, Known, path_of
 from .fields import APIError, bad, sampling_settings
+from .images import ImageFetcher, fetched
 from .rendering import Renderer
 from .residency import Residency
 from .turns import ForcedCall, Turn
@@ -40,7 +41,7 @@ class Serving:
     """How every model is served: `chat_template` replaces the model's own, `reasoning` splits thinking from the
     answer, `request_timeout` (seconds) ends a longer generation, `max_tokens` bounds every answer (serve's
     --max-tokens; else the room left in the context), `forced_call` is --force-tool-call and `heartbeat` the longest
-    a stream stays silent."""
+    a stream stays silent; `image_urls` fetches http(s) image URLs (--allow-image-urls; None: they are refused)."""
 
     chat_template: str | None = None
     reasoning: bool = True
@@ -48,6 +49,7 @@ class Serving:
     max_tokens: int | None = None
     forced_call: ForcedCall | None = None
     heartbeat: float = HEARTBEAT_SECONDS
+    image_urls: ImageFetcher | None = None
 
 
 class ServedModel:
@@ -103,8 +105,9 @@ class ServedModel:
         turn, prompt, parser, switched = self.renderer.prepare(turn)
         images = None
         if turn.images:
+            pictures = await asyncio.to_thread(fetched, turn.images, self.serving.image_urls)
             try:
-                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, turn.images)
+                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, pictures)
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
         answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched, images=images)

@@ -2,12 +2,14 @@
 
 from .images import open_image
 from .processor import FixedSizeImages, ImageProcessor, LongestEdgeImages, Normalisation, read_processor_config
+from .tiling import TiledImages
 
 __all__ = [
     "FixedSizeImages",
     "ImageProcessor",
     "LongestEdgeImages",
     "Normalisation",
+    "TiledImages",
     "open_image",
     "read_processor_config",
 ]
