@@ -94,18 +94,13 @@ def torch_logits(torch_model, ids, reference, both_ways=True):
 def test_logits_of_a_prompt_with_three_images_equal_transformers(gemma4):
     """The soft tokens stand at the image token's places; each image's tokens see each other both ways in the
     sliding layers (read causally, the logits differ), and read as the padding token for the per-layer inputs."""
-    from minimlx.core.vision import PlacedImages
-
     _, torch_model, processor, model, _, images = gemma4
     reference = gemma4_inputs(processor, images)
     ids = written_prompt([3, GEMMA4_IMAGE, 4, GEMMA4_IMAGE, 5, GEMMA4_IMAGE, 6], reference["soft_tokens"])
     inputs = model.image_processor(images)
-    places = [model.config.image_places(image) for image in inputs]
     config = model.config
     assert config.images_both_ways and config.images_both_ways_windowed_only and config.image_stand_in == 0
-    placed = PlacedImages.at(
-        ids, GEMMA4_IMAGE, model.encode_images(inputs), places, True, windowed_only=True, stand_in=0
-    )
+    placed = config.place_images(ids, model.encode_images(inputs), [config.image_places(i) for i in inputs])
     ours = np.array(model(mx.array([ids]), model.make_cache(), images=placed))
     theirs = torch_logits(torch_model, ids, reference)
     assert relative_error(ours, theirs) <= 1e-4
