@@ -333,6 +333,7 @@ GEMMA4_IMAGE_TEXT = dict(
         pooling_kernel_size=GEMMA4_POOLING,
         position_embedding_size=160,
         standardize=True,
+        use_clipped_linears=True,
     ),
     audio_config=None,
     image_token_id=GEMMA4_IMAGE,
@@ -353,9 +354,17 @@ def save_gemma4_image_text(folder: Path, seed: int = 0, outer: dict | None = Non
     and the transformers image processor."""
     transformers = require("transformers")
     config = {**GEMMA4_IMAGE_TEXT, **(outer or {}), "text_config": {**GEMMA4_IMAGE_TEXT["text_config"], **text}}
+    torch = require("torch")
     model = save_reference(
         folder, "Gemma4Config", seed, ("std_bias", "std_scale"), model_class="Gemma4ForConditionalGeneration", **config
     )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # the clipped linears' bounds where they clamp some of the values, not at infinity
+        for name, bound in model.named_buffers():
+            if name.endswith(("_min", "_max")):
+                width = 0.5 + 2 * torch.rand((), generator=generator)
+                bound.fill_(-width if name.endswith("_min") else width)
+    model.save_pretrained(folder, safe_serialization=True)
     processor = transformers.Gemma4ImageProcessorPil(
         patch_size=GEMMA4_PATCH, pooling_kernel_size=GEMMA4_POOLING, max_soft_tokens=GEMMA4_SOFT_TOKENS
     )

@@ -308,6 +308,7 @@ VISION_TOWER_NAMES = [
         (f"encoder.layers.{{i}}.mlp.{p}.linear.", f"vision.layers.{{i}}.ffn.{p}.")
         for p in ("gate_proj", "up_proj", "down_proj")
     ],
+    ("encoder.layers.{i}.mlp.", "vision.layers.{i}.ffn."),  # the clipped linears' bounds
     ("std_bias", "vision.std_bias"),
     ("std_scale", "vision.std_scale"),
 ]
@@ -331,13 +332,10 @@ class Gemma4VisionSettings:
     eps: float
     activation: str
     standardize: bool
+    clipped: bool  # each block's linear maps clamp their input and output
 
     @classmethod
     def from_config(cls, v: dict) -> "Gemma4VisionSettings":
-        if v.get("use_clipped_linears"):
-            raise UnsupportedArchitectureError(
-                "Gemma 4 vision towers with clipped linears (use_clipped_linears) are not supported yet"
-            )
         heads = number(v, "num_attention_heads", 12)
         require(
             number(v, "num_key_value_heads", heads) == heads,
@@ -357,6 +355,7 @@ class Gemma4VisionSettings:
             eps=number(v, "rms_norm_eps", 1e-6, float),
             activation=choice(v, "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS),
             standardize=flag(v, "standardize"),
+            clipped=flag(v, "use_clipped_linears"),
         )
 
 
@@ -436,6 +435,7 @@ class Gemma4Config(ImageText, Gemma4TextConfig):
             v.eps,
             v.activation,
             v.standardize,
+            v.clipped,
         )
 
     def image_processor(self, settings: dict):

@@ -25,6 +25,25 @@ from .vision import ImageEncoder, ImageInput, block_diagonal
 from .windowed_vision import PlanarRotary, rotate_each_half
 
 
+class ClippedLinear(nn.Linear):
+    """clip(W clip(x, input_min, input_max), output_min, output_max): a linear map (no bias) whose input and output
+    are clamped to bounds the checkpoint stores (Gemma 4's towers with `use_clipped_linears`)."""
+
+    def __init__(self, input_dims: int, output_dims: int):
+        super().__init__(input_dims, output_dims, bias=False)
+        self.input_min, self.input_max = mx.array(-np.inf), mx.array(np.inf)
+        self.output_min, self.output_max = mx.array(-np.inf), mx.array(np.inf)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = super().__call__(mx.minimum(mx.maximum(x, self.input_min), self.input_max))
+        return mx.minimum(mx.maximum(y, self.output_min), self.output_max)
+
+
+def linear_maker(clipped: bool):
+    """(input dims, output dims) -> a linear map without bias: a `ClippedLinear` where the tower clips them."""
+    return ClippedLinear if clipped else (lambda i, o: nn.Linear(i, o, bias=False))
+
+
 class AxialPatchEmbedding(nn.Module):
     """Flattened patches in [0, 1] -> proj(2x - 1) + column_table[column] + row_table[row]."""
 
@@ -44,13 +63,13 @@ class NormedHeadsAttention(nn.Module):
     """softmax(q k^T) v (unscaled) over the patches a mask allows: queries and keys RMS-normed per head (with weights)
     and turned by axial 2D RoPE, values RMS-normed per head (no weight)."""
 
-    def __init__(self, dims: int, heads: int, head_dims: int, eps: float):
+    def __init__(self, dims: int, heads: int, head_dims: int, eps: float, clipped: bool = False):
         super().__init__()
-        self.heads = heads
-        self.q_proj = nn.Linear(dims, heads * head_dims, bias=False)
-        self.k_proj = nn.Linear(dims, heads * head_dims, bias=False)
-        self.v_proj = nn.Linear(dims, heads * head_dims, bias=False)
-        self.o_proj = nn.Linear(heads * head_dims, dims, bias=False)
+        self.heads, linear = heads, linear_maker(clipped)
+        self.q_proj = linear(dims, heads * head_dims)
+        self.k_proj = linear(dims, heads * head_dims)
+        self.v_proj = linear(dims, heads * head_dims)
+        self.o_proj = linear(heads * head_dims, dims)
         self.q_norm, self.k_norm = RMSNorm(head_dims, eps), RMSNorm(head_dims, eps)
         self.v_norm = UnscaledRMSNorm(head_dims, eps)
 
@@ -64,12 +83,18 @@ class NormedHeadsAttention(nn.Module):
 class SandwichBlock(nn.Module):
     """x + post(attn(pre(x))), then + post(ffn(pre(.))): each sub-layer between two RMSNorms (Gemma's block)."""
 
-    def __init__(self, dims: int, hidden_dims: int, heads: int, head_dims: int, eps: float, activation: str):
+    def __init__(
+        self, dims: int, hidden_dims: int, heads: int, head_dims: int, eps: float, activation: str, clipped: bool
+    ):
         super().__init__()
         self.attn_norm, self.post_attn_norm = RMSNorm(dims, eps), RMSNorm(dims, eps)
-        self.attn = NormedHeadsAttention(dims, heads, head_dims, eps)
+        self.attn = NormedHeadsAttention(dims, heads, head_dims, eps, clipped)
         self.ffn_norm, self.post_ffn_norm = RMSNorm(dims, eps), RMSNorm(dims, eps)
         self.ffn = GatedFFN(dims, hidden_dims, activation)
+        if clipped:
+            linear = linear_maker(clipped)
+            self.ffn.gate_proj, self.ffn.up_proj = linear(dims, hidden_dims), linear(dims, hidden_dims)
+            self.ffn.down_proj = linear(hidden_dims, dims)
 
     def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
         x = x + self.post_attn_norm(self.attn(self.attn_norm(x), cos, sin, mask))
@@ -103,11 +128,13 @@ class PooledGridEncoder(ImageEncoder):
         eps: float,
         activation: str,
         standardize: bool,
+        clipped: bool = False,
     ):
         super().__init__()
         self.pooling, self.dims = pooling, dims
         self.embed = AxialPatchEmbedding(features, dims, table_size)
-        self.layers = [SandwichBlock(dims, hidden_dims, heads, head_dims, eps, activation) for _ in range(layers)]
+        block = (dims, hidden_dims, heads, head_dims, eps, activation, clipped)
+        self.layers = [SandwichBlock(*block) for _ in range(layers)]
         self.rope = PlanarRotary(head_dims, rope_base)
         if standardize:
             self.std_bias, self.std_scale = mx.zeros((dims,)), mx.ones((dims,))
