@@ -299,16 +299,8 @@ VISION_TOWER_NAMES = [
     ("encoder.layers.{i}.post_attention_layernorm.", "vision.layers.{i}.post_attn_norm."),
     ("encoder.layers.{i}.pre_feedforward_layernorm.", "vision.layers.{i}.ffn_norm."),
     ("encoder.layers.{i}.post_feedforward_layernorm.", "vision.layers.{i}.post_ffn_norm."),
-    *[
-        (f"encoder.layers.{{i}}.self_attn.{p}.linear.", f"vision.layers.{{i}}.attn.{p}.")
-        for p in ("q_proj", "k_proj", "v_proj", "o_proj")
-    ],
     ("encoder.layers.{i}.self_attn.", "vision.layers.{i}.attn."),
-    *[
-        (f"encoder.layers.{{i}}.mlp.{p}.linear.", f"vision.layers.{{i}}.ffn.{p}.")
-        for p in ("gate_proj", "up_proj", "down_proj")
-    ],
-    ("encoder.layers.{i}.mlp.", "vision.layers.{i}.ffn."),  # the clipped linears' bounds
+    ("encoder.layers.{i}.mlp.", "vision.layers.{i}.ffn."),  # each map's `.linear.` and, clipped, its bounds
     ("std_bias", "vision.std_bias"),
     ("std_scale", "vision.std_scale"),
 ]

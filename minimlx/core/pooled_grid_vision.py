@@ -25,23 +25,24 @@ from .vision import ImageEncoder, ImageInput, block_diagonal
 from .windowed_vision import PlanarRotary, rotate_each_half
 
 
-class ClippedLinear(nn.Linear):
-    """clip(W clip(x, input_min, input_max), output_min, output_max): a linear map (no bias) whose input and output
-    are clamped to bounds the checkpoint stores (Gemma 4's towers with `use_clipped_linears`)."""
+class ClippableLinear(nn.Module):
+    """W x (no bias); with `clipped`, clip(W clip(x, input_min, input_max), output_min, output_max): input and output
+    clamped to bounds the checkpoint stores (Gemma 4's towers with `use_clipped_linears`). The map itself is a plain
+    `linear`, which quantizes as any other."""
 
-    def __init__(self, input_dims: int, output_dims: int):
-        super().__init__(input_dims, output_dims, bias=False)
-        self.input_min, self.input_max = mx.array(-np.inf), mx.array(np.inf)
-        self.output_min, self.output_max = mx.array(-np.inf), mx.array(np.inf)
+    def __init__(self, input_dims: int, output_dims: int, clipped: bool):
+        super().__init__()
+        self.linear = nn.Linear(input_dims, output_dims, bias=False)
+        self.clipped = clipped
+        if clipped:
+            self.input_min, self.input_max = mx.array(-np.inf), mx.array(np.inf)
+            self.output_min, self.output_max = mx.array(-np.inf), mx.array(np.inf)
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = super().__call__(mx.minimum(mx.maximum(x, self.input_min), self.input_max))
+        if not self.clipped:
+            return self.linear(x)
+        y = self.linear(mx.minimum(mx.maximum(x, self.input_min), self.input_max))
         return mx.minimum(mx.maximum(y, self.output_min), self.output_max)
-
-
-def linear_maker(clipped: bool):
-    """(input dims, output dims) -> a linear map without bias: a `ClippedLinear` where the tower clips them."""
-    return ClippedLinear if clipped else (lambda i, o: nn.Linear(i, o, bias=False))
 
 
 class AxialPatchEmbedding(nn.Module):
@@ -54,7 +55,7 @@ class AxialPatchEmbedding(nn.Module):
 
     def __call__(self, patches: mx.array, positions: np.ndarray) -> mx.array:
         """patches (patches, features), positions (patches, 2) as (column, row) -> (patches, dims)."""
-        x = self.proj((2 * (patches - 0.5)).astype(self.proj.weight.dtype))
+        x = self.proj((2 * (patches - 0.5)).astype(self.position_table.dtype))  # the tower's dtype, quantized or not
         columns, rows = mx.array(positions[:, 0]), mx.array(positions[:, 1])
         return x + self.position_table[0][columns] + self.position_table[1][rows]
 
@@ -65,11 +66,11 @@ class NormedHeadsAttention(nn.Module):
 
     def __init__(self, dims: int, heads: int, head_dims: int, eps: float, clipped: bool = False):
         super().__init__()
-        self.heads, linear = heads, linear_maker(clipped)
-        self.q_proj = linear(dims, heads * head_dims)
-        self.k_proj = linear(dims, heads * head_dims)
-        self.v_proj = linear(dims, heads * head_dims)
-        self.o_proj = linear(heads * head_dims, dims)
+        self.heads = heads
+        self.q_proj = ClippableLinear(dims, heads * head_dims, clipped)
+        self.k_proj = ClippableLinear(dims, heads * head_dims, clipped)
+        self.v_proj = ClippableLinear(dims, heads * head_dims, clipped)
+        self.o_proj = ClippableLinear(heads * head_dims, dims, clipped)
         self.q_norm, self.k_norm = RMSNorm(head_dims, eps), RMSNorm(head_dims, eps)
         self.v_norm = UnscaledRMSNorm(head_dims, eps)
 
@@ -91,10 +92,10 @@ class SandwichBlock(nn.Module):
         self.attn = NormedHeadsAttention(dims, heads, head_dims, eps, clipped)
         self.ffn_norm, self.post_ffn_norm = RMSNorm(dims, eps), RMSNorm(dims, eps)
         self.ffn = GatedFFN(dims, hidden_dims, activation)
-        if clipped:
-            linear = linear_maker(clipped)
-            self.ffn.gate_proj, self.ffn.up_proj = linear(dims, hidden_dims), linear(dims, hidden_dims)
-            self.ffn.down_proj = linear(hidden_dims, dims)
+        # the FFN's maps clippable too (a GatedFFN over ClippableLinears)
+        self.ffn.gate_proj = ClippableLinear(dims, hidden_dims, clipped)
+        self.ffn.up_proj = ClippableLinear(dims, hidden_dims, clipped)
+        self.ffn.down_proj = ClippableLinear(hidden_dims, dims, clipped)
 
     def __call__(self, x: mx.array, cos: mx.array, sin: mx.array, mask: mx.array | None) -> mx.array:
         x = x + self.post_attn_norm(self.attn(self.attn_norm(x), cos, sin, mask))
@@ -155,5 +156,5 @@ class PooledGridEncoder(ImageEncoder):
         pooled = pooled * self.dims**0.5
         if "std_bias" in self:
             pooled = (pooled - self.std_bias.astype(mx.float32)) * self.std_scale.astype(mx.float32)
-        pooled = pooled.astype(self.projection.weight.dtype)
+        pooled = pooled.astype(self.embed.position_table.dtype)
         return self.projection(self.projector_norm(pooled))
