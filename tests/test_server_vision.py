@@ -242,33 +242,6 @@ def test_four_image_requests_decode_in_one_batch(gemma3, monkeypatch):
     assert answers == [served.cold(plain, [picture], logit_bias={EOS: -100}) for picture in four]
 
 
-def check_chat_answers(served: InProcessServer, picture, expected: str):
-    """Chat completions about `picture` (between ASK's words), not streamed and streamed, both answer `expected`
-    (not empty); the first answer."""
-    history = [{"role": "user", "content": chat_content(picture)}]
-    openai, settings = served.openai(), dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
-    first = openai.chat.completions.create(messages=history, **settings)
-    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
-    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert expected and first.choices[0].message.content == streamed == expected
-    return first
-
-
-def check_next_turn(served: InProcessServer, picture, first, prompt_tokens: int) -> None:
-    """The turn after `first` (the answer about `picture` to a prompt of `prompt_tokens`) prefills only its new
-    tokens and answers as a cold read of the conversation does."""
-    answer = first.choices[0].message.content
-    turns = [{"role": "assistant", "content": answer}, {"role": "user", "content": "And the colours?"}]
-    history = [{"role": "user", "content": chat_content(picture)}, *turns]
-    plain = [{"role": "user", "content": "\ue000".join(ASK)}, *turns]
-    second = served.openai().chat.completions.create(
-        model="tiny", messages=history, max_tokens=MAX_TOKENS, temperature=0
-    )
-    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > prompt_tokens - 2
-    assert second.choices[0].message.content == served.cold(plain, [picture])
-
-
 @pytest.fixture(scope="module")
 def qwen2_5_vl(qwen2_5_vl_chat):
     """(the server of the tiny Qwen2.5-VL, the transformers model, its image processor)."""
@@ -282,22 +255,10 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
     """A picture resized to a 16 x 10 patch grid (8 x 5 soft tokens): the answer equals transformers' `generate`
     through chat completions (streamed and not), Responses and Messages; the next turn prefills only its new tokens
     (the positions after the image shifted as in the first turn) and answers as a cold read does."""
-    torch = require("torch")
     served, torch_model, processor = qwen2_5_vl
     picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
-    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
-    ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
-    ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = torch_model.generate(
-            input_ids=ids,
-            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            **qwen_inputs(processor, [picture]),
-        )
-    expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
-    first = check_chat_answers(served, picture, expected)
+    expected, prompt_tokens = qwen_greedy_answer(served, torch_model, processor, picture)
+    first = assert_chat_completions_answer(openai, [{"role": "user", "content": chat_content(picture)}], expected)
     image = {"type": "input_image", "image_url": data_url(picture)}
     content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
     responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
@@ -311,7 +272,60 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
         extra_body={"temperature": 0},
     )
     assert "".join(b.text for b in message.content) == expected
-    check_next_turn(served, picture, first, ids.shape[1])
+    check_next_turn(served, picture, first, prompt_tokens)
+
+
+def check_next_turn(served: InProcessServer, picture, first, prompt_tokens: int) -> None:
+    """The turn after `first` (the answer about `picture` to a prompt of `prompt_tokens`) prefills only its new
+    tokens and answers as a cold read of the conversation does."""
+    turns = [{"role": "assistant", "content": first.choices[0].message.content}]
+    turns += [{"role": "user", "content": "And the colours?"}]
+    history = [{"role": "user", "content": chat_content(picture)}, *turns]
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}, *turns]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    second = served.openai().chat.completions.create(messages=history, **settings)
+    usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > prompt_tokens - 2
+    assert second.choices[0].message.content == served.cold(plain, [picture])
+
+
+def qwen_greedy_answer(served, torch_model, processor, picture) -> tuple[str, int]:
+    """(transformers' greedy answer to `ASK` about `picture` under the served model's chat template, as text; the
+    prompt's tokens)."""
+    torch = require("torch")
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            **qwen_inputs(processor, [picture]),
+        )
+    return served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS]), ids.shape[1]
+
+
+def assert_chat_completions_answer(openai, history: list[dict], expected: str):
+    """Chat completions answers `history` with `expected`, streamed and not; returns the unstreamed completion."""
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    first = openai.chat.completions.create(messages=history, **settings)
+    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert expected and first.choices[0].message.content == streamed == expected
+    return first
+
+
+def test_qwen3_vl_answers_as_transformers_generate(qwen3_vl_chat):
+    """Qwen3-VL (DeepStack levels, an interleaved multimodal RoPE) through chat completions, streamed and not, with the
+    picture of 16 x 10 patches: the answer equals transformers' `generate`."""
+    folder, torch_model, processor = qwen3_vl_chat
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        picture = pictures(QWEN_SHAPES)[2]
+        expected, _ = qwen_greedy_answer(served, torch_model, processor, picture)
+        assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +359,8 @@ def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_ca
             do_sample=False,
         )
     expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
-    first = check_chat_answers(served, picture, expected)
+    history = [{"role": "user", "content": chat_content(picture)}]
+    first = assert_chat_completions_answer(served.openai(), history, expected)
     check_next_turn(served, picture, first, ids.shape[1])
 
 

@@ -6,7 +6,7 @@ Every norm stores its weight as the difference from 1 (the gated norm inside the
 Qwen3-Next's FFN is a mixture of experts with a gated shared expert (Qwen2-MoE's) and its DeltaNet projections come
 fused and interleaved per key head (`in_proj_qkvz`, `in_proj_ba`); Qwen3.5 keeps them apart, dense (`qwen3_5_text`)
 or with experts (`qwen3_5_moe_text`). The image-text checkpoints (`qwen3_5`, `qwen3_5_moe`) hold the text model under
-`model.language_model` beside a vision tower, which is left out.
+`model.language_model` beside Qwen3-VL's vision tower (without DeepStack), and read images as Qwen3-VL does.
 """
 
 from dataclasses import dataclass, replace
@@ -18,10 +18,11 @@ from ..core import OffsetRMSNorm
 from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
 from .gguf import Metadata, llama_config, partial_rotary, unpacked
-from .image_text import ImageText, text_model_names
 from .names import LLAMA_GGUF_NAMES
 from .qwen2 import Qwen2MoeConfig, shared_gate_rows
+from .qwen2_vl import QwenImages
 from .qwen3 import gguf_experts, qwen_experts
+from .qwen3_vl import Qwen3VisionTower, qwen3_vl_names
 from .registry import register
 
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
@@ -342,17 +343,27 @@ def interleaved(parts: list[mx.array], heads: int) -> mx.array:
 
 @register("qwen3_5")
 @dataclass
-class Qwen35Config(ImageText, Qwen35TextConfig):
-    example_config = {"model_type": "qwen3_5", "text_config": Qwen35TextConfig.example_config}
-    names = text_model_names(NAMES)
-    image_text_type = "qwen3_5"
+class Qwen35Config(Qwen3VisionTower, QwenImages, Qwen35TextConfig):
+    """Qwen3.5's image-text checkpoints: the text model from `text_config` (under `model.language_model`), Qwen3-VL's
+    tower without DeepStack from `vision_config` (a checkpoint without one reads text only)."""
+
+    example_config = {
+        "model_type": "qwen3_5",
+        "text_config": {
+            **Qwen35TextConfig.example_config,
+            "rope_parameters": {"rope_theta": 1e4, "mrope_section": [1, 1, 0], "partial_rotary_factor": 0.25},
+        },
+    }
+    names = qwen3_vl_names(NAMES)
     wrapping_type = None
 
 
 @register("qwen3_5_moe")
 @dataclass
-class Qwen35MoeConfig(ImageText, Qwen35MoeTextConfig):
-    example_config = {"model_type": "qwen3_5_moe", "text_config": Qwen35MoeTextConfig.example_config}
+class Qwen35MoeConfig(Qwen3VisionTower, QwenImages, Qwen35MoeTextConfig):
+    example_config = {
+        "model_type": "qwen3_5_moe",
+        "text_config": {**Qwen35MoeTextConfig.example_config, **Qwen35Config.example_config["text_config"]},
+    }
     names = Qwen35Config.names
-    image_text_type = "qwen3_5_moe"
     wrapping_type = None
