@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..core.vision import ImageInput, PlacedImages, image_owners
+from ..core.vision import ImageInput, image_owners
 from ..errors import InvalidSettingError
 from .prefill import marked
 
@@ -70,7 +70,7 @@ class PromptImages:
         """Feed `ids` (the prompt but its last token, which holds every image) into `cache` (empty) in one pass, the
         images' soft tokens in place; evaluated."""
         features = model.encode_images(self.inputs)
-        placed = PlacedImages.at(ids, self.token, features, self.places, model.config.images_both_ways, self.axes)
+        placed = model.config.place_images(ids, features, self.places, self.axes)
         marked(cache)
         model(mx.array([ids]), cache, images=placed, last_only=True)
         if self.axes is not None:
