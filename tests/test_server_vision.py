@@ -165,12 +165,17 @@ def test_each_api_answers_an_image_as_transformers_does_streamed_and_not(gemma3)
 
 def test_a_forced_tool_call_with_an_image_is_a_valid_call(gemma3):
     served, *_ = gemma3
+    assert_forced_tool_call(served.openai(), pictures()[1])
+
+
+def assert_forced_tool_call(openai, picture) -> None:
+    """A chat completion about `picture` with a forced function call returns a valid call of it."""
     city = {"type": "string", "enum": ["Paris", "Rome"]}
     parameters = {"type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}
     tool = {"name": "get_weather", "parameters": parameters}
-    answer = served.openai().chat.completions.create(
+    answer = openai.chat.completions.create(
         model="tiny",
-        messages=[{"role": "user", "content": chat_content(pictures()[1])}],
+        messages=[{"role": "user", "content": chat_content(picture)}],
         tools=[{"type": "function", "function": tool}],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=200,
@@ -307,6 +312,28 @@ def qwen_greedy_answer(served, torch_model, processor, picture) -> tuple[str, in
     return served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS]), ids.shape[1]
 
 
+def assert_every_api_answers(served: InProcessServer, picture, expected: str) -> None:
+    """Responses (`input_image`) and Messages (a base64 `image` block), streamed and not, answer `ASK` about `picture`
+    with `expected` (what chat completions gave), and a forced tool call with the picture is a valid call."""
+    openai = served.openai()
+    image = {"type": "input_image", "image_url": data_url(picture)}
+    content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
+    responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
+    answers = {"responses": openai.responses.create(**responses, temperature=0).output_text}
+    events = openai.responses.create(**responses, temperature=0, stream=True)
+    answers["responses, streamed"] = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data(picture)}}
+    text = [{"type": "text", "text": ASK[0]}, block, {"type": "text", "text": ASK[1]}]
+    messages = [{"role": "user", "content": text}]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0})
+    anthropic = served.anthropic()
+    answers["messages"] = "".join(b.text for b in anthropic.messages.create(messages=messages, **settings).content)
+    with anthropic.messages.stream(messages=messages, **settings) as stream:
+        answers["messages, streamed"] = "".join(stream.text_stream)
+    assert answers == dict.fromkeys(answers, expected)
+    assert_forced_tool_call(openai, picture)
+
+
 def assert_chat_completions_answer(openai, history: list[dict], expected: str):
     """Chat completions answers `history` with `expected`, streamed and not; returns the unstreamed completion."""
     settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
@@ -319,13 +346,15 @@ def assert_chat_completions_answer(openai, history: list[dict], expected: str):
 
 def test_qwen3_vl_answers_as_transformers_generate(qwen3_vl_chat):
     """Qwen3-VL (DeepStack levels, an interleaved multimodal RoPE) through chat completions, streamed and not, with the
-    picture of 16 x 10 patches: the answer equals transformers' `generate`."""
+    picture of 16 x 10 patches: the answer equals transformers' `generate`; so do Responses' and Messages', and a
+    forced tool call is a valid call."""
     folder, torch_model, processor = qwen3_vl_chat
     served = InProcessServer(folder, "tiny")
     with served.client:
         picture = pictures(QWEN_SHAPES)[2]
         expected, _ = qwen_greedy_answer(served, torch_model, processor, picture)
         assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
+        assert_every_api_answers(served, picture, expected)
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +370,7 @@ def gemma4(tmp_path_factory):
 def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_cache(gemma4):
     """A 120 x 64 picture (22 x 12 patches, 66 soft tokens between the image begin and end tokens): the answer through
     chat completions (streamed and not) equals transformers' `generate`; the next turn prefills only its new tokens
-    and answers as a cold read does."""
+    and answers as a cold read does; Responses and Messages give the same answer and a forced tool call is valid."""
     torch = require("torch")
     served, torch_model, processor = gemma4
     picture = pictures([(120, 64)])[0]
@@ -362,6 +391,7 @@ def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_ca
     history = [{"role": "user", "content": chat_content(picture)}]
     first = assert_chat_completions_answer(served.openai(), history, expected)
     check_next_turn(served, picture, first, ids.shape[1])
+    assert_every_api_answers(served, picture, expected)
 
 
 def header_only_png(width: int, height: int) -> bytes:
