@@ -27,6 +27,11 @@ PUBLISHED_TOTALS = {
     "glm-4-9b": 9_400_279_040,
     "gemma-3-12b": 12_187_325_040,  # the language model, the SigLIP tower and its projector (the Hub's count)
     "gemma-3-27b": 27_432_406_640,
+    "llama4-scout": 107_769_861_120,  # the text model: the card's 109B adds the vision tower and projector
+    "llama4-maverick": 400_711_848_960,
+    "glm-4.5": 352_797_829_024,  # the card's 355B adds the MTP layer, which only speculation reads
+    "glm-4.5-air": 106_852_251_264,
+    "deepseek-v3.2": 671_877_944_064,  # deepseek-v3 plus 61 lightning indexers; the card's 685B adds the MTP layer
 }
 ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_token / experts
     "qwen3-235b-a22b": 22_190_763_520,
@@ -35,6 +40,11 @@ ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_
     "kimi-k2": 32_861_500_928,
     "gpt-oss-120b": 5_711_982_912,  # OpenAI's 5.13B leaves out the embedding (201,088 x 2,880)
     "gpt-oss-20b": 4_187_440_704,  # and 3.61B
+    "llama4-scout": 17_172_894_720,
+    "llama4-maverick": 17_184_691_200,
+    "glm-4.5": 33_632_266_144,  # Z.ai's 32B and 12B leave out the embedding and the lm_head
+    "glm-4.5-air": 13_424_129_664,
+    "deepseek-v3.2": 38_403_822_336,
 }
 
 
@@ -55,7 +65,7 @@ def transformers_meta():
     torch, transformers = require("torch"), require("transformers")
 
     def build(name):
-        config = preset(name)
+        config = {key: value for key, value in preset(name).items() if key != "_source"}
         if config["model_type"] == "kimi_k2":  # its remote code (auto_map) is DeepSeek-V3's, which transformers has
             config = {**config, "model_type": "deepseek_v3"}
         config = transformers.AutoConfig.for_model(**config)
