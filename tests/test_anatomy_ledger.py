@@ -32,6 +32,9 @@ PUBLISHED_TOTALS = {
     "glm-4.5": 352_797_829_024,  # the card's 355B adds the MTP layer, which only speculation reads
     "glm-4.5-air": 106_852_251_264,
     "deepseek-v3.2": 671_877_944_064,  # deepseek-v3 plus 61 lightning indexers; the card's 685B adds the MTP layer
+    "gemma-4-31b": 30_697_345_340,  # the card's 30.7B (the text model)
+    "qwen3.5-9b": 8_953_803_264,  # the text model, untied
+    "qwen3.5-397b-a17b": 396_346_350_336,
 }
 ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_token / experts
     "qwen3-235b-a22b": 22_190_763_520,
@@ -45,6 +48,7 @@ ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_
     "glm-4.5": 33_632_266_144,  # Z.ai's 32B and 12B leave out the embedding and the lm_head
     "glm-4.5-air": 13_424_129_664,
     "deepseek-v3.2": 38_403_822_336,
+    "qwen3.5-397b-a17b": 17_349_040_896,
 }
 
 
@@ -80,9 +84,10 @@ def transformers_meta():
 @pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
 def test_preset_counts_are_what_transformers_counts(name, transformers_meta):
     """The exact totals above are transformers' own counts of the configs (with the routers' correction
-    biases, which it keeps as buffers), and the active counts follow from its routed experts."""
+    biases and Gemma 4's layer scalars, which it keeps as buffers), and the active counts follow from its routed experts."""
     model = transformers_meta(name)
-    biases = [b for path, b in model.named_buffers() if path.endswith("e_score_correction_bias")]
+    checkpoint_buffers = ("e_score_correction_bias", "layer_scalar")  # buffers the checkpoints hold, as weights
+    biases = [b for path, b in model.named_buffers() if path.endswith(checkpoint_buffers)]
     total = sum(p.numel() for p in [*model.parameters(), *biases])
     config = preset(name)
     experts = next((config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in config), None)
