@@ -35,6 +35,7 @@ PUBLISHED_TOTALS = {
     "gemma-4-31b": 30_697_345_340,  # the card's 30.7B (the text model)
     "qwen3.5-9b": 8_953_803_264,  # the text model, untied
     "qwen3.5-397b-a17b": 396_346_350_336,
+    "mistral-small-4": 118_972_826_624,  # the text model of the card's 119B
 }
 ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_token / experts
     "qwen3-235b-a22b": 22_190_763_520,
@@ -49,6 +50,7 @@ ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_
     "glm-4.5-air": 13_424_129_664,
     "deepseek-v3.2": 38_403_822_336,
     "qwen3.5-397b-a17b": 17_349_040_896,
+    "mistral-small-4": 6_632_588_288,
 }
 
 
@@ -76,6 +78,8 @@ def transformers_meta():
         with torch.device("meta"):  # a gemma3 config: its image-text model, vision tower included, as minimlx reads it
             if hasattr(config, "vision_config"):
                 return transformers.AutoModelForImageTextToText.from_config(config)
+            if config.model_type == "mistral4":  # transformers maps no auto class to it
+                return transformers.Mistral4ForCausalLM(config)
             return transformers.AutoModelForCausalLM.from_config(config)
 
     return build
