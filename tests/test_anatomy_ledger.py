@@ -88,7 +88,8 @@ def transformers_meta():
 @pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
 def test_preset_counts_are_what_transformers_counts(name, transformers_meta):
     """The exact totals above are transformers' own counts of the configs (with the routers' correction
-    biases and Gemma 4's layer scalars, which it keeps as buffers), and the active counts follow from its routed experts."""
+    biases and Gemma 4's layer scalars, which it keeps as buffers), and the active counts follow from its routed
+    experts."""
     model = transformers_meta(name)
     checkpoint_buffers = ("e_score_correction_bias", "layer_scalar")  # buffers the checkpoints hold, as weights
     biases = [b for path, b in model.named_buffers() if path.endswith(checkpoint_buffers)]
@@ -98,6 +99,12 @@ def test_preset_counts_are_what_transformers_counts(name, transformers_meta):
     routed = sum(p.numel() for path, p in model.named_parameters() if ".experts." in path)
     active = total - routed + routed * config.get("num_experts_per_tok", 0) // (experts or 1)
     assert (total, active) == (PUBLISHED_TOTALS[name], ACTIVE.get(name, total))
+
+
+def test_hybrid_stack_reports_its_attention_heads():
+    """Qwen3.5 opens with Gated DeltaNet layers: the shape's heads are those of its first attention layer."""
+    assert ledger("qwen3.5-9b").shape["heads"] == 16
+    assert ledger("qwen3.5-397b-a17b").shape["heads"] == 32
 
 
 def test_gpt2_components_and_percentages():

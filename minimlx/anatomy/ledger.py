@@ -133,10 +133,12 @@ def _quantized_bits(model: nn.Module) -> dict[str, int]:
 
 def _shape(model: nn.Module) -> dict:
     moe = [layer.ffn for layer in model.layers if hasattr(layer.ffn, "num_experts")]
+    # the first attention layer's query heads: a hybrid stack (Qwen3.5) opens with recurrent layers, which have none
+    heads = next((layer.attn.heads for layer in model.layers if hasattr(layer.attn, "heads")), None)
     return {
         "layers": len(model.layers),
         "d_model": model.norm.weight.shape[-1],
-        "heads": getattr(model.layers[0].attn, "heads", None),
+        "heads": heads,
         "experts": moe[0].num_experts if moe else None,
         "experts_per_token": moe[0].experts_per_token if moe else None,
         "shared_experts": bool(moe) and "shared_experts" in moe[0],
