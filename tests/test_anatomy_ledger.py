@@ -36,6 +36,7 @@ PUBLISHED_TOTALS = {
     "qwen3.5-9b": 8_953_803_264,  # the text model, untied
     "qwen3.5-397b-a17b": 396_346_350_336,
     "mistral-small-4": 118_972_826_624,  # the text model of the card's 119B
+    "gemma-4-26b-a4b": 25_233_141_790,  # the card's 25.2B, a mixture beside each dense FFN
 }
 ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_token / experts
     "qwen3-235b-a22b": 22_190_763_520,
@@ -51,6 +52,7 @@ ACTIVE = {  # mixture-of-experts presets: total - routed + routed x experts_per_
     "deepseek-v3.2": 38_403_822_336,
     "qwen3.5-397b-a17b": 17_349_040_896,
     "mistral-small-4": 6_632_588_288,
+    "gemma-4-26b-a4b": 3_822_530_590,  # the card's 3.8B
 }
 
 
@@ -97,7 +99,8 @@ def test_preset_counts_are_what_transformers_counts(name, transformers_meta):
     config = preset(name)
     experts = next((config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in config), None)
     routed = sum(p.numel() for path, p in model.named_parameters() if ".experts." in path)
-    active = total - routed + routed * config.get("num_experts_per_tok", 0) // (experts or 1)
+    chosen = config.get("num_experts_per_tok", config.get("top_k_experts", 0))  # Gemma 4 names it top_k_experts
+    active = total - routed + routed * chosen // (experts or 1)
     assert (total, active) == (PUBLISHED_TOTALS[name], ACTIVE.get(name, total))
 
 

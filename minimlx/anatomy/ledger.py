@@ -3,7 +3,8 @@
 Components are read off parameter paths (the model naming contract), never off an architecture
 name: `embed` is the token embedding, `positions` the position embedding, `head` the lm_head,
 any `*norm` module a norm, and inside a layer `attn` is attention while `ffn` splits into the
-MoE `router`, the routed `experts`, the `shared_experts` and, for a dense layer, the FFN itself.
+MoE `router`, the routed `experts`, the `shared_experts` and, for a dense layer, the FFN itself (a mixture that
+runs beside the dense FFN, Gemma 4's `moe`, splits into its `router` and `experts` the same way).
 Adapters (`minimlx.tune`'s LoRA and DoRA forms, `lora_a`, `lora_b` and `magnitude`, and the stacks of adapters a
 server applies per row, `decode.adapters`) count apart from the maps they adapt, whose own weights stay in place.
 
@@ -65,7 +66,16 @@ def component(path: str) -> str:
         return "attention"
     if parts[2] == "ffn":
         return FFN_PARTS.get(parts[3], "ffn")
+    if parts[2] == "moe":  # a mixture beside the dense FFN (Gemma 4): its router and experts
+        return FFN_PARTS.get(parts[3], "other")
     return "other"
+
+
+def _mixture(layer: nn.Module) -> nn.Module | None:
+    """A layer's mixture of experts: its FFN, or one that runs beside a dense FFN (`moe`), or none."""
+    if hasattr(layer.ffn, "num_experts"):
+        return layer.ffn
+    return layer.moe if "moe" in layer else None
 
 
 def presets() -> list[str]:
@@ -132,7 +142,7 @@ def _quantized_bits(model: nn.Module) -> dict[str, int]:
 
 
 def _shape(model: nn.Module) -> dict:
-    moe = [layer.ffn for layer in model.layers if hasattr(layer.ffn, "num_experts")]
+    moe = [mixture for mixture in map(_mixture, model.layers) if mixture is not None]
     # the first attention layer's query heads: a hybrid stack (Qwen3.5) opens with recurrent layers, which have none
     heads = next((layer.attn.heads for layer in model.layers if hasattr(layer.attn, "heads")), None)
     return {
@@ -170,9 +180,10 @@ def count(model: nn.Module) -> Ledger:
 
     active = sum(components.values())
     for layer, counts in zip(model.layers, layers):
-        if hasattr(layer.ffn, "num_experts"):
+        mixture = _mixture(layer)
+        if mixture is not None:
             routed = counts["routed_experts"]
-            active -= routed - routed * layer.ffn.experts_per_token // layer.ffn.num_experts
+            active -= routed - routed * mixture.experts_per_token // mixture.num_experts
     return Ledger(
         _in_order(components), _in_order(nbytes), [_in_order(c) for c in layers], active, model.tied_head, _shape(model)
     )
