@@ -20,7 +20,7 @@ of the whole prefix (a recurrent layer's) declares no `CUT`, and is reused whole
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import ClassVar
 
 import mlx.core as mx
@@ -63,6 +63,7 @@ class Snapshot:
     arrays: list[mx.array]
     offset: int
     padding: list[int] = field(default_factory=list)
+    _: KW_ONLY
     shifts: list[int] = field(default_factory=list)
     """Per row, how many positions further on than its count the next token sits (`Cache.shift_positions`)."""
     shifted_at: int = 0
@@ -287,7 +288,9 @@ class GrowingBuffer(Cache):
         return [a[..., : self.offset, :] for a in self.arrays] if self.arrays is not None else []
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.held_columns(), self.offset, list(self.padding), list(self.shifts), self.shifted_at)
+        return Snapshot(
+            self.held_columns(), self.offset, list(self.padding), shifts=list(self.shifts), shifted_at=self.shifted_at
+        )
 
     def restore(self, snapshot: Snapshot) -> None:
         # views of the snapshot's arrays: writing into them (`append`) leaves the snapshot's own as they are
@@ -1047,7 +1050,7 @@ class RecurrentCache(Cache):
         """The states (arrays are immutable: later passes replace them), each row's length as its padding below the
         longest, and the marks."""
         marks = [dict(row) for row in self.marks]
-        return Snapshot(self.state, self.offset, [self.offset - n for n in self.lengths], marks)
+        return Snapshot(self.state, self.offset, [self.offset - n for n in self.lengths], marks=marks)
 
     def restore(self, snapshot: Snapshot) -> None:
         arrays = list(snapshot.arrays) + [None, None]
@@ -1060,7 +1063,7 @@ class RecurrentCache(Cache):
     def back_to(self, count: int) -> "RecurrentCache":
         """A new cache of this one row's state at the marked `count`, with the marks before it."""
         back = self.empty()
-        back.restore(Snapshot(self.marks[0][count], count, [0], [dict(self.marks[0])]))
+        back.restore(Snapshot(self.marks[0][count], count, [0], marks=[dict(self.marks[0])]))
         return back
 
     def trim(self, n: int) -> int:
@@ -1106,7 +1109,8 @@ class RecurrentCache(Cache):
                 for c in caches
             ]
             held = [mx.concatenate(rows) for rows in zip(*parts)]
-            merged.restore(Snapshot(held, merged.offset, [merged.offset - n for n in merged.lengths], merged.marks))
+            padding = [merged.offset - n for n in merged.lengths]
+            merged.restore(Snapshot(held, merged.offset, padding, marks=merged.marks))
         return merged
 
 
