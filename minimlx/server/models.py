@@ -18,6 +18,7 @@ from ..decode import Engine
 from ..decode.images import PromptImages
 from ..embedding import Embedder, reranker
 from ..errors import InvalidSettingError, MinimlxError
+from ..vision import ImageLimits
 from .access_log import RequestRecord, current_request
 from .adapters import AdapterChoice, chosen
 from .answer import Answer
@@ -40,7 +41,7 @@ class Serving:
     """How every model is served: `chat_template` replaces the model's own, `reasoning` splits thinking from the
     answer, `request_timeout` (seconds) ends a longer generation, `max_tokens` bounds every answer (serve's
     --max-tokens; else the room left in the context), `forced_call` is --force-tool-call and `heartbeat` the longest
-    a stream stays silent."""
+    a stream stays silent, `image_limits` what a request's pictures may be (their number, file sizes and pixels)."""
 
     chat_template: str | None = None
     reasoning: bool = True
@@ -48,6 +49,7 @@ class Serving:
     max_tokens: int | None = None
     forced_call: ForcedCall | None = None
     heartbeat: float = HEARTBEAT_SECONDS
+    image_limits: ImageLimits = ImageLimits()
 
 
 class ServedModel:
@@ -89,8 +91,10 @@ class ServedModel:
         count = self.renderer.count_tokens(turn)
         model = self.engine.model
         if turn.images and model.image_processor is not None:
+            limits = self.serving.image_limits
             try:
-                inputs = model.image_processor(turn.images)
+                limits.check(turn.images)
+                inputs = model.image_processor(turn.images, limits.max_pixels)
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
             start = model.config.image_start_token
@@ -104,7 +108,10 @@ class ServedModel:
         images = None
         if turn.images:
             try:
-                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, turn.images)
+                limits = self.serving.image_limits
+                prompt, images = await asyncio.to_thread(
+                    PromptImages.read, self.engine.model, prompt, turn.images, limits
+                )
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
         answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched, images=images)
