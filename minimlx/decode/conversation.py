@@ -99,14 +99,13 @@ class Conversation:
                 self.warned = True
         places = ids.count(self.model.config.image_start_token) if pictures else 0
         pictures = pictures[len(pictures) - places :] if places else []  # those of the turns kept
-        prompt, written, reread = ids[self.keep(shared_start(self.cached_ids, ids)) :], ids, False
-        if pictures:
+        written, reread = ids, False
+        if pictures:  # the cached ids hold the images' places written out
             written, placed = PromptImages.read(self.model, ids, pictures)
-            shared = self.keep(shared_start(self.cached_ids, written))
-            reread = shared < placed.end  # the cache holds not all of the images: read the prompt from its start
-            prompt = ids if reread else written[shared:]
-            if reread:
-                self.keep(0)
+        shared = self.keep(shared_start(self.cached_ids, written))
+        if pictures and shared < placed.end:  # the cache holds not all of the images: read the prompt from its start
+            shared, reread = self.keep(0), True
+        prompt = ids if reread else written[shared:]
         answer, generated = [], []
         try:
             stream = stream_generate(
