@@ -14,17 +14,20 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from models import TINY_LLAMA, write_model
+from PIL import Image
 from reference import require
 from vision_models import CHAT_IMAGE_TOKEN, EOS, QWEN_SHAPES, pictures, qwen_inputs, save_gemma3_chat
 
 import minimlx
 from minimlx.decode import Engine
-from minimlx.vision import open_image
+from minimlx.vision import ImageLimits, open_image
 
 pytestmark = pytest.mark.slow  # servers
 MAX_TOKENS = 8
+DEFAULT_LIMITS = ImageLimits()
 ASK = ("Describe ", " briefly.")  # the text around the picture in every request's user message
 
 
@@ -47,15 +50,16 @@ def chat_content(picture) -> list[dict]:
 class InProcessServer:
     """The in-process server of one model: its TestClient, engine, the model and tokenizer it serves."""
 
-    def __init__(self, folder, name: str):
+    def __init__(self, folder, name: str, limits: ImageLimits = DEFAULT_LIMITS):
         from starlette.testclient import TestClient
 
         from minimlx.server.app import Server
-        from minimlx.server.models import Models
+        from minimlx.server.models import Models, Serving
 
+        self.folder = folder
         self.model, self.tokenizer = minimlx.load(folder, dtype="float32")
         self.engine = Engine(self.model, self.tokenizer, max_batch=8, prompt_cache_size=8)
-        self.client = TestClient(Server(Models.one(self.engine, name)).app)
+        self.client = TestClient(Server(Models.one(self.engine, name, Serving(image_limits=limits))).app)
 
     def openai(self):
         return require("openai").OpenAI(base_url="http://testserver/v1", api_key="-", http_client=self.client)
@@ -357,3 +361,29 @@ def test_bad_images_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3
     text_only = InProcessServer(tmp_path / "llama", "tiny")
     with text_only.client:
         refused(text_only, png.getvalue(), 400, "image input is not supported by this model")
+        assert text_only.client.get("/v1/models").json()["data"][0]["input_modalities"] == ["text"]
+    assert served.client.get("/v1/models").json()["data"][0]["input_modalities"] == ["text", "image"]
+
+
+def test_image_limits_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3):
+    """Serve's --max-image-pixels, --max-image-mb and --max-images: each refused (400) within 2 s by every API."""
+    served, *_ = gemma3
+    limited = InProcessServer(served.folder, "tiny", ImageLimits(max_pixels=64 * 64, max_bytes=5_000, max_images=1))
+    rng = np.random.default_rng(0)
+    noise, wide, small = (io.BytesIO() for _ in range(3))
+    Image.fromarray(rng.integers(0, 256, (60, 60, 3), dtype=np.uint8)).save(noise, "PNG")  # 3,600 pixels, > 5 kB
+    Image.new("RGB", (120, 40), (200, 30, 90)).save(wide, "PNG")  # 4,800 pixels, a few bytes
+    Image.new("RGB", (30, 30), (20, 130, 90)).save(small, "PNG")
+    with limited.client:
+        refused(limited, noise.getvalue(), 400, "bytes, more than the 5,000 read per image")
+        refused(limited, wide.getvalue(), 400, "120 x 40 pixels", "4,096")
+        two = chat_content(open_image(small.getvalue())) + chat_content(open_image(small.getvalue()))
+        body = {"model": "tiny", "messages": [{"role": "user", "content": two}], "max_tokens": 2}
+        response = limited.client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400 and "2 images came, more than the 1" in response.json()["error"]["message"]
+        answer = limited.openai().chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": chat_content(open_image(small.getvalue()))}],
+            max_tokens=2,
+        )
+        assert answer.choices[0].finish_reason in ("stop", "length")

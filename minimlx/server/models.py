@@ -63,6 +63,7 @@ class ServedModel:
         self.bridge = EngineBridge(engine, serving.request_timeout)
         model = engine.model
         self.reads_images = "vision" in model
+        self.inputs = ("text", "image") if self.reads_images else ("text",)
         image_text = self.tokenizer.decode([model.config.image_start_token]) if self.reads_images else None
         self.renderer = Renderer(
             engine.tokenizer, serving.chat_template, serving.reasoning, serving.forced_call, image_text
@@ -176,11 +177,19 @@ class Models:
 
     def names(self) -> list[str]:
         """The names requests may give: every known model's, and BASE:NAME for each adapter NAME of a loaded one."""
-        names = []
+        return [name for name, _ in self.listing()]
+
+    def listing(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(name, the inputs it reads: "text", and "image" for an image-text model) of each name requests may give;
+        a model not loaded yet is known by its folder's config."""
+        listed = []
         for known in self.catalog.models:
             served = self.loaded.get(known.name)
-            names += served.adapters.models() if served is not None else [known.name]
-        return names
+            if served is None:
+                listed.append((known.name, known.inputs))
+            else:
+                listed += [(name, served.inputs) for name in served.adapters.models()]
+        return listed
 
     def adapted_base(self, asked):
         """The model `asked` names: BASE for BASE:NAME or NAME alone, where NAME is an adapter of the loaded model

@@ -52,7 +52,7 @@ class ImageLimits:
                 size = Path(image).stat().st_size
             if size is not None and size > self.max_bytes:
                 raise InvalidSettingError(
-                    f"image {i + 1} is {size / 1e6:.1f} MB, more than the {self.max_bytes / 1e6:g} MB read per image; "
+                    f"image {i + 1} is {size:,} bytes, more than the {self.max_bytes:,} read per image; "
                     "send a smaller file"
                 )
 
