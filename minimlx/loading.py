@@ -14,7 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .archs import build, gguf_config, plugin_config
-from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError
+from .archs.registry import get_mmproj_arch, reported
+from .errors import CheckpointError, InvalidSettingError, ModelNotFoundError, UnsupportedArchitectureError
 from .io.checkpoint import DTYPES, check_weights, install_weights, read_safetensors
 from .io.config import read_config
 from .io.gguf_file import GGUFFile, open_gguf, read_gguf
@@ -48,14 +49,21 @@ class Checkpoint:
     origin: dict[int, str] = field(default_factory=dict)  # checkpoint names by id(tensor), for error messages
     entry: dict | None = None  # config.json's quantization entry
     metadata: dict | None = None  # a GGUF file's metadata, its tokenizer included
+    image_processor: dict | None = None  # the image processor's config where no folder holds it (an mmproj file's)
 
 
-def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None = None) -> Checkpoint:
+def read_checkpoint(
+    path: Path, dtype: str | None = None, parallel: str | None = None, mmproj: str | Path | None = None
+) -> Checkpoint:
     """The checkpoint at `path`: a folder (Hugging Face's or mlx-lm's: config.json + safetensors, quantized or not)
     or a GGUF file, whose tensor types MLX cannot run packed are re-packed into MLX affine quantization (see
     io/gguf_file.py), or dequantized into `dtype` when it is a float dtype. Only the returned weights refer to the
     tensors, so installing them one by one frees each as it goes. A folder's tensors are read when evaluated; a GGUF
-    file's as they are converted, here: with `parallel`, only those of this rank's share (`rank_share`)."""
+    file's as they are converted, here: with `parallel`, only those of this rank's share (`rank_share`). A GGUF text
+    file is read with llama.cpp's `mmproj` file of its vision tower: `mmproj`, or else the one `mmproj*.gguf` beside it
+    that fits it (`mmproj_beside`)."""
+    if mmproj is not None and path.suffix.lower() != ".gguf":
+        raise InvalidSettingError(f"--mmproj goes with a .gguf text file; {path} holds its vision tower itself")
     if path.is_dir():
         config = read_config(path)
         plugin_config(config, str(path / "config.json"))  # a bad config is refused before any tensor is read
@@ -67,9 +75,14 @@ def read_checkpoint(path: Path, dtype: str | None = None, parallel: str | None =
     if path.suffix.lower() != ".gguf":
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file; pass one of those")
     if parallel is not None:
+        if mmproj is not None:
+            raise InvalidSettingError("an mmproj file is not read across processes yet; drop --parallel or --mmproj")
         return rank_share(path, dtype, parallel)
     tensors, metadata = read_gguf(path, DTYPES.get(dtype), stored=stored_blocks(dtype))
-    return gguf_checkpoint(path, metadata, tensors, tensors)
+    mmproj = Path(mmproj) if mmproj is not None else mmproj_beside(path, metadata)
+    if mmproj is None:
+        return gguf_checkpoint(path, metadata, tensors, tensors)
+    return image_text_checkpoint(path, metadata, tensors, mmproj, dtype)
 
 
 def stored_blocks(dtype: str | None) -> frozenset:
@@ -105,6 +118,64 @@ def gguf_checkpoint(path: Path, metadata: dict, tensors, weights: dict[str, mx.a
     config = gguf_config(metadata, tensors, str(path))
     arch = plugin_config(config, str(path))
     return Checkpoint(arch, config, arch.convert_gguf_weights(weights, metadata), metadata=metadata)
+
+
+def image_text_checkpoint(path: Path, metadata: dict, tensors: dict, mmproj: Path, dtype: str | None) -> Checkpoint:
+    """A GGUF text file (its `metadata` and `tensors`) and llama.cpp's mmproj file of its vision tower as one
+    image-text checkpoint: the plugin reading the mmproj's projector type (`mmproj_projectors`) makes the config of
+    both, names the tower's tensors (read as floats) and gives the image processor's settings."""
+    if not mmproj.is_file():
+        raise ModelNotFoundError(f"no such mmproj file: {mmproj}; give the vision tower's .gguf file (mmproj-*.gguf)")
+    clip = open_gguf(mmproj).metadata
+    reader = mmproj_reader(clip, str(mmproj))
+    if metadata.get("general.architecture") not in reader.mmproj_text:
+        raise CheckpointError(
+            f"{mmproj} is a {clip.get('clip.projector_type')} vision tower, for {' or '.join(reader.mmproj_text)} "
+            f"text files, not {metadata.get('general.architecture')}; give the mmproj file of this model"
+        )
+    text = gguf_config(metadata, tensors, str(path))
+    width, projected = text.get("hidden_size"), clip.get("clip.vision.projection_dim")
+    if projected is not None and projected != width:
+        raise CheckpointError(
+            f"{mmproj} projects images to width {projected} but {path.name}'s model is {width} wide: it belongs to "
+            "another model; give this model's mmproj file"
+        )
+    with reported(reader, str(mmproj), "the plugin for its projector"):
+        config = reader.mmproj_config(text, metadata, clip)
+        processor = reader.mmproj_processor(clip)
+    arch = plugin_config(config, f"{path} with {mmproj.name}")
+    vision, _ = read_gguf(mmproj, DTYPES.get(dtype) or mx.float32)
+    weights = {**arch.convert_gguf_weights(tensors, metadata), **arch.convert_mmproj_weights(vision)}
+    return Checkpoint(arch, config, weights, metadata=metadata, image_processor=processor)
+
+
+def mmproj_reader(clip: dict, source: str) -> type:
+    """The plugin that reads an mmproj file of metadata `clip`; one line when the file is no mmproj file."""
+    if clip.get("general.architecture") != "clip" or not clip.get("clip.has_vision_encoder"):
+        raise CheckpointError(f"{source} is not an mmproj file (llama.cpp's converter writes one with --mmproj)")
+    return get_mmproj_arch(clip.get("clip.projector_type"))
+
+
+def mmproj_beside(path: Path, metadata: dict) -> Path | None:
+    """The `mmproj*.gguf` file beside the text file `path` that fits it (a vision tower for its architecture and
+    width), as llama.cpp's tools find one; None when none fits; one line when several do (name one with --mmproj)."""
+    fits = []
+    for candidate in sorted(path.parent.glob("mmproj*.gguf")):
+        try:
+            clip = open_gguf(candidate).metadata
+            reader = mmproj_reader(clip, str(candidate))
+        except (CheckpointError, UnsupportedArchitectureError):
+            continue
+        width = metadata.get(f"{metadata.get('general.architecture')}.embedding_length")
+        if metadata.get("general.architecture") in reader.mmproj_text and clip.get("clip.vision.projection_dim") in (
+            None,
+            width,
+        ):
+            fits.append(candidate)
+    if len(fits) > 1:
+        names = ", ".join(f.name for f in fits)
+        raise InvalidSettingError(f"several mmproj files beside {path.name} fit it ({names}); name one with --mmproj")
+    return fits[0] if fits else None
 
 
 class OnLookup(Mapping):
@@ -269,6 +340,7 @@ def load(
     dtype: str | None = None,
     parallel: str | None = None,
     adapter: str | Path | None = None,
+    mmproj: str | Path | None = None,
 ) -> tuple[nn.Module, Tokenizer]:
     """Load a model and its tokenizer from a checkpoint folder, a `.gguf` file, a Hugging Face repo id
     (local cache first) or a short name such as `smollm2-135m`.
@@ -277,19 +349,23 @@ def load(
     (dequantizing packed weights); "quantized" keeps packed weights packed. `parallel`: "pipeline" or
     "tensor" loads this rank's part of the model, in a process `mlx.launch` started (minimlx.distributed).
     `adapter`: a LoRA or DoRA adapter folder (PEFT's or mlx-lm's) applied to the model (`minimlx.tune.load_adapter`).
+    `mmproj`: with a .gguf text file, llama.cpp's mmproj file of its vision tower (default: the one `mmproj*.gguf`
+    beside it that fits it, if any), as llama.cpp's `--mmproj FILE`.
     """
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise InvalidSettingError(f"load takes a folder, a .gguf file or a model name, not {path_or_name!r}")
     path = resolve(path_or_name)
     dtype = dtype or default_dtype()
     check_dtype(dtype)
-    checkpoint = read_checkpoint(path, dtype, parallel)
+    checkpoint = read_checkpoint(path, dtype, parallel, mmproj)
     model = assemble(checkpoint, dtype, parallel)
+    tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
     if "vision" in model:
         from .vision import read_processor_config
 
-        model.image_processor = model.config.image_processor(read_processor_config(path))
-    tokenizer = Tokenizer.from_folder(path) if checkpoint.metadata is None else Tokenizer.from_gguf(checkpoint.metadata)
+        settings = checkpoint.image_processor
+        model.image_processor = model.config.image_processor(settings or read_processor_config(path))
+        model.config = model.config.with_tokenizer(tokenizer)
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary is not None and tokenizer.vocab_size > vocabulary:
         raise CheckpointError(

@@ -38,17 +38,16 @@ def chromium():
 
 
 class Explained:
-    """An `ExplainServer` on uvicorn in a thread, at `url`."""
+    """An `ExplainServer` on uvicorn in a thread, at `url` (every prompt holding `image`, an `ExplainedImage`)."""
 
-    def __init__(self, model, tokenizer, name: str):
+    def __init__(self, model, tokenizer, name: str, image=None):
         import uvicorn
 
         from minimlx.explainer.server import ExplainServer
 
         self.url = f"http://127.0.0.1:{free_port()}"
-        config = uvicorn.Config(
-            ExplainServer(model, tokenizer, name).app, port=int(self.url.rsplit(":", 1)[1]), log_level="warning"
-        )
+        app = ExplainServer(model, tokenizer, name, image=image).app
+        config = uvicorn.Config(app, port=int(self.url.rsplit(":", 1)[1]), log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -1,7 +1,7 @@
-"""The tiny random configs of the 2025-26 families (olmo3, ministral3, mistral3, mistral4, llama4, deepseek_v32,
-glm4_moe, minimax_m2): every layer kind among the first layers, windows and chunks shorter than the 16 test tokens,
-sparse attention choosing fewer keys than it sees. name -> (transformers config class, config, save_reference's
-options)."""
+"""The tiny random configs of the 2025-26 families (olmo3, ministral3, mistral3 with either text model, mistral4,
+llama4, deepseek_v32, glm4_moe, minimax_m2): every layer kind among the first layers, windows and chunks shorter than
+the 16 test tokens, sparse attention choosing fewer keys than it sees. name -> (transformers config class, config,
+save_reference's options)."""
 
 import copy
 import shutil
@@ -81,6 +81,14 @@ LLAMA4 = dict(
         original_max_position_embeddings=64,
     ),
 )
+
+
+def mistral3(text: dict, model_type: str) -> tuple:
+    """A Mistral 3 image-text checkpoint's CONFIGS entry around the text model `text` of type `model_type`."""
+    config = dict(text_config=dict(text, model_type=model_type), vision_config=dict(VISION, head_dim=8))
+    return "Mistral3Config", dict(config, image_token_index=95), dict(model_class="Mistral3ForConditionalGeneration")
+
+
 CONFIGS = {
     "olmo3": (
         "Olmo3Config",
@@ -95,16 +103,9 @@ CONFIGS = {
         ),
     ),
     "ministral3": ("Ministral3Config", MINISTRAL3),
-    "mistral3": (
-        "Mistral3Config",
-        dict(
-            text_config=dict(MINISTRAL3, model_type="ministral3"),
-            vision_config=dict(VISION, head_dim=8),
-            image_token_index=95,
-        ),
-        dict(model_class="Mistral3ForConditionalGeneration"),
-    ),
+    "mistral3": mistral3(MINISTRAL3, "ministral3"),
     "mistral4": ("Mistral4Config", MISTRAL4, dict(model_class="Mistral4ForCausalLM")),
+    "mistral3_mistral4": mistral3(MISTRAL4, "mistral4"),  # Mistral 4 as published (Mistral Small 4)
     "llama4_text": ("Llama4TextConfig", LLAMA4),
     "llama4": (
         "Llama4Config",
@@ -183,7 +184,10 @@ GLM_TOKENS = ("[gMASK]", "<|user|>", "<|observation|>")  # the special tokens ll
 # llama-quantize's K-quants apply to their down projections (rows of 256); heads tied to the token embedding but in
 # OLMo 3 and Llama 4 (the 49152-token matrices are most of each file). The converter writes no sliding window for
 # Ministral 3 (the published configs have none), and no chunk, temperature floor or scale for Llama 4: llama.cpp
-# takes Scout's (chunks of 8192, longer than any test text).
+# takes Scout's (chunks of 8192, longer than any test text). It converts Mistral 4 only as the text of an image-text
+# checkpoint, without its query temperature (llama.cpp applies none then): the source's beta is 0 (no temperature).
+# DeepSeek V3.2's tokenizer declares its BOS token (the converter asserts it) and its config the published
+# scoring_func (llama.cpp needs the gating key it becomes).
 GGUF_FAMILIES = {
     "olmo3": (family_config("olmo3", vocab_size=GGUF_VOCAB, intermediate_size=256), "olmo2"),
     "ministral3": (
@@ -206,6 +210,26 @@ GGUF_FAMILIES = {
         family_config("minimax_m2", vocab_size=GGUF_VOCAB, intermediate_size=256, tie_word_embeddings=True),
         "minimax-m2",
     ),
+    "deepseek_v32": (
+        family_config(
+            "deepseek_v32",
+            vocab_size=GGUF_VOCAB,
+            intermediate_size=256,
+            tie_word_embeddings=True,
+            scoring_func="sigmoid",
+        ),
+        "deepseek32",
+    ),
+    "mistral3_mistral4": (
+        family_config(
+            "mistral3_mistral4",
+            vocab_size=GGUF_VOCAB,
+            intermediate_size=256,
+            tie_word_embeddings=True,
+            rope_parameters=dict(MISTRAL4["rope_parameters"], llama_4_scaling_beta=0.0),
+        ),
+        "mistral4",
+    ),
     "llama4": (
         family_config(
             "llama4",
@@ -225,7 +249,7 @@ def convert_families(root: Path, kinds: dict[str, tuple[str, ...]]) -> dict:
     llama.cpp's converter to root / f"{name}-{kind}.gguf" for each of its kinds; returns each one's transformers
     model."""
     from llamacpp import convert
-    from llamacpp_models import add_token, converter_inputs
+    from llamacpp_models import add_token, converter_inputs, declare_bos
 
     sources, tokenizer = converter_inputs()
     models, jobs = {}, []
@@ -235,6 +259,8 @@ def convert_families(root: Path, kinds: dict[str, tuple[str, ...]]) -> dict:
         shutil.copytree(tokenizer, folder, dirs_exist_ok=True)
         if name == "glm4_moe":
             add_token(folder, *GLM_TOKENS)
+        if name == "deepseek_v32":
+            declare_bos(folder)
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in its_kinds]
     convert(jobs, sources)
     return models

@@ -29,7 +29,8 @@ FTYPES = {
     "Q6_K": (LlamaFileType.MOSTLY_Q6_K, T.Q6_K),
 }
 FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}  # for rows that are not whole blocks of 256
-KEPT = ("_norm.weight", "ffn_gate_inp.weight", "position_embd.weight", "token_types.weight")  # never quantized
+# never quantized (Gemma 4's per_layer_model_proj: "not too big", llama-quant.cpp says)
+KEPT = ("_norm.weight", "ffn_gate_inp.weight", "position_embd.weight", "token_types.weight", "per_layer_model_proj")
 TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")
 ATTN_V = ("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight")  # the tensors llama.cpp finds most sensitive
 MOVED = ("general.quantization_version", "general.file_type")  # set by llama-quantize, hence last

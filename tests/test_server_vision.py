@@ -1,15 +1,18 @@
 """`minimlx serve` with images, through the official `openai` (chat completions, Responses) and `anthropic` clients and
 Ollama's API: the greedy answers equal transformers' on the same picture, a forced tool call with an image, a
 conversation about one image that prefills only its new tokens (and never reuses another image's cache), four image
-requests decoding in one batch, and bad images refused in each API's own error shape while the server goes on.
+requests decoding in one batch, image URLs fetched under `--allow-image-urls` (from a local HTTP server), and bad
+images refused in each API's own error shape while the server goes on.
 
 One server per module, in-process (Starlette's TestClient, which the clients take as their HTTP client), on the tiny
 random Gemma 3 of vision_models.py over its character tokenizer."""
 
 import base64
+import http.server
 import io
 import json
 import struct
+import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +30,6 @@ from minimlx.vision import ImageLimits, open_image
 
 pytestmark = pytest.mark.slow  # servers
 MAX_TOKENS = 8
-DEFAULT_LIMITS = ImageLimits()
 ASK = ("Describe ", " briefly.")  # the text around the picture in every request's user message
 
 
@@ -50,7 +52,7 @@ def chat_content(picture) -> list[dict]:
 class InProcessServer:
     """The in-process server of one model: its TestClient, engine, the model and tokenizer it serves."""
 
-    def __init__(self, folder, name: str, limits: ImageLimits = DEFAULT_LIMITS):
+    def __init__(self, folder, name: str, serving=None):
         from starlette.testclient import TestClient
 
         from minimlx.server.app import Server
@@ -59,7 +61,7 @@ class InProcessServer:
         self.folder = folder
         self.model, self.tokenizer = minimlx.load(folder, dtype="float32")
         self.engine = Engine(self.model, self.tokenizer, max_batch=8, prompt_cache_size=8)
-        self.client = TestClient(Server(Models.one(self.engine, name, Serving(image_limits=limits))).app)
+        self.client = TestClient(Server(Models.one(self.engine, name, serving or Serving())).app)
 
     def openai(self):
         return require("openai").OpenAI(base_url="http://testserver/v1", api_key="-", http_client=self.client)
@@ -368,7 +370,10 @@ def test_bad_images_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3
 def test_image_limits_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3):
     """Serve's --max-image-pixels, --max-image-mb and --max-images: each refused (400) within 2 s by every API."""
     served, *_ = gemma3
-    limited = InProcessServer(served.folder, "tiny", ImageLimits(max_pixels=64 * 64, max_bytes=5_000, max_images=1))
+    from minimlx.server.models import Serving
+
+    limits = ImageLimits(max_pixels=64 * 64, max_bytes=5_000, max_images=1)
+    limited = InProcessServer(served.folder, "tiny", Serving(image_limits=limits))
     rng = np.random.default_rng(0)
     noise, wide, small = (io.BytesIO() for _ in range(3))
     Image.fromarray(rng.integers(0, 256, (60, 60, 3), dtype=np.uint8)).save(noise, "PNG")  # 3,600 pixels, > 5 kB
@@ -387,3 +392,91 @@ def test_image_limits_are_refused_in_each_apis_shape_and_the_server_goes_on(gemm
             max_tokens=2,
         )
         assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+class PictureHost(http.server.BaseHTTPRequestHandler):
+    """A local HTTP server's pages: /cat.png a picture, /big.png one that says it is 3 MB, /endless.png one that
+    never stops (no length given), /slow.png one that answers after 3 s, /redirect.png a redirect to a file URL;
+    anything else 404."""
+
+    picture = b""
+
+    def do_GET(self):
+        if self.path == "/cat.png":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.picture)))
+            self.end_headers()
+            self.wfile.write(self.picture)
+        elif self.path == "/big.png":
+            self.send_response(200)
+            self.send_header("Content-Length", str(3_000_000))
+            self.end_headers()
+        elif self.path == "/endless.png":
+            self.send_response(200)
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"x" * 100_000)
+            except OSError:
+                pass  # the server stopped reading
+        elif self.path == "/slow.png":
+            time.sleep(3)
+            self.send_response(200)
+            self.end_headers()
+        elif self.path == "/redirect.png":
+            self.send_response(302)
+            self.send_header("Location", "file:///etc/passwd")
+            self.end_headers()
+        else:
+            self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def picture_host():
+    png = io.BytesIO()
+    pictures()[0].save(png, "PNG")
+    PictureHost.picture = png.getvalue()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PictureHost)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_image_urls_are_fetched_with_allow_image_urls_within_their_limits(gemma3, picture_host):
+    """With --allow-image-urls (1 MB, 1 s) an http URL's picture answers as its data URL does; an unreachable,
+    missing, too large, endless, slow or redirected-to-a-file URL is refused in each API's shape within 2 s."""
+    from minimlx.server.images import ImageFetcher
+    from minimlx.server.models import Serving
+
+    served, *_ = gemma3
+    fetching = InProcessServer(served.folder, "tiny", Serving(image_urls=ImageFetcher(1_000_000, 1.0)))
+    with fetching.client:
+        expected = served.cold([{"role": "user", "content": "\ue000".join(ASK)}], [pictures()[0]])
+        content = [
+            {"type": "text", "text": ASK[0]},
+            {"type": "image_url", "image_url": {"url": picture_host + "/cat.png"}},
+        ]
+        content.append({"type": "text", "text": ASK[1]})
+        settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+        answer = fetching.openai().chat.completions.create(messages=[{"role": "user", "content": content}], **settings)
+        assert answer.choices[0].message.content == expected
+        block = {"type": "image", "source": {"type": "url", "url": picture_host + "/cat.png"}}
+        content = [{"type": "text", "text": ASK[0]}, block, {"type": "text", "text": ASK[1]}]
+        settings = dict(model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0})
+        message = fetching.anthropic().messages.create(messages=[{"role": "user", "content": content}], **settings)
+        assert "".join(b.text for b in message.content) == expected
+
+        refused(fetching, "http://127.0.0.1:9/cat.png", 400, "failed", "data URL")
+        refused(fetching, picture_host + "/missing.png", 400, "HTTP 404")
+        refused(fetching, picture_host + "/big.png", 413, "larger than 1 MB", "--image-url-mb")
+        refused(fetching, picture_host + "/endless.png", 413, "larger than 1 MB")
+        refused(fetching, picture_host + "/slow.png", 400, "took more than 1 s")
+        refused(fetching, picture_host + "/redirect.png", 400, "not an http(s) URL")
+        refused(fetching, "file:///etc/passwd", 400, "must be an image's data URL")
+    refused(served, picture_host + "/cat.png", 400, "does not fetch image URLs", "data URL")  # without the flag

@@ -83,16 +83,16 @@ SPECIALS = ["<eos>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}assistant:"
 
 
-def save_character_tokenizer(folder: Path) -> None:
-    """Byte-level (as GPT-2's) over `CHARACTERS` alone, `<unk>` next, then `SPECIALS`, and `CHAT_TEMPLATE`."""
+def save_character_tokenizer(folder: Path, specials: list[str] = SPECIALS, eos: str = "<eos>") -> None:
+    """Byte-level (as GPT-2's) over `CHARACTERS` alone, `<unk>` next, then `specials`, and `CHAT_TEMPLATE`."""
     tokenizers, transformers = require("tokenizers"), require("transformers")
     alphabet = {b: chr(b) if 33 <= b < 127 else chr(256 + b) for b in CHARACTERS}  # GPT-2's bytes as characters
     vocab = {alphabet[b]: i for i, b in enumerate(CHARACTERS)} | {"<unk>": len(CHARACTERS)}
     backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = tokenizers.decoders.ByteLevel()
-    backend.add_special_tokens(SPECIALS)
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    backend.add_special_tokens(specials)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token=eos)
     tokenizer.save_pretrained(folder)
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
@@ -272,3 +272,52 @@ def pixtral_layout(height: int, width: int) -> list[int]:
     side = PIXTRAL_PATCH * PIXTRAL_MERGE
     places = ([PIXTRAL_IMAGE] * (width // side) + [PIXTRAL_BREAK]) * (height // side)
     return places[:-1] + [PIXTRAL_END]
+
+
+# Idefics3 / SmolVLM: the character tokenizer with the processor's tokens; tiles of 28 pixels, 4 x 4 patches of 7
+# shuffled 2 x 2 into 4 soft tokens each; pictures resized to a longest edge of two tiles.
+IDEFICS3_SPECIALS = ["<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"] + [
+    f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)
+]
+IDEFICS3_IMAGE_TOKEN = len(CHARACTERS) + 1 + IDEFICS3_SPECIALS.index("<image>")
+IDEFICS3_TILE, IDEFICS3_TOKENS_PER_TILE = 28, 4
+
+
+def save_idefics3(folder: Path, model_class: str = "Idefics3", seed: int = 0, **processor):
+    """A tiny random `{model_class}ForConditionalGeneration` (Idefics3 or SmolVLM: a LLaMA text model) saved to
+    `folder` with its processor (`Idefics3Processor` over the PIL image processor, its settings updated with
+    `processor`) and the character tokenizer; returns the torch model and the transformers processor."""
+    transformers = require("transformers")
+    eos = len(CHARACTERS) + 1  # <end_of_utterance>
+    text = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IDEFICS3_TILE,
+        patch_size=7,
+    )
+    config = dict(text_config=text, vision_config=vision, scale_factor=2, image_token_id=IDEFICS3_IMAGE_TOKEN)
+    model = save_reference(
+        folder, f"{model_class}Config", seed, model_class=f"{model_class}ForConditionalGeneration", **config
+    )
+    save_character_tokenizer(folder, IDEFICS3_SPECIALS, eos="<end_of_utterance>")
+    settings = dict(size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE})
+    images = transformers.Idefics3ImageProcessorPil(**{**settings, **processor})
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    reference = transformers.Idefics3Processor(images, tokenizer, image_seq_len=IDEFICS3_TOKENS_PER_TILE)
+    images.save_pretrained(folder)
+    return model, reference

@@ -26,10 +26,11 @@ def compared_names(model: nn.Module) -> list[str]:
     return [*blocks, "logits"]
 
 
-def base_trace(model: nn.Module, ids, ablate: Ablation | None = None) -> dict[str, mx.array]:
-    """The trace of the adapted `model`'s base on `ids` (under `ablate`): what `block_changes` compares against."""
+def base_trace(model: nn.Module, ids, ablate: Ablation | None = None, images=None) -> dict[str, mx.array]:
+    """The trace of the adapted `model`'s base on `ids` (under `ablate`, with `images` placed as `trace` places them):
+    what `block_changes` compares against."""
     with detached(model):
-        return trace(model, ids, compared_names(model), ablate=ablate)
+        return trace(model, ids, compared_names(model), ablate=ablate, images=images)
 
 
 def norms(x: mx.array) -> mx.array:

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import Recorder
+from ..core.vision import PlacedImages
 from ..decode.prompt import check_ids, vocab_size
 from ..errors import InvalidSettingError
 from .ablation import Ablation, Patch, applied
@@ -71,13 +72,15 @@ def trace(
     names: list[str] | None = None,
     attention: bool = False,
     ablate: Ablation | None = None,
+    images: PlacedImages | None = None,
 ) -> dict[str, mx.array]:
     """Run `model` on `ids` ((batch,) tokens) and return the activations named in `names` (all when None).
 
     `attention=True` adds every layer's `queries`, `keys` and `attn_weights` (which `names` can also
     name one by one). The result is evaluated and ordered as `names` (then the attention added), or as
     the forward pass produces them. `ablate` switches heads, experts or blocks off (or patches the
-    stream) for this pass: see `minimlx.anatomy.ablation`.
+    stream) for this pass: see `minimlx.anatomy.ablation`. `images` (one sequence's, `PlacedImages.at` its ids) put
+    an image-text model's soft tokens in place of its image tokens, as generation's first pass does.
     """
     if names is not None:
         unknown = sorted(set(names) - set(activation_names(model, attention=True)))
@@ -106,11 +109,13 @@ def trace(
     ]
     recorder = Recorder(set(names) | {f"layers.{i}.resid_mid" for i in routed})
     batch = _as_batch(model, ids)
+    if images is not None and batch.shape[0] != 1:
+        raise InvalidSettingError("images are traced with one sequence at a time")
     if ablate:
         ablate.check(model, batch.shape[1])
     blocks = list(model.layers)  # the blocks themselves, whatever `applied` wraps around them
     with applied(model, ablate):
-        model(batch, recorder=recorder)
+        model(batch, recorder=recorder, images=images)
         values = recorder.values
         for i in routed:
             indices, weights = blocks[i].ffn.route(blocks[i].ffn_input(values[f"layers.{i}.resid_mid"]))

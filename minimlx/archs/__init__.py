@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration happens on import)
     gpt2,
     gpt_oss,
     granite_hybrid,
+    idefics3,
     lfm2,
     llama3,
     llama4,

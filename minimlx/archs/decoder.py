@@ -393,6 +393,17 @@ class DecoderConfig:
         `image_places`, unless the family's layout breaks them with other tokens (rows ended by a break token)."""
         return (self.image_places(image),)
 
+    def image_grids(self, image) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """(the encoder's patches, the soft tokens) of one image as (rows, columns) over the picture, its soft tokens
+        row-major in one run (what the explainer draws over the picture); None where the family's layout is not
+        such a grid."""
+        return None
+
+    def with_tokenizer(self, tokenizer) -> "DecoderConfig":
+        """This config with what it needs of the model's tokenizer to write image places (a family whose places
+        are written with tokens its config does not name, such as Idefics3's tile tokens); as it is for most."""
+        return self
+
     def image_axes(self, ids: list[int], images: Sequence):
         """(3, tokens) positions of a prompt's tokens along each axis of a multimodal RoPE (its images' tokens on
         their grid), or None where positions are the tokens' indices (these)."""

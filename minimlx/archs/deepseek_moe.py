@@ -178,6 +178,15 @@ class DeepseekV32Config(DeepseekV3Config):
         ]
     )
     defaults = {**DeepseekV3Config.defaults, "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+    gguf_architectures = ("deepseek32",)
+    gguf_names = GGUF_NAMES.extended(
+        [
+            ("blk.{i}.indexer.attn_q_b.", "layers.{i}.attn.indexer.q_proj."),
+            ("blk.{i}.indexer.attn_k.", "layers.{i}.attn.indexer.k_proj."),
+            ("blk.{i}.indexer.k_norm.", "layers.{i}.attn.indexer.k_norm."),
+            ("blk.{i}.indexer.proj.", "layers.{i}.attn.indexer.weights_proj."),
+        ]
+    )
 
     @classmethod
     def from_config(cls, config: dict):
@@ -198,3 +207,16 @@ class DeepseekV32Config(DeepseekV3Config):
             f"index_head_dim ({index_dims}) must hold the qk_rope_head_dim ({arch.rotary_dims}) rotated features",
         )
         return replace(arch, index_top_k=top_k, index_heads=number(c, "index_n_heads"), index_head_dim=index_dims)
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's `deepseek32`: V3's keys and the indexer's (`attention.indexer.*`; its heads [rope | nope],
+        rotated in rotate-half pairs as DeepSeek's, so stored as the checkpoint's)."""
+        m = Metadata(metadata)
+        return {
+            **super().gguf_config(metadata, tensors),
+            "model_type": "deepseek_v32",
+            "index_topk": m["attention.indexer.top_k"],
+            "index_n_heads": m["attention.indexer.head_count"],
+            "index_head_dim": m["attention.indexer.key_length"],
+        }

@@ -8,15 +8,18 @@ alike, so the same split serves float and quantized tensors.
 import mlx.core as mx
 
 
-def split_fused(weights: dict[str, mx.array], fused: str, parts: list[tuple[str, int]]) -> dict[str, mx.array]:
-    """Each tensor of module `fused` (`...{fused}.weight`, `.bias`, ...) split into `parts`: (name, rows) in order."""
+def split_fused(
+    weights: dict[str, mx.array], fused: str, parts: list[tuple[str, int]], axis: int = 0
+) -> dict[str, mx.array]:
+    """Each tensor of module `fused` (`...{fused}.weight`, `.bias`, ...) split into `parts`: (name, rows) in order,
+    rows along `axis` (1 for stacked experts)."""
     cuts = [sum(rows for _, rows in parts[: i + 1]) for i in range(len(parts) - 1)]
     out = {}
     for name, w in weights.items():
         if f".{fused}." not in name:
             out[name] = w
             continue
-        for (part, _), piece in zip(parts, mx.split(w, cuts, axis=0)):
+        for (part, _), piece in zip(parts, mx.split(w, cuts, axis=axis)):
             out[name.replace(f".{fused}.", f".{part}.")] = piece
     return out
 

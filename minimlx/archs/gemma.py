@@ -24,11 +24,19 @@ from dataclasses import dataclass, replace
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
 from ..core.vision import FixedSizeImageEncoder, PooledProjector, VisionEncoder
-from ..errors import UnsupportedArchitectureError
+from ..errors import CheckpointError, UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import ImageText, flattened_kernel, shaped_kernel, text_model_names, with_vision_names
+from .image_text import (
+    SIGLIP_NAMES,
+    ImageText,
+    VisionSettings,
+    flattened_kernel,
+    shaped_kernel,
+    text_model_names,
+    with_vision_names,
+)
 from .llama3 import Llama3Config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES, NameMap
 from .registry import register
@@ -145,17 +153,23 @@ class Gemma3TextConfig(Gemma2Config):
         return gemma_gguf_config(metadata, tensors, "gemma3_text", 6, window=None, local_base=1e4, big_layers=62)
 
 
-SIGLIP_NAMES = [
-    ("embeddings.patch_embedding.", "embed.proj."),
-    ("embeddings.position_embedding.", "embed.position_embedding."),
-    ("encoder.layers.{i}.layer_norm1.", "layers.{i}.attn_norm."),
-    ("encoder.layers.{i}.layer_norm2.", "layers.{i}.ffn_norm."),
-    ("encoder.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
-    ("encoder.layers.{i}.self_attn.", "layers.{i}.attn."),
-    ("encoder.layers.{i}.mlp.fc1.", "layers.{i}.ffn.up_proj."),
-    ("encoder.layers.{i}.mlp.fc2.", "layers.{i}.ffn.down_proj."),
-    ("post_layernorm.", "norm."),
-]
+SIGLIP_GGUF_NAMES = NameMap(
+    [
+        ("v.patch_embd.", "vision.encoder.embed.proj."),
+        ("v.position_embd.", "vision.encoder.embed.position_embedding."),
+        ("v.blk.{i}.ln1.", "vision.encoder.layers.{i}.attn_norm."),
+        ("v.blk.{i}.ln2.", "vision.encoder.layers.{i}.ffn_norm."),
+        ("v.blk.{i}.attn_q.", "vision.encoder.layers.{i}.attn.q_proj."),
+        ("v.blk.{i}.attn_k.", "vision.encoder.layers.{i}.attn.k_proj."),
+        ("v.blk.{i}.attn_v.", "vision.encoder.layers.{i}.attn.v_proj."),
+        ("v.blk.{i}.attn_out.", "vision.encoder.layers.{i}.attn.o_proj."),
+        ("v.blk.{i}.ffn_up.", "vision.encoder.layers.{i}.ffn.up_proj."),
+        ("v.blk.{i}.ffn_down.", "vision.encoder.layers.{i}.ffn.down_proj."),
+        ("v.post_ln.", "vision.encoder.norm."),
+        ("mm.input_projection.weight", "vision.projector.projection"),
+        ("mm.soft_emb_norm.", "vision.projector.norm."),
+    ]
+)  # llama.cpp's mmproj names of Gemma 3's SigLIP tower and projector
 
 GEMMA3_PROJECTOR_NAMES = [
     ("multi_modal_projector.mm_input_projection_weight", "vision.projector.projection"),
@@ -178,37 +192,6 @@ def image_text_names(text: NameMap) -> NameMap:
     return with_vision_names(text, prefixes, tower, GEMMA3_PROJECTOR_NAMES, drop=[head])
 
 
-@dataclass(frozen=True)
-class VisionSettings:
-    """A SigLIP encoder's sizes and its projector's soft tokens per image (Gemma 3's `vision_config`)."""
-
-    dims: int
-    ffn_dims: int
-    layers: int
-    heads: int
-    image_size: int
-    patch: int
-    channels: int
-    eps: float
-    activation: str
-    tokens: int  # soft tokens per image
-
-    @classmethod
-    def from_config(cls, vision: dict, tokens: int) -> "VisionSettings":
-        return cls(
-            dims=number(vision, "hidden_size"),
-            ffn_dims=number(vision, "intermediate_size"),
-            layers=number(vision, "num_hidden_layers"),
-            heads=number(vision, "num_attention_heads"),
-            image_size=number(vision, "image_size"),
-            patch=number(vision, "patch_size"),
-            channels=number(vision, "num_channels", 3),
-            eps=number(vision, "layer_norm_eps", 1e-6, float),
-            activation=choice(vision, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
-            tokens=tokens,
-        )
-
-
 @register("gemma3")
 @dataclass
 class Gemma3Config(ImageText, Gemma3TextConfig):
@@ -225,6 +208,9 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
     image_token: int = 262144
     image_start_token: int = 255999  # the token the chat template writes where an image goes
     image_end_token: int = 256000
+    mmproj_projectors = ("gemma3",)  # llama.cpp's clip.projector_type of the mmproj files it reads
+    mmproj_text = ("gemma3",)  # the GGUF text files' architectures those towers go with
+    image_tokens = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")  # their texts in the vocabulary
 
     @classmethod
     def from_config(cls, config: dict):
@@ -239,6 +225,58 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
             image_start_token=number(config, "boi_token_index", 255999),
             image_end_token=number(config, "eoi_token_index", 256000),
         )
+
+    @classmethod
+    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict) -> dict:
+        """The image-text config of a text file's config `text` (its `gguf_config`) and a llama.cpp mmproj file's
+        metadata `clip`: the tower's sizes from its clip.vision keys (its projector pools 4 x 4 patches unless
+        clip.vision.projector.scale_factor says otherwise), the image tokens' ids looked up in the text file's
+        vocabulary by their texts."""
+        m = Metadata(clip)
+        vocabulary = list(text_metadata.get("tokenizer.ggml.tokens") or ())
+        missing = [t for t in cls.image_tokens if t not in vocabulary]
+        if missing:
+            raise CheckpointError(f"the text file's vocabulary lacks {', '.join(missing)}: it is not Gemma 3's")
+        start, end, soft = (vocabulary.index(t) for t in cls.image_tokens)
+        side = m["vision.image_size"] // m["vision.patch_size"] // m.get("vision.projector.scale_factor", 4)
+        vision = {
+            "hidden_size": m["vision.embedding_length"],
+            "intermediate_size": m["vision.feed_forward_length"],
+            "num_hidden_layers": m["vision.block_count"],
+            "num_attention_heads": m["vision.attention.head_count"],
+            "image_size": m["vision.image_size"],
+            "patch_size": m["vision.patch_size"],
+            "layer_norm_eps": m.get("vision.attention.layer_norm_epsilon", 1e-6),
+        }
+        return {
+            "model_type": "gemma3",
+            "text_config": text,
+            "vision_config": vision,
+            "mm_tokens_per_image": side * side,
+            "tie_word_embeddings": text.get("tie_word_embeddings", True),
+            "boi_token_index": start,
+            "eoi_token_index": end,
+            "image_token_index": soft,
+        }
+
+    @classmethod
+    def mmproj_processor(cls, clip: dict) -> dict:
+        """The image processor's config (preprocessor_config.json's form) an mmproj file's metadata gives: Gemma 3's
+        (bilinear resize to the square image size, rescale, normalise by the file's mean and std)."""
+        m, size = Metadata(clip), Metadata(clip)["vision.image_size"]
+        return {
+            "size": {"height": size, "width": size},
+            "resample": 2,
+            "image_mean": list(m.get("vision.image_mean", (0.5,) * 3)),
+            "image_std": list(m.get("vision.image_std", (0.5,) * 3)),
+        }
+
+    def convert_mmproj_weights(self, tensors: dict) -> dict:
+        """An mmproj file's tensors -> the model's: the projector's norm less the 1 llama.cpp's converter added, the
+        patch embedding's kernel flattened."""
+        weights = SIGLIP_GGUF_NAMES.to_ours(tensors)
+        weights["vision.projector.norm.weight"] = weights["vision.projector.norm.weight"] - 1
+        return flattened_kernel(weights, "vision.encoder.embed.proj.weight")
 
     images_both_ways = True
 
@@ -258,6 +296,10 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
 
     def image_places(self, image) -> int:
         return self.vision.tokens
+
+    def image_grids(self, image) -> tuple[tuple[int, int], tuple[int, int]]:
+        side, tokens = self.vision.image_size // self.vision.patch, int(round(self.vision.tokens**0.5))
+        return (side, side), (tokens, tokens)
 
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
         """A prompt's ids with each image start token followed by the image's soft-token places and its end token

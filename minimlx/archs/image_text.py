@@ -8,8 +8,12 @@ saying so.
 """
 
 import logging
+from dataclasses import dataclass
 
+from ..core.ffn import ACTIVATIONS
+from ..core.vision import VisionEncoder
 from ..errors import CheckpointError
+from .config import choice, number
 from .names import NameMap
 
 log = logging.getLogger("minimlx.archs")
@@ -39,17 +43,26 @@ def text_config(config: dict, model_type: str, inherited: dict | None = None) ->
     return {**text, **(inherited or {}), **outer}
 
 
-def text_model_names(names: NameMap) -> NameMap:
-    """`names` (a text model's map, `model.`-prefixed) read under either image-text layout, the towers dropped."""
+def text_model_names(
+    names: NameMap,
+    bodies: tuple[str, ...] = ("language_model.model.", "model.language_model."),
+    heads: tuple[str, ...] = ("language_model.", ""),
+) -> NameMap:
+    """`names` (a text model's map, `model.`-prefixed) read with the text model's body under any of `bodies` and its
+    head under any of `heads` (the image-text layouts), the towers dropped."""
     pairs = [
         (prefix + theirs.removeprefix("model."), ours)
-        for prefix in ("language_model.model.", "model.language_model.")
+        for prefix in bodies
         for theirs, ours in names.templates
         if theirs.startswith("model.")
     ]
-    heads = [(prefix + theirs, ours) for prefix in ("language_model.", "") for theirs, ours in names.templates]
-    heads = [(theirs, ours) for theirs, ours in heads if not theirs.startswith(("model.", "language_model.model."))]
-    return NameMap(pairs + heads, drop=[*names.drop_patterns, *TOWERS])
+    pairs += [
+        (prefix + theirs, ours)
+        for prefix in heads
+        for theirs, ours in names.templates
+        if not theirs.startswith("model.")
+    ]
+    return NameMap(pairs, drop=[*names.drop_patterns, *TOWERS])
 
 
 def with_vision_names(text: NameMap, tower_prefixes, tower, projector, drop=()) -> NameMap:
@@ -83,6 +96,70 @@ class ImageText:
                 skipped,
             )
         return super().convert_weights(weights)
+
+
+# A SigLIP tower's tensors (transformers' names, under a family's prefix) and ours under `vision.encoder.`.
+SIGLIP_NAMES = [
+    ("embeddings.patch_embedding.", "embed.proj."),
+    ("embeddings.position_embedding.", "embed.position_embedding."),
+    ("encoder.layers.{i}.layer_norm1.", "layers.{i}.attn_norm."),
+    ("encoder.layers.{i}.layer_norm2.", "layers.{i}.ffn_norm."),
+    ("encoder.layers.{i}.self_attn.out_proj.", "layers.{i}.attn.o_proj."),
+    ("encoder.layers.{i}.self_attn.", "layers.{i}.attn."),
+    ("encoder.layers.{i}.mlp.fc1.", "layers.{i}.ffn.up_proj."),
+    ("encoder.layers.{i}.mlp.fc2.", "layers.{i}.ffn.down_proj."),
+    ("post_layernorm.", "norm."),
+]
+
+
+def siglip_names(*prefixes: str) -> list[tuple[str, str]]:
+    """A SigLIP tower's tensors under each of `prefixes` (the first is the one written), onto ours under
+    `vision.encoder.`."""
+    return [(prefix + theirs, f"vision.encoder.{ours}") for prefix in prefixes for theirs, ours in SIGLIP_NAMES]
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """A SigLIP encoder's sizes (a `vision_config`) and its projector's soft tokens per image (or per tile)."""
+
+    dims: int
+    ffn_dims: int
+    layers: int
+    heads: int
+    image_size: int
+    patch: int
+    channels: int
+    eps: float
+    activation: str
+    tokens: int  # soft tokens per image
+
+    @classmethod
+    def from_config(cls, vision: dict, tokens: int) -> "VisionSettings":
+        return cls(
+            dims=number(vision, "hidden_size"),
+            ffn_dims=number(vision, "intermediate_size"),
+            layers=number(vision, "num_hidden_layers"),
+            heads=number(vision, "num_attention_heads"),
+            image_size=number(vision, "image_size"),
+            patch=number(vision, "patch_size"),
+            channels=number(vision, "num_channels", 3),
+            eps=number(vision, "layer_norm_eps", 1e-6, float),
+            activation=choice(vision, "hidden_act", "gelu_pytorch_tanh", ACTIVATIONS),
+            tokens=tokens,
+        )
+
+    def encoder(self) -> VisionEncoder:
+        return VisionEncoder(
+            self.dims,
+            self.ffn_dims,
+            self.layers,
+            self.heads,
+            self.image_size,
+            self.patch,
+            self.channels,
+            self.eps,
+            self.activation,
+        )
 
 
 def flattened_kernel(weights: dict, name: str) -> dict:

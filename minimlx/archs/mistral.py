@@ -25,8 +25,11 @@ from ..core.grid_vision import GridEncoder, GridImageEncoder, MergedProjector
 from ..errors import UnsupportedArchitectureError
 from .config import choice, number, require, sliding_window
 from .decoder import DecoderConfig
+from .deepseek_moe import GGUF_NAMES as LATENT_GGUF_NAMES
+from .deepseek_moe import NAMES as LATENT_NAMES
 from .deepseek_moe import DeepseekV2Config
 from .experts import MoEConfig
+from .fused import split_fused
 from .gguf import Metadata, llama_config
 from .image_text import ImageText, text_model_names, with_vision_names
 from .llama3 import Llama3Config
@@ -38,8 +41,10 @@ EXPERT_NAMES = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj.
 
 def position_temperature(scaling: dict | None) -> tuple | None:
     """Mistral's query temperature (`QueryTemperature`'s beta, span, shift) from `llama_4_scaling_beta` and the
-    pre-yarn context in the RoPE scaling; None without one."""
+    pre-yarn context in the RoPE scaling; None without one, or with a beta of 0 (queries unscaled)."""
     scaling = scaling or {}
+    if scaling.get("llama_4_scaling_beta") == 0:
+        return None
     beta = number(scaling, "llama_4_scaling_beta", None, float, label="rope_parameters.llama_4_scaling_beta")
     if beta is None:
         return None
@@ -204,8 +209,9 @@ class PixtralSettings:
 @dataclass
 class Mistral3Config(ImageText, Ministral3Config):
     """Mistral 3's image-text checkpoints (Ministral 3, Mistral Small 3.1+): the text model (`text_config`, a
-    `ministral3` or a `mistral` model's) and, where the config has a `vision_config`, the Pixtral encoder and
-    Mistral 3's projector, whose soft tokens stand at the `[IMG]` places."""
+    `ministral3` or a `mistral` model's; a `mistral4` one, Mistral Small 4's, is read as `Mistral4ImageText`) and,
+    where the config has a `vision_config`, the Pixtral encoder and Mistral 3's projector, whose soft tokens stand at
+    the `[IMG]` places."""
 
     example_config = {"model_type": "mistral3", "text_config": Ministral3Config.example_config}
     names = pixtral_names(text_model_names(LLAMA_NAMES))
@@ -220,6 +226,9 @@ class Mistral3Config(ImageText, Ministral3Config):
 
     @classmethod
     def from_config(cls, config: dict):
+        text = config.get("text_config")
+        if isinstance(text, dict) and text.get("model_type") == "mistral4":  # Mistral Small 4: its text model
+            return Mistral4ImageText.from_config(config)
         arch = super().from_config(config)
         if not isinstance(config.get("vision_config"), dict):
             return arch
@@ -311,6 +320,8 @@ class Mistral4Config(DeepseekV2Config):
         "q_lora_rank": 16,
     }
     defaults = {"rms_norm_eps": 1e-6, "norm_topk_prob": True, "n_shared_experts": 1}
+    gguf_architectures = ("mistral4",)
+    gguf_names = LATENT_GGUF_NAMES.extended([("blk.{i}.ffn_gate_up_exps.", "layers.{i}.ffn.experts.gate_up_proj.")])
 
     @classmethod
     def from_config(cls, config: dict):
@@ -318,3 +329,39 @@ class Mistral4Config(DeepseekV2Config):
         arch = super().from_config({**c, "topk_method": "group_limited_greedy", "scoring_func": "softmax"})
         moe = arch.moe and replace(arch.moe, group_top=2)
         return replace(arch, moe=moe, query_temperature=position_temperature(arch.rope_scaling))
+
+    @classmethod
+    def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
+        """llama.cpp's `mistral4`: DeepSeek-V2's keys, and the query temperature as llama.cpp applies it: beta
+        `attention.temperature_scale` over spans of `attention.temperature_length` positions, and none where the file
+        has no scale (llama.cpp's converter writes none). The span must be yarn's pre-yarn context, the one the
+        temperature counts in Hugging Face's config."""
+        m = Metadata(metadata)
+        config = {**super().gguf_config(metadata, tensors), "model_type": "mistral4"}
+        if not (beta := m.get("attention.temperature_scale")):
+            return config
+        scaling, span = config["rope_scaling"] or {}, m.get("attention.temperature_length")
+        if span is None or span != scaling.get("original_max_position_embeddings"):
+            raise UnsupportedArchitectureError(
+                f"GGUF {m.arch}.attention.temperature_length ({span}) is not the yarn pre-yarn context "
+                f"({scaling.get('original_max_position_embeddings')}); minimlx reads Mistral's query temperature over "
+                "that context only: re-convert the file from its Hugging Face folder"
+            )
+        return {**config, "rope_scaling": {**scaling, "llama_4_scaling_beta": beta}}
+
+    def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
+        """DeepSeek-V2's, with the experts' fused `ffn_gate_up_exps` (each expert's gate rows, then its up rows)
+        split."""
+        weights = super().convert_gguf_weights(tensors, metadata)
+        rows = self.moe.ffn_dims if self.moe else 0
+        return split_fused(weights, "gate_up_proj", [("gate_proj", rows), ("up_proj", rows)], axis=1)
+
+
+@dataclass
+class Mistral4ImageText(ImageText, Mistral4Config):
+    """The text model of Mistral 4's image-text checkpoints: a `mistral3` config whose `text_config` is a
+    `mistral4` model's."""
+
+    names = text_model_names(LATENT_NAMES)
+    image_text_type = "mistral3"
+    inherited = {"tie_word_embeddings": True}

@@ -105,17 +105,35 @@ def get_arch(model_type: str | None) -> type:
     )
 
 
-def get_gguf_arch(architecture: str | None) -> type:
-    """The plugin that reads GGUF files of llama.cpp architecture `architecture`."""
+def declared(attribute: str) -> dict[str, type]:
+    """Each name the registered plugins list in their own (not inherited) `attribute` -> the first plugin listing it."""
     known = {}
     for registration in registrations():
-        for name in vars(registration.plugin).get("gguf_architectures", ()):
+        for name in vars(registration.plugin).get(attribute, ()):
             known.setdefault(name, registration.plugin)
+    return known
+
+
+def get_gguf_arch(architecture: str | None) -> type:
+    """The plugin that reads GGUF files of llama.cpp architecture `architecture`."""
+    known = declared("gguf_architectures")
     if architecture in known:
         return known[architecture]
     raise UnsupportedArchitectureError(
         f"GGUF architecture {architecture!r} has no plugin (GGUF architectures supported: {', '.join(sorted(known))}); "
         "use the model's Hugging Face folder, or install a plugin that reads it"
+    )
+
+
+def get_mmproj_arch(projector: str | None) -> type:
+    """The plugin that reads llama.cpp mmproj files of projector type `projector` (their `clip.projector_type`):
+    the one listing it in its own `mmproj_projectors`."""
+    known = declared("mmproj_projectors")
+    if projector in known:
+        return known[projector]
+    raise UnsupportedArchitectureError(
+        f"mmproj projector type {projector!r} has no plugin (supported: {', '.join(sorted(known)) or 'none'}); use "
+        "the model's Hugging Face folder"
     )
 
 

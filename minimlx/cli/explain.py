@@ -1,7 +1,10 @@
 """`minimlx explain`: the walk from tokens to the next token, on a page (served, or written to one file)."""
 
+from pathlib import Path
+
 import click
 
+from ..errors import InvalidSettingError
 from ..loading import load
 from .group import TEXT, dtype_option, inspection_dtype, main
 from .serve import check_address
@@ -36,8 +39,15 @@ from .serve import check_address
     help="Load the model with this adapter (PEFT's or mlx-lm's folder): the walk is the adapted model's, beside the "
     "base's (the model with the adapter detached) on the same prompt.",
 )
+@click.option(
+    "--image",
+    "image_path",
+    metavar="PATH",
+    help="A picture (PNG, JPEG, WebP, GIF) for an image-text model: every prompt walked holds it before its text, and "
+    "the image panel shows it with its patches and a token's attention to it.",
+)
 @dtype_option
-def explain(model, host, port, prompt, chat, html_path, compare, against, adapter, dtype):
+def explain(model, host, port, prompt, chat, html_path, compare, against, adapter, image_path, dtype):
     """Show the walk from tokens to the next token: serve the page, or with --html write it to one file."""
     from ..explainer import explain as walk_of
     from ..io.resolve import DEFAULT_MODEL
@@ -51,17 +61,22 @@ def explain(model, host, port, prompt, chat, html_path, compare, against, adapte
         raise click.UsageError("--html needs --prompt, the prompt whose walk the file shows")
     if html_path is None:
         check_address(host, port)
+    if image_path is not None and not Path(image_path).is_file():
+        raise InvalidSettingError(f"no such image file: {image_path}; give the path of a PNG, JPEG, WebP or GIF file")
     loaded, tokenizer = load(name, dtype=inspection_dtype(dtype), adapter=adapter)
     title = name if adapter is None else f"{name} + adapter {adapter}"
     if html_path is not None:
-        walk_of(loaded, tokenizer, prompt, chat, compare=compare or None, title=title).save(html_path)
+        explained = walk_of(loaded, tokenizer, prompt, chat, compare=compare or None, title=title, image=image_path)
+        explained.save(html_path)
         click.echo(f"wrote {html_path}", err=True)
         return
     import uvicorn
 
+    from ..explainer.images import ExplainedImage
     from ..explainer.server import ExplainServer
 
+    image = ExplainedImage.read(loaded, tokenizer, image_path) if image_path is not None else None
     second = load(name, dtype=against, adapter=adapter)[0] if against else None
-    server = ExplainServer(loaded, tokenizer, title, second, against)
+    server = ExplainServer(loaded, tokenizer, title, second, against, image)
     click.echo(f"minimlx explain shows {title} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
     uvicorn.run(server.app, host=host, port=port, log_level="warning")

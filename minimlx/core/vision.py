@@ -141,6 +141,24 @@ class PooledProjector(nn.Module):
         return self.norm(pooled) @ self.projection
 
 
+class PixelShuffleProjector(nn.Module):
+    """Patch vectors -> soft tokens: each `scale` x `scale` square of the patch grid concatenated into one vector
+    (its rows in order, each row's patches in order: the pixel shuffle, space to depth), then projected to the
+    language model's width without a bias. A square grid of side patches gives (side / scale) ** 2 tokens."""
+
+    def __init__(self, dims: int, text_dims: int, scale: int):
+        super().__init__()
+        self.scale = scale
+        self.proj = nn.Linear(dims * scale * scale, text_dims, bias=False)
+
+    def __call__(self, patches: mx.array) -> mx.array:
+        """(batch, side * side, dims) -> (batch, (side / scale) ** 2, text_dims)."""
+        batch, count, dims = patches.shape
+        side, s = int(round(count**0.5)), self.scale
+        grid = patches.reshape(batch, side // s, s, side // s, s, dims).transpose(0, 1, 3, 2, 4, 5)
+        return self.proj(grid.reshape(batch, (side // s) ** 2, s * s * dims))
+
+
 @dataclass(frozen=True, eq=False)
 class ImageInput:
     """One picture as its family's image processor prepares it: `pixels` (float32, of the family's shape: a picture
@@ -167,15 +185,17 @@ class ImageEncoder(nn.Module):
 
 
 class FixedSizeImageEncoder(ImageEncoder):
-    """A vision encoder and its projector over pictures of one size, each giving the projector's `tokens`."""
+    """A vision encoder and its projector over pictures of one size, each giving the projector's `tokens`; an image
+    may be a stack of such pictures (the tiles of a tiled picture), each giving its own."""
 
     def __init__(self, encoder: nn.Module, projector: nn.Module):
         super().__init__()
         self.encoder, self.projector = encoder, projector
 
     def __call__(self, images: Sequence[ImageInput]) -> mx.array:
-        """Images of (channels, height, width) pixels -> (images * tokens, text dims)."""
-        pixels = mx.array(np.stack([image.pixels for image in images]))
+        """Images of (channels, height, width) or (tiles, channels, height, width) pixels -> (pictures * tokens,
+        text dims), in order."""
+        pixels = mx.array(np.concatenate([image.pixels.reshape(-1, *image.pixels.shape[-3:]) for image in images]))
         tokens = self.projector(self.encoder(pixels))
         return tokens.reshape(-1, tokens.shape[-1])
 

@@ -25,6 +25,7 @@ from .linear import (
     NativeQuantizedLinear,
     QuantizedEmbeddingByOps,
     QuantizedLinearByOps,
+    block_inputs,
     exact,
     gated_product,
 )
@@ -171,7 +172,7 @@ class NativeBlock(Block):
             *(x, cache.buffers, cache.start),
             plan.weights(),
             *positions.angles(plan.parts[2]),
-            exact=exact(),
+            exact=block_inputs(x)["exact"] if plan.blocks else exact(),
             mask=mask,
             **plan.settings,
         )
@@ -209,6 +210,7 @@ class StepPlan:
     def __init__(self, parts: tuple):
         self.parts = parts
         self.settings = self.settings_of(*parts)
+        self.blocks = self.settings is not None and not any(self.settings["layouts"][0::2])  # GGUF blocks only
 
     @staticmethod
     def settings_of(attn_norm, attn, rope, q, k, v, o, ffn_norm, ffn, gate, up, down) -> dict | None:

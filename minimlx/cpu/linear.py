@@ -13,16 +13,17 @@ fewer than 28 input rows multiply 8-bit-quantized inputs by the codes with integ
 them (`gated_product`).
 
 GGUF's Q4_K, Q5_K, Q6_K and Q8_0 matrices, held as the file stores them (`quantization.BLOCK_MODES`), run as
-`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' products (and short prompts', `block_exact`) quantize
-their inputs to 8 bits per block of 32 (as llama.cpp's Q8_0 activations) and multiply them by the stored codes with
-integer dot products; longer prompts' products dequantize each block of weight rows once for the float32 GEMM.
+`NativeBlockLinear` / `NativeBlockEmbedding`: decode steps' and the engine's prompts' products (`block_inputs`)
+quantize their inputs to 8 bits per block of 32 (as llama.cpp's Q8_0 activations) and multiply them by the stored
+codes with integer dot products (a prompt's in an integer GEMM); a model called directly with many rows dequantizes
+each block of weight rows once for the float32 GEMM.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..core.steps import decoding
+from ..core.steps import decoding, prompting
 from ..quantization import BLOCK_MODES
 from . import native
 
@@ -85,9 +86,18 @@ dequantizing the whole weight for a few rows would cost far more than the produc
 switches at the same 28 rows)."""
 
 
-def block_exact(x: mx.array) -> bool:
-    """Whether a product with GGUF blocks keeps float32 inputs: `--exact`, or a prompt's of at least GEMM_ROWS rows."""
-    return native.exact_products or (not decoding() and x.size // max(x.shape[-1], 1) >= GEMM_ROWS)
+def block_inputs(x: mx.array) -> dict:
+    """How a product with GGUF blocks takes its inputs (the native op's `exact` and `prompt`): float32 under
+    `--exact`; quantized to 8 bits for integer products in a decode step, and in a prompt fed for generation (the
+    integer GEMM, where the CPU has one); otherwise float32 from GEMM_ROWS rows (a model called directly: the anatomy
+    tools, comparisons with a file's dequantized weights) and integer products below."""
+    if native.exact_products:
+        return {"exact": True}
+    if decoding():
+        return {"exact": False}
+    if prompting():
+        return {"exact": False, "prompt": True}
+    return {"exact": x.size // max(x.shape[-1], 1) >= GEMM_ROWS}
 
 
 class BlockWeight(nn.Module):
@@ -115,7 +125,7 @@ class NativeBlockLinear(BlockWeight):
         return module
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+        y = native.kernel.block_matmul(x, self.weight, self.ggml_type, **block_inputs(x))
         return y + self.bias if "bias" in self else y
 
 
@@ -132,7 +142,7 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_rows(self.weight, x.astype(mx.int32), self.ggml_type)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return native.kernel.block_matmul(x, self.weight, self.ggml_type, exact=block_exact(x))
+        return native.kernel.block_matmul(x, self.weight, self.ggml_type, **block_inputs(x))
 
 
 DEQUANTIZED_BYTES = 1 << 20
@@ -264,7 +274,7 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
     if type(gate) is NativeBlockLinear:
         if gate.weight.shape[0] != up.weight.shape[0]:
             return None
-        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, exact=block_exact(x))
+        return native.kernel.block_swiglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, **block_inputs(x))
     if type(gate) is NativeQuantizedLinear:
         if (gate.group_size, gate.bits, gate.weight.shape) != (up.group_size, up.bits, up.weight.shape):
             return None

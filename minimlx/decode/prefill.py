@@ -6,6 +6,8 @@ The engine's prompts, speculation's draft model and the conversation all go thro
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..core.steps import prompt_steps
+
 
 def prefill(model: nn.Module, ids: list[int], cache: list, step: int) -> mx.array | None:
     """Feed `ids` into `cache`, `step` tokens per forward pass: the logits (1, 1, vocab) of the last one (lazy),
@@ -20,7 +22,8 @@ def prefill(model: nn.Module, ids: list[int], cache: list, step: int) -> mx.arra
     for start in range(0, tokens.size, step):
         if logits is not None:
             mx.eval([c.state for c in cache])
-        logits = model(tokens[None, start : start + step], cache, last_only=True)
+        with prompt_steps():
+            logits = model(tokens[None, start : start + step], cache, last_only=True)
         marked(cache)
     return logits
 
@@ -44,7 +47,8 @@ def prefill_prompt(model: nn.Module, ids: list[int], cache: list, step: int) -> 
     prefill(model, ids[:-1], cache, step)
     if len(ids) > 1:
         mx.eval([c.state for c in cache])
-    logits = model(mx.array([ids[-1:]], dtype=mx.int32), cache, last_only=True)
+    with prompt_steps():
+        logits = model(mx.array([ids[-1:]], dtype=mx.int32), cache, last_only=True)
     marked(cache)  # the whole prompt: where a conversation's next turn continues when the answer is written anew
     return logits
 

@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..core.sampling import greedy
-from ..core.steps import decode_steps
+from ..core.steps import decode_steps, prompt_steps
 from .adapters import Adapters
 from .generation import Generation
 from .images import EncodedImages
@@ -106,7 +106,7 @@ class Runner:
         """Feed the prompt from token `fed` (its cached tokens by default) and sample the first token."""
         start = generation.cached_tokens if fed is None else fed
         images, prompt = generation.request.images, generation.request.prompt
-        with self.adapted([generation]):
+        with self.adapted([generation]), prompt_steps():
             if images is not None and start < images.end:  # the prompt cache holds none of it (`Engine.lookup`)
                 logits = images.prefill_prompt(self.model, prompt, cache, self.encoded_images)
             else:
@@ -139,7 +139,7 @@ class Runner:
             before = layer.row_padding() if layer.state else [0] * len(group)
             layer.padding = [p + extra for p, extra in zip(before, padding)]
         rows = mx.array(rows, dtype=mx.int32)
-        with self.adapted([s for s, _ in group]):
+        with self.adapted([s for s, _ in group]), prompt_steps():
             if tokens > 1:  # all but the last column, which gets a pass of its own, as `prefill_prompt` gives it alone
                 self.decoder(rows[:, :-1], batch, last_only=True)
                 mx.eval([c.state for c in marked(batch)])

@@ -12,8 +12,9 @@ import mlx.nn as nn
 from ..anatomy.ablation import Ablation
 from ..anatomy.similarity import compare_word
 from .figures import ledger_figures, model_info
+from .images import ExplainedImage
 from .page import fragment, page
-from .walk import bounded, prompt_ids, walk
+from .walk import prompt_ids, prompt_of, walk
 
 
 @dataclass
@@ -48,11 +49,15 @@ def explain(
     ablate: Ablation | None = None,
     compare: tuple[str, str, str] | None = None,
     title: str = "model",
+    image=None,
 ) -> Explanation:
     """The walk of `prompt` (as a user message in the chat template when `chat_template`) under `ablate`; with
-    `compare` = (first, second, word), the word's drift between two contexts beside it."""
-    ids, note = bounded(prompt_ids(tokenizer, prompt, chat_template))
-    result = {**walk(model, tokenizer, ids, ablate), "note": note}
+    `compare` = (first, second, word), the word's drift between two contexts beside it; with `image` (a path, bytes
+    or a Pillow image, for an image-text model), the picture before the prompt's text, unless the text writes the
+    image's start token itself, and the image panel (the picture, its grids, attention to it)."""
+    picture = ExplainedImage.read(model, tokenizer, image) if image is not None else None
+    ids, note = prompt_of(prompt_ids(tokenizer, prompt, chat_template, picture), picture)
+    result = {**walk(model, tokenizer, ids, ablate, picture), "note": note}
     drift = compare_word(model, tokenizer, *compare).to_dict() if compare else None
     return Explanation(title, result, model_info(model, tokenizer, title), ledger_figures(model), drift)
 

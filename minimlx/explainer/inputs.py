@@ -5,7 +5,8 @@ import mlx.nn as nn
 from ..anatomy.ablation import Ablation
 from ..anatomy.trace import patch_from
 from ..decode.prompt import check_ids
-from .walk import bounded, prompt_ids
+from .images import ExplainedImage
+from .walk import prompt_ids, prompt_of
 
 
 class BadRequest(ValueError):
@@ -33,17 +34,18 @@ def number(body: dict, key: str, default: float, low: float, high: float) -> flo
     return float(value)
 
 
-def ids(tokenizer, body: dict) -> tuple[list[int], str | None]:
-    """The prompt's ids (`ids` as given, or `prompt` encoded, in the chat template when `chat_template`), bounded."""
+def ids(tokenizer, body: dict, image: ExplainedImage | None = None) -> tuple[list[int], str | None]:
+    """The prompt's ids (`ids` as given, or `prompt` encoded, in the chat template when `chat_template`), bounded;
+    holding `image` (`prompt_of`)."""
     if "ids" in body:
         given = body["ids"]
         if not isinstance(given, list) or not all(type(i) is int for i in given):
             raise BadRequest("ids must be a list of token ids")
-        return bounded(check_ids(given, None))  # the trace checks them against the vocabulary
+        return prompt_of(check_ids(given, None), image)  # the trace checks them against the vocabulary
     chat = body.get("chat_template", False)
     if type(chat) is not bool:
         raise BadRequest("chat_template must be true or false")
-    return bounded(prompt_ids(tokenizer, text(body, "prompt"), chat))
+    return prompt_of(prompt_ids(tokenizer, text(body, "prompt"), chat, image), image)
 
 
 def pairs(spec: dict, key: str) -> tuple[tuple[int, int], ...]:

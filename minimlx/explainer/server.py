@@ -22,6 +22,7 @@ from ..anatomy.similarity import compare_word
 from ..errors import MinimlxError
 from . import inputs as fields
 from .figures import ledger_figures, model_info
+from .images import ExplainedImage
 from .page import ASSETS, page
 from .walk import attention_layer, sampled, walk
 
@@ -31,9 +32,18 @@ MAX_BODY = 1_000_000  # bytes: a prompt far past MAX_TOKENS still fits, a flood 
 class ExplainServer:
     """The page and API over one model (and, for `/api/precision`, a second precision of it)."""
 
-    def __init__(self, model: nn.Module, tokenizer, name: str, second: nn.Module | None = None, second_name=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        name: str,
+        second: nn.Module | None = None,
+        second_name=None,
+        image: ExplainedImage | None = None,
+    ):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.second, self.second_name = second, second_name
+        self.image = image  # every prompt walked holds it
         self.lock = threading.Lock()
         mx.eval(
             [
@@ -97,28 +107,26 @@ class ExplainServer:
 
     async def explain(self, request: Request) -> JSONResponse:
         def answer(body):
-            ids, note = fields.ids(self.tokenizer, body)
+            ids, note = fields.ids(self.tokenizer, body, self.image)
             ablate = fields.ablation(self.model, self.tokenizer, body)
-            return {**walk(self.model, self.tokenizer, ids, ablate), "note": note}
+            return {**walk(self.model, self.tokenizer, ids, ablate, self.image), "note": note}
 
         return await self.call(request, answer)
 
     async def next(self, request: Request) -> JSONResponse:
         def answer(body):
-            ids, _ = fields.ids(self.tokenizer, body)
+            ids, _ = fields.ids(self.tokenizer, body, self.image)
             ablate = fields.ablation(self.model, self.tokenizer, body)
-            return sampled(self.model, self.tokenizer, ids, *fields.sampling(body), ablate=ablate)
+            return sampled(self.model, self.tokenizer, ids, *fields.sampling(body), ablate=ablate, image=self.image)
 
         return await self.call(request, answer)
 
     async def attention(self, request: Request) -> JSONResponse:
         def answer(body):
-            ids, _ = fields.ids(self.tokenizer, body)
+            ids, _ = fields.ids(self.tokenizer, body, self.image)
             layer = fields.integer(body, "layer")
-            return {
-                "layer": layer,
-                "weights": attention_layer(self.model, ids, layer, fields.ablation(self.model, self.tokenizer, body)),
-            }
+            ablate = fields.ablation(self.model, self.tokenizer, body)
+            return {"layer": layer, "weights": attention_layer(self.model, ids, layer, ablate, self.image)}
 
         return await self.call(request, answer)
 
@@ -135,6 +143,8 @@ class ExplainServer:
         def answer(body):
             if self.second is None:
                 raise fields.BadRequest("no second precision is loaded; start minimlx explain with --against DTYPE")
+            if self.image is not None:
+                raise fields.BadRequest("the precision view reads text only yet; start minimlx explain without --image")
             ids, _ = fields.ids(self.tokenizer, body)
             drift = precision_drift(self.model, self.second, self.tokenizer, ids)
             return {"first": self.name, "second": self.second_name, **drift}

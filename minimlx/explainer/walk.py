@@ -3,9 +3,11 @@
 Every figure is read from one `trace` of the prompt (with the ablation asked for) through the one loop: the lens
 rows from its residual stream (`top_guesses`, as `logit_lens` reads them), the attention weights, what attention
 and the FFN add, and the router's choices. A model with adapters is traced once more with them detached, for the
-walk's `adapter` figures (the base against the adapted model, `block_changes`). Prompts are bounded: at most
-`MAX_TOKENS` tokens (longer ones keep their last `MAX_TOKENS`, with a note), and attention maps are inlined only up
-to `INLINE_ATTENTION` tokens; above that the page asks for one layer at a time (`attention_layer`).
+walk's `adapter` figures (the base against the adapted model, `block_changes`). With a picture
+(`images.ExplainedImage`) every trace has its soft tokens in place, and the walk carries the image panel's figures.
+Prompts are bounded: at most `MAX_TOKENS` tokens besides an image's (longer ones keep their last `MAX_TOKENS`, with a
+note; one with an image is refused instead), and attention maps are inlined only up to `INLINE_ATTENTION` tokens;
+above that the page asks for one layer at a time (`attention_layer`).
 """
 
 import mlx.core as mx
@@ -19,6 +21,7 @@ from ..anatomy.trace import trace
 from ..core.sampling import filtered_logits
 from ..errors import InvalidSettingError
 from ..tune.lora import adapters
+from .images import ExplainedImage, placed
 
 MAX_TOKENS = 256  # the trace's attention weights then take at most layers * heads * 256^2 floats (70 MB on SmolLM2)
 INLINE_ATTENTION = 64  # tokens up to which every layer's attention maps come with the walk
@@ -27,8 +30,10 @@ NEXT_TOP = 20
 KEPT_SHOWN = 50
 
 
-def prompt_ids(tokenizer, prompt: str, chat_template: bool = False) -> list[int]:
-    """The ids of `prompt`, as a user message in the model's chat template when `chat_template`."""
+def prompt_ids(tokenizer, prompt: str, chat_template: bool = False, image: ExplainedImage | None = None) -> list[int]:
+    """The ids of `prompt`, as a user message in the model's chat template when `chat_template`; with `image`, its
+    start token before the text (unless the text writes it)."""
+    prompt = image.prompt(prompt) if image is not None else prompt
     if not chat_template:
         return tokenizer.encode(prompt)
     if tokenizer.chat_template is None:
@@ -46,15 +51,25 @@ def bounded(ids: list[int]) -> tuple[list[int], str | None]:
     return ids[-MAX_TOKENS:], f"the prompt has {len(ids)} tokens; the walk shows its last {MAX_TOKENS}"
 
 
+def prompt_of(ids: list[int], image: ExplainedImage | None) -> tuple[list[int], str | None]:
+    """`bounded(ids)`; with `image`, the ids with the image's places written out (`image.ids`), never cut (a cut
+    would split the image): a prompt of more than MAX_TOKENS tokens besides the image's is refused."""
+    return (image.ids(ids, MAX_TOKENS), None) if image is not None else bounded(ids)
+
+
 def rounded(values: mx.array, digits: int = 6) -> list:
     return mx.round(values.astype(mx.float32), digits).tolist()
 
 
-def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = None) -> dict:
-    """The whole walk of `ids` (already bounded) under `ablate`: tokens, lens, attention, contributions, routing
-    and the next-token distribution; for a model with adapters, the base against it (`adapter`, else None)."""
+def walk(
+    model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = None, image: ExplainedImage | None = None
+) -> dict:
+    """The whole walk of `ids` (already bounded; with `image`, its places written out by `image.ids`) under `ablate`:
+    tokens, lens, attention, contributions, routing and the next-token distribution, all with the image's soft tokens
+    in place; for a model with adapters, the base against it (`adapter`, else None); the image panel's figures
+    (`image`, else None)."""
     layers = len(model.layers)
-    values = trace(model, ids, attention=True, ablate=ablate)
+    values = trace(model, ids, attention=True, ablate=ablate, images=placed(image, ids))
     stream = mx.stack([values["embed"][0]] + [values[f"layers.{i}.resid_post"][0] for i in range(layers)])
     lens_ids, lens_probs = top_guesses(model, stream, LENS_TOP)
     decode = tokenizer.decode
@@ -88,15 +103,18 @@ def walk(model: nn.Module, tokenizer, ids: list[int], ablate: Ablation | None = 
         "attention": [attention_of(values, i) for i in range(layers)] if inline else None,
         "blocks": blocks,
         "next": top_tokens(tokenizer, values["logits"][0, -1], NEXT_TOP),
-        "adapter": adapter_figures(model, tokenizer, ids, values, ablate) if adapters(model) else None,
+        "adapter": adapter_figures(model, tokenizer, ids, values, ablate, image) if adapters(model) else None,
+        "image": image.panel(ids) if image is not None else None,
     }
 
 
-def adapter_figures(model: nn.Module, tokenizer, ids: list[int], after: dict, ablate: Ablation | None) -> dict:
+def adapter_figures(
+    model: nn.Module, tokenizer, ids: list[int], after: dict, ablate: Ablation | None, image: ExplainedImage | None
+) -> dict:
     """The base (`model` with its adapters detached) against the adapted model's trace `after`, under the same
     `ablate`: per block, what attention and the FFN add before and after and how far the stream moved, at each
     position; and the base's next-token distribution (the adapted model's is the walk's `next`)."""
-    before = base_trace(model, ids, ablate)
+    before = base_trace(model, ids, ablate, placed(image, ids))
     blocks = [{k: rounded(v) for k, v in block.items()} for block in block_changes(before, after, len(model.layers))]
     return {"blocks": blocks, "next_base": top_tokens(tokenizer, before["logits"][0, -1], NEXT_TOP)}
 
@@ -123,14 +141,17 @@ def top_tokens(tokenizer, logits: mx.array, k: int) -> list[dict]:
     return [{"token": tokenizer.decode([i]), "id": i, "prob": p} for i, p in zip(order, chosen)]
 
 
-def attention_layer(model: nn.Module, ids: list[int], layer: int, ablate: Ablation | None = None) -> list:
-    """One layer's attention weights (heads, tokens, tokens) for `ids`: the page's on-demand map of a long prompt."""
+def attention_layer(
+    model: nn.Module, ids: list[int], layer: int, ablate: Ablation | None = None, image: ExplainedImage | None = None
+) -> list:
+    """One layer's attention weights (heads, tokens, tokens) for `ids` (holding `image`): the page's on-demand map of
+    a long prompt."""
     if not 0 <= layer < len(model.layers):
         raise InvalidSettingError(f"layer must be between 0 and {len(model.layers) - 1}, got {layer}")
     if not model.layers[layer].attn.attends:
         return []  # a recurrent layer: no heads, no map
     name = f"layers.{layer}.attn_weights"
-    return rounded(trace(model, ids, [name], ablate=ablate)[name][0])
+    return rounded(trace(model, ids, [name], ablate=ablate, images=placed(image, ids))[name][0])
 
 
 def state_norm(values: dict, layer: int) -> float | None:
@@ -154,10 +175,11 @@ def sampled(
     top_k: int,
     min_p: float = 0.0,
     ablate: Ablation | None = None,
+    image: ExplainedImage | None = None,
 ) -> dict:
     """The final distribution and the tokens sampling keeps at these settings (the sampler's own filter chain),
     with the probabilities it draws them with."""
-    logits = trace(model, ids, ["logits"], ablate=ablate)["logits"][0, -1]
+    logits = trace(model, ids, ["logits"], ablate=ablate, images=placed(image, ids))["logits"][0, -1]
     if temperature == 0:
         top = top_tokens(tokenizer, logits, 1)
         return {"next": top_tokens(tokenizer, logits, NEXT_TOP), "kept": top, "kept_count": 1}

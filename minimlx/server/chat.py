@@ -223,7 +223,7 @@ def response_format(body: dict):
     raise bad("response_format", f"'response_format.type' must be text, json_object or json_schema, got {kind!r}")
 
 
-def chat_messages(body: dict, images: list[bytes]) -> list[dict]:
+def chat_messages(body: dict, images: list) -> list[dict]:
     """The messages, checked, in Turn's shape: developer becomes system, content becomes text (a user's image parts
     their places in it, their bytes appended to `images`)."""
     messages = body.get("messages")

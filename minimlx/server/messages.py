@@ -140,7 +140,7 @@ def sampling(body: dict) -> dict:
     }
 
 
-def chat_messages(message, param: str, images: list[bytes]) -> list[dict]:
+def chat_messages(message, param: str, images: list) -> list[dict]:
     """One Anthropic message as chat messages: an assistant's tool_use blocks become its tool_calls and its
     thinking its reasoning_content; a user's tool_result blocks become tool messages, before any text it has, and
     its image blocks places in its text (their bytes appended to `images`); a system message (Claude Code's

@@ -26,6 +26,7 @@ from .bridge import EngineBridge
 from .card import ModelCard
 from .catalog import Catalog, Known, path_of
 from .fields import APIError, bad, sampling_settings
+from .images import ImageFetcher, fetched
 from .rendering import Renderer
 from .residency import Residency
 from .turns import ForcedCall, Turn
@@ -41,7 +42,8 @@ class Serving:
     """How every model is served: `chat_template` replaces the model's own, `reasoning` splits thinking from the
     answer, `request_timeout` (seconds) ends a longer generation, `max_tokens` bounds every answer (serve's
     --max-tokens; else the room left in the context), `forced_call` is --force-tool-call and `heartbeat` the longest
-    a stream stays silent, `image_limits` what a request's pictures may be (their number, file sizes and pixels)."""
+    a stream stays silent; `image_urls` fetches http(s) image URLs (--allow-image-urls; None: they are refused);
+    `image_limits` is what a request's pictures may be (their number, file sizes and pixels)."""
 
     chat_template: str | None = None
     reasoning: bool = True
@@ -49,6 +51,7 @@ class Serving:
     max_tokens: int | None = None
     forced_call: ForcedCall | None = None
     heartbeat: float = HEARTBEAT_SECONDS
+    image_urls: ImageFetcher | None = None
     image_limits: ImageLimits = ImageLimits()
 
 
@@ -108,11 +111,11 @@ class ServedModel:
         turn, prompt, parser, switched = self.renderer.prepare(turn)
         images = None
         if turn.images:
+            limits = self.serving.image_limits
             try:
-                limits = self.serving.image_limits
-                prompt, images = await asyncio.to_thread(
-                    PromptImages.read, self.engine.model, prompt, turn.images, limits
-                )
+                limits.check(turn.images)  # their number before any URL among them is fetched
+                pictures = await asyncio.to_thread(fetched, turn.images, self.serving.image_urls)
+                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, pictures, limits)
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
         answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched, images=images)

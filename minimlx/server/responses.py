@@ -151,7 +151,7 @@ def function_tools(tools: list, body: Body) -> tuple[list[dict], dict[str, str]]
     return functions, namespaces
 
 
-def input_messages(items, body: Body, images: list[bytes]) -> list[dict]:
+def input_messages(items, body: Body, images: list) -> list[dict]:
     """`input` as chat messages: a string is one user message; a list holds messages and the function calls and
     outputs of earlier turns (an assistant's calls join its message, as a chat's tool_calls do). A call cut short
     by the answer's limit (`"status": "incomplete"`, its arguments not whole JSON) is taken as it was written; items
@@ -200,7 +200,7 @@ def input_messages(items, body: Body, images: list[bytes]) -> list[dict]:
     return messages
 
 
-def message_text(content, param: str, images: list[bytes] | None = None) -> str:
+def message_text(content, param: str, images: list | None = None) -> str:
     """A message's text: a string, or a list of input_text/output_text (or reasoning/summary text) parts, and with
     `images` input_image parts (their places marked, their bytes appended)."""
     if isinstance(content, str):

@@ -29,7 +29,8 @@ class Turn:
     client's name for the conversation (`prompt_cache_key`), which the prompt cache keeps one entry of;
     `messages_param` the request field the messages came from, which errors about them name, and `params` the
     request field each setting came from where its name differs (Responses' max_output_tokens). `images` are the
-    bytes of the messages' images, in order, each one's place marked in its message's text (`images.IMAGE_PLACE`).
+    bytes of the messages' images (or the `images.ImageURL`s to fetch for them), in order, each one's place marked
+    in its message's text (`images.IMAGE_PLACE`).
     """
 
     messages: list[dict]
@@ -44,7 +45,7 @@ class Turn:
     cache_key: str | None = None
     messages_param: str = "messages"
     params: dict[str, str] = field(default_factory=dict)  # settings -> the request fields they came from
-    images: list[bytes] = field(default_factory=list)
+    images: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)

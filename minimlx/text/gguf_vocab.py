@@ -185,12 +185,12 @@ class GGUFVocab:
 def read_vocab(metadata: dict) -> GGUFVocab:
     """What a `minimlx.text.Tokenizer` needs from GGUF metadata (as `mx.load(..., return_metadata=True)` gives it)."""
     model = metadata.get("tokenizer.ggml.model")
-    if model not in ("gpt2", "llama"):
+    if model not in READERS:
         raise UnsupportedArchitectureError(
-            f"GGUF tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE and 'llama' "
-            "SentencePiece); use the model's Hugging Face folder with tokenizer.json instead"
+            f"GGUF tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE, 'llama' SentencePiece and "
+            "'gemma4' BPE); use the model's Hugging Face folder with tokenizer.json instead"
         )
-    needed = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges" if model == "gpt2" else "tokenizer.ggml.scores"]
+    needed = ["tokenizer.ggml.tokens", "tokenizer.ggml.scores" if model == "llama" else "tokenizer.ggml.merges"]
     if model == "llama" and "tokenizer.ggml.merges" in metadata:
         needed.pop()
     missing = [key for key in needed if key not in metadata]
@@ -199,7 +199,7 @@ def read_vocab(metadata: dict) -> GGUFVocab:
             f"the GGUF's {model} vocabulary has no {' or '.join(missing)}; the file is incomplete: convert the model "
             "again with llama.cpp's convert_hf_to_gguf.py, or load its Hugging Face folder"
         )
-    backend = byte_level_bpe(metadata) if model == "gpt2" else sentencepiece_bpe(metadata)
+    backend = READERS[model](metadata)
     tokens = metadata["tokenizer.ggml.tokens"]
     kinds = _list(metadata.get("tokenizer.ggml.token_type", []))
     # Control tokens are never split; user-defined ones (like "<think>") are matched whole too, but not special.
@@ -307,6 +307,24 @@ def sentencepiece_bpe(metadata: dict) -> Tokenizer:
         + [decoders.Strip(content=" ", left=1)] * space_prefix
     )
     return backend
+
+
+def gemma4_bpe(metadata: dict) -> Tokenizer:
+    """Gemma 4's BPE (model "gemma4"): SentencePiece's spelling ("▁" for spaces, `<0xNN>` byte fallback, no space
+    prefix) merged by the file's merges over raw UTF-8, the text split only into runs of newlines and runs of the
+    rest, each run that is a token taken whole, as llama.cpp does."""
+    vocab = {token: i for i, token in enumerate(metadata["tokenizer.ggml.tokens"])}
+    merges = [
+        (merge[: merge.find(" ", 1)], merge[merge.find(" ", 1) + 1 :]) for merge in metadata["tokenizer.ggml.merges"]
+    ]
+    backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True, ignore_merges=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return backend
+
+
+READERS = {"gpt2": byte_level_bpe, "llama": sentencepiece_bpe, "gemma4": gemma4_bpe}  # tokenizer.ggml.model's
 
 
 def sentencepiece_encoder(backend: Tokenizer, metadata: dict) -> Tokenizer | None:

@@ -2,6 +2,7 @@
 
 from .images import ImageLimits, open_image
 from .processor import FixedSizeImages, ImageProcessor, LongestEdgeImages, Normalisation, read_processor_config
+from .tiling import TiledImages
 
 __all__ = [
     "FixedSizeImages",
@@ -9,6 +10,7 @@ __all__ = [
     "ImageProcessor",
     "LongestEdgeImages",
     "Normalisation",
+    "TiledImages",
     "open_image",
     "read_processor_config",
 ]

@@ -11,9 +11,25 @@
 // x, and the weights are streamed once per call whatever M is.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 
 namespace minimlx_native {
+
+// Scratch floats on 64-byte boundaries, so that the kernels' vector loads of a row never straddle two cache
+// lines (a load that does touches both).
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  CacheAligned() = default;
+  template <class U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  bool operator==(const CacheAligned&) const { return true; }
+};
 
 // IEEE float16, as MLX's float16 arrays hold it (GCC on aarch64 spells it __fp16 in C++).
 #if defined(__aarch64__) && !defined(__clang__)

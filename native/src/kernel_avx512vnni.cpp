@@ -4,6 +4,7 @@
 
 #include "integer.h"
 #include "kquant_avx512.h"
+#include "kquant_gemm_avx512.h"
 #include "simd_avx512.h"
 #include "simd_x86.h"
 
@@ -106,6 +107,10 @@ void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_e
 void dequantize_blocks_avx512vnni(const BlockProblem& p, int row_begin, int row_end, float* dst) {
   for (int n = row_begin; n < row_end; ++n)
     Avx512BlockDot::dequantize(p.type, p.w + n * p.row_bytes, p.K, dst + static_cast<int64_t>(n - row_begin) * p.K);
+}
+
+void block_gemm_avx512vnni(const BlockProblem& p, const GemmInputs& x, int row_begin, int row_end) {
+  gemm_block_rows(p, x, row_begin, row_end);
 }
 
 }  // namespace minimlx_native

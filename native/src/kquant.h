@@ -296,6 +296,40 @@ struct ScalarBlockDot {
   }
 };
 
+// The integer GEMM's view of a block type (kquant_gemm_avx512.h): its values in groups of one scale and bias each,
+// sub-blocks of 32 (Q4_K, Q5_K), groups of 16 (Q6_K) or blocks of 32 (Q8_0).
+constexpr int kGemmTileRows = 32;  // weight rows an integer GEMM's panel holds: two vectors of 16 lanes
+
+inline int group_span(int type) { return type == static_cast<int>(Blocks::q6_k) ? 16 : 32; }
+
+// The input rows' side of an integer GEMM: per row and group of `span` values, its block's step xd and xd times the
+// sum of the group's codes.
+struct GemmInputs {
+  const int8_t* xq = nullptr;
+  int span = 0;
+  std::vector<float> steps, step_sums;  // M x (K / span)
+
+  void prepare(const QuantizedBlockInputs& x, int M, int K, int group) {
+    const int groups = K / group;
+    xq = x.xq;
+    span = group;
+    steps.resize(static_cast<size_t>(M) * groups);
+    step_sums.resize(steps.size());
+    for (int m = 0; m < M; ++m) {
+      const float* xd = x.xd + static_cast<int64_t>(m) * (K / 32);
+      const int16_t* sums = x.sums + static_cast<int64_t>(m) * (K / 16);
+      float* step = steps.data() + static_cast<int64_t>(m) * groups;
+      float* step_sum = step_sums.data() + static_cast<int64_t>(m) * groups;
+      for (int g = 0; g < groups; ++g) {
+        const int first = g * group / 16;  // the group's first 16-code sum
+        const int total = group == 16 ? sums[first] : sums[first] + sums[first + 1];
+        step[g] = xd[g * group / 32];
+        step_sum[g] = step[g] * static_cast<float>(total);
+      }
+    }
+  }
+};
+
 // Each instruction set's block products and dequantization.
 void block_rows_scalar(const BlockProblem& p, int row_begin, int row_end);
 void float_block_rows_scalar(const BlockProblem& p, int row_begin, int row_end);
@@ -307,6 +341,7 @@ void dequantize_blocks_avx2(const BlockProblem& p, int row_begin, int row_end, f
 void block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end);
 void float_block_rows_avx512vnni(const BlockProblem& p, int row_begin, int row_end);
 void dequantize_blocks_avx512vnni(const BlockProblem& p, int row_begin, int row_end, float* dst);
+void block_gemm_avx512vnni(const BlockProblem& p, const GemmInputs& x, int row_begin, int row_end);
 #endif
 
 }  // namespace minimlx_native

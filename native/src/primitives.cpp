@@ -60,6 +60,9 @@ struct BlockIsa {
   void (*float_rows)(const BlockProblem&, int, int);
   void (*dequantize)(const BlockProblem&, int, int, float*);
   const char* name;
+  // A prompt's products in integers (kquant_gemm_avx512.h), weight rows [begin, end) in tiles of kGemmTileRows;
+  // nullptr where the instruction set has none (prompts keep float32 inputs there).
+  void (*gemm)(const BlockProblem&, const GemmInputs&, int, int) = nullptr;
 };
 
 // The kernels of one instruction set.
@@ -114,7 +117,7 @@ Isa best_isa() {
                       __builtin_cpu_supports("f16c");
   const bool avx512vnni = avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
   const BlockIsa blocks = avx512vnni ? BlockIsa{block_rows_avx512vnni, float_block_rows_avx512vnni,
-                                               dequantize_blocks_avx512vnni, "avx512vnni"}
+                                               dequantize_blocks_avx512vnni, "avx512vnni", block_gemm_avx512vnni}
                           : avx2     ? BlockIsa{block_rows_avx2, float_block_rows_avx2, dequantize_blocks_avx2, "avx2"}
                                      : scalar_blocks;
   const IntegerIsa integer = avx512vnni ? IntegerIsa{integer_rows_avx512vnni, quantize_inputs_avx512vnni, 128, 64, 16,
@@ -175,19 +178,6 @@ void gather(const mx::array& a, T* dst) {
   }
 }
 
-// Scratch floats on 64-byte boundaries, so that the kernels' vector loads of a row never straddle two cache
-// lines (a load that does touches both).
-template <class T>
-struct CacheAligned {
-  using value_type = T;
-  static constexpr std::align_val_t kAlign{64};
-  CacheAligned() = default;
-  template <class U>
-  CacheAligned(const CacheAligned<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
-  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
-  bool operator==(const CacheAligned&) const { return true; }
-};
 using Floats = std::vector<float, CacheAligned<float>>;
 
 // A fixed set of worker threads that help the calling thread through the blocks of one job. Blocks are
@@ -1091,11 +1081,46 @@ void integer_block_products(const float* xs, int M, int K, std::vector<BlockProb
   });
 }
 
+// Fewest input rows of a prompt's product that take the integer GEMM (kquant_gemm_avx512.h) where the instruction set
+// has one; fewer (a prompt's last token, fed alone; a short rest after a cached start) take the row products of decode
+// steps: the GEMM unpacks every weight block, whose cost a few rows do not repay. Each row of a product of at least
+// this many rows sums as it does alone, so a prompt's chunks of at least this many tokens come out the same however
+// the prompt is split.
+constexpr int kIntegerGemmRows = 8;
+
+// A prompt's product `p` (with `gate_w` of `gate_type`, silu(x @ gate.T) * (x @ up.T), p the up product) by the
+// integer GEMM: the inputs quantized once, the weight rows in tiles of kGemmTileRows, one pass over the pool.
+void integer_gemm_product(const float* xs, int M, int K, BlockProblem p, const mx::array* gate_w, int gate_type) {
+  thread_local QuantizedBlocks quantized;  // the calling thread's: the blocks use them through references
+  thread_local GemmInputs own_inputs, own_gate_inputs;
+  thread_local Floats gate_out;
+  GemmInputs &inputs = own_inputs, &gate_inputs = own_gate_inputs;
+  quantized.quantize(xs, M, K);
+  p.x = quantized.inputs();
+  inputs.prepare(p.x, M, K, group_span(p.type));
+  BlockProblem g{};
+  if (gate_w != nullptr) {
+    gate_out.resize(static_cast<size_t>(M) * p.N);
+    g = block_problem(*gate_w, gate_type, M, K, gate_out.data());
+    g.x = p.x;
+    if (group_span(gate_type) != inputs.span) gate_inputs.prepare(p.x, M, K, group_span(gate_type));
+  }
+  const GemmInputs& gx = gate_w != nullptr && group_span(gate_type) != inputs.span ? gate_inputs : inputs;
+  const int tiles = (p.N + kGemmTileRows - 1) / kGemmTileRows;
+  share(tiles, [&](int t) {
+    const int begin = t * kGemmTileRows, end = std::min(p.N, begin + kGemmTileRows);
+    kIsa.blocks.gemm(p, inputs, begin, end);
+    if (gate_w == nullptr) return;
+    kIsa.blocks.gemm(g, gx, begin, end);
+    apply_gate(g.out, p.out, M, p.N, begin, end);
+  });
+}
+
 // Inputs x, w (and with a second weight, x, gate, up: silu(x @ gate.T) * (x @ up.T)), of `types`: the integer
 // products, or with `exact` float32 ones: for fewer than kDequantizedGemmRows rows each weight row dequantized once
 // and dotted with them, else each block of weight rows dequantized once for the float32 GEMM.
-Work block_product_work(std::vector<int> types, bool exact) {
-  return [types, exact](const std::vector<mx::array>& in, mx::array& out) {
+Work block_product_work(std::vector<int> types, bool exact, bool prompt) {
+  return [types, exact, prompt](const std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), M = static_cast<int>(x.size() / K);
     const bool gated = in.size() == 3;
@@ -1103,7 +1128,10 @@ Work block_product_work(std::vector<int> types, bool exact) {
     const float* xs = contiguous(x, copy);
     float* dst = out.data<float>();
     const int product = gated ? 2 : 1, gate = 1;
-    if (exact && M >= kDequantizedGemmRows) {
+    if (!exact && prompt && kIsa.blocks.gemm != nullptr && M >= kIntegerGemmRows)
+      return integer_gemm_product(xs, M, K, block_problem(in[product], types[product - 1], M, K, dst),
+                                  gated ? &in[gate] : nullptr, gated ? types[0] : 0);
+    if ((exact || prompt) && M >= kDequantizedGemmRows) {  // a prompt's, without the integer GEMM: the float32 one
       auto dequantized = [K](const mx::array& w, int type) {
         return [p = block_problem(w, type, 0, K, nullptr)](int begin, int end, Floats& scratch) {
           scratch.resize(static_cast<size_t>(end - begin) * p.K);
@@ -1149,7 +1177,7 @@ int block_features(const std::string& name, const mx::array& w, int type) {
 }
 
 mx::array block_product(const std::string& name, const mx::array& x, std::vector<mx::array> weights,
-                        std::vector<int> types, bool exact) {
+                        std::vector<int> types, bool exact, bool prompt) {
   if (x.dtype() != mx::float32 || x.ndim() < 1) throw std::invalid_argument(name + ": x must be float32, at least 1-D");
   for (size_t i = 0; i < weights.size(); ++i)
     if (block_features(name, weights[i], types[i]) != x.shape(-1))
@@ -1161,10 +1189,10 @@ mx::array block_product(const std::string& name, const mx::array& x, std::vector
   shape.back() = weights[0].shape(0);
   std::vector<mx::array> inputs{x};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
-  std::vector<float> params{exact ? 1.0f : 0.0f};
+  std::vector<float> params{exact ? 1.0f : 0.0f, prompt ? 1.0f : 0.0f};
   for (int t : types) params.push_back(static_cast<float>(t));
   return cpu_op(weights.size() == 2 ? "MinimlxNativeBlockSwiglu" : "MinimlxNativeBlockMatmul", params,
-                block_product_work(types, exact), std::move(inputs), shape);
+                block_product_work(types, exact, prompt), std::move(inputs), shape);
 }
 
 // Rows `ids` (int32, any shape) of weight w of `type`, dequantized to float32: (*ids.shape, K).
@@ -1213,8 +1241,8 @@ void packed(const std::vector<mx::array>& in, int first, const mx::array& input,
             const int* layout, bool exact, int gate = -1) {
   mx::array out = result;
   if (held_as_blocks(layout)) {
-    if (gate < 0) return block_product_work({layout[1]}, exact)({input, in[first]}, out);
-    return block_product_work({layout[1], layout[1]}, exact)({input, in[gate], in[first]}, out);
+    if (gate < 0) return block_product_work({layout[1]}, exact, false)({input, in[first]}, out);
+    return block_product_work({layout[1], layout[1]}, exact, false)({input, in[gate], in[first]}, out);
   }
   std::vector<mx::array> inputs{input, in[first], in[first + 1], in[first + 2]};
   if (gate >= 0) inputs.insert(inputs.end(), {in[gate], in[gate + 1], in[gate + 2]});
@@ -1686,18 +1714,20 @@ NB_MODULE(_ext, m) {
         "gate's and down's; `layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products, or (0, "
         "type) for one held as GGUF blocks (block_matmul's w, given in place of its w, scales and biases alike). "
         "Returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
-  m.def("block_matmul", [](const mx::array& x, const mx::array& w, int type, bool exact) {
-          return minimlx_native::block_product("minimlx_native.block_matmul", x, {w}, {type}, exact);
-        }, "x"_a, "w"_a, "type"_a, "exact"_a = false,
+  m.def("block_matmul", [](const mx::array& x, const mx::array& w, int type, bool exact, bool prompt) {
+          return minimlx_native::block_product("minimlx_native.block_matmul", x, {w}, {type}, exact, prompt);
+        }, "x"_a, "w"_a, "type"_a, "exact"_a = false, "prompt"_a = false,
         "x @ W.T for float32 x (..., K) and W held as GGUF stores it: w (N, row bytes) uint8, each row K / 256 "
         "super-blocks of Q4_K (type 12), Q5_K (13) or Q6_K (14), or K / 32 blocks of Q8_0 (8). x is quantized to 8 "
         "bits per block of 32 (as llama.cpp's Q8_0) for integer dot products, unless `exact`: x stays float32, each "
-        "weight row dequantized once for fewer than 28 rows of x, the float32 GEMM from 28.");
+        "weight row dequantized once for fewer than 28 rows of x, the float32 GEMM from 28. With `prompt` (a prompt's "
+        "product, not `exact`), 8 rows or more take the integer GEMM where the CPU has AVX-512 VNNI (each tile of 32 "
+        "weight rows unpacked once for all the rows of x), elsewhere the float32 GEMM from 28 rows.");
   m.def("block_swiglu", [](const mx::array& x, const mx::array& gate_w, int gate_type, const mx::array& up_w,
-                           int up_type, bool exact) {
+                           int up_type, bool exact, bool prompt) {
           return minimlx_native::block_product("minimlx_native.block_swiglu", x, {gate_w, up_w}, {gate_type, up_type},
-                                               exact);
-        }, "x"_a, "gate_w"_a, "gate_type"_a, "up_w"_a, "up_type"_a, "exact"_a = false,
+                                               exact, prompt);
+        }, "x"_a, "gate_w"_a, "gate_type"_a, "up_w"_a, "up_type"_a, "exact"_a = false, "prompt"_a = false,
         "silu(x @ gate.T) * (x @ up.T) for weights held as block_matmul's, of as many rows: a SwiGLU's gated "
         "product in one op.");
   m.def("block_rows", &minimlx_native::block_rows_of, "w"_a, "ids"_a, "type"_a,

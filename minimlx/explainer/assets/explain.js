@@ -40,7 +40,7 @@ function minimlxExplain(root, options) {
   form.addEventListener("submit", (e) => { e.preventDefault(); explain(); });
   const panels = {
     tokens: section("Tokens", "tokens"), lens: section("Logit lens: what each layer would predict", "lens"),
-    attention: section("Attention", "attention"), blocks: section("What each block adds", "blocks"),
+    attention: section("Attention", "attention"), image: section("Attention to the image", "image"), blocks: section("What each block adds", "blocks"),
     adapter: section("Base against adapted", "adapter"),
     experts: section("Experts", "experts"), next: section("Next token", "next"),
     compare: section("Side by side", "compare"), ledger: section("Parameters", "ledger"),
@@ -90,11 +90,16 @@ function minimlxExplain(root, options) {
     await Promise.all([drawAttention(w), drawNext(w)]);
   }
 
+  // an image's soft tokens: one small square each (their text is the image token's, the same for all)
+  const inImage = (w, i) => !!w.image && i >= w.image.start && i < w.image.stop;
+  const label = (w, i) => inImage(w, i) ? "▦" : shown(w.tokens[i]);
+
   function drawTokens(w) {
     clear(panels.tokens);
     const row = el("div", { class: "mx-tokens" });
-    w.tokens.forEach((t, i) => row.append(el("span", { class: "mx-token" + (i === state.position ? " mx-selected" : ""), "data-id": w.ids[i], "data-position": i,
-      title: `id ${w.ids[i]}`, onclick: () => { state.position = i; draw(); } }, shown(t), el("sub", {}, String(w.ids[i])))));
+    w.tokens.forEach((t, i) => row.append(el("span", { class: "mx-token" + (inImage(w, i) ? " mx-image-token" : "") + (i === state.position ? " mx-selected" : ""), "data-id": w.ids[i], "data-position": i,
+      title: inImage(w, i) ? `image soft token ${i - w.image.start} (id ${w.ids[i]})` : `id ${w.ids[i]}`, onclick: () => { state.position = i; draw(); } },
+      label(w, i), ...(inImage(w, i) ? [] : [el("sub", {}, String(w.ids[i]))]))));
     panels.tokens.append(row);
   }
 
@@ -102,7 +107,7 @@ function minimlxExplain(root, options) {
     clear(panels.lens);
     const table = el("table", { class: "mx-lens" });
     const head = el("tr", {}, el("th", {}, "after"));
-    w.tokens.forEach((t) => head.append(el("th", {}, shown(t))));
+    w.tokens.forEach((t, i) => head.append(el("th", {}, label(w, i))));
     table.append(head);
     for (let r = w.lens.length - 1; r >= 0; r--) {
       const tr = el("tr", {}, el("th", {}, w.layers[r]));
@@ -136,11 +141,12 @@ function minimlxExplain(root, options) {
 
   async function drawAttention(w) {
     clear(panels.attention);
-    if (!w.attention && !live) { panels.attention.append(el("p", {}, "Attention maps of long prompts are computed per layer by the live page.")); return; }
+    if (!w.attention && !live) { panels.attention.append(el("p", {}, "Attention maps of long prompts are computed per layer by the live page.")); drawImage(w, null); return; }
     const pick = el("select", { name: "layer", onchange: () => { state.layer = Number(pick.value); drawAttention(w); } });
     w.layers.slice(1).forEach((l, i) => pick.append(el("option", { value: String(i), ...(i === state.layer ? { selected: "" } : {}) }, `block ${l}`)));
     panels.attention.append(el("label", {}, "layer ", pick));
     const weights = await layerWeights(w, state.layer);
+    drawImage(w, weights);
     if (!weights.length) { panels.attention.append(el("p", { class: "mx-recurrent" }, `Block ${state.layer} is a recurrent layer: its tokens meet in a state it carries along, not through attention, so it has no map. Its contribution is in the blocks panel.`)); return; }
     const grid = el("div", { class: "mx-heads" });
     weights.forEach((head, h) => {
@@ -152,6 +158,44 @@ function minimlxExplain(root, options) {
     const side = el("div", { class: "mx-enlarged-box" }, el("h3", {}, `block ${state.layer}, head ${state.head}: row t shows what token t reads`), big);
     if (live) side.append(el("button", { name: "ablate-head", onclick: () => toggle(state.ablate.heads, [state.layer, state.head]) }, "switch this head off / on"));
     panels.attention.append(el("div", { class: "mx-attention" }, grid, side));
+  }
+
+  // the picture, its encoder's patches (faint) and its soft tokens' grid over it, and under the
+  // attention panel's layer and head the chosen token's attention to each soft token, drawn over its cell
+  function drawImage(w, weights) {
+    clear(panels.image);
+    panels.image.hidden = !w.image;
+    if (!w.image) return;
+    const im = w.image, [rows, cols] = im.grid, [prow, pcol] = im.patches, p = state.position;
+    const W = 360, H = Math.round((W * im.height) / im.width);
+    const canvas = el("canvas", { width: String(W), height: String(H), class: "mx-image-heat", "data-grid": JSON.stringify(im.grid) });
+    const g = canvas.getContext("2d");
+    let note = `The picture: the model reads it as ${prow} x ${pcol} patches (faint lines), pooled into ${rows} x ${cols} soft tokens (white lines), positions ${im.start} to ${im.stop - 1} of the prompt.`;
+    if (weights && weights.length) {
+      const row = weights[state.head][p].slice(im.start, im.stop);
+      const grid = Array.from({ length: rows }, (_, r) => row.slice(r * cols, (r + 1) * cols));
+      const most = Math.max(...row, 1e-12), total = row.reduce((a, b) => a + b, 0);
+      grid.forEach((line, r) => line.forEach((v, c) => {
+        g.fillStyle = `rgba(220, 38, 38, ${(0.85 * v / most).toFixed(3)})`;
+        g.fillRect((c * W) / cols, (r * H) / rows, W / cols, H / rows);
+      }));
+      Object.entries({ "data-layer": state.layer, "data-head": state.head, "data-position": p, "data-weights": JSON.stringify(grid) }).forEach(([k, v]) => canvas.setAttribute(k, String(v)));
+      note += ` Red: how much position ${p} (${label(w, p)}) attends to each soft token in block ${state.layer}, head ${state.head} (pick them in the token row and the attention panel): ${(100 * total).toFixed(1)}% of its attention goes to the image, the darkest cell ${fmt(most)}.`;
+    } else if (weights) {
+      note += ` Block ${state.layer} is a recurrent layer: it has no attention to show.`;
+    } else {
+      note += " Attention over long prompts is computed per layer by the live page.";
+    }
+    const lines = (n, m, color, width) => {
+      g.strokeStyle = color; g.lineWidth = width; g.beginPath();
+      for (let r = 1; r < n; r++) { g.moveTo(0, (r * H) / n); g.lineTo(W, (r * H) / n); }
+      for (let c = 1; c < m; c++) { g.moveTo((c * W) / m, 0); g.lineTo((c * W) / m, H); }
+      g.stroke();
+    };
+    if (prow <= 128 && pcol <= 128) lines(prow, pcol, "rgba(255, 255, 255, 0.25)", 0.5);
+    lines(rows, cols, "rgba(255, 255, 255, 0.9)", 1);
+    const picture = el("img", { src: im.src, width: String(W), height: String(H), alt: "the image", class: "mx-image" });
+    panels.image.append(el("p", { class: "mx-note" }, note), el("div", { class: "mx-image-box", style: `width: ${W}px; height: ${H}px` }, picture, canvas));
   }
 
   function bar(value, max, color) {
