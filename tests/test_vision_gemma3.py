@@ -175,3 +175,26 @@ def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
     pixels = [ImageInput(p) for p in reference_pixels(processor, pictures())]
     published = minimlx.load_model(tmp_path, dtype="float32")
     assert np.array_equal(np.array(published.encode_images(pixels)), np.array(model.encode_images(pixels)))
+
+
+def test_encoded_images_keep_the_latest_within_their_bytes(gemma3, monkeypatch):
+    """EncodedImages gives the encoder's soft tokens, encodes only the images it does not keep, and keeps the most
+    recently used within its bytes."""
+    from minimlx.decode.images import EncodedImages
+
+    *_, model = gemma3
+    inputs = FixedSizeImages.from_folder(gemma3[0])(pictures())
+    digests, places = [image.digest for image in inputs], [TOKENS_PER_IMAGE] * 3
+    expected = np.array(model.encode_images(inputs))
+    calls = []
+    encode = type(model).encode_images
+    monkeypatch.setattr(
+        type(model), "encode_images", lambda self, images: calls.append(len(images)) or encode(self, images)
+    )
+    one = expected.nbytes // 3
+    kept = EncodedImages(max_bytes=2 * one)
+    assert np.allclose(np.array(kept(model, inputs[:2], digests[:2], places[:2])), expected[: 2 * TOKENS_PER_IMAGE])
+    assert np.allclose(np.array(kept(model, inputs, digests, places)), expected, atol=1e-6)
+    assert calls == [2, 1] and kept.bytes == 2 * one and list(kept.entries) == [digests[1], digests[2]]
+    kept(model, inputs[::-1], digests[::-1], places)  # the second and third kept, the first encoded again
+    assert calls == [2, 1, 1] and list(kept.entries) == [digests[1], digests[0]]
