@@ -1,7 +1,7 @@
 """The benchmarks' standard synthetic GGUF files: a LLaMA-shaped 1B and 3B, a Qwen3-shaped 4B, a Gemma-4-shaped 1B
-(dense) and a GLM-4.5-shaped 1B (MoE) of random weights, as Hugging Face folders (float16 safetensors, a shard per
-layer), converted to F16 by llama.cpp's own converter and quantized by its `llama-quantize` to Q4_K_M, Q5_K_M, Q6_K
-and Q8_0, as a user's downloads are.
+(dense), a GLM-4.5-shaped 1B (MoE) and a Qwen3.5-shaped 0.8B (hybrid) of random weights, as Hugging Face folders
+(float16 safetensors, a shard per layer), converted to F16 by llama.cpp's own converter and quantized by its
+`llama-quantize` to Q4_K_M, Q5_K_M, Q6_K and Q8_0, as a user's downloads are.
 
     python benchmarks/synthetic_gguf.py [--folder DIR] [--models llama-1b,gemma4-1b,glm45-1b,...] [--types Q4_K_M,...]
 
@@ -21,7 +21,13 @@ parameters with the same vocabulary:
   correction bias, 8 of them per token, and one shared expert; 128-wide heads with RoPE on half of each, q/k/v biases,
   8 query heads per key-value head; untied head. The width 4096 -> 1024, 46 -> 16 layers, 96/8 -> 16/2 heads, 128 ->
   64 experts of 1408 -> 256 (0.95B parameters, 0.27B active), no multi-token-prediction layer.
-`gemma4-tiny` and `glm45-tiny` are the same recipes at test size.
+- `qwen35-0.8b`: the text model of Qwen3.5-0.8B's published config.json (`text_config` of Qwen/Qwen3.5-0.8B, as
+  quoted in several public repositories): hidden 1024, FFN 3584, 24 layers of which every 4th attends with 8 query
+  heads and 2 key-value heads of 256 (partial RoPE, a quarter of each head, base 1e7, and the sigmoid output gate),
+  the other 18 Gated DeltaNet layers with 16 key and 16 value heads of 128 and a 4-wide convolution, head tied;
+  written as the text model alone (`qwen3_5_text`, llama.cpp's `qwen35`) with plain RoPE where the original's text
+  positions use M-RoPE's equal sections, converted without the multi-token-prediction layer.
+`gemma4-tiny`, `glm45-tiny` and `qwen35-tiny` are the same recipes at test size.
 """
 
 import argparse
@@ -66,6 +72,13 @@ GLM45 = {
     "tie_word_embeddings": False,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
 }
+QWEN35 = {
+    "model_type": "qwen3_5_text",
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4,
+}
 SHAPES = {  # name -> config.json's shape entries
     "llama-1b": {**LLAMA, "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32,
                  "num_key_value_heads": 4, "head_dim": 64, "intermediate_size": 5632, "tie_word_embeddings": False},
@@ -77,6 +90,10 @@ SHAPES = {  # name -> config.json's shape entries
     "glm45-1b": {**GLM45, "hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
                  "num_key_value_heads": 2, "intermediate_size": 2816, "n_routed_experts": 64,
                  "moe_intermediate_size": 256},
+    "qwen35-0.8b": {**QWEN35, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 8,
+                    "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 3584, "linear_num_key_heads": 16,
+                    "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                    "tie_word_embeddings": True},
     "tiny": {**LLAMA, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "tie_word_embeddings": False},
     "gemma4-tiny": {**GEMMA4, "hidden_size": 256, "num_hidden_layers": 6, "intermediate_size": 1024,
@@ -84,6 +101,10 @@ SHAPES = {  # name -> config.json's shape entries
     "glm45-tiny": {**GLM45, "hidden_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "intermediate_size": 512, "n_routed_experts": 16,
                    "num_experts_per_tok": 4, "moe_intermediate_size": 256},
+    "qwen35-tiny": {**QWEN35, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "linear_num_key_heads": 4,
+                    "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+                    "tie_word_embeddings": True},
 }  # fmt: skip
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
@@ -205,7 +226,8 @@ def build(name: str, ftype: str, folder: Path, llama_quantize: Path | None = Non
     if not source.is_file():
         hf = folder / f"{name}-hf"
         write_folder(hf, name)
-        convert([(hf, "f16", source)])
+        flags = ["--no-mtp"] if SHAPES[name]["model_type"] == "qwen3_5_text" else []  # no multi-token-prediction layer
+        convert([(hf, "f16", source, flags)])
         shutil.rmtree(hf)
     quantize = str(llama_quantize or llamacpp_tool("llama-quantize"))
     threads = str(os.cpu_count() or 1)

@@ -110,6 +110,7 @@ def convert(
 
     path = resolve(source)
     checkpoint, standins, tokenizer = read_source(path, dtype)
+    config = checkpoint.arch.export_config(checkpoint.config)  # first: a family mlx-lm cannot read is refused here
     spec = packed_modules(build(checkpoint.arch), checkpoint.weights, checkpoint.entry)
     if quantize and group_size is None and mode == "affine" and spec:
         # re-quantize on the groups the weights were packed in: a second rounding on other groups compounds the first
@@ -119,7 +120,7 @@ def convert(
     outputs = partial(
         output_tensors, quantize=quantize, bits=bits, group_size=group_size, mode=mode, recipe=recipe, dtype=dtype
     )
-    config, tensors, quantization = checkpoint.config, *outputs(checkpoint)
+    tensors, quantization = outputs(checkpoint)
     torch_dtype = dtype or dominant_float_dtype(tensors)
     layout = {name: (w.shape, w.dtype) for name, w in tensors.items()}
     if standins is None:  # a folder's tensors are read as they are evaluated

@@ -5,6 +5,7 @@ names the plugin, the plugin renames and re-lays its tensors, and `quantization`
 packed weights run. Neither io nor archs imports the other.
 """
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,8 @@ from .io.gguf_file import GGUFFile, open_gguf, read_gguf
 from .io.resolve import resolve
 from .quantization import BLOCK_MODES, dequantize_weights, packed_modules, quantize_modules
 from .text import Tokenizer
+
+log = logging.getLogger("minimlx.loading")
 
 DTYPE_CHOICES = ("quantized", *DTYPES)
 
@@ -121,12 +124,14 @@ def gguf_checkpoint(path: Path, metadata: dict, tensors, weights: dict[str, mx.a
 
 
 def image_text_checkpoint(path: Path, metadata: dict, tensors: dict, mmproj: Path, dtype: str | None) -> Checkpoint:
-    """A GGUF text file (its `metadata` and `tensors`) and llama.cpp's mmproj file of its vision tower as one
-    image-text checkpoint: the plugin reading the mmproj's projector type (`mmproj_projectors`) makes the config of
-    both, names the tower's tensors (read as floats) and gives the image processor's settings."""
+    """A GGUF text file (its `metadata` and `tensors`) and llama.cpp's mmproj file of its vision tower as one image-text
+    checkpoint: the plugin reading the mmproj's projector type (`mmproj_projectors`) makes the config of both (from the
+    two files' metadata and the mmproj's tensors' shapes), names the tower's tensors (read as floats) and gives the
+    image processor's settings."""
     if not mmproj.is_file():
         raise ModelNotFoundError(f"no such mmproj file: {mmproj}; give the vision tower's .gguf file (mmproj-*.gguf)")
-    clip = open_gguf(mmproj).metadata
+    directory = open_gguf(mmproj)
+    clip, shapes = directory.metadata, {name: shape for name, (_, shape, _) in directory.tensors.items()}
     reader = mmproj_reader(clip, str(mmproj))
     if metadata.get("general.architecture") not in reader.mmproj_text:
         raise CheckpointError(
@@ -141,7 +146,7 @@ def image_text_checkpoint(path: Path, metadata: dict, tensors: dict, mmproj: Pat
             "another model; give this model's mmproj file"
         )
     with reported(reader, str(mmproj), "the plugin for its projector"):
-        config = reader.mmproj_config(text, metadata, clip)
+        config = reader.mmproj_config(text, metadata, clip, shapes)
         processor = reader.mmproj_processor(clip)
     arch = plugin_config(config, f"{path} with {mmproj.name}")
     vision, _ = read_gguf(mmproj, DTYPES.get(dtype) or mx.float32)
@@ -286,6 +291,9 @@ def prepare(checkpoint: Checkpoint, dtype: str | None, split) -> tuple[nn.Module
     cut by `split` when given, and the dtype floats run in."""
     weights = checkpoint.weights
     model = build(checkpoint.arch)
+    if "vision" in model and not any(name.startswith("vision.") for name in weights):
+        log.warning("the checkpoint holds no vision tower (a text-only conversion): its text model is read")
+        model.pop("vision")
     spec = packed_modules(model, weights, checkpoint.entry)
     on_cpu = mx.default_device() == mx.cpu
     if dtype in (None, "quantized"):

@@ -119,7 +119,8 @@ def block_modules(params: dict[str, mx.array], weights: dict[str, mx.array]) -> 
         if not name.endswith(".weight") or w.dtype != mx.uint8 or f"{module}.scales" in weights or name not in params:
             continue
         shape = params[name].shape
-        mode = block_mode(w.shape, shape[-1]) if w.ndim == len(shape) == 2 and w.shape[0] == shape[0] else None
+        rows_fit = w.ndim == len(shape) in (2, 3) and w.shape[:-1] == shape[:-1]  # a matrix, or stacked experts'
+        mode = block_mode(w.shape, shape[-1]) if rows_fit else None
         if mode is None:
             raise CheckpointError(
                 f"tensor {name} holds {tuple(w.shape)} bytes, which are no GGUF block type's rows for a "

@@ -46,6 +46,16 @@ def qwen2_5_vl_chat(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen3_vl_chat(tmp_path_factory):
+    """(folder, torch model, transformers image processor) of vision_models.py's tiny random Qwen3-VL over the
+    character tokenizer, built once for the modules that test it directly and through the server."""
+    from vision_models import save_qwen3_image_text
+
+    folder = tmp_path_factory.mktemp("qwen3_vl-chat")
+    return folder, *save_qwen3_image_text(folder, "Qwen3VL", chat=True)
+
+
+@pytest.fixture(scope="session")
 def adapted_llama(hf_folder, tmp_path_factory):
     """(folder, adapter folder): `hf_folder`'s tiny llama and a rank-4 LoRA of its last block's q, v and down
     projections, B random (as training leaves it), saved in PEFT's format."""
@@ -97,6 +107,14 @@ def kquant_llama(tmp_path_factory):
     from kquant_llama import kquant_llama
 
     return kquant_llama(tmp_path_factory.mktemp("kquant-llama"))
+
+
+@pytest.fixture(scope="session")
+def kquant_moe(tmp_path_factory):
+    """kquant_llama.py's tiny llama with a mixture of 4 experts: its F32 and K-quant files by type, written once."""
+    from kquant_llama import kquant_llama
+
+    return kquant_llama(tmp_path_factory.mktemp("kquant-moe"), experts=4)
 
 
 @pytest.fixture(scope="session")

@@ -260,11 +260,15 @@ def needed(what: str, why: str):
 
 
 def convert_all(tmp_path_factory):
-    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf", and the Gemma 3
-    image-text pair in root / "gemma3-vision" (`gemma3_vision_jobs`) (conftest.py's
-    `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
+    """Every model's source folder and its GGUF files: root / name, root / f"{name}-{type}.gguf", and the Gemma 3,
+    Qwen2.5-VL and Qwen2-VL image-text pairs in root / "gemma3-vision" and root / "qwen-vision" (`*_vision_jobs`)
+    (conftest.py's `converted` makes them once per session, for this module and test_text_gguf_tokenize.py)."""
     root = tmp_path_factory.mktemp("llamacpp")
-    convert_models(root, MODELS, SENTENCEPIECE, TYPES, lambda: gemma3_vision_jobs(root / "gemma3-vision"))
+
+    def image_text():
+        return gemma3_vision_jobs(root / "gemma3-vision") + qwen_vl_vision_jobs(root / "qwen-vision")
+
+    convert_models(root, MODELS, SENTENCEPIECE, TYPES, image_text)
     return root
 
 
@@ -318,6 +322,50 @@ def gemma3_vision_jobs(root) -> list[tuple]:
     (root / "gguf").mkdir()
     text_file, mmproj = root / "gguf" / "gemma3-tiny-f32.gguf", root / "gguf" / "mmproj-gemma3-tiny-f32.gguf"
     return [(folder, "f32", text_file), (folder, "f32", mmproj, ["--mmproj"])]
+
+
+QWEN_VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+
+def qwen_vl_vision_jobs(root) -> list[tuple]:
+    """vision_models.py's tiny Qwen2.5-VL and Qwen2-VL over a tiny SentencePiece vocabulary holding Qwen's image
+    tokens, special as in Qwen's tokenizer (the converter reads a tokenizer.model before a BPE vocabulary, which it
+    would have to recognise), saved as root / family / "hf" with what llama.cpp assumes of the tower and preprocessing
+    (windows of 112 pixels, 8 to 4096 soft tokens a picture; three blocks, so that the converter names the merger's
+    second layer `mm.2`), and the converter's jobs making their text and mmproj files in root / family / "gguf", in
+    f32 (families "qwen2_5_vl" and "qwen2_vl")."""
+    import transformers
+    from vision_models import QWEN2_5_VL, QWEN2_VL_TOWER, save_qwen2_5_vl
+
+    root.mkdir()
+    vocabulary = sentencepiece_model(root / "sentencepiece", SP_VOCAB, False, QWEN_VISION_SPECIALS)
+    tokenizer = transformers.LlamaTokenizer.from_pretrained(vocabulary.parent)
+    tokenizer.add_tokens([transformers.AddedToken(t, special=True) for t in QWEN_VISION_SPECIALS], special_tokens=True)
+    start, end, pad = tokenizer.convert_tokens_to_ids(list(QWEN_VISION_SPECIALS))
+    specials = {str(i): {"content": t, "special": True} for i, t in zip((start, end, pad), QWEN_VISION_SPECIALS)}
+    outer = dict(vision_start_token_id=start, vision_end_token_id=end, image_token_id=pad, video_token_id=0)
+    text = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    token = (7 * 2) ** 2  # a soft token's pixels
+    limits = dict(patch_size=7, merge_size=2, temporal_patch_size=2, min_pixels=8 * token, max_pixels=4096 * token)
+    towers = {
+        "qwen2_5_vl": ("Qwen2_5_VL", dict(QWEN2_5_VL["vision_config"], window_size=112, fullatt_block_indexes=[1])),
+        "qwen2_vl": ("Qwen2VL", dict(QWEN2_VL_TOWER, mlp_ratio=4)),  # an FFN wider than the output
+    }
+    jobs = []
+    for name, (family, tower) in towers.items():
+        folder = root / name / "hf"
+        save_qwen2_5_vl(folder, 0, dict(outer, vision_config=dict(tower, depth=3)), family, **text)
+        for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (folder / file).unlink(missing_ok=True)
+        tokenizer.save_pretrained(folder)
+        shutil.copy(vocabulary, folder / "tokenizer.model")
+        settings = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "added_tokens_decoder": specials}))
+        transformers.Qwen2VLImageProcessorPil(**limits).save_pretrained(folder)
+        (root / name / "gguf").mkdir()
+        files = root / name / "gguf" / f"{name}-tiny-f32.gguf", root / name / "gguf" / f"mmproj-{name}-tiny-f32.gguf"
+        jobs += [(folder, "f32", files[0]), (folder, "f32", files[1], ["--mmproj"])]
+    return jobs
 
 
 def save_model(root, name: str, models: dict, sentencepiece: dict, tokenizer):

@@ -88,9 +88,9 @@ def write_model(folder: Path, config: dict, words: int = 64, seed: int = 0) -> P
     """A tiny random checkpoint folder without torch: config.json, safetensors (minimlx's own random weights, seeded)
     and a word-level tokenizer (w0..w{words-1}, eos w1)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
     mx.random.seed(seed)
     model = build_model(config)
+    (folder / "config.json").write_text(json.dumps(model.config.export_config(config)))  # as convert writes it
     weights = model.config.export_weights(dict(tree_flatten(model.parameters())))
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     backend = Tokenizer(WordLevel({f"w{i}": i for i in range(words)}, unk_token="w0"))

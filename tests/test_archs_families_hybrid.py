@@ -162,6 +162,26 @@ def test_snapshot_restores_a_recurrent_state(checkpoint):
         assert relative_error(together[row : row + 1], own) <= 1e-5
 
 
+@pytest.mark.parametrize(
+    "name, change, tensor",
+    [
+        ("lfm2", {"conv_L_cache": 5}, "conv1d"),  # the convolution's state: 4 columns, not 2
+        ("granitemoehybrid", {"mamba_d_state": 32}, "mamba.in_proj"),  # Mamba2's state: 32 wide, not 16
+        ("qwen3_5_text", {"linear_value_head_dim": 16}, "linear_attn"),  # the delta rule's: 16 x 16, not 16 x 8
+    ],
+)
+def test_state_sizes_that_disagree_with_the_config_are_refused_from_the_headers(name, change, tensor, tmp_path):
+    """Each family's recurrent state sized otherwise by the config than by its tensors: refused in one line naming the
+    tensor and the config (from the tensors' shapes; tests/test_bad_inputs.py checks the CLI's exit 2 on Qwen3.5)."""
+    config_class, config = CONFIGS[name]
+    save_reference(tmp_path, config_class, **config)
+    (tmp_path / "config.json").write_text(json.dumps({**json.loads((tmp_path / "config.json").read_text()), **change}))
+    with pytest.raises(CheckpointError, match="shape") as refusal:
+        minimlx.load_model(tmp_path, dtype="float32")
+    message = str(refusal.value)
+    assert "\n" not in message and "config" in message and tensor in message, message
+
+
 def test_unknown_layer_kind_is_refused_before_any_tensor():
     from minimlx.archs import build_model
 
@@ -175,21 +195,41 @@ def test_unknown_layer_kind_is_refused_before_any_tensor():
             build_model({**config, "model_type": model_type, "layer_types": kinds})
 
 
-CONVERTS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5")  # the families whose mlx-lm layout is mapped
-
-
 def test_convert_writes_what_it_reads_or_refuses_in_one_line(checkpoint, tmp_path):
-    """`minimlx convert` of Qwen3.5 and Qwen3-Next gives an MLX folder whose logits are transformers'; LFM2's and
-    Granite 4's recurrent layers (not mapped yet) are refused in one line rather than written under names mlx-lm
-    would misread."""
+    """`minimlx convert` of each family gives an MLX folder whose logits are transformers'; an LFM2 with a head of its
+    own (mlx-lm's LFM2 always ties it) is refused in one line rather than written as a folder mlx-lm misreads."""
     from minimlx.errors import UnsupportedArchitectureError
 
     folder, reference, ids = checkpoint
-    if json.loads((folder / "config.json").read_text())["model_type"] not in CONVERTS:
-        with pytest.raises(UnsupportedArchitectureError, match="recurrent layers"):
+    config = json.loads((folder / "config.json").read_text())
+    if config["model_type"] == "lfm2" and not config.get("tie_word_embeddings", True):
+        with pytest.raises(UnsupportedArchitectureError, match="always ties its head"):
             minimlx.convert(folder, tmp_path / "mlx")
+        from click.testing import CliRunner
+
+        from minimlx.cli import main
+
+        result = CliRunner().invoke(main, ["convert", str(folder), str(tmp_path / "mlx")])
+        assert result.exit_code == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()]
+        assert result.stderr.startswith("error: ") and not (tmp_path / "mlx").exists()
         return
     model = minimlx.load_model(minimlx.convert(folder, tmp_path / "mlx"), dtype="float32")
+    assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
+
+
+def test_qwen3_5_text_is_written_inside_the_image_text_model_mlx_lm_reads(tmp_path):
+    """mlx-lm has no model of the text model's own type: the folder is its `qwen3_5` one (config as `text_config`,
+    tensors under `language_model`), which mlx-lm and minimlx read with transformers' logits."""
+    from mlx_lm_reference import mlx_lm_logits
+
+    config = dict(QWEN3_5, layer_types=["linear_attention"] * 3 + ["full_attention"])  # as mlx-lm reads the kinds
+    torch_model = save_reference(tmp_path / "hf", "Qwen3_5TextConfig", **config)
+    ids = random_ids(VOCAB, tokens=TOKENS)
+    reference = reference_logits(torch_model, ids)
+    written = minimlx.convert(tmp_path / "hf", tmp_path / "mlx")
+    assert json.loads((written / "config.json").read_text())["model_type"] == "qwen3_5"
+    assert relative_error(np.array(mlx_lm_logits(written, ids)), reference) <= 1e-4
+    model = minimlx.load_model(written, dtype="float32")
     assert relative_error(np.array(model(mx.array(ids))), reference) <= 1e-4
 
 

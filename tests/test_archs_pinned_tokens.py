@@ -60,6 +60,8 @@ PINNED = {
     "qwen3_5_moe_text": [12, 36, 11, 48, 88, 17, 18, 26, 87, 43, 79, 65],
     "qwen3_5_text": [12, 34, 9, 30, 82, 86, 57, 61, 27, 53, 13, 71],
     "qwen3_next": [12, 36, 11, 48, 88, 17, 18, 26, 87, 43, 79, 65],
+    "qwen3_vl": [38, 24, 37, 16, 54, 37, 16, 54, 37, 16, 54, 37],
+    "qwen3_vl_moe": [7, 30, 33, 53, 37, 53, 37, 53, 37, 53, 11, 56],
 }
 GEMMA_SPREAD = 0.1  # their soft-capped logits saturate (every token tied at the cap) with wider weights
 SMOLLM2_ANSWER = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # "The capital of France is Paris."
@@ -82,7 +84,7 @@ def seeded_model(model_type: str, folder):
         model.load_weights(list(weights.items()))
         return model, arch
     mx.save_safetensors(str(folder / "model.safetensors"), exported)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(arch.export_config(config)))  # the config written with them
     return minimlx.load_model(folder), arch
 
 

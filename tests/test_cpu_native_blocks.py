@@ -22,9 +22,16 @@ else:
 from minimlx import load  # noqa: E402
 from minimlx.archs.gguf import unpacked  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
-from minimlx.cpu.linear import GEMM_ROWS, BlockLinearByOps, NativeBlockEmbedding, NativeBlockLinear  # noqa: E402
+from minimlx.cpu.linear import (  # noqa: E402
+    GEMM_ROWS,
+    BlockExpertsByOps,
+    BlockLinearByOps,
+    NativeBlockEmbedding,
+    NativeBlockExperts,
+    NativeBlockLinear,
+)
 from minimlx.errors import CheckpointError  # noqa: E402
-from minimlx.io.gguf_file import open_gguf  # noqa: E402
+from minimlx.io.gguf_file import nbytes, open_gguf  # noqa: E402
 from minimlx.loading import stored_blocks  # noqa: E402
 from minimlx.quantization import dequantize_stored  # noqa: E402
 from minimlx.tune.train import differentiable  # noqa: E402
@@ -102,6 +109,26 @@ def test_prompt_product_is_the_product_of_q8_inputs(kind):
     assert mx.array_equal(got, mx.concatenate(chunks)).item()
     few = minimlx_native.block_matmul(x[:3], blocks, int(kind), prompt=True)
     assert mx.array_equal(few, minimlx_native.block_matmul(x[:3], blocks, int(kind))).item()
+
+
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q6_K])
+def test_gathered_product_is_each_rows_experts_product(kind):
+    """Stacked experts held as GGUF blocks: each row times its expert's weight, runs of one expert computed as one
+    product of their rows (float32 with `exact`; the integer products or, from 8 rows in a prompt, the integer GEMM:
+    the product of the 8-bit inputs), an expert outside the stack giving zeros."""
+    pieces = [blocks_of(kind, 40, 512, seed=20 + e) for e in range(3)]
+    blocks, weight = mx.stack([b for b, _ in pieces]), mx.stack([w for _, w in pieces])
+    ids = mx.array([2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 7, 2], dtype=mx.int32)
+    x = mx.random.normal((ids.size, 512), key=mx.random.key(9))
+    chosen = weight[mx.minimum(ids, 2)]
+    value, _ = q8_inputs(x)
+    for kwargs, inputs in (({"exact": True}, x), ({}, value), ({"prompt": True}, value)):
+        got = minimlx_native.block_gather_matmul(x, blocks, int(kind), ids, **kwargs)
+        want = (chosen @ inputs[:, :, None])[:, :, 0] * (ids < 3)[:, None]
+        bound = (mx.abs(chosen) @ mx.abs(inputs)[:, :, None])[:, :, 0]
+        assert mx.all(mx.abs(got - want) <= 1e-5 * bound + 1e-6).item(), kwargs
+    alone = mx.concatenate([minimlx_native.block_matmul(x[i : i + 1], blocks[int(ids[i])], int(kind)) for i in (1, 2)])
+    assert mx.array_equal(minimlx_native.block_gather_matmul(x, blocks, int(kind), ids)[1:3], alone).item()
 
 
 @pytest.mark.parametrize(("exact", "prompt"), [(False, False), (True, False), (False, True)])
@@ -187,6 +214,28 @@ def test_q4_k_m_prompt_logits_equal_the_dequantized_models(q4_k_m):
     assert mx.abs(stored(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
     short = stored(ids[:, :8])
     assert 0 < mx.abs(short - want[:, :8]).max().item() <= 0.2 * mx.abs(want).max().item()
+
+
+def test_a_mixture_of_experts_file_keeps_its_experts_stored(kquant_moe, monkeypatch):
+    """A Q4_K_M mixture of experts holds its stacked experts as the file's blocks (`NativeBlockExperts`), their bytes
+    the file's, and gives the dequantized model's logits with float32 inputs; the integer products stay near them."""
+    path = kquant_moe["Q4_K_M"]
+    model, _ = load(path)
+    experts = {p: m for p, m in model.named_modules() if type(m) is NativeBlockExperts}
+    assert {p.rsplit(".", 1)[-1] for p in experts} == {"gate_proj", "up_proj", "down_proj"}
+    file = open_gguf(path)
+    stored = sum(nbytes(kind, shape) for name, (kind, shape, _) in file.tensors.items() if "_exps." in name)
+    assert sum(m.weight.nbytes for m in experts.values()) == stored
+    ids = mx.array([list(range(1, 80, 2))])
+    dequantized, _ = load(path, dtype="float32")
+    want = dequantized(ids)
+    monkeypatch.setattr(native, "exact_products", True)
+    assert mx.abs(model(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
+    monkeypatch.setattr(native, "exact_products", False)
+    assert 0 < mx.abs(model(ids[:, :8]) - want[:, :8]).max().item() <= 0.2 * mx.abs(want).max().item()
+    differentiable(model)  # training's forms: the experts dequantized by MLX ops, with gradients to their inputs
+    assert type(model.layers[0].ffn.experts.up_proj) is BlockExpertsByOps
+    assert mx.abs(model(ids) - want).max().item() <= 1e-4 * mx.abs(want).max().item()
 
 
 def test_q4_k_m_integer_decoding_follows_the_float_path(q4_k_m, monkeypatch):

@@ -243,29 +243,13 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
     """A picture resized to a 16 x 10 patch grid (8 x 5 soft tokens): the answer equals transformers' `generate`
     through chat completions (streamed and not), Responses and Messages; the next turn prefills only its new tokens
     (the positions after the image shifted as in the first turn) and answers as a cold read does."""
-    torch = require("torch")
     served, torch_model, processor = qwen2_5_vl
     picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
     plain = [{"role": "user", "content": "\ue000".join(ASK)}]
-    text = served.tokenizer.apply_chat_template(plain).replace("\ue000", "<start_of_image>")
-    images = served.model.image_processor([picture])
-    ids = served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False), images)
-    ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = torch_model.generate(
-            input_ids=ids,
-            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            **qwen_inputs(processor, [picture]),
-        )
-    expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
+    expected, prompt_tokens = qwen_greedy_answer(served, torch_model, processor, picture)
     history = [{"role": "user", "content": chat_content(picture)}]
     settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
-    first = openai.chat.completions.create(messages=history, **settings)
-    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
-    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert expected and first.choices[0].message.content == streamed == expected
+    first = assert_chat_completions_answer(openai, history, expected)
     image = {"type": "input_image", "image_url": data_url(picture)}
     content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
     responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
@@ -283,8 +267,49 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
     plain += history[-2:]
     second = openai.chat.completions.create(messages=history, **settings)
     usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > ids.shape[1] - 2
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > prompt_tokens - 2
     assert second.choices[0].message.content == served.cold(plain, [picture])
+
+
+def qwen_greedy_answer(served, torch_model, processor, picture) -> tuple[str, int]:
+    """(transformers' greedy answer to `ASK` about `picture` under the served model's chat template, as text; the
+    prompt's tokens)."""
+    torch = require("torch")
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    text = served.tokenizer.apply_chat_template(plain).replace("\ue000", "<start_of_image>")
+    images = served.model.image_processor([picture])
+    ids = served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False), images)
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            **qwen_inputs(processor, [picture]),
+        )
+    return served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS]), ids.shape[1]
+
+
+def assert_chat_completions_answer(openai, history: list[dict], expected: str):
+    """Chat completions answers `history` with `expected`, streamed and not; returns the unstreamed completion."""
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    first = openai.chat.completions.create(messages=history, **settings)
+    stream = openai.chat.completions.create(messages=history, stream=True, **settings)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert expected and first.choices[0].message.content == streamed == expected
+    return first
+
+
+def test_qwen3_vl_answers_as_transformers_generate(qwen3_vl_chat):
+    """Qwen3-VL (DeepStack levels, an interleaved multimodal RoPE) through chat completions, streamed and not, with the
+    picture of 16 x 10 patches: the answer equals transformers' `generate`."""
+    folder, torch_model, processor = qwen3_vl_chat
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        picture = pictures(QWEN_SHAPES)[2]
+        expected, _ = qwen_greedy_answer(served, torch_model, processor, picture)
+        assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
 
 
 def header_only_png(width: int, height: int) -> bytes:

@@ -273,3 +273,33 @@ def test_chat_sends_an_image_with_the_next_message(qwen, tmp_path):
         model, tokenizer, tokenizer.apply_chat_template(messages), chat_template=False, images=[picture], max_tokens=5
     )
     assert second == cold and result.stdout == f"{first}\n{second}\n"
+
+
+def mlx_vlm_name(name: str, w: np.ndarray) -> tuple[str, np.ndarray]:
+    """mlx-vlm's name and layout of a tensor of the published layout (its qwen2_5_vl `sanitize`): the tower under
+    `vision_tower.`, the text model under `language_model.`, the patch kernel channels-last (dims, frames, p, p,
+    channels)."""
+    if name == "visual.patch_embed.proj.weight":
+        w = w.transpose(0, 2, 3, 4, 1)
+    if name.startswith("visual."):
+        return "vision_tower." + name.removeprefix("visual."), w
+    return "language_model." + name, w
+
+
+def test_an_mlx_vlm_folder_loads_into_the_same_model(qwen, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder, *_, model, _ = qwen
+    saved = load_file(str(folder / "model.safetensors"))
+    renamed = dict(mlx_vlm_name(name, w) for name, w in saved.items())
+    assert renamed["vision_tower.patch_embed.proj.weight"].shape == (32, 2, 7, 7, 3)
+    save_file({name: np.ascontiguousarray(w) for name, w in renamed.items()}, str(tmp_path / "model.safetensors"))
+    for name in ("config.json", "preprocessor_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    theirs = minimlx.load_model(tmp_path, dtype="float32")
+    inputs = model.image_processor(pictures(QWEN_SHAPES))
+    assert np.array_equal(np.array(theirs.encode_images(inputs)), np.array(model.encode_images(inputs)))
+    ids = mx.array([[3, 4, 5]])
+    assert np.array_equal(np.array(theirs(ids)), np.array(model(ids)))

@@ -129,6 +129,16 @@ def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]
 VISION_START, VISION_END, IMAGE_PAD = IMAGE_START, IMAGE_END, IMAGE_TOKEN
 QWEN_SHAPES = [(56, 84), (120, 64), (300, 200)]  # 4 x 6 merge blocks (6 windows); 9 x 5; resized to 8 x 5
 
+QWEN_TOWER = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    out_hidden_size=64,
+    patch_size=7,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 QWEN2_5_VL = dict(
     text_config=dict(
         vocab_size=VOCAB,
@@ -144,18 +154,7 @@ QWEN2_5_VL = dict(
         bos_token_id=1,
         eos_token_id=1,
     ),
-    vision_config=dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=48,
-        num_heads=2,
-        out_hidden_size=64,
-        patch_size=7,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=28,
-        fullatt_block_indexes=[1],
-    ),
+    vision_config=dict(QWEN_TOWER, window_size=28, fullatt_block_indexes=[1]),
     image_token_id=IMAGE_PAD,
     vision_start_token_id=VISION_START,
     vision_end_token_id=VISION_END,
@@ -172,22 +171,69 @@ def save_qwen2_5_vl(folder: Path, seed: int = 0, outer: dict | None = None, fami
     """The tiny random Qwen2_5_VLForConditionalGeneration (with `family` "Qwen2VL", Qwen2VLForConditionalGeneration)
     saved to `folder` with Qwen2-VL's image processor (Pillow's) and a word tokenizer; returns the torch model and the
     transformers image processor."""
-    transformers = require("transformers")
     config = {**QWEN2_5_VL, **(outer or {}), "text_config": {**QWEN2_5_VL["text_config"], **text}}
-    if family == "Qwen2VL":
+    if family == "Qwen2VL" and "vision_config" not in (outer or {}):
         config["vision_config"] = QWEN2_VL_TOWER
-    model_class = f"{family}ForConditionalGeneration"
-    model = save_reference(folder, family + "Config", seed, model_class=model_class, **config)
-    with require("torch").no_grad():  # norms about 1, not 0: the answers of a random model then vary with the input
+    return save_qwen_image_text(folder, family, config, seed)
+
+
+def save_qwen_image_text(folder: Path, family: str, config: dict, seed: int = 0, **processor):
+    """The tiny random `family`ForConditionalGeneration of `config` saved to `folder` (its norms about 1, not 0: the
+    answers of a random model then vary with the input) with Qwen2-VL's image processor (Pillow's, as every Qwen
+    family's; `processor` its further settings) and a word tokenizer; returns the torch model and the processor."""
+    transformers = require("transformers")
+    model = save_reference(folder, family + "Config", seed, model_class=f"{family}ForConditionalGeneration", **config)
+    with require("torch").no_grad():
         for name, weight in model.named_parameters():
             if weight.ndim == 1 and ("norm" in name or "ln_q" in name):
                 weight.add_(1.0)
     model.save_pretrained(folder, safe_serialization=True)
-    processor = transformers.Qwen2VLImageProcessorPil(
-        patch_size=7, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28, max_pixels=14 * 14 * 48
-    )
-    processor.save_pretrained(folder)
+    settings = dict(patch_size=7, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28, max_pixels=14 * 14 * 48)
+    image_processor = transformers.Qwen2VLImageProcessorPil(**settings, **processor)
+    image_processor.save_pretrained(folder)
     save_tokenizer(folder)
+    return model, image_processor
+
+
+# Qwen3-VL: Qwen3's text model under an interleaved multimodal RoPE, a tower of LayerNorm blocks with learned
+# positions (a 4 x 4 table resampled to each grid) and two DeepStack levels (added after text layers 0 and 1);
+# Qwen3.5: its hybrid text model (a DeltaNet layer, then a gated attention one over half of each head) and the same
+# tower without DeepStack. The processor normalises to [-1, 1] as theirs do.
+QWEN3_ROPE = {"rope_type": "default", "rope_theta": 100.0, "mrope_interleaved": True}
+QWEN3_VL_TEXT = dict(QWEN2_5_VL["text_config"], head_dim=16, rope_parameters={**QWEN3_ROPE, "mrope_section": [2, 3, 3]})
+QWEN3_TOWER = dict(QWEN_TOWER, num_position_embeddings=16)
+QWEN3_5_TEXT = dict(
+    QWEN3_VL_TEXT,
+    layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    rope_parameters={**QWEN3_ROPE, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5},
+)
+QWEN3_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+QWEN3_FAMILIES = {
+    "Qwen3VL": (QWEN3_VL_TEXT, {"deepstack_visual_indexes": [0, 1]}),
+    "Qwen3VLMoe": ({**QWEN3_VL_TEXT, **QWEN3_MOE}, {"deepstack_visual_indexes": [1]}),
+    "Qwen3_5": (QWEN3_5_TEXT, {}),
+    "Qwen3_5Moe": ({**QWEN3_5_TEXT, **QWEN3_MOE, "shared_expert_intermediate_size": 24}, {}),
+}
+
+
+def save_qwen3_image_text(folder: Path, family: str = "Qwen3VL", seed: int = 0, chat: bool = False):
+    """The tiny random Qwen3-VL or Qwen3.5 (`family`: a key of `QWEN3_FAMILIES`) saved to `folder` with its image
+    processor, over the word tokenizer (with `chat`, the character tokenizer and its chat template); returns the
+    torch model and the transformers image processor."""
+    text, tower = QWEN3_FAMILIES[family]
+    tokens = dict(image_token_id=IMAGE_PAD, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+    if chat:
+        tokens = dict(image_token_id=CHAT_IMAGE_TOKEN, vision_start_token_id=CHAT_IMAGE_START)
+        tokens |= dict(vision_end_token_id=CHAT_IMAGE_END)
+        text = dict(text, vocab_size=EOS + len(SPECIALS), eos_token_id=EOS, bos_token_id=EOS)
+    config = dict(text_config=text, vision_config={**QWEN3_TOWER, **tower}, video_token_id=0, **tokens)
+    model, processor = save_qwen_image_text(folder, family, config, seed, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    if chat:
+        with_character_tokenizer(folder)
     return model, processor
 
 

@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (registration happens on import)
     qwen2_vl,
     qwen3,
     qwen3_next,
+    qwen3_vl,
     smollm3,
 )
 from .registry import (

@@ -7,6 +7,7 @@ holds each of those as a field and builds every family from them (`rope`, `atten
 a family's plugin sets fields, as defaults or from its own config keys in `from_config`, and builds nothing itself.
 """
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -370,7 +371,9 @@ class DecoderConfig:
             vision=self.image_encoder(),
         )
 
-    exports_recurrent: ClassVar[bool] = False
+    recurrent_module: ClassVar[str | None] = None
+    """mlx-lm's name of the recurrent layers' token-mixer (`linear_attn`, `conv`, `mamba`), which the names table
+    gives every layer's mixer; None for a family whose recurrent layers `minimlx convert` cannot write."""
 
     def image_encoder(self) -> nn.Module | None:
         """The image encoder (`core.vision.ImageEncoder`) of a family that reads images (its soft tokens join the
@@ -437,20 +440,46 @@ class DecoderConfig:
         return weights
 
     def export_weights(self, weights: dict) -> dict:
-        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes). A family with recurrent
-        layers declares `exports_recurrent` once its plugin writes their mlx-lm names and layouts."""
-        if self.recurrent is not None and not self.exports_recurrent:
+        """The model's tensors under the names mlx-lm reads (what `minimlx convert` writes), fused projections joined
+        again."""
+        for fused, parts in self.fused_parts().items():
+            weights = fuse(weights, fused, [part for part, _ in parts])
+        return self.exported_names(weights)
+
+    def export_config(self, config: dict) -> dict:
+        """The config.json written with the tensors of `export_weights`: the checkpoint's, which mlx-lm reads as it is
+        for the families whose keys are the same."""
+        return config
+
+    def exported_names(self, weights: dict) -> dict:
+        """The names table's mlx-lm names; in a hybrid model the attending layers' tensors under `self_attn`, where the
+        table (one prefix per layer) names them as the recurrent mixer's (`recurrent_module`)."""
+        if self.recurrent is None:
+            return self.names.to_theirs(weights)
+        if self.recurrent_module is None:
             raise UnsupportedArchitectureError(
                 "minimlx convert cannot write this family's recurrent layers yet (their mlx-lm names and layouts are "
                 "not mapped); load the Hugging Face folder directly"
             )
-        for fused, parts in self.fused_parts().items():
-            weights = fuse(weights, fused, [part for part, _ in parts])
-        return self.names.to_theirs(weights)
+        recurrent = {str(i) for i in self.recurrent.layers}
+        mixer = re.compile(rf"(^|\.)layers\.(\d+)\.{self.recurrent_module}\.")
+
+        def named(name: str) -> str:  # under whatever prefix the names have (an image-text model's too)
+            found = mixer.search(name)
+            if found is None or found[2] in recurrent:
+                return name
+            return f"{name[: found.start()]}{found[1]}layers.{found[2]}.self_attn.{name[found.end() :]}"
+
+        return {named(k): v for k, v in self.names.to_theirs(weights).items()}
 
     def export_hf_weights(self, weights: dict) -> dict:
         """The model's float tensors under the names and layouts transformers reads (`minimlx fuse` to a Hugging
-        Face folder): mlx-lm's, for the families whose layouts are the same."""
+        Face folder): mlx-lm's, for the families whose layouts are the same (not the recurrent layers': their
+        convolutions and norms are stored otherwise)."""
+        if self.recurrent is not None:
+            raise UnsupportedArchitectureError(
+                "minimlx cannot write this family's recurrent layers in transformers' layout yet; write an MLX folder"
+            )
         return self.export_weights(weights)
 
     @classmethod

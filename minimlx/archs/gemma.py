@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from ..core import OffsetRMSNorm
 from ..core.ffn import ACTIVATIONS
 from ..core.vision import FixedSizeImageEncoder, PooledProjector, VisionEncoder
-from ..errors import CheckpointError, UnsupportedArchitectureError
+from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, global_layers, number, rope_scaling
 from .decoder import DecoderConfig
 from .gguf import Metadata, llama_config, windows
@@ -35,6 +35,7 @@ from .image_text import (
     flattened_kernel,
     shaped_kernel,
     text_model_names,
+    vocabulary_ids,
     with_vision_names,
 )
 from .llama3 import Llama3Config
@@ -227,17 +228,13 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         )
 
     @classmethod
-    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict) -> dict:
+    def mmproj_config(cls, text: dict, text_metadata: dict, clip: dict, shapes: dict) -> dict:
         """The image-text config of a text file's config `text` (its `gguf_config`) and a llama.cpp mmproj file's
-        metadata `clip`: the tower's sizes from its clip.vision keys (its projector pools 4 x 4 patches unless
-        clip.vision.projector.scale_factor says otherwise), the image tokens' ids looked up in the text file's
-        vocabulary by their texts."""
+        metadata `clip` (`shapes`: its tensors' shapes, by name): the tower's sizes from its clip.vision keys (its
+        projector pools 4 x 4 patches unless clip.vision.projector.scale_factor says otherwise), the image tokens' ids
+        looked up in the text file's vocabulary by their texts."""
         m = Metadata(clip)
-        vocabulary = list(text_metadata.get("tokenizer.ggml.tokens") or ())
-        missing = [t for t in cls.image_tokens if t not in vocabulary]
-        if missing:
-            raise CheckpointError(f"the text file's vocabulary lacks {', '.join(missing)}: it is not Gemma 3's")
-        start, end, soft = (vocabulary.index(t) for t in cls.image_tokens)
+        start, end, soft = vocabulary_ids(text_metadata, cls.image_tokens, "Gemma 3")
         side = m["vision.image_size"] // m["vision.patch_size"] // m.get("vision.projector.scale_factor", 4)
         vision = {
             "hidden_size": m["vision.embedding_length"],

@@ -107,6 +107,10 @@ class GPT2Config:
         """The model's tensors in mlx-lm's layout: q, k, v fused back into `c_attn`, (out, in) weights."""
         return NAMES.to_theirs(fuse(weights, "qkv_proj", list(QKV)))
 
+    def export_config(self, config: dict) -> dict:
+        """The config.json written with `export_weights`' tensors: the checkpoint's."""
+        return config
+
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
         if "output.weight" in tensors:

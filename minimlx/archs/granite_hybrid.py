@@ -20,6 +20,7 @@ from ..errors import CheckpointError
 from .config import flag, number, recurrent_layers, require
 from .decoder import DecoderConfig, StateSpaceConfig
 from .experts import MoEConfig
+from .fused import fuse
 from .gguf import Metadata, hybrid_layers, llama_config
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES
 from .registry import register
@@ -129,6 +130,31 @@ class GraniteHybridConfig(DecoderConfig):
         shared = "ffn.shared_experts" if self.moe is not None else "ffn"
         weights = {k.replace(".shared_mlp.", f".{shared}."): v for k, v in self.names.to_ours(weights).items()}
         return super().convert_weights(weights)
+
+    recurrent_module = "mamba"
+
+    def export_weights(self, weights: dict) -> dict:
+        """mlx-lm's layout: a dense model's FFN apart (`mlp`), a mixture's shared expert with gate and up fused
+        (`shared_mlp.input_linear`) beside its experts (`block_sparse_moe.switch_mlp`)."""
+        if self.moe is not None:
+            shared = {
+                k.replace(".ffn.shared_experts.", ".shared_mlp."): v for k, v in weights.items() if ".shared_" in k
+            }
+            rest = {k: v for k, v in weights.items() if ".shared_" not in k}
+            weights = {**rest, **fuse(shared, "gate_up_proj", ["gate_proj", "up_proj"])}
+        return self.exported_names(weights)
+
+    def export_config(self, config: dict) -> dict:
+        """The config as mlx-lm's Granite 4 reads it: layer kinds named "mamba" and "attention", a dense model's FFN
+        width as `intermediate_size` (its `shared_intermediate_size`), and the keys it requires."""
+        names = {"linear_attention": "mamba", "full_attention": "attention"}
+        kinds = config.get("layer_types") or config.get("layers_block_type")
+        layers = self.recurrent.layers
+        kinds = kinds or ["mamba" if i in layers else "attention" for i in range(self.layers)]
+        config = {"attention_bias": False, **config, "layer_types": [names.get(kind, kind) for kind in kinds]}
+        if self.moe is None:
+            config["intermediate_size"] = self.ffn_dims
+        return config
 
     gguf_architectures = ("granitehybrid",)
     gguf_names = LLAMA_GGUF_NAMES.extended(

@@ -8,6 +8,7 @@ saying so.
 """
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.ffn import ACTIVATIONS
@@ -168,6 +169,16 @@ def flattened_kernel(weights: dict, name: str) -> dict:
     if name in weights and weights[name].ndim > 2:
         weights = {**weights, name: weights[name].reshape(weights[name].shape[0], -1)}
     return weights
+
+
+def vocabulary_ids(metadata: dict, tokens: Sequence[str], family: str) -> list[int]:
+    """The ids of `tokens` in a GGUF text file's vocabulary (its `metadata`), looked up by their texts (how an mmproj
+    reader finds the image tokens of the text file it goes with); one line naming those missing otherwise."""
+    vocabulary = {token: i for i, token in reversed(list(enumerate(metadata.get("tokenizer.ggml.tokens") or ())))}
+    missing = [t for t in tokens if t not in vocabulary]
+    if missing:
+        raise CheckpointError(f"the text file's vocabulary lacks {', '.join(missing)}: it is not {family}'s")
+    return [vocabulary[t] for t in tokens]
 
 
 def shaped_kernel(weights: dict, name: str, shape: tuple[int, ...]) -> dict:

@@ -9,6 +9,7 @@ llama.cpp's converter (`lfm2`) writes the FFN's adjusted width, marks the convol
 
 from dataclasses import dataclass, replace
 
+from ..errors import UnsupportedArchitectureError
 from .config import flag, number, recurrent_layers
 from .decoder import DecoderConfig, ShortConvConfig
 from .gguf import Metadata, hybrid_layers, llama_config
@@ -76,6 +77,30 @@ class Lfm2Config(DecoderConfig):
         arch = super().from_config(c)
         mixer = ShortConvConfig(conv_layers(c, arch.layers), number(c, "conv_L_cache", 3), flag(c, "conv_bias"))
         return replace(arch, ffn_dims=ffn_dims(c), recurrent=mixer)
+
+    recurrent_module = "conv"
+
+    def export_config(self, config: dict) -> dict:
+        """The config with every key mlx-lm's LFM2 requires (transformers' defaults where the checkpoint leaves one
+        out) and the FFN's width as the model has it, not to be adjusted again (the same width in minimlx, mlx-lm and
+        transformers whichever adjustment keys the checkpoint had). mlx-lm's LFM2 has no head of its own: a checkpoint
+        that has one is refused."""
+        if not self.tied_head:
+            raise UnsupportedArchitectureError(
+                "mlx-lm's LFM2 always ties its head to the embedding, so this checkpoint's own lm_head cannot be "
+                "written as an MLX folder; load the checkpoint directly"
+            )
+        required = {
+            "max_position_embeddings": 128000,
+            "norm_eps": 1e-5,
+            "conv_bias": False,
+            "conv_L_cache": 3,
+            "block_dim": self.dims,
+            "block_multiple_of": 256,
+            "block_ffn_dim_multiplier": 1.0,
+        }
+        width = {"block_auto_adjust_ff_dim": False, "intermediate_size": self.ffn_dims, "block_ff_dim": self.ffn_dims}
+        return {**config, **{key: value for key, value in required.items() if config.get(key) is None}, **width}
 
     gguf_architectures = ("lfm2",)
     gguf_names = LLAMA_GGUF_NAMES.extended(

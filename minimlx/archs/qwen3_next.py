@@ -6,10 +6,11 @@ Every norm stores its weight as the difference from 1 (the gated norm inside the
 Qwen3-Next's FFN is a mixture of experts with a gated shared expert (Qwen2-MoE's) and its DeltaNet projections come
 fused and interleaved per key head (`in_proj_qkvz`, `in_proj_ba`); Qwen3.5 keeps them apart, dense (`qwen3_5_text`)
 or with experts (`qwen3_5_moe_text`). The image-text checkpoints (`qwen3_5`, `qwen3_5_moe`) hold the text model under
-`model.language_model` beside a vision tower, which is left out.
+`model.language_model` beside Qwen3-VL's vision tower (without DeepStack), and read images as Qwen3-VL does.
 """
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import mlx.core as mx
 
@@ -17,10 +18,11 @@ from ..core import OffsetRMSNorm
 from .config import number, recurrent_layers, require
 from .decoder import DecoderConfig, DeltaNetConfig
 from .gguf import Metadata, llama_config, partial_rotary, unpacked
-from .image_text import ImageText, text_model_names
 from .names import LLAMA_GGUF_NAMES
 from .qwen2 import Qwen2MoeConfig, shared_gate_rows
+from .qwen2_vl import QwenImages
 from .qwen3 import gguf_experts, qwen_experts
+from .qwen3_vl import Qwen3VisionTower, qwen3_vl_names
 from .registry import register
 
 NAMES = Qwen2MoeConfig.names.extended([("model.layers.{i}.linear_attn.", "layers.{i}.attn.")], drop=[r"^mtp\."])
@@ -63,6 +65,12 @@ def mlx_lm_layout(weights: dict) -> bool:
     """Whether the tensors are as mlx-lm writes them: its convolution weights (channels, kernel, 1), as its own reader
     tells (Hugging Face's are (channels, 1, kernel))."""
     return any(k.endswith("conv1d.weight") and v.ndim == 3 and v.shape[-1] == 1 for k, v in weights.items())
+
+
+WRAPPING_ARCHITECTURES = {
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+}
 
 
 def offset_norms(weights: dict, shift: float) -> dict:
@@ -188,22 +196,30 @@ class Qwen35TextConfig(DecoderConfig):
             weights[at + "out_proj.weight"] = grouped_heads(out, 1, keys, net.value_dims)
         return weights
 
-    exports_recurrent = True
+    recurrent_module = "linear_attn"
+    wrapping_type: ClassVar[str | None] = "qwen3_5"
+    """The image-text model_type mlx-lm reads this text model inside (it has no model of the text model's own type):
+    its folder is written as that model's, the config as its `text_config`, the tensors under `language_model`.
+    None for a family mlx-lm reads as it is (`qwen3_next`) and for the image-text families themselves."""
 
     def export_weights(self, weights: dict) -> dict:
-        """mlx-lm's layout: the attention layers' tensors under `self_attn`, the DeltaNet's under `linear_attn`, its
-        convolution (channels, kernel, 1) as the model holds it, the offset norms whole."""
-        theirs = super().export_weights(weights)
-        attending = {str(i) for i in range(self.layers)} - {str(i) for i in self.recurrent.layers}
+        """mlx-lm's layout: the DeltaNet's tensors under `linear_attn`, its convolution (channels, kernel, 1) as the
+        model holds it, the offset norms whole; under `language_model` when written inside `wrapping_type`."""
+        theirs = offset_norms(super().export_weights(weights), 1.0)
+        if self.wrapping_type is None:
+            return theirs
+        return {f"language_model.{name}": w for name, w in theirs.items()}
 
-        def named(name: str) -> str:  # under whatever prefix the names have (an image-text model's too)
-            parts = name.split(".")
-            at = parts.index("layers") if "layers" in parts else -1
-            if 0 <= at < len(parts) - 2 and parts[at + 1] in attending and parts[at + 2] == "linear_attn":
-                parts[at + 2] = "self_attn"
-            return ".".join(parts)
-
-        return offset_norms({named(k): v for k, v in theirs.items()}, 1.0)
+    def export_config(self, config: dict) -> dict:
+        if self.wrapping_type is None:
+            return config
+        tied = {"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}
+        outer = {
+            "model_type": self.wrapping_type,
+            "architectures": [WRAPPING_ARCHITECTURES[self.wrapping_type]],
+            **tied,
+        }
+        return {**outer, "text_config": {k: v for k, v in config.items() if k != "architectures"}}
 
 
 @register("qwen3_5_moe_text")
@@ -228,6 +244,7 @@ class Qwen35MoeTextConfig(Qwen35TextConfig):
     gguf_architectures = ("qwen35moe",)
     gguf_names = MOE_GGUF_NAMES
     gguf_model_type = "qwen3_5_moe_text"
+    wrapping_type = "qwen3_5_moe"
 
     @classmethod
     def gguf_config(cls, metadata: dict, tensors: dict) -> dict:
@@ -271,12 +288,19 @@ class Qwen3NextConfig(Qwen35MoeTextConfig):
             fused[f"{prefix}.{joined}.{leaf}"] = interleaved(parts, net.key_heads)
         return super().export_weights(fused)
 
+    def export_config(self, config: dict) -> dict:
+        """The config with the keys mlx-lm's Qwen3-Next requires (every layer's FFN a mixture) and its router's
+        normalisation said (mlx-lm's default is not transformers')."""
+        required = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": self.moe.normalize}
+        return {**required, **config}
+
     def convert_weights(self, weights: dict) -> dict:
         return super().convert_weights(self.split_projections(weights))
 
     gguf_architectures = ("qwen3next",)
     gguf_names = MOE_GGUF_NAMES.extended([("blk.{i}.ssm_ba.", "layers.{i}.attn.in_proj_ba.")])
     gguf_model_type = "qwen3_next"
+    wrapping_type = None
     gguf_tiled_heads = False
 
     def convert_gguf_weights(self, tensors: dict, metadata: dict) -> dict:
@@ -319,15 +343,27 @@ def interleaved(parts: list[mx.array], heads: int) -> mx.array:
 
 @register("qwen3_5")
 @dataclass
-class Qwen35Config(ImageText, Qwen35TextConfig):
-    example_config = {"model_type": "qwen3_5", "text_config": Qwen35TextConfig.example_config}
-    names = text_model_names(NAMES)
-    image_text_type = "qwen3_5"
+class Qwen35Config(Qwen3VisionTower, QwenImages, Qwen35TextConfig):
+    """Qwen3.5's image-text checkpoints: the text model from `text_config` (under `model.language_model`), Qwen3-VL's
+    tower without DeepStack from `vision_config` (a checkpoint without one reads text only)."""
+
+    example_config = {
+        "model_type": "qwen3_5",
+        "text_config": {
+            **Qwen35TextConfig.example_config,
+            "rope_parameters": {"rope_theta": 1e4, "mrope_section": [1, 1, 0], "partial_rotary_factor": 0.25},
+        },
+    }
+    names = qwen3_vl_names(NAMES)
+    wrapping_type = None
 
 
 @register("qwen3_5_moe")
 @dataclass
-class Qwen35MoeConfig(ImageText, Qwen35MoeTextConfig):
-    example_config = {"model_type": "qwen3_5_moe", "text_config": Qwen35MoeTextConfig.example_config}
+class Qwen35MoeConfig(Qwen3VisionTower, QwenImages, Qwen35MoeTextConfig):
+    example_config = {
+        "model_type": "qwen3_5_moe",
+        "text_config": {**Qwen35MoeTextConfig.example_config, **Qwen35Config.example_config["text_config"]},
+    }
     names = Qwen35Config.names
-    image_text_type = "qwen3_5_moe"
+    wrapping_type = None

@@ -86,6 +86,7 @@ class Cache(ABC):
     """
 
     capabilities: ClassVar[Can] = Can.SNAPSHOT
+    holds_positions: ClassVar[bool] = True  # whether its tokens' positions (and their shift) are its to say
     offset: int
 
     def can(self, capability: Can) -> bool:
@@ -960,6 +961,7 @@ class RecurrentCache(Cache):
     """
 
     capabilities = Can.SNAPSHOT | Can.ROWS
+    holds_positions = False  # a state of the whole prefix: the model's attention layers' caches say where tokens sit
 
     def __init__(self):
         self.conv: mx.array | None = None  # (batch, kernel - 1, channels)
@@ -981,6 +983,9 @@ class RecurrentCache(Cache):
 
     def mask(self, tokens: int) -> str | mx.array | None:
         return "causal" if tokens > 1 else None
+
+    def shift_positions(self, shift: int) -> None:
+        """Nothing to shift: a recurrent state reads no positions (the attention layers' caches carry the shift)."""
 
     def rows(self) -> int:
         return len(self.lengths)

@@ -11,7 +11,6 @@ growing cache. A block holds one where it would hold attention; its cache is a `
   projection.
 """
 
-import math
 from typing import ClassVar
 
 import mlx.core as mx
@@ -75,16 +74,26 @@ def gated_delta_recurrent(q, k, v, g, beta, state):
 
 
 def unit_lower_inverse(a: mx.array) -> mx.array:
-    """(I + a)^-1 for a strictly lower-triangular a (..., n, n): the product of (I + (-a)^(2^j)), since (-a)^n = 0.
-    A few matrix products instead of a triangular solve, so it runs wherever matmul does."""
+    """(I + a)^-1 for a strictly lower-triangular a (..., n, n), by halves: [[T, 0], [C, B]]^-1 is
+    [[T^-1, 0], [-B^-1 C T^-1, B^-1]], the two diagonal halves inverted together, log2(n) levels of matrix products
+    (so it runs wherever matmul does). Stable where powers of a grow large (keys much alike: an image's), unlike a
+    product of (I + (-a)^(2^j)). n is padded to a power of two (the padding's rows and columns zero)."""
     n = a.shape[-1]
-    eye = mx.eye(n, dtype=a.dtype)
-    power = -a
-    inverse = eye + power
-    for _ in range(max(math.ceil(math.log2(n)) - 1, 0)):
-        power = power @ power
-        inverse = inverse @ (eye + power)
-    return inverse
+    size = 1 << max(n - 1, 0).bit_length()
+    if size != n:
+        a = mx.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, size - n), (0, size - n)])
+    return inverse_by_halves(a)[..., :n, :n]
+
+
+def inverse_by_halves(a: mx.array) -> mx.array:
+    n = a.shape[-1]
+    if n == 1:
+        return mx.ones_like(a)
+    h = n // 2
+    top, bottom = inverse_by_halves(mx.stack([a[..., :h, :h], a[..., h:, h:]]))
+    corner = -(bottom @ (a[..., h:, :h] @ top))
+    upper = mx.concatenate([top, mx.zeros_like(top)], axis=-1)
+    return mx.concatenate([upper, mx.concatenate([corner, bottom], axis=-1)], axis=-2)
 
 
 def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):

@@ -136,16 +136,20 @@ class RoPE(nn.Module):
 
 
 class MultimodalRoPE(RoPE):
-    """Qwen's multimodal RoPE: each position has three axes (time, row, column) and `sections` (frequency counts,
-    in order) say which axis turns which frequencies. A text token sits at the same position along every axis, so it
-    turns as under `RoPE`; an image's tokens sit on their grid, given by the pass's `axes` (3, tokens)."""
+    """Qwen's multimodal RoPE: each position has three axes (time, row, column) and `sections` (frequency counts)
+    say which axis turns which frequencies: in order (Qwen2-VL, Qwen2.5-VL: the first `sections[0]` by time, the next
+    by row, the rest by column), or `interleaved` (Qwen3-VL, Qwen3.5: frequency 3j + 1 by row while j < sections[1],
+    3j + 2 by column while j < sections[2], the others by time). A text token sits at the same position along every
+    axis, so it turns as under `RoPE`; an image's tokens sit on their grid, given by the pass's `axes` (3, tokens)."""
 
-    def __init__(self, dims: int, base: float, sections: tuple[int, ...], max_positions: int = 2048):
+    def __init__(
+        self, dims: int, base: float, sections: tuple[int, ...], max_positions: int = 2048, interleaved: bool = False
+    ):
         super().__init__(dims, base, None, max_positions)
         if sum(sections) != dims // 2:
             raise ValueError(f"mrope_section {list(sections)} must add up to half the rotated width ({dims // 2})")
-        self._axis_of = mx.array(sum(([i % 3] * n for i, n in enumerate(sections)), []))  # each frequency's axis
-        self.settings = (*self.settings, tuple(sections))
+        self._axis_of = mx.array(frequency_axes(sections, interleaved))
+        self.settings = (*self.settings, tuple(sections), interleaved)
 
     def rotate(self, x: mx.array, positions: Positions) -> mx.array:
         if positions.axes is None:
@@ -158,3 +162,14 @@ class MultimodalRoPE(RoPE):
         x1, x2 = x[..., :half].astype(mx.float32), x[..., half : self.dims].astype(mx.float32)
         turned = mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
         return turned if self.dims == x.shape[-1] else mx.concatenate([turned, x[..., self.dims :]], axis=-1)
+
+
+def frequency_axes(sections: tuple[int, ...], interleaved: bool) -> list[int]:
+    """The axis (0 time, 1 row, 2 column) whose position turns each of the `sum(sections)` frequencies."""
+    if not interleaved:
+        return sum(([i % 3] * n for i, n in enumerate(sections)), [])
+    axes = [0] * sum(sections)
+    for axis in (1, 2):
+        for j in range(axis, min(3 * sections[axis], len(axes)), 3):
+            axes[j] = axis
+    return axes

@@ -81,6 +81,8 @@ class Transformer(nn.Module):
             layer_cache = cache[i] if cache is not None else None
             scope = recorder.scope(f"layers.{i}.") if recorder is not None else None
             x = self.run_layer(layer, x, layer_cache, scope, positions)
+            if images is not None:
+                x = images.after_layer(x, i)
         x = self.norm(x)  # over every position: on an earlier pipeline rank this slot sends them all on
         logits = self.unembed(x[:, -1:] if last_only else x)
         if recorder is not None:
@@ -95,7 +97,7 @@ class Transformer(nn.Module):
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * mx.array(self.embed_scale, dtype=x.dtype)
-        positions = Positions.of(ids.shape[1], cache[0] if cache is not None else None)
+        positions = Positions.of(ids.shape[1], position_cache(cache))
         if images is not None:
             x = images.scatter(x)
             positions.blocks, positions.axes = images.blocks, images.axes
@@ -129,6 +131,14 @@ class Transformer(nn.Module):
     def make_cache(self) -> list:
         """One cache per layer, of the kind that layer's attention needs."""
         return [layer.attn.make_cache() for layer in self.layers]
+
+
+def position_cache(cache: list | None):
+    """The layer cache that says where the next tokens sit: the first that holds positions (a hybrid model's
+    recurrent layers' do not), else the first."""
+    if cache is None:
+        return None
+    return next((c for c in cache if c.holds_positions), cache[0])
 
 
 def checkpointed(layer: nn.Module, x: mx.array, positions: Positions) -> mx.array:

@@ -178,7 +178,8 @@ class ImageInput:
 
 class ImageEncoder(nn.Module):
     """A family's image encoder: images (`ImageInput`s) -> their soft tokens (places, text dims), the rows of each
-    image in order, as many as its config writes places for it (`image_places`)."""
+    image in order, as many as its config writes places for it (`image_places`); an encoder with DeepStack levels
+    (Qwen3-VL's) returns (1 + levels, places, text dims), the soft tokens first (`PlacedImages.at` takes either)."""
 
     def __call__(self, images: Sequence[ImageInput]) -> mx.array:
         raise NotImplementedError
@@ -211,12 +212,14 @@ def image_owners(ids, image_token: int, places: Sequence[int]) -> np.ndarray:
 class PlacedImages:
     """Soft tokens placed in a prompt: `features` (tokens, dims) replace the embeddings at `where` (their indices in
     the prompt, in order); `blocks` (where an image's tokens see each other both ways, else None) gives each prompt
-    token its image's number, -1 for text."""
+    token its image's number, -1 for text. `deepstack` (levels, tokens, dims), where the encoder gives them (Qwen3-VL's
+    DeepStack): level j added to the residual stream at the same places after the language model's layer j."""
 
     features: mx.array
     where: mx.array
     blocks: mx.array | None = None
     axes: mx.array | None = None  # (3, tokens): each prompt token's position along each axis (a multimodal RoPE)
+    deepstack: mx.array | None = None
 
     @classmethod
     def at(
@@ -225,7 +228,11 @@ class PlacedImages:
         """`features` (tokens, dims) at the places of `image_token` in `ids` (one prompt's ids), image after image:
         image i takes the next `places[i]` of them (a run, or several where the family's layout breaks an image's
         places with other tokens); with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens)
-        the prompt's positions along each axis where a multimodal RoPE turns them."""
+        the prompt's positions along each axis where a multimodal RoPE turns them. `features` of
+        (1 + levels, tokens, dims) (an encoder with DeepStack levels) are the soft tokens and those levels."""
+        deepstack = None
+        if features.ndim == 3:
+            features, deepstack = features[0], features[1:]
         ids = np.asarray(ids).reshape(-1)
         is_image = ids == image_token
         if int(is_image.sum()) != sum(places) or features.shape[0] != sum(places):
@@ -235,9 +242,17 @@ class PlacedImages:
             )
         blocks = mx.array(image_owners(ids, image_token, places)) if both_ways else None
         axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
-        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes)
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes, deepstack)
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""
         x[:, self.where] = self.features.astype(x.dtype)[None]
+        return x
+
+    def after_layer(self, x: mx.array, layer: int) -> mx.array:
+        """The residual stream x (1, tokens, dims) leaving language model layer `layer`, DeepStack's level `layer`
+        added at the image tokens where there is one."""
+        if self.deepstack is None or layer >= self.deepstack.shape[0]:
+            return x
+        x[:, self.where] = x[:, self.where] + self.deepstack[layer].astype(x.dtype)[None]
         return x

@@ -46,12 +46,38 @@ class FlatPatchEmbedding(nn.Module):
     """Flattened patches (patches, channels * frames * p * p) projected to the encoder's width: a 3D convolution of
     stride its kernel, written as the matmul it is."""
 
-    def __init__(self, features: int, dims: int):
+    def __init__(self, features: int, dims: int, bias: bool = False):
         super().__init__()
-        self.proj = nn.Linear(features, dims, bias=False)
+        self.proj = nn.Linear(features, dims, bias=bias)
 
     def __call__(self, patches: mx.array) -> mx.array:
         return self.proj(patches)
+
+
+class InterpolatedPositions(nn.Module):
+    """A learned `side` x `side` table of position embeddings resampled to each picture's patch grid, bilinearly with
+    the corners aligned (the table's corners land on the grid's corners), as `F.interpolate` resamples it (Qwen3-VL's
+    tower)."""
+
+    def __init__(self, side: int, dims: int):
+        super().__init__()
+        self.side = side
+        self.weight = mx.zeros((side * side, dims))
+
+    def __call__(self, positions: np.ndarray, rows: int, cols: int) -> mx.array:
+        """positions (patches, 2): each patch's (row, column) on a `rows` x `cols` grid -> (patches, dims)."""
+        (r, wr), (c, wc) = (self.taps(positions[:, i], n) for i, n in ((0, rows), (1, cols)))
+        index = (r[:, :, None] * self.side + c[:, None, :]).reshape(len(positions), 4)
+        weight = (wr[:, :, None] * wc[:, None, :]).reshape(len(positions), 4)
+        return (self.weight[mx.array(index)] * mx.array(weight)[..., None].astype(self.weight.dtype)).sum(axis=1)
+
+    def taps(self, at: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The two table rows either side of each of `at` (on an axis of `size` patches) and their weights."""
+        source = at.astype(np.float32) * np.float32(self.side - 1) / np.float32(max(size - 1, 1))
+        low = np.floor(source)
+        taps = low.astype(int)[:, None] + np.arange(2)
+        weights = np.clip(1 - np.abs(source[:, None] - taps), 0, None).astype(np.float32)
+        return np.clip(taps, 0, self.side - 1), weights
 
 
 class PlanarRotary:
@@ -137,22 +163,29 @@ class RotaryEncoderBlock(nn.Module):
 
 class PatchMerger(nn.Module):
     """Each run of `merge * merge` patch vectors (a merge block) normed (`norm`), joined into one vector and projected
-    by a GELU MLP to the language model's width."""
+    by a GELU MLP to the language model's width; with `norm_joined`, normed once joined (`norm` of the joined width:
+    Qwen3-VL's DeepStack mergers)."""
 
-    def __init__(self, dims: int, text_dims: int, merge: int, norm: nn.Module):
+    def __init__(self, dims: int, text_dims: int, merge: int, norm: nn.Module, norm_joined: bool = False):
         super().__init__()
-        self.joined = dims * merge * merge
+        self.joined, self.norm_joined = dims * merge * merge, norm_joined
         self.norm = norm
         self.up, self.down = nn.Linear(self.joined, self.joined), nn.Linear(self.joined, text_dims)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down(ACTIVATIONS["gelu"](self.up(self.norm(x).reshape(-1, self.joined))))
+        joined = self.norm(x.reshape(-1, self.joined)) if self.norm_joined else self.norm(x).reshape(-1, self.joined)
+        return self.down(ACTIVATIONS["gelu"](self.up(joined)))
 
 
 class WindowedVisionEncoder(ImageEncoder):
     """Pictures of any size (patches and a (frames, rows, columns) patch grid each) -> one soft token per merge block:
-    flat patch embedding, then `layers` (`RotaryEncoderBlock`s) attending within windows of `window` merge blocks a
-    side, except the `full_layers` (every layer without a window), which see the whole picture; then the merger."""
+    flat patch embedding (plus learned `positions` resampled to the grid, Qwen3-VL's), then `layers`
+    (`RotaryEncoderBlock`s) attending within windows of `window` merge blocks a side, except the `full_layers` (every
+    layer without a window), which see the whole picture; then the merger.
+
+    DeepStack (Qwen3-VL): the outputs of the `deepstack_layers` go through their own `deepstack` mergers too, and the
+    encoder returns (1 + len(deepstack), places, text dims): the soft tokens, then the features the language model
+    adds at the same places after its first layers (`PlacedImages`)."""
 
     def __init__(
         self,
@@ -164,27 +197,42 @@ class WindowedVisionEncoder(ImageEncoder):
         window: int | None = None,
         full_layers: Sequence[int] = (),
         rope_base: float = 10000.0,
+        positions: InterpolatedPositions | None = None,
+        deepstack: Sequence[PatchMerger] = (),
+        deepstack_layers: Sequence[int] = (),
     ):
         super().__init__()
         self.embed, self.layers, self.merger = embed, layers, merger
+        if positions is not None:
+            self.positions = positions
+        if deepstack:
+            self.deepstack = list(deepstack)
+        self.deepstack_layers = tuple(deepstack_layers)
         self.merge, self.window = merge, window
         self.full_layers = tuple(range(len(layers))) if window is None else tuple(full_layers)
         self.rotary = PlanarRotary(head_dims, rope_base)
 
     def __call__(self, images: Sequence[ImageInput]) -> mx.array:
-        return mx.concatenate([self.encode(image) for image in images], axis=0)
+        return mx.concatenate([self.encode(image) for image in images], axis=-2)
 
     def encode(self, image: ImageInput) -> mx.array:
-        """One picture -> (merge blocks, text dims), in merge-block order."""
+        """One picture -> (merge blocks, text dims), in merge-block order ((1 + DeepStack levels, ...) with them)."""
         frames, rows, cols = image.grid
         m, unit = self.merge, self.merge * self.merge
         blocks = frames * (rows // m) * (cols // m)
         order, sizes = window_order(frames, rows // m, cols // m, self.window) if self.window else (None, [blocks])
         patches = np.arange(blocks * unit) if order is None else (order[:, None] * unit + np.arange(unit)).reshape(-1)
-        x = self.embed(mx.array(image.pixels[patches]).astype(self.embed.proj.weight.dtype))[None]
-        cos, sin = self.rotary.angles(np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches])
+        x = self.embed(mx.array(image.pixels[patches]).astype(self.embed.proj.weight.dtype))
+        grid = np.tile(merge_block_positions(rows, cols, m), (frames, 1))[patches]
+        if "positions" in self:
+            x = x + self.positions(grid, rows, cols).astype(x.dtype)
+        x = x[None]
+        cos, sin = self.rotary.angles(grid)
         windowed = Windows.of([n * unit for n in sizes]) if len(sizes) > 1 else None
+        levels = []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if i in self.full_layers else windowed)
-        merged = self.merger(x[0])
-        return merged if order is None else merged[mx.array(np.argsort(order))]
+            if i in self.deepstack_layers:
+                levels.append(self.deepstack[self.deepstack_layers.index(i)](x[0]))
+        merged = mx.stack([self.merger(x[0]), *levels]) if levels else self.merger(x[0])
+        return merged if order is None else merged[..., mx.array(np.argsort(order)), :]

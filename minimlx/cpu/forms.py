@@ -17,8 +17,10 @@ from ..core.recorder import Recorder
 from . import attention, elementwise, native
 from .linear import (
     BlockEmbeddingByOps,
+    BlockExpertsByOps,
     BlockLinearByOps,
     NativeBlockEmbedding,
+    NativeBlockExperts,
     NativeBlockLinear,
     NativeLinear,
     NativeQuantizedEmbedding,
@@ -320,6 +322,7 @@ CORE_PARTS = {form: part for part, form in (FORMS | NATIVE_FORMS).items()} | {
     NativeQuantizedEmbedding: QuantizedEmbeddingByOps,
     NativeBlockLinear: BlockLinearByOps,  # weights held as GGUF blocks have no MLX module: dequantized as they are used
     NativeBlockEmbedding: BlockEmbeddingByOps,
+    NativeBlockExperts: BlockExpertsByOps,
 }
 """Each CPU form -> the core part (or MLX module) it computes differently."""
 

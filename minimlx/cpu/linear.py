@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
+from ..core.moe import ExpertLinear, with_expert_bias
 from ..core.steps import decoding, prompting
 from ..quantization import BLOCK_MODES
 from . import native
@@ -145,6 +146,37 @@ class NativeBlockEmbedding(BlockWeight):
         return native.kernel.block_matmul(x, self.weight, self.ggml_type, **block_inputs(x))
 
 
+class NativeBlockExperts(nn.Module):
+    """`ExpertLinear` whose stacked weight is held as GGUF blocks, `weight` (experts, out, row bytes) uint8: each row's
+    product with its expert's weight in the native kernel (`block_gather_matmul`), the inputs taken as
+    `NativeBlockLinear`'s are."""
+
+    def __init__(self, num_experts: int, rows: int, in_dims: int, mode: str):
+        super().__init__()
+        ggml_type, values, size, _ = BLOCK_MODES[mode]
+        self.mode, self.ggml_type, self.in_dims = mode, ggml_type, in_dims
+        self.weight = mx.zeros((num_experts, rows, in_dims // values * size), mx.uint8)
+
+    @classmethod
+    def from_experts(cls, experts: ExpertLinear, group_size: int, bits: int, mode: str) -> "NativeBlockExperts":
+        module = cls(*experts.weight.shape, mode)
+        if "bias" in experts:
+            module.bias = experts.bias
+        return module
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        """As `ExpertLinear`: x (..., 1, in) against expert_indices (...), broadcast, -> (..., 1, out)."""
+        batch = mx.broadcast_shapes(x.shape[:-2], expert_indices.shape)
+        rows = mx.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(-1, x.shape[-1])
+        ids = mx.broadcast_to(expert_indices, batch).reshape(-1).astype(mx.int32)
+        y = native.kernel.block_gather_matmul(rows, self.weight, self.ggml_type, ids, **block_inputs(rows))
+        return with_expert_bias(self, y.reshape(*batch, 1, -1), expert_indices)
+
+    def _extra_repr(self) -> str:
+        experts, rows, _ = self.weight.shape
+        return f"experts={experts}, rows={rows}, in_dims={self.in_dims}, mode={self.mode}"
+
+
 DEQUANTIZED_BYTES = 1 << 20
 """About how many bytes of float32 weight rows `through_dequantized` makes at a time."""
 
@@ -224,6 +256,19 @@ class BlockEmbeddingByOps(NativeBlockEmbedding):
         return through_dequantized(x, block_dequantizer(self), self.weight)
 
 
+class BlockExpertsByOps(NativeBlockExperts):
+    """`NativeBlockExperts` as MLX ops that have gradients (training): the stacked weight dequantized (no gradient flows
+    into the stored blocks), then MLX's gathered matmul, as `ExpertLinear` computes it."""
+
+    def __call__(self, x: mx.array, expert_indices: mx.array, sorted_indices: bool) -> mx.array:
+        experts, rows, _ = self.weight.shape
+        stacked = self.weight.reshape(experts * rows, -1)
+        weight = native.kernel.block_rows(stacked, mx.arange(experts * rows, dtype=mx.int32), self.ggml_type)
+        weight = mx.stop_gradient(weight.reshape(experts, rows, -1))
+        y = mx.gather_mm(x, weight.swapaxes(-1, -2), rhs_indices=expert_indices, sorted_indices=sorted_indices)
+        return with_expert_bias(self, y, expert_indices)
+
+
 def block_dequantizer(module: BlockWeight):
     def dequantize(weight):
         rows = mx.arange(weight.shape[0], dtype=mx.int32)
@@ -235,6 +280,7 @@ def block_dequantizer(module: BlockWeight):
 BLOCK_FORMS = {
     nn.Linear: NativeBlockLinear.from_linear,
     nn.Embedding: NativeBlockEmbedding.from_embedding,
+    ExpertLinear: NativeBlockExperts.from_experts,
 }
 """The native kernel's form of each module type it runs from weights held as GGUF blocks."""
 

@@ -32,6 +32,7 @@ OPS = (
     "integer_isa",
     "block_matmul",
     "block_swiglu",
+    "block_gather_matmul",
     "block_rows",
 )
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""

@@ -116,8 +116,8 @@ class GGUFFile:
         kind, shape, _ = self.tensors[name]
         if kind in FLOAT_TYPES:
             return {name: (shape, FLOAT_TYPES[kind])}
-        if kind in stored and dequantized_dtype is None and len(shape) == 2:
-            return {name: ((shape[0], nbytes(kind, shape[1:])), mx.uint8)}
+        if kind in stored and dequantized_dtype is None and len(shape) in (2, 3):  # a matrix, or stacked experts'
+            return {name: ((*shape[:-1], nbytes(kind, shape[-1:])), mx.uint8)}
         stem, rows, columns = name.removesuffix(".weight"), shape[:-1], shape[-1]
         if kind == T.MXFP4:
             return {name: ((*rows, columns // 8), mx.uint32), f"{stem}.scales": ((*rows, columns // 32), mx.uint8)}

@@ -303,16 +303,25 @@ constexpr int kGemmTileRows = 32;  // weight rows an integer GEMM's panel holds:
 inline int group_span(int type) { return type == static_cast<int>(Blocks::q6_k) ? 16 : 32; }
 
 // The input rows' side of an integer GEMM: per row and group of `span` values, its block's step xd and xd times the
-// sum of the group's codes.
+// sum of the group's codes (`GemmInputStore` makes them).
 struct GemmInputs {
   const int8_t* xq = nullptr;
+  const float* steps = nullptr;      // M x (K / span)
+  const float* step_sums = nullptr;  // M x (K / span)
   int span = 0;
-  std::vector<float> steps, step_sums;  // M x (K / span)
 
-  void prepare(const QuantizedBlockInputs& x, int M, int K, int group) {
-    const int groups = K / group;
-    xq = x.xq;
-    span = group;
+  // The same inputs from row m on (of K values each).
+  GemmInputs from_row(int m, int K) const {
+    const int64_t groups = K / span;
+    return {xq + static_cast<int64_t>(m) * K, steps + m * groups, step_sums + m * groups, span};
+  }
+};
+
+struct GemmInputStore {
+  std::vector<float> steps, step_sums;
+
+  GemmInputs prepare(const QuantizedBlockInputs& x, int M, int K, int span) {
+    const int groups = K / span;
     steps.resize(static_cast<size_t>(M) * groups);
     step_sums.resize(steps.size());
     for (int m = 0; m < M; ++m) {
@@ -321,12 +330,13 @@ struct GemmInputs {
       float* step = steps.data() + static_cast<int64_t>(m) * groups;
       float* step_sum = step_sums.data() + static_cast<int64_t>(m) * groups;
       for (int g = 0; g < groups; ++g) {
-        const int first = g * group / 16;  // the group's first 16-code sum
-        const int total = group == 16 ? sums[first] : sums[first] + sums[first + 1];
-        step[g] = xd[g * group / 32];
+        const int first = g * span / 16;  // the group's first 16-code sum
+        const int total = span == 16 ? sums[first] : sums[first] + sums[first + 1];
+        step[g] = xd[g * span / 32];
         step_sum[g] = step[g] * static_cast<float>(total);
       }
     }
+    return {x.xq, steps.data(), step_sums.data(), span};
   }
 };
 

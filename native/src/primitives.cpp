@@ -1092,26 +1092,25 @@ constexpr int kIntegerGemmRows = 8;
 // integer GEMM: the inputs quantized once, the weight rows in tiles of kGemmTileRows, one pass over the pool.
 void integer_gemm_product(const float* xs, int M, int K, BlockProblem p, const mx::array* gate_w, int gate_type) {
   thread_local QuantizedBlocks quantized;  // the calling thread's: the blocks use them through references
-  thread_local GemmInputs own_inputs, own_gate_inputs;
+  thread_local GemmInputStore own_inputs, own_gate_inputs;
   thread_local Floats gate_out;
-  GemmInputs &inputs = own_inputs, &gate_inputs = own_gate_inputs;
   quantized.quantize(xs, M, K);
   p.x = quantized.inputs();
-  inputs.prepare(p.x, M, K, group_span(p.type));
+  const GemmInputs inputs = own_inputs.prepare(p.x, M, K, group_span(p.type));
+  GemmInputs gate_inputs = inputs;
   BlockProblem g{};
   if (gate_w != nullptr) {
     gate_out.resize(static_cast<size_t>(M) * p.N);
     g = block_problem(*gate_w, gate_type, M, K, gate_out.data());
     g.x = p.x;
-    if (group_span(gate_type) != inputs.span) gate_inputs.prepare(p.x, M, K, group_span(gate_type));
+    if (group_span(gate_type) != inputs.span) gate_inputs = own_gate_inputs.prepare(p.x, M, K, group_span(gate_type));
   }
-  const GemmInputs& gx = gate_w != nullptr && group_span(gate_type) != inputs.span ? gate_inputs : inputs;
   const int tiles = (p.N + kGemmTileRows - 1) / kGemmTileRows;
   share(tiles, [&](int t) {
     const int begin = t * kGemmTileRows, end = std::min(p.N, begin + kGemmTileRows);
     kIsa.blocks.gemm(p, inputs, begin, end);
     if (gate_w == nullptr) return;
-    kIsa.blocks.gemm(g, gx, begin, end);
+    kIsa.blocks.gemm(g, gate_inputs, begin, end);
     apply_gate(g.out, p.out, M, p.N, begin, end);
   });
 }
@@ -1167,6 +1166,69 @@ Work block_product_work(std::vector<int> types, bool exact, bool prompt) {
   };
 }
 
+// Products with stacked experts held as GGUF blocks: row p of out (P x N) is x[p] @ W[ids[p]].T, for w (E, N, row
+// bytes) of `type` and ids (P) int32. The pairs are taken in runs of equal consecutive ids (a sorted batch's rows of
+// one expert together), each run one product of its rows computed as `block_product_work` computes a product of that
+// many rows (integer products, the prompt's integer GEMM from kIntegerGemmRows rows, or float32 rows with `exact`),
+// all runs' blocks of weight rows in one pass over the pool. An id outside [0, E) gives a row of zeros.
+Work block_gather_work(int type, bool exact, bool prompt) {
+  return [type, exact, prompt](const std::vector<mx::array>& in, mx::array& out) {
+    const auto& x = in[0];
+    const auto& w = in[1];
+    const int K = x.shape(-1), P = static_cast<int>(x.size() / K), E = w.shape(0), N = w.shape(1);
+    const int64_t row_bytes = w.shape(2), expert_bytes = static_cast<int64_t>(N) * row_bytes;
+    thread_local std::vector<int32_t> ids;
+    thread_local Floats copy;
+    thread_local QuantizedBlocks quantized;
+    thread_local GemmInputStore store;
+    ids.resize(P);
+    gather(in[2], ids.data());
+    const float* xs = contiguous(x, copy);
+    float* dst = out.data<float>();
+    const bool gemm = !exact && prompt && kIsa.blocks.gemm != nullptr;
+    QuantizedBlockInputs qx{};
+    GemmInputs gx{};
+    if (!exact) {
+      quantized.quantize(xs, P, K);
+      qx = quantized.inputs();
+    }
+    if (gemm) gx = store.prepare(qx, P, K, group_span(type));
+    struct Run {
+      BlockProblem product;
+      GemmInputs inputs;
+      bool gemm;
+      int rows;  // weight rows per block of the pool's
+    };
+    std::vector<Run> runs;
+    std::vector<int> first_block{0};
+    for (int start = 0, stop; start < P; start = stop) {
+      for (stop = start + 1; stop < P && ids[stop] == ids[start];) ++stop;
+      const int count = stop - start, expert = ids[start];
+      float* rows_out = dst + static_cast<int64_t>(start) * N;
+      if (expert < 0 || expert >= E) {
+        std::fill(rows_out, rows_out + static_cast<int64_t>(count) * N, 0.0f);
+        continue;
+      }
+      BlockProblem p{w.data<uint8_t>() + expert * expert_bytes, row_bytes, type, {}, rows_out, count, N, K,
+                     xs + static_cast<int64_t>(start) * K};
+      if (!exact)
+        p.x = {qx.xq + static_cast<int64_t>(start) * K, qx.xd + static_cast<int64_t>(start) * (K / 32),
+               qx.sums + static_cast<int64_t>(start) * (K / 16)};
+      const bool run_gemm = gemm && count >= kIntegerGemmRows;
+      const int rows = run_gemm ? kGemmTileRows : block_product_rows(p);
+      runs.push_back({p, run_gemm ? gx.from_row(start, K) : GemmInputs{}, run_gemm, rows});
+      first_block.push_back(first_block.back() + (N + rows - 1) / rows);
+    }
+    share(first_block.back(), [&](int b) {
+      const int i = static_cast<int>(std::upper_bound(first_block.begin(), first_block.end(), b) - first_block.begin()) - 1;
+      const Run& run = runs[i];
+      const int begin = (b - first_block[i]) * run.rows, end = std::min(N, begin + run.rows);
+      if (run.gemm) kIsa.blocks.gemm(run.product, run.inputs, begin, end);
+      else (exact ? kIsa.blocks.float_rows : kIsa.blocks.rows)(run.product, begin, end);
+    });
+  };
+}
+
 // The K input features of weight w of `type`, checked: the message starts with `name`.
 int block_features(const std::string& name, const mx::array& w, int type) {
   const int bytes = block_bytes(type);
@@ -1193,6 +1255,25 @@ mx::array block_product(const std::string& name, const mx::array& x, std::vector
   for (int t : types) params.push_back(static_cast<float>(t));
   return cpu_op(weights.size() == 2 ? "MinimlxNativeBlockSwiglu" : "MinimlxNativeBlockMatmul", params,
                 block_product_work(types, exact, prompt), std::move(inputs), shape);
+}
+
+// x @ W[ids].T per row (block_gather_work), checked.
+mx::array block_gather_product(const mx::array& x, const mx::array& w, int type, const mx::array& ids, bool exact,
+                               bool prompt) {
+  const std::string name = "minimlx_native.block_gather_matmul";
+  if (x.dtype() != mx::float32 || x.ndim() != 2) throw std::invalid_argument(name + ": x must be float32 (pairs, K)");
+  const int bytes = block_bytes(type);
+  if (bytes == 0) throw std::invalid_argument(name + ": type " + std::to_string(type) + " is none of Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14)");
+  if (w.dtype() != mx::uint8 || w.ndim() != 3 || w.shape(2) % bytes)
+    throw std::invalid_argument(name + ": w must be (experts, N, row bytes) uint8, whole blocks of its type a row");
+  if (w.shape(2) / bytes * block_values(type) != x.shape(1))
+    throw std::invalid_argument(name + ": the weights' rows hold a number of features other than x's " +
+                                std::to_string(x.shape(1)));
+  if (ids.dtype() != mx::int32 || ids.ndim() != 1 || ids.shape(0) != x.shape(0))
+    throw std::invalid_argument(name + ": ids must be int32, one per row of x");
+  std::vector<float> params{exact ? 1.0f : 0.0f, prompt ? 1.0f : 0.0f, static_cast<float>(type)};
+  return cpu_op("MinimlxNativeBlockGatherMatmul", params, block_gather_work(type, exact, prompt), {x, w, ids},
+                mx::Shape{x.shape(0), w.shape(1)});
 }
 
 // Rows `ids` (int32, any shape) of weight w of `type`, dequantized to float32: (*ids.shape, K).
@@ -1730,6 +1811,12 @@ NB_MODULE(_ext, m) {
         }, "x"_a, "gate_w"_a, "gate_type"_a, "up_w"_a, "up_type"_a, "exact"_a = false, "prompt"_a = false,
         "silu(x @ gate.T) * (x @ up.T) for weights held as block_matmul's, of as many rows: a SwiGLU's gated "
         "product in one op.");
+  m.def("block_gather_matmul", &minimlx_native::block_gather_product, "x"_a, "w"_a, "type"_a, "ids"_a,
+        "exact"_a = false, "prompt"_a = false,
+        "Row p of the result is x[p] @ W[ids[p]].T for stacked experts held as GGUF blocks: x (pairs, K) float32, w "
+        "(experts, N, row bytes) uint8 whose rows are block_matmul's, ids (pairs) int32; each run of equal "
+        "consecutive ids one product of its rows, as block_matmul computes one (`exact`, `prompt` alike). An id "
+        "outside the experts gives zeros.");
   m.def("block_rows", &minimlx_native::block_rows_of, "w"_a, "ids"_a, "type"_a,
         "Rows `ids` (int32) of a weight held as block_matmul's, dequantized to float32: (*ids.shape, K).");
   m.attr("block_isa") = minimlx_native::kIsa.blocks.name;

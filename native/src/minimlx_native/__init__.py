@@ -11,7 +11,8 @@ the same over keys and values quantized as `mx.quantize` holds them (8 or 4 bits
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several, and
 `block_step(...)` is a pre-norm block's one-token decode step in one op, which writes the token's keys and values
 into the cache's buffers. `block_matmul(x, w, type)` is `x @ W.T` for W held as a GGUF file stores it (rows of Q4_K,
-Q5_K, Q6_K or Q8_0 blocks, uint8), with integer dot products for a few rows of x, `block_swiglu` its gated form and
+Q5_K, Q6_K or Q8_0 blocks, uint8), with integer dot products for a few rows of x, `block_swiglu` its gated form,
+`block_gather_matmul(x, w, type, ids)` its form for stacked experts (each row by its expert's weight) and
 `block_rows(w, ids, type)` its rows dequantized (an embedding's lookup). `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `integer_isa` the one of the integer products (avx512vnni, avxvnni, avx2,
 neondot or scalar; `MINIMLX_NATIVE_ISA` names the widest to use), `block_isa` the one of the block products,
@@ -42,6 +43,7 @@ rotate = _ext.rotate
 block_step = _ext.block_step
 block_matmul = _ext.block_matmul
 block_swiglu = _ext.block_swiglu
+block_gather_matmul = _ext.block_gather_matmul
 block_rows = _ext.block_rows
 isa: str = _ext.isa
 integer_isa: str = _ext.integer_isa
