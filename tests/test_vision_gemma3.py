@@ -159,6 +159,25 @@ def test_run_with_a_missing_image_says_so_in_one_line(tmp_path):
     one_line_error(result, "--image", "absent.png", "no such file")
 
 
+def test_run_refuses_images_past_its_limits_in_one_line(gemma3, tmp_path):
+    from click.testing import CliRunner
+    from command_line import one_line_error
+
+    from minimlx.cli import main
+
+    folder, *_ = gemma3
+    paths = []
+    for i, picture in enumerate(pictures()[:2]):
+        picture.save(tmp_path / f"{i}.png")
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+    prompt = " ".join(f"w{i}" for i in image_prompt(TEXT_IDS[:8], 2))
+    options = ["--model", str(folder), "--no-chat-template", "--max-tokens", "2"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths, "--max-images", "1"])
+    one_line_error(result, "2 images came, more than the 1")
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths, "--max-image-pixels", "1000"])
+    one_line_error(result, "more than the 1,000 read")
+
+
 def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
     """The tensors written back (the published checkpoints' names: `vision_tower.vision_model.*`, the patch kernel
     (dims, channels, p, p)) load into the same soft tokens."""
