@@ -202,6 +202,9 @@ def build(name: str, folder: Path, dtype: str = "bfloat16") -> None:
     if spec["family"] == "Qwen2_5_VL":  # (its processor wants a video processor too: the parts saved one by one)
         transformers.Qwen2VLImageProcessorPil(**spec["processor"]).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
+        saved = json.loads((folder / "config.json").read_text())  # the text settings at the top too, as published
+        saved["vision_config"].pop("model_type", None)  # (the published tower names none)
+        (folder / "config.json").write_text(json.dumps({**saved["text_config"], **saved}, indent=2))
     else:
         images = transformers.Idefics3ImageProcessorPil(**spec["processor"])
         processor = transformers.Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=64)
