@@ -315,8 +315,8 @@ def main() -> None:
             load = statistics.median(r["load_s"] for r in got) if got else None
             rows.append((spec["label"], engine, ttft, load, len(got)))
     print(
-        f"\n1024 x 768 picture, {args.dtype} weights, {args.rounds} interleaved rounds, medians; MLX on the CPU; load average "
-        f"{min(loads):.1f}-{max(loads):.1f} (1 min) during the run\n"
+        f"\n1024 x 768 picture, {args.dtype} weights, {args.rounds} interleaved rounds, medians; MLX on the CPU; "
+        f"load average {min(loads):.1f}-{max(loads):.1f} (1 min) during the run\n"
     )
     print("| model | engine | time to first token s | load s | runs |")
     print("| --- | --- | ---: | ---: | ---: |")
