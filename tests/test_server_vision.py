@@ -22,7 +22,16 @@ import pytest
 from models import TINY_LLAMA, write_model
 from PIL import Image
 from reference import require
-from vision_models import CHAT_IMAGE_TOKEN, EOS, QWEN_SHAPES, pictures, qwen_inputs, save_gemma3_chat
+from vision_models import (
+    CHAT_IMAGE_TOKEN,
+    EOS,
+    QWEN_SHAPES,
+    gemma4_inputs,
+    pictures,
+    qwen_inputs,
+    save_gemma3_chat,
+    save_gemma4_chat,
+)
 
 import minimlx
 from minimlx.decode import Engine
@@ -69,11 +78,16 @@ class InProcessServer:
     def anthropic(self):
         return require("anthropic").Anthropic(base_url="http://testserver", api_key="-", http_client=self.client)
 
+    def prompt(self, messages: list[dict]) -> list[int]:
+        """The ids of `messages` templated, each image's place the model's image start token (not yet written out)."""
+        marker = self.tokenizer.decode([self.model.config.image_start_token])
+        text = self.tokenizer.apply_chat_template(messages).replace("\ue000", marker)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def cold(self, messages: list[dict], images: list, logit_bias: dict | None = None) -> str:
         """The greedy answer to `messages` (their image places as the model's image start token) read from an empty
         cache, outside the server: what every answer of the server must equal."""
-        text = self.tokenizer.apply_chat_template(messages).replace("\ue000", "<start_of_image>")
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.prompt(messages)
         steps = minimlx.stream_generate(
             self.model, self.tokenizer, ids, images=images, max_tokens=MAX_TOKENS, logit_bias=logit_bias
         )
@@ -153,12 +167,17 @@ def test_each_api_answers_an_image_as_transformers_does_streamed_and_not(gemma3)
 
 def test_a_forced_tool_call_with_an_image_is_a_valid_call(gemma3):
     served, *_ = gemma3
+    assert_forced_tool_call(served.openai(), pictures()[1])
+
+
+def assert_forced_tool_call(openai, picture) -> None:
+    """A chat completion about `picture` with a forced function call returns a valid call of it."""
     city = {"type": "string", "enum": ["Paris", "Rome"]}
     parameters = {"type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}
     tool = {"name": "get_weather", "parameters": parameters}
-    answer = served.openai().chat.completions.create(
+    answer = openai.chat.completions.create(
         model="tiny",
-        messages=[{"role": "user", "content": chat_content(pictures()[1])}],
+        messages=[{"role": "user", "content": chat_content(picture)}],
         tools=[{"type": "function", "function": tool}],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=200,
@@ -245,11 +264,8 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
     (the positions after the image shifted as in the first turn) and answers as a cold read does."""
     served, torch_model, processor = qwen2_5_vl
     picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
-    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
     expected, prompt_tokens = qwen_greedy_answer(served, torch_model, processor, picture)
-    history = [{"role": "user", "content": chat_content(picture)}]
-    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
-    first = assert_chat_completions_answer(openai, history, expected)
+    first = assert_chat_completions_answer(openai, [{"role": "user", "content": chat_content(picture)}], expected)
     image = {"type": "input_image", "image_url": data_url(picture)}
     content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
     responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
@@ -263,9 +279,18 @@ def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_th
         extra_body={"temperature": 0},
     )
     assert "".join(b.text for b in message.content) == expected
-    history += [{"role": "assistant", "content": expected}, {"role": "user", "content": "And the colours?"}]
-    plain += history[-2:]
-    second = openai.chat.completions.create(messages=history, **settings)
+    check_next_turn(served, picture, first, prompt_tokens)
+
+
+def check_next_turn(served: InProcessServer, picture, first, prompt_tokens: int) -> None:
+    """The turn after `first` (the answer about `picture` to a prompt of `prompt_tokens`) prefills only its new
+    tokens and answers as a cold read of the conversation does."""
+    turns = [{"role": "assistant", "content": first.choices[0].message.content}]
+    turns += [{"role": "user", "content": "And the colours?"}]
+    history = [{"role": "user", "content": chat_content(picture)}, *turns]
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}, *turns]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, temperature=0)
+    second = served.openai().chat.completions.create(messages=history, **settings)
     usage, new = second.usage, len("\nuser:And the colours?\nassistant:") + (first.choices[0].finish_reason == "length")
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - new > prompt_tokens - 2
     assert second.choices[0].message.content == served.cold(plain, [picture])
@@ -276,9 +301,7 @@ def qwen_greedy_answer(served, torch_model, processor, picture) -> tuple[str, in
     prompt's tokens)."""
     torch = require("torch")
     plain = [{"role": "user", "content": "\ue000".join(ASK)}]
-    text = served.tokenizer.apply_chat_template(plain).replace("\ue000", "<start_of_image>")
-    images = served.model.image_processor([picture])
-    ids = served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False), images)
+    ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
     ids = torch.tensor([ids])
     with torch.no_grad():
         out = torch_model.generate(
@@ -289,6 +312,28 @@ def qwen_greedy_answer(served, torch_model, processor, picture) -> tuple[str, in
             **qwen_inputs(processor, [picture]),
         )
     return served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS]), ids.shape[1]
+
+
+def assert_every_api_answers(served: InProcessServer, picture, expected: str) -> None:
+    """Responses (`input_image`) and Messages (a base64 `image` block), streamed and not, answer `ASK` about `picture`
+    with `expected` (what chat completions gave), and a forced tool call with the picture is a valid call."""
+    openai = served.openai()
+    image = {"type": "input_image", "image_url": data_url(picture)}
+    content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
+    responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
+    answers = {"responses": openai.responses.create(**responses, temperature=0).output_text}
+    events = openai.responses.create(**responses, temperature=0, stream=True)
+    answers["responses, streamed"] = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data(picture)}}
+    text = [{"type": "text", "text": ASK[0]}, block, {"type": "text", "text": ASK[1]}]
+    messages = [{"role": "user", "content": text}]
+    settings = dict(model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0})
+    anthropic = served.anthropic()
+    answers["messages"] = "".join(b.text for b in anthropic.messages.create(messages=messages, **settings).content)
+    with anthropic.messages.stream(messages=messages, **settings) as stream:
+        answers["messages, streamed"] = "".join(stream.text_stream)
+    assert answers == dict.fromkeys(answers, expected)
+    assert_forced_tool_call(openai, picture)
 
 
 def assert_chat_completions_answer(openai, history: list[dict], expected: str):
@@ -303,13 +348,52 @@ def assert_chat_completions_answer(openai, history: list[dict], expected: str):
 
 def test_qwen3_vl_answers_as_transformers_generate(qwen3_vl_chat):
     """Qwen3-VL (DeepStack levels, an interleaved multimodal RoPE) through chat completions, streamed and not, with the
-    picture of 16 x 10 patches: the answer equals transformers' `generate`."""
+    picture of 16 x 10 patches: the answer equals transformers' `generate`; so do Responses' and Messages', and a
+    forced tool call is a valid call."""
     folder, torch_model, processor = qwen3_vl_chat
     served = InProcessServer(folder, "tiny")
     with served.client:
         picture = pictures(QWEN_SHAPES)[2]
         expected, _ = qwen_greedy_answer(served, torch_model, processor, picture)
         assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
+        assert_every_api_answers(served, picture, expected)
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    """(the server of the tiny Gemma 4, the transformers model, its image processor)."""
+    folder = tmp_path_factory.mktemp("gemma4-chat")
+    torch_model, processor = save_gemma4_chat(folder, seed=3)
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        yield served, torch_model, processor
+
+
+def test_gemma4_answers_as_transformers_generate_and_its_next_turn_reuses_the_cache(gemma4):
+    """A 120 x 64 picture (22 x 12 patches, 66 soft tokens between the image begin and end tokens): the answer through
+    chat completions (streamed and not) equals transformers' `generate`; the next turn prefills only its new tokens
+    and answers as a cold read does; Responses and Messages give the same answer and a forced tool call is valid."""
+    torch = require("torch")
+    served, torch_model, processor = gemma4
+    picture = pictures([(120, 64)])[0]
+    plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+    ids = served.model.config.expand_images(served.prompt(plain), served.model.image_processor([picture]))
+    reference = gemma4_inputs(processor, [picture])
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=ids,
+            pixel_values=reference["pixel_values"],
+            image_position_ids=reference["image_position_ids"],
+            mm_token_type_ids=(ids == CHAT_IMAGE_TOKEN).int(),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+        )
+    expected = served.tokenizer.decode([t for t in out[0, ids.shape[1] :].tolist() if t != EOS])
+    history = [{"role": "user", "content": chat_content(picture)}]
+    first = assert_chat_completions_answer(served.openai(), history, expected)
+    check_next_turn(served, picture, first, ids.shape[1])
+    assert_every_api_answers(served, picture, expected)
 
 
 def header_only_png(width: int, height: int) -> bytes:

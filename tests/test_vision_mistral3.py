@@ -9,6 +9,7 @@ import pytest
 from reference import relative_error, require
 from vision_models import (
     PIXTRAL_IMAGE,
+    check_run_with_images,
     pictures,
     pixtral_inputs,
     pixtral_layout,
@@ -100,16 +101,8 @@ def test_logits_of_a_prompt_with_three_images_equal_transformers(mistral3):
 def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path):
     """`minimlx run --image` three times (three sizes and aspects) prints what transformers' greedy `generate`
     gives on the processor's pixels and the layout its processor writes."""
-    from click.testing import CliRunner
-
-    from minimlx.cli import main
-
     torch = require("torch")
     folder, torch_model, processor, model, images = mistral3
-    paths = []
-    for i, picture in enumerate(images):
-        picture.save(tmp_path / f"{i}.png")
-        paths += ["--image", str(tmp_path / f"{i}.png")]
     words = [3, 4, PIXTRAL_IMAGE, 5, PIXTRAL_IMAGE, 6, 7, PIXTRAL_IMAGE, 8, 9]
     reference = pixtral_inputs(processor, images)
     ids = written_prompt(words, reference["image_sizes"])
@@ -125,11 +118,7 @@ def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path)
     _, tokenizer = minimlx.load(folder, dtype="float32")
     ours = [r.token for r in minimlx.stream_generate(model, tokenizer, words, images=images, max_tokens=8)]
     assert len(ours) >= 2 and ours == theirs[: len(ours)]
-    prompt = " ".join(f"w{i}" for i in words)
-    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "8", "--temp", "0"]
-    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
-    assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == tokenizer.decode(ours).strip()
+    check_run_with_images(folder, words, images, tokenizer.decode(ours), tmp_path)
 
 
 def mlx_vlm_name(name: str, w: np.ndarray) -> tuple[str, np.ndarray]:

@@ -116,6 +116,24 @@ def with_character_tokenizer(folder: Path) -> None:
     save_character_tokenizer(folder)
 
 
+def check_run_with_images(folder: Path, words: list[int], images: list, expected: str, tmp_path: Path) -> None:
+    """`minimlx run --image` with `images` saved as PNG files, on the word tokenizer's prompt of `words` (greedy, 8
+    tokens, no chat template), prints `expected`."""
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+
+    paths = []
+    for i, picture in enumerate(images):
+        picture.save(tmp_path / f"{i}.png")
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+    prompt = " ".join(f"w{i}" for i in words)
+    options = ["--model", str(folder), "--dtype", "float32", "--no-chat-template", "--max-tokens", "8", "--temp", "0"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == expected.strip()
+
+
 def image_prompt(text_ids: list[int], images: int, before: int = 3) -> list[int]:
     """`text_ids` with `images` image start tokens, each after `before` text tokens."""
     out = []
@@ -318,6 +336,112 @@ def pixtral_layout(height: int, width: int) -> list[int]:
     side = PIXTRAL_PATCH * PIXTRAL_MERGE
     places = ([PIXTRAL_IMAGE] * (width // side) + [PIXTRAL_BREAK]) * (height // side)
     return places[:-1] + [PIXTRAL_END]
+
+
+# Gemma 4: a tower of 4-pixel patches pooled 2 x 2 into each soft token, pictures resized to at most 70 soft tokens
+# (280 patches) at their own aspect; in the prompt `<|image|>` once per image, written out as `<|image>`, a soft token
+# per place, `<image|>`. Its image tokens see each other both ways in the sliding layers, whose windows (8) are
+# shorter than an image's tokens.
+GEMMA4_IMAGE, GEMMA4_START, GEMMA4_END = IMAGE_TOKEN, IMAGE_START, IMAGE_END
+GEMMA4_PATCH, GEMMA4_POOLING, GEMMA4_SOFT_TOKENS = 4, 2, 70
+
+GEMMA4_IMAGE_TEXT = dict(
+    text_config=dict(
+        model_type="gemma4_text",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        num_kv_shared_layers=1,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=1024,
+        use_bidirectional_attention="vision",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    vision_config=dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=GEMMA4_PATCH,
+        pooling_kernel_size=GEMMA4_POOLING,
+        position_embedding_size=160,
+        standardize=True,
+        use_clipped_linears=True,
+    ),
+    audio_config=None,
+    image_token_id=GEMMA4_IMAGE,
+    boi_token_id=GEMMA4_START,
+    eoi_token_id=GEMMA4_END,
+    # the audio and video tokens, beyond any test's ids (transformers reads their places as padding)
+    audio_token_id=1000,
+    boa_token_id=1001,
+    eoa_token_index=1002,
+    video_token_id=1003,
+    tie_word_embeddings=True,
+)
+
+
+def save_gemma4_image_text(folder: Path, seed: int = 0, outer: dict | None = None, **text):
+    """The tiny random Gemma4ForConditionalGeneration (its text config updated with `text`, its own with `outer`)
+    saved to `folder` with Gemma 4's image processor (the Pillow one) and a word tokenizer; returns the torch model
+    and the transformers image processor."""
+    transformers = require("transformers")
+    config = {**GEMMA4_IMAGE_TEXT, **(outer or {}), "text_config": {**GEMMA4_IMAGE_TEXT["text_config"], **text}}
+    torch = require("torch")
+    model = save_reference(
+        folder, "Gemma4Config", seed, ("std_bias", "std_scale"), model_class="Gemma4ForConditionalGeneration", **config
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # the clipped linears' bounds where they clamp some of the values, not at infinity
+        for name, bound in model.named_buffers():
+            if name.endswith(("_min", "_max")):
+                width = 0.5 + 2 * torch.rand((), generator=generator)
+                bound.fill_(-width if name.endswith("_min") else width)
+    model.save_pretrained(folder, safe_serialization=True)
+    processor = transformers.Gemma4ImageProcessorPil(
+        patch_size=GEMMA4_PATCH, pooling_kernel_size=GEMMA4_POOLING, max_soft_tokens=GEMMA4_SOFT_TOKENS
+    )
+    processor.save_pretrained(folder)
+    save_tokenizer(folder, eos="w2")
+    return model, processor
+
+
+def gemma4_inputs(processor, images) -> dict:
+    """transformers' image inputs of `images`: pixel_values, image_position_ids (torch) and each image's soft
+    tokens."""
+    torch = require("torch")
+    out = processor(images=images, return_tensors="np")
+    return {
+        "pixel_values": torch.tensor(out["pixel_values"]),
+        "image_position_ids": torch.tensor(out["image_position_ids"]),
+        "soft_tokens": [int(n) for n in out["num_soft_tokens_per_image"]],
+    }
+
+
+def save_gemma4_chat(folder: Path, seed: int = 0):
+    """`save_gemma4_image_text`'s model over the character tokenizer and its chat template (its image begin, end and
+    soft tokens the tokenizer's special ones; the prompt writes the soft token once per image)."""
+    outer = dict(boi_token_id=CHAT_IMAGE_START, eoi_token_id=CHAT_IMAGE_END, image_token_id=CHAT_IMAGE_TOKEN)
+    outer |= dict(tie_word_embeddings=False)  # a head of its own: tied, each token's logits would favour itself
+    vocab = EOS + len(SPECIALS)
+    text = dict(vocab_size=vocab, vocab_size_per_layer_input=vocab, eos_token_id=EOS, bos_token_id=EOS)
+    text |= dict(tie_word_embeddings=False, sliding_window=48)  # sliding layers see the image from a short question
+    model, processor = save_gemma4_image_text(folder, seed, outer, **text)
+    with_character_tokenizer(folder)
+    return model, processor
 
 
 # Idefics3 / SmolVLM: the character tokenizer with the processor's tokens; tiles of 28 pixels, 4 x 4 patches of 7

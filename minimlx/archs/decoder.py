@@ -35,6 +35,7 @@ from ..core import (
     Transformer,
 )
 from ..core.ffn import ACTIVATIONS
+from ..core.vision import PlacedImages
 from ..errors import UnsupportedArchitectureError
 from .config import MAX_LAYERS, flag, number, require, rope_scaling
 from .experts import GATE_FIRST, MoEConfig, stack_experts
@@ -386,6 +387,22 @@ class DecoderConfig:
         raise NotImplementedError(f"{type(self).__name__} reads no images")
 
     images_both_ways: ClassVar[bool] = False  # whether an image's soft tokens see each other both ways
+    images_both_ways_windowed_only: ClassVar[bool] = False  # ... in sliding-window layers only (global: causal)
+    image_stand_in: ClassVar[int | None] = None  # the token an image's places read as for the per-layer inputs
+
+    def place_images(self, ids, features, places: Sequence[int], axes=None):
+        """`features` (the soft tokens of images of `places` places) placed in a prompt's `ids` as the family reads
+        them (`core.vision.PlacedImages`): both ways or not, the per-layer inputs' stand-in, `axes` (`image_axes`)."""
+        return PlacedImages.at(
+            ids,
+            self.image_token,
+            features,
+            places,
+            self.images_both_ways,
+            axes,
+            windowed_only=self.images_both_ways_windowed_only,
+            stand_in=self.image_stand_in,
+        )
 
     def image_places(self, image) -> int:
         """How many places (soft tokens) one image (an `ImageInput`) takes in the prompt."""

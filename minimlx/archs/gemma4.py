@@ -20,18 +20,20 @@ llama.cpp's `gemma4` files give the global layers' head width as `attention.key_
 """
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
 from ..core import RMSNorm
 from ..core.ffn import ACTIVATIONS
+from ..core.pooled_grid_vision import PooledGridEncoder
 from ..errors import UnsupportedArchitectureError
 from .config import choice, flag, number, require, rope_scaling
 from .decoder import DecoderConfig
 from .experts import MoEConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import ImageText, text_model_names
+from .image_text import ImageText, text_model_names, with_vision_names
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES
 from .registry import register
 
@@ -169,7 +171,7 @@ class Gemma4TextConfig(DecoderConfig):
     @classmethod
     def from_config(cls, config: dict):
         c = {**cls.defaults, **config}
-        if c.get("use_bidirectional_attention"):
+        if c.get("use_bidirectional_attention") not in (None, "vision"):  # "vision": the image-text model's (below)
             raise UnsupportedArchitectureError("bidirectional Gemma 4 (use_bidirectional_attention) is not supported")
         if "rope_theta" not in config:  # transformers' RoPE for each kind
             c["rope_scaling"], c["partial_rotary_factor"] = {"rope_type": "proportional"}, 0.25
@@ -290,13 +292,163 @@ class Gemma4TextConfig(DecoderConfig):
         return self.without_shared_kv(weights)
 
 
+VISION_TOWER_NAMES = [
+    ("patch_embedder.input_proj.", "vision.embed.proj."),
+    ("patch_embedder.position_embedding_table", "vision.embed.position_table"),
+    ("encoder.layers.{i}.input_layernorm.", "vision.layers.{i}.attn_norm."),
+    ("encoder.layers.{i}.post_attention_layernorm.", "vision.layers.{i}.post_attn_norm."),
+    ("encoder.layers.{i}.pre_feedforward_layernorm.", "vision.layers.{i}.ffn_norm."),
+    ("encoder.layers.{i}.post_feedforward_layernorm.", "vision.layers.{i}.post_ffn_norm."),
+    ("encoder.layers.{i}.self_attn.", "vision.layers.{i}.attn."),
+    ("encoder.layers.{i}.mlp.", "vision.layers.{i}.ffn."),  # each map's `.linear.` and, clipped, its bounds
+    ("std_bias", "vision.std_bias"),
+    ("std_scale", "vision.std_scale"),
+]
+VISION_PROJECTOR_NAMES = [("embed_vision.embedding_projection.", "vision.projection.")]
+AUDIO = [r"(^|\.)audio_tower\.", r"(^|\.)embed_audio\."]
+
+
+@dataclass(frozen=True)
+class Gemma4VisionSettings:
+    """Gemma 4's vision tower (`vision_config`): its sizes, patches and the squares pooled into each soft token."""
+
+    dims: int
+    ffn_dims: int
+    layers: int
+    heads: int
+    head_dims: int
+    patch: int
+    pooling: int
+    table_size: int
+    rope_base: float
+    eps: float
+    activation: str
+    standardize: bool
+    clipped: bool  # each block's linear maps clamp their input and output
+
+    @classmethod
+    def from_config(cls, v: dict) -> "Gemma4VisionSettings":
+        heads = number(v, "num_attention_heads", 12)
+        require(
+            number(v, "num_key_value_heads", heads) == heads,
+            "the Gemma 4 vision tower's num_key_value_heads must equal its num_attention_heads",
+        )
+        rope = v.get("rope_parameters") or {}
+        return cls(
+            dims=number(v, "hidden_size", 768),
+            ffn_dims=number(v, "intermediate_size", 3072),
+            layers=number(v, "num_hidden_layers", 16),
+            heads=heads,
+            head_dims=number(v, "head_dim", 64),
+            patch=number(v, "patch_size", 16),
+            pooling=number(v, "pooling_kernel_size", 3),
+            table_size=number(v, "position_embedding_size", 10240),
+            rope_base=float(rope.get("rope_theta", 100.0)),
+            eps=number(v, "rms_norm_eps", 1e-6, float),
+            activation=choice(v, "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS),
+            standardize=flag(v, "standardize"),
+            clipped=flag(v, "use_clipped_linears"),
+        )
+
+
 @register("gemma4")
 @dataclass
 class Gemma4Config(ImageText, Gemma4TextConfig):
-    """The text model of Gemma 4's image-text checkpoints (their vision and audio towers skipped), tied unless the
-    checkpoint says not."""
+    """Gemma 4's image-text checkpoints: the text model (tied unless the checkpoint says not) and, where the config
+    has a `vision_config`, the vision tower whose soft tokens stand at the image token's places; the audio tower is
+    skipped. The prompt writes the image token once per image; it is written out as the processor does: the image
+    start token, one image token per soft token, the image end token. With the text model's
+    `use_bidirectional_attention: "vision"`, an image's tokens see each other both ways in the sliding layers (the
+    global ones read them causally); the per-layer inputs read an image's places as the padding token."""
 
     example_config = {"model_type": "gemma4", "text_config": Gemma4TextConfig.example_config}
-    names = text_model_names(GEMMA4_NAMES)
+    names = with_vision_names(
+        text_model_names(GEMMA4_NAMES),
+        ("model.vision_tower.", "vision_tower."),
+        VISION_TOWER_NAMES,
+        VISION_PROJECTOR_NAMES,
+        drop=[r"\.self_attn\.rotary_emb\.", *AUDIO],
+    )
     image_text_type = "gemma4"
     inherited = {"tie_word_embeddings": True}
+    reads_images = True
+    images_both_ways_windowed_only = True
+
+    vision: Gemma4VisionSettings | None = None
+    vision_both_ways: bool = False
+    pad_token: int = 0
+    image_token: int = 258880
+    image_start_token: int = 258880  # the prompt writes the image token itself where an image goes
+    image_begin_token: int = 255999
+    image_end_token: int = 258882
+
+    @classmethod
+    def from_config(cls, config: dict):
+        arch = super().from_config(config)
+        vision = config.get("vision_config")
+        if not isinstance(vision, dict):
+            return arch
+        text = config.get("text_config") or {}
+        image = number(config, "image_token_id", 258880, low=0)
+        return replace(
+            arch,
+            vision=Gemma4VisionSettings.from_config(vision),
+            vision_both_ways=text.get("use_bidirectional_attention") == "vision",
+            pad_token=number(text, "pad_token_id", 0, low=0),
+            image_token=image,
+            image_start_token=image,
+            image_begin_token=number(config, "boi_token_id", 255999, low=0),
+            image_end_token=number(config, "eoi_token_id", 258882, low=0),
+        )
+
+    @property
+    def images_both_ways(self) -> bool:
+        return self.vision_both_ways
+
+    @property
+    def image_stand_in(self) -> int:
+        return self.pad_token
+
+    def image_encoder(self) -> PooledGridEncoder | None:
+        v = self.vision
+        if v is None:
+            return None
+        return PooledGridEncoder(
+            v.dims,
+            v.ffn_dims,
+            v.layers,
+            v.heads,
+            v.head_dims,
+            3 * v.patch * v.patch,
+            v.table_size,
+            v.pooling,
+            self.dims,
+            v.rope_base,
+            v.eps,
+            v.activation,
+            v.standardize,
+            v.clipped,
+        )
+
+    def image_processor(self, settings: dict):
+        from ..vision.patches import PooledPatches
+
+        return PooledPatches.from_config(settings)
+
+    def image_places(self, image) -> int:
+        rows, cols = image.grid
+        return rows * cols // self.vision.pooling**2
+
+    def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
+        """Each lone image token (as the chat template writes one per image) written out as the processor does: the
+        image start token, the image's places, the image end token; images already written out are kept."""
+        out, image = [], 0
+        for i, token in enumerate(ids):
+            lone = token == self.image_token and (i == 0 or ids[i - 1] not in (token, self.image_begin_token))
+            lone = lone and (i + 1 == len(ids) or ids[i + 1] != token)
+            if lone and image < len(images):
+                out += [self.image_begin_token, *[token] * self.image_places(images[image]), self.image_end_token]
+            else:
+                out.append(token)
+            image += token == self.image_token and (i == 0 or ids[i - 1] != token)
+        return out

@@ -89,13 +89,12 @@ class ImageText:
         return super().from_config(text_config(config, cls.image_text_type, cls.inherited))
 
     def convert_weights(self, weights: dict) -> dict:
-        skipped = len(weights) - len(NameMap([], drop=list(TOWERS)).to_ours(weights))
-        if skipped and not self.reads_images:
-            log.warning(
-                "%s: the text model is read; its towers' (vision, audio) %d tensors are skipped",
-                self.image_text_type,
-                skipped,
-            )
+        towers = {k: v for k, v in weights.items() if k not in NameMap([], drop=list(TOWERS)).to_ours({k: v})}
+        skipped = len(towers) - len(self.names.to_ours(towers))
+        if skipped:
+            read = "the text model and its vision tower are" if self.reads_images else "the text model is"
+            which = "other towers'" if self.reads_images else "towers' (vision, audio)"
+            log.warning("%s: %s read; its %s %d tensors are skipped", self.image_text_type, read, which, skipped)
         return super().convert_weights(weights)
 
 

@@ -55,16 +55,19 @@ QWEN2_VL_MLP_NAMES = [
 
 
 def qwen_vl_names(tower: list[tuple[str, str]]) -> NameMap:
-    """The tower's names under `visual.` and the text model's: the published layout (written back by `convert`),
-    then transformers 5's in-memory one."""
+    """The tower's names and the text model's: the published layout (written back by `convert`), transformers 5's
+    in-memory one (`model.visual.`, `model.language_model.`) and mlx-vlm's (`vision_tower.`,
+    `language_model.model.`, `language_model.lm_head.`)."""
+    text = LLAMA_NAMES.templates
     return NameMap(
-        [(prefix + theirs, "vision." + ours) for prefix in ("visual.", "model.visual.") for theirs, ours in tower]
-        + LLAMA_NAMES.templates
-        + [
-            ("model.language_model." + t.removeprefix("model."), o)
-            for t, o in LLAMA_NAMES.templates
-            if t.startswith("model.")
-        ],
+        [
+            (prefix + theirs, "vision." + ours)
+            for prefix in ("visual.", "model.visual.", "vision_tower.")
+            for theirs, ours in tower
+        ]
+        + text
+        + [("model.language_model." + t.removeprefix("model."), o) for t, o in text if t.startswith("model.")]
+        + [("language_model." + t, o) for t, o in text],
         drop=LLAMA_NAMES.drop_patterns,
     )
 
@@ -288,9 +291,18 @@ class QwenImages:
         return np.concatenate(axes, axis=1)
 
     def convert_weights(self, weights: dict) -> dict:
-        """The text model's and the tower's tensors; the patch embedding's (dims, channels, frames, p, p) kernel
-        flattened."""
-        return flattened_kernel(super().convert_weights(weights), "vision.embed.proj.weight")
+        """The text model's and the tower's tensors; the patch embedding's kernel, (dims, channels, frames, p, p) as
+        torch writes it or (dims, frames, p, p, channels) as mlx-vlm does, flattened in (channel, frame, row, column)
+        order."""
+        weights, name, v = super().convert_weights(weights), "vision.embed.proj.weight", self.vision
+        if v is not None and name in weights and weights[name].ndim == 5:
+            torch_order, channels_last = (
+                (v.channels, v.frames, v.patch, v.patch),
+                (v.frames, v.patch, v.patch, v.channels),
+            )
+            if weights[name].shape[1:] == channels_last != torch_order:
+                weights[name] = weights[name].transpose(0, 4, 1, 2, 3)
+        return flattened_kernel(weights, name)
 
     def export_weights(self, weights: dict) -> dict:
         v = self.vision

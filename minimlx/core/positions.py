@@ -43,6 +43,7 @@ class Positions:
     def __init__(self, tokens: int, offset: int | mx.array = 0, blocks: mx.array | None = None):
         self.tokens, self.offset = tokens, offset
         self.blocks = blocks  # (tokens,) block numbers, -1 outside blocks: a block's tokens see each other both ways
+        self.blocks_windowed_only = False  # the blocks open in sliding-window layers only
         # (axes, tokens) positions along each axis where they are not `offset` onward along all (an image's tokens
         # under a multimodal RoPE, in a prompt's first pass)
         self.axes: mx.array | None = None
@@ -63,7 +64,8 @@ class Positions:
         kind = (type(cache), window, chunk)
         if kind not in self.masks:
             mask = cache.mask(self.tokens) if cache is not None else causal(self.tokens, window, chunk)
-            self.masks[kind] = mask if self.blocks is None else self.with_blocks(mask, window)
+            closed = self.blocks is None or (window is None and self.blocks_windowed_only)
+            self.masks[kind] = mask if closed else self.with_blocks(mask, window)
         return self.masks[kind]
 
     def with_blocks(self, mask, window: int | None) -> mx.array:

@@ -101,12 +101,13 @@ class Transformer(nn.Module):
         if images is not None:
             x = images.scatter(x)
             positions.blocks, positions.axes = images.blocks, images.axes
+            positions.blocks_windowed_only = images.windowed_only
         if "positions" in self:
             start = positions.offset
             start = start[:, None] if isinstance(start, mx.array) else start  # one start per row when rows are padded
             x = x + self.positions(start + mx.arange(ids.shape[1]))
-        if "layer_inputs" in self:
-            positions.layer_inputs = self.layer_inputs(ids, x)
+        if "layer_inputs" in self:  # an image's places read as its stand-in token, and as its soft tokens
+            positions.layer_inputs = self.layer_inputs(ids if images is None else images.text_ids(ids), x)
         return x, positions
 
     def encode_images(self, images) -> mx.array:

@@ -220,16 +220,28 @@ class PlacedImages:
     blocks: mx.array | None = None
     axes: mx.array | None = None  # (3, tokens): each prompt token's position along each axis (a multimodal RoPE)
     deepstack: mx.array | None = None
+    windowed_only: bool = False  # the blocks open in sliding-window layers only; global layers read images causally
+    stand_in: int | None = None  # the token an image's places read as for per-layer inputs (else the image token)
 
     @classmethod
     def at(
-        cls, ids, image_token: int, features: mx.array, places: Sequence[int], both_ways: bool, axes=None
+        cls,
+        ids,
+        image_token: int,
+        features: mx.array,
+        places: Sequence[int],
+        both_ways: bool,
+        axes=None,
+        windowed_only: bool = False,
+        stand_in: int | None = None,
     ) -> "PlacedImages":
         """`features` (tokens, dims) at the places of `image_token` in `ids` (one prompt's ids), image after image:
         image i takes the next `places[i]` of them (a run, or several where the family's layout breaks an image's
         places with other tokens); with `both_ways`, each image's tokens see each other both ways; `axes` (3, tokens)
-        the prompt's positions along each axis where a multimodal RoPE turns them. `features` of
-        (1 + levels, tokens, dims) (an encoder with DeepStack levels) are the soft tokens and those levels."""
+        the prompt's positions along each axis where a multimodal RoPE turns them; `windowed_only`: both ways in the
+        sliding-window layers alone; `stand_in`: the token the image places read as for what a model reads of the
+        tokens besides their embeddings (per-layer inputs). `features` of (1 + levels, tokens, dims) (an encoder with
+        DeepStack levels) are the soft tokens and those levels."""
         deepstack = None
         if features.ndim == 3:
             features, deepstack = features[0], features[1:]
@@ -242,7 +254,15 @@ class PlacedImages:
             )
         blocks = mx.array(image_owners(ids, image_token, places)) if both_ways else None
         axes = None if axes is None else mx.array(np.asarray(axes)[:, : len(ids)])
-        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes, deepstack)
+        return cls(features, mx.array(np.nonzero(is_image)[0]), blocks, axes, deepstack, windowed_only, stand_in)
+
+    def text_ids(self, ids: mx.array) -> mx.array:
+        """ids (1, tokens) with the image places as the `stand_in` token (as they are without one)."""
+        if self.stand_in is None:
+            return ids
+        ids = mx.array(ids)
+        ids[:, self.where] = self.stand_in
+        return ids
 
     def scatter(self, x: mx.array) -> mx.array:
         """Embeddings x (1, tokens, dims) with the image tokens' replaced by the features."""

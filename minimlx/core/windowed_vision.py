@@ -96,6 +96,14 @@ class PlanarRotary:
         turns = mx.array(np.concatenate([turns, turns], axis=-1))
         return mx.cos(turns), mx.sin(turns)
 
+    def half_angles(self, positions: np.ndarray) -> tuple[mx.array, mx.array]:
+        """positions (patches, 2) -> cos, sin (patches, head_dims) laid out for `rotate_each_half`: the first half of
+        the head turned by the first axis alone, the second by the second (Gemma 4's axial RoPE), at the same
+        frequencies."""
+        turns = positions[:, :, None].astype(np.float32) * self.inv_freq  # (patches, 2, head_dims / 4)
+        turns = mx.array(np.concatenate([turns[:, 0], turns[:, 0], turns[:, 1], turns[:, 1]], axis=-1))
+        return mx.cos(turns), mx.sin(turns)
+
 
 def rotate_halves(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     """x (heads, tokens, head_dims) turned by rotate-half pairs in float32, in x's dtype."""
@@ -103,6 +111,19 @@ def rotate_halves(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     y = x.astype(mx.float32)
     turned = mx.concatenate([-y[..., half:], y[..., :half]], axis=-1)
     return (y * cos + turned * sin).astype(x.dtype)
+
+
+def rotate_each_half(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    """x (heads, tokens, head_dims) with each half of every head turned by rotate-half pairs within it (angles from
+    `PlanarRotary.half_angles`)."""
+    half = x.shape[-1] // 2
+    return mx.concatenate(
+        [
+            rotate_halves(x[..., :half], cos[..., :half], sin[..., :half]),
+            rotate_halves(x[..., half:], cos[..., half:], sin[..., half:]),
+        ],
+        axis=-1,
+    )
 
 
 @dataclass(frozen=True)

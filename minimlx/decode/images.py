@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..core.vision import ImageInput, PlacedImages, image_owners
+from ..core.vision import ImageInput, image_owners
 from ..errors import InvalidSettingError
 from ..vision import ImageLimits
 from .prefill import marked
@@ -118,7 +118,7 @@ class PromptImages:
         images' soft tokens in place (those `encoded` keeps reused); evaluated."""
         encoded = EncodedImages(0) if encoded is None else encoded
         features = encoded(model, self.inputs, self.digests, self.places)
-        placed = PlacedImages.at(ids, self.token, features, self.places, model.config.images_both_ways, self.axes)
+        placed = model.config.place_images(ids, features, self.places, self.axes)
         marked(cache)
         model(mx.array([ids]), cache, images=placed, last_only=True)
         if self.axes is not None:

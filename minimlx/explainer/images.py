@@ -86,7 +86,7 @@ class ExplainedImage:
         """The soft tokens in place in `ids` (as `ids` wrote them out)."""
         config = self.model.config
         axes = config.image_axes(ids, [self.image])
-        return PlacedImages.at(ids, config.image_token, self.features, [self.tokens], config.images_both_ways, axes)
+        return config.place_images(ids, self.features, [self.tokens], axes)
 
     def panel(self, ids: list[int]) -> dict:
         """What the image panel draws for the prompt `ids`: the picture, its grids, and the [start, stop) of its

@@ -71,3 +71,56 @@ class DynamicResolutionPatches(ImageProcessor):
         x = x.reshape(3, rows // m, m, p, cols // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
         x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], self.frames, p, p))
         return ImageInput(np.ascontiguousarray(x.reshape(rows * cols, -1)), (1, rows, cols))
+
+
+def fit_patch_budget(height: int, width: int, patch: int, max_patches: int, pooling: int) -> tuple[int, int]:
+    """The largest (height, width) at the picture's aspect with at most `max_patches` patches of `patch` pixels and
+    sides multiples of `pooling` patches; a side that would round to nothing gets one `pooling` square, the other
+    side its aspect's whole multiple (transformers' Gemma 4 `get_aspect_ratio_preserving_size`)."""
+    factor = math.sqrt(max_patches * patch * patch / (height * width))
+    side = pooling * patch
+    h, w = math.floor(factor * height / side) * side, math.floor(factor * width / side) * side
+    longest = max_patches // pooling**2 * side
+    if h == 0 and w == 0:
+        raise InvalidSettingError(f"an image of {width} x {height} pixels is too small to cut into patches")
+    if h == 0:
+        h, w = side, min(width // height * side, longest)
+    elif w == 0:
+        h, w = min(height // width * side, longest), side
+    if h * w > max_patches * patch * patch:
+        raise InvalidSettingError(f"an image of {width} x {height} pixels is too thin for {max_patches} patches")
+    return h, w
+
+
+@dataclass(frozen=True)
+class PooledPatches(ImageProcessor):
+    """Pictures resized at their own aspect to fit `max_soft_tokens` soft tokens (`fit_patch_budget`), rescaled (no
+    normalising by default), cut into `patch` x `patch` patches flattened (row, column, channel), row-major: pixels
+    (patches, patch * patch * channels), grid (rows, columns) of patches (Gemma 4's processor, less its padding)."""
+
+    patch: int
+    pooling: int
+    max_soft_tokens: int
+    resample: int = Image.Resampling.BICUBIC
+    normalisation: Normalisation = Normalisation(mean=None, std=None)
+
+    @classmethod
+    def from_config(cls, config: dict) -> "PooledPatches":
+        return cls(
+            patch=int(config.get("patch_size", 16)),
+            pooling=int(config.get("pooling_kernel_size", 3)),
+            max_soft_tokens=int(config.get("max_soft_tokens", 280)),
+            resample=int(config.get("resample", Image.Resampling.BICUBIC)),
+            normalisation=Normalisation.from_config({"do_normalize": False, **config}, (0.0,) * 3, (1.0,) * 3),
+        )
+
+    def prepare(self, image: Image.Image) -> ImageInput:
+        height, width = fit_patch_budget(
+            image.height, image.width, self.patch, self.max_soft_tokens * self.pooling**2, self.pooling
+        )
+        if image.size != (width, height):
+            image = image.resize((width, height), resample=self.resample)
+        x = self.normalisation(image)
+        rows, cols, p = height // self.patch, width // self.patch, self.patch
+        patches = x.reshape(-1, rows, p, cols, p).transpose(1, 3, 2, 4, 0).reshape(rows * cols, -1)
+        return ImageInput(np.ascontiguousarray(patches), (rows, cols))
