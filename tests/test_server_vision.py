@@ -17,8 +17,10 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from models import TINY_LLAMA, write_model
+from PIL import Image
 from reference import require
 from vision_models import (
     CHAT_IMAGE_TOKEN,
@@ -33,7 +35,7 @@ from vision_models import (
 
 import minimlx
 from minimlx.decode import Engine
-from minimlx.vision import open_image
+from minimlx.vision import ImageLimits, open_image
 
 pytestmark = pytest.mark.slow  # servers
 MAX_TOKENS = 8
@@ -470,6 +472,35 @@ def test_bad_images_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3
     text_only = InProcessServer(tmp_path / "llama", "tiny")
     with text_only.client:
         refused(text_only, png.getvalue(), 400, "image input is not supported by this model")
+        assert text_only.client.get("/v1/models").json()["data"][0]["input_modalities"] == ["text"]
+    assert served.client.get("/v1/models").json()["data"][0]["input_modalities"] == ["text", "image"]
+
+
+def test_image_limits_are_refused_in_each_apis_shape_and_the_server_goes_on(gemma3):
+    """Serve's --max-image-pixels, --max-image-mb and --max-images: each refused (400) within 2 s by every API."""
+    served, *_ = gemma3
+    from minimlx.server.models import Serving
+
+    limits = ImageLimits(max_pixels=64 * 64, max_bytes=5_000, max_images=1)
+    limited = InProcessServer(served.folder, "tiny", Serving(image_limits=limits))
+    rng = np.random.default_rng(0)
+    noise, wide, small = (io.BytesIO() for _ in range(3))
+    Image.fromarray(rng.integers(0, 256, (60, 60, 3), dtype=np.uint8)).save(noise, "PNG")  # 3,600 pixels, > 5 kB
+    Image.new("RGB", (120, 40), (200, 30, 90)).save(wide, "PNG")  # 4,800 pixels, a few bytes
+    Image.new("RGB", (30, 30), (20, 130, 90)).save(small, "PNG")
+    with limited.client:
+        refused(limited, noise.getvalue(), 400, "bytes, more than the 5,000 read per image")
+        refused(limited, wide.getvalue(), 400, "120 x 40 pixels", "4,096")
+        two = chat_content(open_image(small.getvalue())) + chat_content(open_image(small.getvalue()))
+        body = {"model": "tiny", "messages": [{"role": "user", "content": two}], "max_tokens": 2}
+        response = limited.client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400 and "2 images came, more than the 1" in response.json()["error"]["message"]
+        answer = limited.openai().chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": chat_content(open_image(small.getvalue()))}],
+            max_tokens=2,
+        )
+        assert answer.choices[0].finish_reason in ("stop", "length")
 
 
 class PictureHost(http.server.BaseHTTPRequestHandler):

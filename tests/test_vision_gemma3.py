@@ -159,6 +159,25 @@ def test_run_with_a_missing_image_says_so_in_one_line(tmp_path):
     one_line_error(result, "--image", "absent.png", "no such file")
 
 
+def test_run_refuses_images_past_its_limits_in_one_line(gemma3, tmp_path):
+    from click.testing import CliRunner
+    from command_line import one_line_error
+
+    from minimlx.cli import main
+
+    folder, *_ = gemma3
+    paths = []
+    for i, picture in enumerate(pictures()[:2]):
+        picture.save(tmp_path / f"{i}.png")
+        paths += ["--image", str(tmp_path / f"{i}.png")]
+    prompt = " ".join(f"w{i}" for i in image_prompt(TEXT_IDS[:8], 2))
+    options = ["--model", str(folder), "--no-chat-template", "--max-tokens", "2"]
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths, "--max-images", "1"])
+    one_line_error(result, "2 images came, more than the 1")
+    result = CliRunner().invoke(main, ["run", prompt, *options, *paths, "--max-image-pixels", "1000"])
+    one_line_error(result, "more than the 1,000 read")
+
+
 def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
     """The tensors written back (the published checkpoints' names: `vision_tower.vision_model.*`, the patch kernel
     (dims, channels, p, p)) load into the same soft tokens."""
@@ -175,3 +194,26 @@ def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
     pixels = [ImageInput(p) for p in reference_pixels(processor, pictures())]
     published = minimlx.load_model(tmp_path, dtype="float32")
     assert np.array_equal(np.array(published.encode_images(pixels)), np.array(model.encode_images(pixels)))
+
+
+def test_encoded_images_keep_the_latest_within_their_bytes(gemma3, monkeypatch):
+    """EncodedImages gives the encoder's soft tokens, encodes only the images it does not keep, and keeps the most
+    recently used within its bytes."""
+    from minimlx.decode.images import EncodedImages
+
+    *_, model = gemma3
+    inputs = FixedSizeImages.from_folder(gemma3[0])(pictures())
+    digests, places = [image.digest for image in inputs], [TOKENS_PER_IMAGE] * 3
+    expected = np.array(model.encode_images(inputs))
+    calls = []
+    encode = type(model).encode_images
+    monkeypatch.setattr(
+        type(model), "encode_images", lambda self, images: calls.append(len(images)) or encode(self, images)
+    )
+    one = expected.nbytes // 3
+    kept = EncodedImages(max_bytes=2 * one)
+    assert np.allclose(np.array(kept(model, inputs[:2], digests[:2], places[:2])), expected[: 2 * TOKENS_PER_IMAGE])
+    assert np.allclose(np.array(kept(model, inputs, digests, places)), expected, atol=1e-6)
+    assert calls == [2, 1] and kept.bytes == 2 * one and list(kept.entries) == [digests[1], digests[2]]
+    kept(model, inputs[::-1], digests[::-1], places)  # the second and third kept, the first encoded again
+    assert calls == [2, 1, 1] and list(kept.entries) == [digests[1], digests[0]]

@@ -23,6 +23,7 @@ from minimlx.core.windowed_vision import window_order
 from minimlx.decode import Engine, Request, SamplingSettings
 from minimlx.decode.generate import make_cache
 from minimlx.decode.images import PromptImages
+from minimlx.errors import InvalidSettingError
 from minimlx.vision.patches import DynamicResolutionPatches
 
 pytestmark = pytest.mark.slow  # a transformers model is built (5 s)
@@ -197,6 +198,81 @@ def assert_written_back_as_saved(model, folder) -> None:
 def test_the_published_layout_is_written_back(qwen):
     folder, *_, model, _ = qwen
     assert_written_back_as_saved(model, folder)
+
+
+def test_an_image_read_again_is_not_encoded_again_and_answers_as_a_cold_read(qwen, monkeypatch):
+    """With no prompt cache the next turn is read again from its start, its image's soft tokens kept from the turn
+    before (the encoder runs once, for the first turn); its ids equal a cold engine's, whose encoder runs."""
+    _, _, _, model, tokenizer = qwen
+    calls = []
+    encode = type(model).encode_images
+    monkeypatch.setattr(
+        type(model), "encode_images", lambda self, images: calls.append(len(images)) or encode(self, images)
+    )
+    picture = pictures(QWEN_SHAPES)[:1]
+    settings = SamplingSettings(max_tokens=4)
+    first = image_prompt(TEXT_IDS[:8], 1)
+    follow = first + TEXT_IDS[20:26]
+
+    def answer(engine, ids):
+        ids, placed = PromptImages.read(model, ids, picture)
+        generation = engine.submit(Request(ids, settings, stop_ids=frozenset(), images=placed))
+        while generation.running:
+            engine.step()
+        return list(generation.tokens)
+
+    engine = Engine(model, tokenizer)
+    answer(engine, first)
+    assert calls == [1]
+    warm = answer(engine, follow)
+    assert calls == [1]  # not encoded again
+    assert warm == answer(Engine(model, tokenizer), follow) and calls == [1, 1]
+
+
+def test_batch_generate_takes_images_per_prompt(qwen):
+    """Two image prompts (different pictures) and a text prompt decode together, each as `generate` answers it alone."""
+    _, _, _, model, tokenizer = qwen
+    two = pictures(QWEN_SHAPES)[:2]
+    prompts = [image_prompt(TEXT_IDS[:8], 1), image_prompt(TEXT_IDS[5:12], 1), TEXT_IDS[10:20]]
+    images = [[two[0]], [two[1]], None]
+    together = minimlx.batch_generate(model, tokenizer, prompts, images=images, max_tokens=5, temperature=0)
+    alone = [minimlx.generate(model, tokenizer, p, images=i, max_tokens=5) for p, i in zip(prompts, images)]
+    assert together == alone and len(set(together)) == 3
+    with pytest.raises(InvalidSettingError, match="one per prompt"):
+        minimlx.batch_generate(model, tokenizer, prompts, images=images[:2])
+
+
+def test_chat_sends_an_image_with_the_next_message(qwen, tmp_path):
+    """`/image PATH` puts the picture before the next message's text; the turn after it prefills only its own tokens
+    and answers as a cold read of the whole conversation does."""
+    from click.testing import CliRunner
+
+    from minimlx.cli import main
+    from minimlx.decode import Conversation
+
+    folder, *_, model, tokenizer = qwen
+    picture = pictures(QWEN_SHAPES)[2]
+    picture.save(tmp_path / "p.png")
+    options = ["--model", str(folder), "--dtype", "float32", "--max-tokens", "5", "--temp", "0"]
+    lines = f"/image {tmp_path / 'absent.png'}\n/image {tmp_path / 'p.png'}\nDescribe it.\nAnd the colours?\n"
+    result = CliRunner().invoke(main, ["chat", *options], input=lines)
+    assert result.exit_code == 0, result.output
+    assert "no such image file" in result.stderr
+    conversation = Conversation(model, tokenizer)
+    first = "".join(r.text for r in conversation.say("Describe it.", images=[tmp_path / "p.png"], max_tokens=5))
+    responses = list(conversation.say("And the colours?", max_tokens=5))
+    second = "".join(r.text for r in responses)
+    assert responses[-1].prompt_tokens < 40  # only the new turn was fed: the image alone takes 8 x 5 places
+    start = tokenizer.decode([model.config.image_start_token])
+    messages = [
+        {"role": "user", "content": start + "Describe it."},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "And the colours?"},
+    ]
+    cold = minimlx.generate(
+        model, tokenizer, tokenizer.apply_chat_template(messages), chat_template=False, images=[picture], max_tokens=5
+    )
+    assert second == cold and result.stdout == f"{first}\n{second}\n"
 
 
 def mlx_vlm_name(name: str, w: np.ndarray) -> tuple[str, np.ndarray]:

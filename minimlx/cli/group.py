@@ -144,6 +144,35 @@ max_kv_size_option = click.option(
 """The `--max-kv-size` option of the commands that generate (run, chat, serve, bench)."""
 
 
+def image_limit_options(command):
+    """The options that bound a prompt's pictures (run, chat, serve): `image_limits` reads them."""
+    options = [
+        click.option(
+            "--max-image-pixels",
+            type=click.IntRange(min=1),
+            help="Refuse a picture of more pixels than N (read from its header, before decoding); default: 8192 x 8192",
+        ),
+        click.option(
+            "--max-image-mb",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Refuse a picture file larger than this many MB; default: 20.",
+        ),
+        click.option(
+            "--max-images", type=click.IntRange(min=1), help="Refuse a prompt of more pictures than N; default: 16."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def image_limits(options: dict):
+    """The `ImageLimits` of the image limit options (taken out of `options`)."""
+    from ..vision import ImageLimits
+
+    return ImageLimits.of(options.pop("max_image_pixels"), options.pop("max_image_mb"), options.pop("max_images"))
+
+
 def keep_float_products(_context, _option, exact: bool) -> None:
     if exact:
         from ..cpu import native

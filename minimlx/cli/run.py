@@ -20,6 +20,8 @@ from .group import (
     cpu_notes,
     dtype_option,
     exact_option,
+    image_limit_options,
+    image_limits,
     kv_bits_option,
     main,
     max_kv_size_option,
@@ -107,7 +109,7 @@ def generation_options(command):
             click.option("--stats", is_flag=True, help="Print tokens per second and peak memory to stderr."),
         ],
     )
-    return parallel_options(command)
+    return parallel_options(image_limit_options(command))
 
 
 def settings_from_options(options: dict) -> SamplingSettings:
@@ -233,6 +235,7 @@ def run(prompt, no_chat_template, json_schema, regex, grammar, images, **options
     """Generate an answer to PROMPT ("-" or nothing: read it from stdin)."""
     settings = settings_from_options(options)
     constraint = constraint_from_options(json_schema, regex, grammar)
+    limits = image_limits(options)
     for path in images:
         if not os.path.isfile(path):
             raise InvalidSettingError(f"--image {path}: no such file; give the path of a PNG, JPEG, WebP or GIF")
@@ -257,6 +260,7 @@ def run(prompt, no_chat_template, json_schema, regex, grammar, images, **options
         max_kv_size=options["max_kv_size"],
         prompt_cache=saved_prompt(options, model, tokenizer),
         images=list(images) or None,
+        image_limits=limits,
         **speculation(options),
     ):
         sys.stdout.write(response.text)

@@ -4,6 +4,7 @@ import ctypes
 import ipaddress
 import os
 import socket
+from dataclasses import replace
 
 import click
 
@@ -12,6 +13,8 @@ from .group import (
     chat_template_option,
     dtype_option,
     exact_option,
+    image_limit_options,
+    image_limits,
     kv_bits_option,
     main,
     max_kv_size_option,
@@ -223,6 +226,15 @@ def positive_option(name: str, default: float, help: str):
 @kv_bits_option
 @max_kv_size_option
 @exact_option
+@image_limit_options
+@click.option(
+    "--image-cache-mb",
+    type=click.FloatRange(min=0),
+    default=256,
+    show_default=True,
+    help="Keep the encoder's output of the latest pictures read, within this many MB, so that a picture sent again "
+    "is not encoded again; 0 keeps none.",
+)
 @parallel_options
 def serve(
     adapters,
@@ -249,6 +261,7 @@ def serve(
     log_format,
     chat_template,
     reasoning_format,
+    image_cache_mb,
     **options,
 ):
     """Answer OpenAI, Anthropic and Ollama API requests over HTTP until Ctrl-C.
@@ -264,11 +277,13 @@ def serve(
     forced_call = ForcedCall.parse(force_tool_call) if force_tool_call is not None else None
     reasoning, fetcher = reasoning_format != "none", image_urls(options)
     serving = Serving(chat_template, reasoning, request_timeout, max_tokens, forced_call, heartbeat, fetcher)
+    serving = replace(serving, image_limits=image_limits(options))
     budget = byte_size(max_memory) if max_memory is not None else None
     idle = seconds(keep_alive, "--keep-alive") if keep_alive is not None else FOREVER
     engine_options = dict(max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
     engine_options |= dict(prompt_cache_bytes=prompt_cache_bytes, prompt_cache_dir=prompt_cache_dir)
     engine_options |= {name: options[name] for name in ("kv_bits", "max_kv_size")}
+    engine_options |= dict(image_cache_bytes=int(image_cache_mb * 2**20))
     several = len(options["model"]) > 1 or bool(models_dir)
     folders = adapter_folders(adapters, options["parallel"], several)
     check_one_model_options(options, several)

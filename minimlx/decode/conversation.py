@@ -1,13 +1,14 @@
 """A chat that keeps its KV cache between turns (`minimlx chat`)."""
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 
 import mlx.nn as nn
 
 from ..errors import InvalidSettingError
 from .generate import GenerationResponse, make_cache, stream_generate
+from .images import PromptImages
 from .prefill import reusable, shared_start
 from .prompt_cache import SavedPrompt
 from .settings import NAMES, SamplingSettings, sampling_settings
@@ -47,6 +48,7 @@ class Conversation:
         if self.prompt_cache is not None:
             self.cached_ids = list(self.prompt_cache.ids)
             self.cache = self.prompt_cache.holding(len(self.cached_ids), self.cache)
+        self.images: list = []  # the pictures of the conversation's messages, in order
         self.prompt = ""
         self.warned = False
 
@@ -64,12 +66,22 @@ class Conversation:
         self.cached_ids = self.cached_ids[:count]
         return count
 
-    def say(self, text: str, settings: SamplingSettings | None = None, **options) -> Iterator[GenerationResponse]:
+    def say(
+        self, text: str, settings: SamplingSettings | None = None, images: Sequence = (), **options
+    ) -> Iterator[GenerationResponse]:
         """Stream the answer to `text`; `settings` (or its fields by name) and `options` are stream_generate's.
+        `images` (an image-text model's pictures: paths, bytes or Pillow images) go before the text, each at the
+        model's image start token. A turn bringing a picture reads the conversation again from its start (its images'
+        soft tokens are read in one first pass); the turns after it prefill only their new tokens.
 
         Closing the iterator early (or an interrupt) keeps the answer so far in the conversation.
         """
         settings = sampling_settings(settings, {name: options.pop(name) for name in NAMES & options.keys()})
+        if images:
+            if "vision" not in self.model:
+                raise InvalidSettingError("this model reads text only; load an image-text model to send pictures")
+            text = self.tokenizer.decode([self.model.config.image_start_token]) * len(images) + text
+        pictures = self.images + list(images)
         messages = self.messages + [{"role": "user", "content": text}]
         ids = self.render(messages)
         context = getattr(self.model.config, "max_positions", None)
@@ -85,27 +97,36 @@ class Conversation:
                     stacklevel=2,
                 )
                 self.warned = True
-        shared = self.keep(shared_start(self.cached_ids, ids))
+        places = ids.count(self.model.config.image_start_token) if pictures else 0
+        pictures = pictures[len(pictures) - places :] if places else []  # those of the turns kept
+        written, reread = ids, False
+        if pictures:  # the cached ids hold the images' places written out
+            written, placed = PromptImages.read(self.model, ids, pictures)
+        shared = self.keep(shared_start(self.cached_ids, written))
+        if pictures and shared < placed.end:  # the cache holds not all of the images: read the prompt from its start
+            shared, reread = self.keep(0), True
+        prompt = ids if reread else written[shared:]
         answer, generated = [], []
         try:
             stream = stream_generate(
                 self.model,
                 self.tokenizer,
-                ids[shared:],
+                prompt,
                 settings=settings,
                 cache=self.cache,
                 kv_bits=self.kv_bits,
+                images=pictures if reread else None,
                 **options,
             )
             with closing(stream) as responses:
                 for response in responses:
                     if not generated:
-                        self.messages = messages
+                        self.messages, self.images = messages, pictures
                     answer.append(response.text)
                     generated.append(response.token)
                     yield response
         finally:
             if generated:
                 self.messages = self.messages + [{"role": "assistant", "content": "".join(answer)}]
-            self.cached_ids = ids + generated
+            self.cached_ids = written + generated
             self.keep(min(len(self.cached_ids), *(c.offset for c in self.cache)))

@@ -46,6 +46,7 @@ from .adapters import Adapters
 from .checks import check_max_kv_size
 from .compiled import decoder
 from .generation import Generation, Request
+from .images import IMAGE_CACHE_MB, EncodedImages
 from .output import Output, split_at_stop
 from .prompt import vocab_size
 from .prompt_cache import PromptCache, PromptFolder
@@ -70,7 +71,8 @@ class Engine:
     prompt cache keeps `prompt_cache_size` finished sequences (and at most `prompt_cache_bytes` of them), mirrored to
     the folder `prompt_cache_dir` when given. `adapters` (`Adapters`, attached to `model`) lets each request name
     the adapter it decodes with: rows of different adapters share every step, which then runs eagerly; the prompt
-    cache keeps only sequences on the base model.
+    cache keeps only sequences on the base model. The soft tokens of the images read are kept by their pixels' digest
+    (`EncodedImages`, at most `image_cache_bytes`), so that an image read again is not encoded again.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Engine:
         prompt_cache_dir: str | None = None,
         max_kv_size: int | None = None,
         adapters: Adapters | None = None,
+        image_cache_bytes: int = IMAGE_CACHE_MB * 2**20,
     ):
         check_whole("prefill_step", prefill_step, 1)
         check_kv_bits(kv_bits)
@@ -128,8 +131,16 @@ class Engine:
         # a model split across processes (minimlx.distributed) guards each step and agrees on the sampled tokens
         self.shared = model if isinstance(model, SharedSteps) else SharedSteps()
         self.scheduler = Scheduler(max_batch, max_queue, prefill_step, self.lookup, keeps)
+        self.encoded_images = EncodedImages(image_cache_bytes)
         self.runner = Runner(
-            self.decoder, prefill_step, self.drafter, self.shared, self.prompt_cache, adapters, model=model
+            self.decoder,
+            prefill_step,
+            self.drafter,
+            self.shared,
+            self.prompt_cache,
+            adapters,
+            model=model,
+            encoded_images=self.encoded_images,
         )
         self.batch = Batch([])
         self.lock = self.scheduler.lock

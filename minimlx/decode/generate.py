@@ -14,8 +14,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import InvalidSettingError
+from ..vision import ImageLimits
 from .engine import Engine, Request
-from .images import start_with_images
+from .images import DEFAULT_LIMITS, PromptImages, start_with_images
 from .prompt import check_ids, prompt_ids, vocab_size
 from .prompt_cache import SavedPrompt
 from .settings import SamplingSettings, sampling_settings
@@ -70,6 +71,7 @@ def stream_generate(
     prompt_cache: SavedPrompt | None = None,
     max_kv_size: int | None = None,
     images: Sequence | None = None,
+    image_limits: ImageLimits = DEFAULT_LIMITS,
     **sampling,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt` (text, or token ids used as they are), yielding one response per token.
@@ -100,7 +102,8 @@ def stream_generate(
 
     `images` (paths, bytes or Pillow images) go where the prompt names them, one per image start token of an
     image-text model (Gemma 3's `<start_of_image>`), in order; such a prompt starts a conversation (no `cache` or
-    `prompt_cache`) and is prefilled in one pass.
+    `prompt_cache`) and is prefilled in one pass. `image_limits` (`ImageLimits`) bounds their number, file sizes and
+    pixels.
     """
     settings = sampling_settings(settings, sampling)
     ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
@@ -123,7 +126,7 @@ def stream_generate(
             raise InvalidSettingError("a saved prompt cache is not bounded by max_kv_size; drop one of them")
         cached, cache = prompt_cache.start(ids, engine.make_cache())
     if images:
-        ids, cache = start_with_images(model, engine, ids, images, cache, draft_model is not None)
+        ids, cache = start_with_images(model, engine, ids, images, cache, draft_model is not None, image_limits)
     generation = engine.submit(Request(ids[len(ids) - 1 if images else cached :], settings, cache=cache))
     yield from responses(engine, generation, len(ids), cached)
 
@@ -183,6 +186,8 @@ def batch_generate(
     prefill_step: int = 512,
     settings: SamplingSettings | None = None,
     kv_bits: int | None = None,
+    images: Sequence[Sequence | None] | None = None,
+    image_limits: ImageLimits = DEFAULT_LIMITS,
     **sampling,
 ) -> list[str]:
     """The answer to each prompt, decoded together `max_batch` at a time, in the order of `prompts`.
@@ -190,15 +195,23 @@ def batch_generate(
     `settings` (or its fields by name, as stream_generate takes them) hold for every prompt; `per_prompt` holds one
     dict per prompt that overrides some of them for that prompt. At temperature 0 each answer has the token ids
     that `generate` gives the prompt alone (with the same `kv_bits`).
+
+    `images` holds one list of images per prompt (None or [] for a prompt of text), as `stream_generate` takes them:
+    a prompt with images is prefilled alone, in one pass, then decodes in the batch with the others.
     """
     settings = sampling_settings(settings, sampling)
     per_prompt = per_prompt if per_prompt is not None else [{}] * len(prompts)
     if len(per_prompt) != len(prompts):
         raise InvalidSettingError(f"per_prompt holds {len(per_prompt)} dicts for {len(prompts)} prompts")
-    requests = [
-        Request(prompt_ids(model, tokenizer, prompt, chat_template, system), replace(settings, **own))
-        for prompt, own in zip(prompts, per_prompt)
-    ]
+    images = images if images is not None else [None] * len(prompts)
+    if len(images) != len(prompts):
+        raise InvalidSettingError(f"images holds {len(images)} lists for {len(prompts)} prompts; give one per prompt")
+    requests = []
+    for prompt, own, pictures in zip(prompts, per_prompt, images):
+        ids, placed = prompt_ids(model, tokenizer, prompt, chat_template, system), None
+        if pictures:
+            ids, placed = PromptImages.read(model, ids, pictures, image_limits)
+        requests.append(Request(ids, replace(settings, **own), images=placed))
     engine = Engine(model, tokenizer, max_batch=max_batch, prefill_step=prefill_step, kv_bits=kv_bits)
     generations = [engine.submit(request) for request in requests]
     texts = {id(g): [] for g in generations}

@@ -14,6 +14,7 @@ from ..core.sampling import greedy
 from ..core.steps import decode_steps, prompt_steps
 from .adapters import Adapters
 from .generation import Generation
+from .images import EncodedImages
 from .output import Output
 from .prefill import marked, prefill, prefill_prompt
 from .prompt_cache import PromptCache
@@ -62,9 +63,11 @@ class Runner:
         prompt_cache,
         adapters=None,
         model: nn.Module | None = None,
+        encoded_images: EncodedImages | None = None,
     ):
         self.decoder, self.prefill_step, self.drafter, self.shared = decoder, prefill_step, drafter, shared
         self.model = decoder if model is None else model  # what reads a prompt's images (the decoder's model)
+        self.encoded_images = EncodedImages() if encoded_images is None else encoded_images
         self.prompt_cache: PromptCache | None = prompt_cache
         self.adapters: Adapters | None = adapters
         self.biases: tuple[list[Generation], mx.array] | None = None  # `row_biases`: the rows and their biases
@@ -105,7 +108,7 @@ class Runner:
         images, prompt = generation.request.images, generation.request.prompt
         with self.adapted([generation]), prompt_steps():
             if images is not None and start < images.end:  # the prompt cache holds none of it (`Engine.lookup`)
-                logits = images.prefill_prompt(self.model, prompt, cache)
+                logits = images.prefill_prompt(self.model, prompt, cache, self.encoded_images)
             else:
                 logits = prefill_prompt(self.decoder, prompt[start:], cache, self.prefill_step)
         first = self.first_token(generation, logits[:, -1, :])

@@ -112,10 +112,12 @@ class Server:
         return JSONResponse(OPENAPI)
 
     async def list_models(self, request: HTTPRequest) -> JSONResponse:
-        """Every model a request may name, loaded or not."""
+        """Every model a request may name, loaded or not, with the inputs it reads (OpenRouter's `input_modalities`:
+        "text", and "image" for an image-text model)."""
         self.authorize(request)
         card = {"object": "model", "created": 0, "owned_by": "minimlx"}
-        return JSONResponse({"object": "list", "data": [{"id": name} | card for name in self.models.names()]})
+        listed = [{"id": name} | card | {"input_modalities": list(inputs)} for name, inputs in self.models.listing()]
+        return JSONResponse({"object": "list", "data": listed})
 
     async def read(self, request: HTTPRequest) -> dict:
         """The JSON body, after the API key check; 503 once the server is draining, also for a request whose body

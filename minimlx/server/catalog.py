@@ -3,6 +3,7 @@ Hugging Face cache's repos (io/hub.py); which of them --allow-model lets through
 Anthropic and Ollama clients write it, `name:latest` included) to one of them."""
 
 import fnmatch
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,17 @@ class Known:
     name: str
     source: str
     path: Path
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """What the model reads, known before it loads: text, and images where its folder's config has a vision
+        tower (a .gguf file: text; its mmproj file is not looked for)."""
+        config = self.path / "config.json"
+        try:
+            vision = config.is_file() and "vision_config" in json.loads(config.read_text())
+        except (OSError, ValueError):
+            vision = False
+        return ("text", "image") if vision else ("text",)
 
     @property
     def disk_bytes(self) -> int:

@@ -18,6 +18,7 @@ from ..decode import Engine
 from ..decode.images import PromptImages
 from ..embedding import Embedder, reranker
 from ..errors import InvalidSettingError, MinimlxError
+from ..vision import ImageLimits
 from .access_log import RequestRecord, current_request
 from .adapters import AdapterChoice, chosen
 from .answer import Answer
@@ -41,7 +42,8 @@ class Serving:
     """How every model is served: `chat_template` replaces the model's own, `reasoning` splits thinking from the
     answer, `request_timeout` (seconds) ends a longer generation, `max_tokens` bounds every answer (serve's
     --max-tokens; else the room left in the context), `forced_call` is --force-tool-call and `heartbeat` the longest
-    a stream stays silent; `image_urls` fetches http(s) image URLs (--allow-image-urls; None: they are refused)."""
+    a stream stays silent; `image_urls` fetches http(s) image URLs (--allow-image-urls; None: they are refused);
+    `image_limits` is what a request's pictures may be (their number, file sizes and pixels)."""
 
     chat_template: str | None = None
     reasoning: bool = True
@@ -50,6 +52,7 @@ class Serving:
     forced_call: ForcedCall | None = None
     heartbeat: float = HEARTBEAT_SECONDS
     image_urls: ImageFetcher | None = None
+    image_limits: ImageLimits = ImageLimits()
 
 
 class ServedModel:
@@ -63,6 +66,7 @@ class ServedModel:
         self.bridge = EngineBridge(engine, serving.request_timeout)
         model = engine.model
         self.reads_images = "vision" in model
+        self.inputs = ("text", "image") if self.reads_images else ("text",)
         image_text = self.tokenizer.decode([model.config.image_start_token]) if self.reads_images else None
         self.renderer = Renderer(
             engine.tokenizer, serving.chat_template, serving.reasoning, serving.forced_call, image_text
@@ -91,8 +95,10 @@ class ServedModel:
         count = self.renderer.count_tokens(turn)
         model = self.engine.model
         if turn.images and model.image_processor is not None:
+            limits = self.serving.image_limits
             try:
-                inputs = model.image_processor(turn.images)
+                limits.check(turn.images)
+                inputs = model.image_processor(turn.images, limits.max_pixels)
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
             start = model.config.image_start_token
@@ -105,9 +111,11 @@ class ServedModel:
         turn, prompt, parser, switched = self.renderer.prepare(turn)
         images = None
         if turn.images:
-            pictures = await asyncio.to_thread(fetched, turn.images, self.serving.image_urls)
+            limits = self.serving.image_limits
             try:
-                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, pictures)
+                limits.check(turn.images)  # their number before any URL among them is fetched
+                pictures = await asyncio.to_thread(fetched, turn.images, self.serving.image_urls)
+                prompt, images = await asyncio.to_thread(PromptImages.read, self.engine.model, prompt, pictures, limits)
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
         answer = await self.start_raw(prompt, turn, turn.messages_param, bounded=not switched, images=images)
@@ -172,11 +180,19 @@ class Models:
 
     def names(self) -> list[str]:
         """The names requests may give: every known model's, and BASE:NAME for each adapter NAME of a loaded one."""
-        names = []
+        return [name for name, _ in self.listing()]
+
+    def listing(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(name, the inputs it reads: "text", and "image" for an image-text model) of each name requests may give;
+        a model not loaded yet is known by its folder's config."""
+        listed = []
         for known in self.catalog.models:
             served = self.loaded.get(known.name)
-            names += served.adapters.models() if served is not None else [known.name]
-        return names
+            if served is None:
+                listed.append((known.name, known.inputs))
+            else:
+                listed += [(name, served.inputs) for name in served.adapters.models()]
+        return listed
 
     def adapted_base(self, asked):
         """The model `asked` names: BASE for BASE:NAME or NAME alone, where NAME is an adapter of the loaded model

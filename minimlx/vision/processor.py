@@ -16,7 +16,7 @@ from PIL import Image
 
 from ..core.vision import ImageInput
 from ..errors import CheckpointError
-from .images import open_image
+from .images import MAX_PIXELS, open_image
 
 
 def read_processor_config(folder) -> dict:
@@ -77,8 +77,9 @@ class ImageProcessor:
     def prepare(self, image: Image.Image) -> ImageInput:
         raise NotImplementedError
 
-    def __call__(self, images) -> list[ImageInput]:
-        return [self.prepare(open_image(image)) for image in images]
+    def __call__(self, images, max_pixels: int = MAX_PIXELS) -> list[ImageInput]:
+        """Each picture read (refused past `max_pixels`, from its header) and prepared."""
+        return [self.prepare(open_image(image, max_pixels)) for image in images]
 
 
 @dataclass(frozen=True)
