@@ -281,9 +281,7 @@ def serve(
     budget = byte_size(max_memory) if max_memory is not None else None
     idle = seconds(keep_alive, "--keep-alive") if keep_alive is not None else FOREVER
     engine_options = dict(max_batch=max_batch, max_queue=max_queue, prompt_cache_size=prompt_cache)
-    engine_options |= dict(prompt_cache_bytes=prompt_cache_bytes, prompt_cache_dir=prompt_cache_dir)
-    engine_options |= {name: options[name] for name in ("kv_bits", "max_kv_size")}
-    engine_options |= dict(image_cache_bytes=int(image_cache_mb * 2**20))
+    engine_options |= engine_caches(prompt_cache_bytes, prompt_cache_dir, image_cache_mb, options)
     several = len(options["model"]) > 1 or bool(models_dir)
     folders = adapter_folders(adapters, options["parallel"], several)
     check_one_model_options(options, several)
@@ -318,6 +316,14 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         log_format=log_format,
     )
+
+
+def engine_caches(prompt_cache_bytes, prompt_cache_dir, image_cache_mb, options: dict) -> dict:
+    """The engine's settings of what it keeps: the prompt cache's bytes and folder, the KV cache's (--kv-bits,
+    --max-kv-size) and the images' soft tokens' bytes."""
+    caches = dict(prompt_cache_bytes=prompt_cache_bytes, prompt_cache_dir=prompt_cache_dir)
+    caches |= {name: options[name] for name in ("kv_bits", "max_kv_size")}
+    return caches | dict(image_cache_bytes=int(image_cache_mb * 2**20))
 
 
 def image_urls(options: dict):

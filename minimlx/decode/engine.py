@@ -132,16 +132,8 @@ class Engine:
         self.shared = model if isinstance(model, SharedSteps) else SharedSteps()
         self.scheduler = Scheduler(max_batch, max_queue, prefill_step, self.lookup, keeps)
         self.encoded_images = EncodedImages(image_cache_bytes)
-        self.runner = Runner(
-            self.decoder,
-            prefill_step,
-            self.drafter,
-            self.shared,
-            self.prompt_cache,
-            adapters,
-            model=model,
-            encoded_images=self.encoded_images,
-        )
+        steps = (self.decoder, prefill_step, self.drafter, self.shared, self.prompt_cache, adapters)
+        self.runner = Runner(*steps, model=model, encoded_images=self.encoded_images)
         self.batch = Batch([])
         self.lock = self.scheduler.lock
         self.wake = threading.Event()  # set when there is work
