@@ -155,6 +155,7 @@ def test_refuses_what_it_does_not_read():
 INSTRUCTION_SETS = {"scalar": "scalar", "avx2": "avx2", "avx512": "avx512vnni"}
 
 
+@pytest.mark.slow  # starts a Python process per instruction set
 def test_every_instruction_set_gives_the_portable_products(tmp_path):
     """MINIMLX_NATIVE_ISA caps the instruction set: AVX2's maddubs and AVX-512 VNNI's vpdpbusd give the scalar code's
     integer products, but for the order of the float32 sums of the sub-blocks."""

@@ -204,6 +204,7 @@ def test_integer_swiglu_product_equals_its_parts():
 INSTRUCTION_SETS = {"scalar": "scalar", "avx2": "avx2", "avxvnni": "avxvnni", "avx512": "avx512vnni"}
 
 
+@pytest.mark.slow  # starts a Python process per instruction set
 def test_every_instruction_set_gives_the_portable_products(tmp_path):
     """MINIMLX_NATIVE_ISA caps the instruction set: each the CPU runs (maddubs, AVX-VNNI, AVX-512 VNNI) gives the
     scalar integer products, but for the order of the float32 sums of the blocks."""

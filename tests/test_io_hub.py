@@ -62,6 +62,7 @@ def test_a_gguf_repo_gives_the_file_its_tag_names(standin):
         hub.pull("org/tiny-GGUF:Q2_K")
 
 
+@pytest.mark.slow  # a download through a local server, cut and resumed
 def test_an_interrupted_download_resumes(standin):
     """A connection dropped halfway through a file: the download goes on from the bytes already written (a Range
     request), not from the start."""

@@ -116,6 +116,7 @@ def test_unknown_and_refused_models_are_4xx_in_each_apis_shape_at_once(client, p
     assert models.loaded == {}  # nothing was loaded for them
 
 
+@pytest.mark.slow  # loads and unloads models in a served process
 def test_models_are_listed_loaded_on_first_use_and_ollama_keep_alive_0_unloads(client):
     client, models = client
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny-a", "tiny-b"]
