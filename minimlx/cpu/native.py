@@ -8,8 +8,9 @@ switched off or not built for the platform).
 `exact_products`: whether the kernel's packed products in decode steps (`core.steps.decode_steps`) keep their inputs
 in float32 (`MINIMLX_NATIVE_PRODUCTS=float`, or `--exact` on the commands that generate) rather than quantizing them
 to 8 bits per block of 32 for integer dot products (the default: faster decoding, within the error
-docs/performance.md states, and a token's greedy choice differs from float32's now and then). Prompts always keep
-float32 inputs.
+docs/performance.md states, and a token's greedy choice differs from float32's now and then), and in the engine's
+prompts' products with GGUF blocks (`core.steps.prompt_steps`, the integer GEMM where the CPU has AVX-512 VNNI);
+prompts' other products keep float32 inputs.
 """
 
 import os
