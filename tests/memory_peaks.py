@@ -1,5 +1,6 @@
-"""Peak-memory measurements of training steps, each run in a fresh process (`in_fresh_process`): MLX's peak counter
-is per process, and an engine thread another test left running would add its allocations to the peak measured."""
+"""Memory measurements (training steps' peaks, a conversation's growth), each run in a fresh process
+(`in_fresh_process`): MLX's counters are per process, and an engine thread another test left running would add its
+allocations to what is measured."""
 
 import multiprocessing
 
@@ -67,3 +68,27 @@ def qlora_peaks(folder: str, vocab: int, rows: int, tokens: int) -> tuple[int, i
     peak = mx.get_peak_memory()
     held = nbytes(model.parameters()) + nbytes(optimizer.state)
     return peak, held, nbytes(model.parameters()) - nbytes(model.trainable_parameters())
+
+
+def conversation_memory(folder: str) -> tuple[int, ...]:
+    """MLX memory in use, less the conversation's cache, after 10 and after 100 turns of a `Conversation` with the
+    chat model in `folder`; then after 20 and after 200 calls of `generate`."""
+    import minimlx
+    from minimlx.decode import Conversation
+
+    model, tokenizer = minimlx.load(folder, dtype="float32")
+    conversation = Conversation(model, tokenizer)
+
+    def held() -> int:
+        return mx.get_active_memory() - sum(c.nbytes for c in conversation.cache)
+
+    marks = []
+    for turn in range(100):
+        list(conversation.say(f"w{turn % 100 + 2} w5", max_tokens=4))
+        if turn in (9, 99):
+            marks.append(held())
+    for run in range(200):
+        minimlx.generate(model, tokenizer, "w3 w4", max_tokens=4)
+        if run in (19, 199):
+            marks.append(mx.get_active_memory())
+    return tuple(marks)

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import mlx.core as mx
 from models import chat_model
 
 import minimlx
@@ -29,22 +28,15 @@ def test_a_chat_that_fills_the_context_drops_its_oldest_turns(tmp_path):
 
 
 def test_memory_grows_only_by_the_cache(tmp_path):
-    model, tokenizer = minimlx.load(chat_model(tmp_path, context=4096), dtype="float32")
-    conversation = Conversation(model, tokenizer)
+    """From the 10th turn to the 100th, MLX holds no more than the conversation's cache; from the 20th call of
+    `generate` to the 200th, no more at all (in a fresh process, where no other test's engine allocates)."""
+    from memory_peaks import conversation_memory, in_fresh_process
 
-    def held() -> int:  # MLX memory in use, less the conversation's cache
-        return mx.get_active_memory() - sum(c.nbytes for c in conversation.cache)
-
-    for turn in range(100):
-        list(conversation.say(f"w{turn % 100 + 2} w5", max_tokens=4))
-        if turn == 9:
-            after_ten = held()
-    assert abs(held() - after_ten) < 256 * 1024, (held(), after_ten)
-    for run in range(200):
-        minimlx.generate(model, tokenizer, "w3 w4", max_tokens=4)
-        if run == 19:
-            after_twenty = mx.get_active_memory()
-    assert abs(mx.get_active_memory() - after_twenty) < 256 * 1024
+    after_ten, after_hundred, after_twenty, after_two_hundred = in_fresh_process(
+        conversation_memory, str(chat_model(tmp_path, context=4096))
+    )
+    assert abs(after_hundred - after_ten) < 256 * 1024, (after_hundred, after_ten)
+    assert abs(after_two_hundred - after_twenty) < 256 * 1024, (after_two_hundred, after_twenty)
 
 
 def test_a_windowed_cache_that_cannot_go_back_starts_over(tmp_path):
