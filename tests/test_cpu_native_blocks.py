@@ -5,6 +5,7 @@ products within the rounding of their 8-bit inputs, and a Q4_K_M file loaded and
 import os
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -21,7 +22,9 @@ else:
 
 from minimlx import load  # noqa: E402
 from minimlx.archs.gguf import unpacked  # noqa: E402
+from minimlx.core import Experts, MoE, Router, SwiGLU  # noqa: E402
 from minimlx.cpu import native  # noqa: E402
+from minimlx.cpu.forms import NativeMoE, moe_parts, use_cpu_forms  # noqa: E402
 from minimlx.cpu.linear import (  # noqa: E402
     GEMM_ROWS,
     BlockExpertsByOps,
@@ -131,6 +134,42 @@ def test_gathered_product_is_each_rows_experts_product(kind):
     assert mx.array_equal(minimlx_native.block_gather_matmul(x, blocks, int(kind), ids)[1:3], alone).item()
 
 
+def block_moe_of(sigmoid: bool, shared: bool) -> MoE:
+    """A mixture of 8 experts (3 a token) of width 256 in its native forms, held as GGUF blocks (Q4_K gate and up,
+    Q6_K down): DeepSeek's sigmoid routing with a score bias, renormalised and scaled, and a shared expert; or a
+    softmax router alone."""
+    dims, hidden, count = 256, 256, 8
+    router = Router(dims, count, 3, "sigmoid" if sigmoid else "softmax", sigmoid, score_bias=sigmoid, scale=2.5)
+    moe = use_cpu_forms(MoE(router, Experts(dims, hidden, count), SwiGLU(dims, hidden) if shared else None))
+    moe.router.proj.weight = mx.random.normal((count, dims), key=mx.random.key(4)) / 16
+    if sigmoid:
+        moe.router.score_bias = mx.random.normal((count,), key=mx.random.key(5)) / 8
+    for i, (name, kind) in enumerate((("gate_proj", T.Q4_K), ("up_proj", T.Q4_K), ("down_proj", T.Q6_K))):
+        stacked = NativeBlockExperts(count, hidden if name != "down_proj" else dims, 256, kind.name.lower())
+        stacked.weight = mx.stack([blocks_of(kind, 256, 256, seed=10 * i + e)[0] for e in range(count)])
+        setattr(moe.experts, name, stacked)
+        if shared:
+            linear = NativeBlockLinear(256, 256, kind.name.lower())
+            linear.weight = blocks_of(kind, 256, 256, seed=90 + i)[0]
+            setattr(moe.shared_experts, name, linear)
+    return moe
+
+
+@pytest.mark.parametrize("sigmoid", [True, False])
+@pytest.mark.parametrize("exact", [False, True])
+def test_mixture_step_is_its_ops(sigmoid, exact, monkeypatch):
+    """`block_moe`, a few rows' mixture of experts as one op (routing, the chosen experts' SwiGLU products, their
+    weighted sum, the shared expert), gives what the mixture's MLX ops give over the same stored blocks: each row
+    quantized once for all its experts is what quantizing it once per expert gives."""
+    moe = block_moe_of(sigmoid, shared=sigmoid)
+    assert type(moe) is NativeMoE and moe_parts(moe) is not None
+    monkeypatch.setattr(native, "exact_products", exact)
+    x = mx.random.normal((2, 1, 256), key=mx.random.key(6))
+    got, want = moe(x), MoE.__call__(moe, x)
+    assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item()
+    assert mx.array_equal(moe(x[1:]), got[1:]).item()  # a row gets what it gets alone
+
+
 @pytest.mark.parametrize(("exact", "prompt"), [(False, False), (True, False), (False, True)])
 def test_swiglu_product_equals_its_parts(exact, prompt):
     """The gated product of a Q4_K gate and a Q6_K up (as a Q4_K_M file may hold them)."""
@@ -139,6 +178,35 @@ def test_swiglu_product_equals_its_parts(exact, prompt):
     g = minimlx_native.block_matmul(x, gate, int(T.Q4_K), exact=exact, prompt=prompt)
     want = g * mx.sigmoid(g) * minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact, prompt=prompt)
     got = minimlx_native.block_swiglu(x, gate, int(T.Q4_K), up, int(T.Q6_K), exact=exact, prompt=prompt)
+    assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_geglu_product_equals_its_parts(exact):
+    """Gemma's gated product, gelu_approx(x @ gate.T) * (x @ up.T), in one op for a decode step's few rows; its gate
+    alone (`geglu`) for a prompt's."""
+    (gate, _), (up, _) = blocks_of(T.Q4_K, 64, 512, seed=4), blocks_of(T.Q6_K, 64, 512, seed=5)
+    x = mx.random.normal((3, 512), key=mx.random.key(0))
+    g = minimlx_native.block_matmul(x, gate, int(T.Q4_K), exact=exact)
+    want = nn.gelu_approx(g) * minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact)
+    got = minimlx_native.block_geglu(x, gate, int(T.Q4_K), up, int(T.Q6_K), exact=exact)
+    assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item()
+    gated = minimlx_native.geglu(g, minimlx_native.block_matmul(x, up, int(T.Q6_K), exact=exact))  # a prompt's gate
+    assert mx.abs(gated - want).max().item() <= 1e-6 * mx.abs(want).max().item()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_layer_input_step_equals_its_parts(exact):
+    """Gemma 4's per-layer input after a block, (h + rms_norm(proj(gelu_approx(gate(h)) * own)) * w) * scalar, in one
+    op for a decode step's few rows, with the layer's own inputs read through a strided view."""
+    (gate, _), (proj, _) = blocks_of(T.Q4_K, 256, 512, seed=7), blocks_of(T.Q4_K, 512, 256, seed=8)
+    h = mx.random.normal((2, 1, 512), key=mx.random.key(1))
+    own = mx.random.normal((2, 1, 3, 256), key=mx.random.key(2))[:, :, 1]
+    weight, scalar = mx.random.normal((512,), key=mx.random.key(3)), mx.array([0.7])
+    gated = nn.gelu_approx(minimlx_native.block_matmul(h, gate, int(T.Q4_K), exact=exact)) * own
+    projected = minimlx_native.block_matmul(gated, proj, int(T.Q4_K), exact=exact)
+    want = (h + mx.fast.rms_norm(projected, weight, 1e-6)) * scalar
+    got = minimlx_native.block_layer_input(h, gate, int(T.Q4_K), proj, int(T.Q4_K), own, weight, 1e-6, scalar, exact)
     assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item()
 
 
@@ -259,6 +327,19 @@ def test_q4_k_m_fused_decode_step_gives_the_bits_of_its_ops(q4_k_m, monkeypatch,
     monkeypatch.setattr(native, "exact_products", exact)
     fused, alone, fused_calls, _ = fused_and_alone(model, mx.array([[1, 5, 9, 20, 33, 7]]), 8, monkeypatch)
     assert fused_calls == len(model.layers)  # once per layer, as the step is traced
+    assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
+
+
+def test_mixture_decode_step_gives_the_bits_of_its_ops(kquant_moe, monkeypatch):
+    """A block whose feed-forward is a mixture that `block_moe` computes runs its attention's half as one `block_step`
+    (q, k and v biases added there, as GLM-4.5's are), then the mixture's one op: the compiled step's logits over 6
+    greedy steps have exactly the bits of the same step with every part of the attention as its own op."""
+    model, _ = load(kquant_moe["Q4_K_M"])
+    for layer in model.layers:
+        for i, proj in enumerate((layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj)):
+            proj.bias = mx.random.normal((proj.weight.shape[0],), key=mx.random.key(i)) / 4
+    fused, alone, fused_calls, _ = fused_and_alone(model, mx.array([[1, 5, 9, 20, 33, 7]]), 6, monkeypatch)
+    assert type(model.layers[0].ffn) is NativeMoE and fused_calls == len(model.layers)
     assert all(mx.array_equal(a, b).item() for a, b in zip(fused, alone))
 
 

@@ -184,12 +184,16 @@ class GatedRMSNorm(nn.Module):
         self.eps, self.gate_first, self.groups = eps, gate_first, groups
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
-        gate = silu(gate.astype(mx.float32))
+        gate = self.opening(gate.astype(mx.float32))
         if not self.gate_first:
             return mx.fast.rms_norm(x, self.weight, self.eps) * gate.astype(x.dtype)
         gated = (x.astype(mx.float32) * gate).reshape(*x.shape[:-1], self.groups, -1)
         normed = mx.fast.rms_norm(gated, None, self.eps).reshape(x.shape).astype(x.dtype)
         return self.weight * normed
+
+    def opening(self, gate: mx.array) -> mx.array:
+        """silu(gate): how far each feature is let through."""
+        return silu(gate)
 
 
 class CausalConv(nn.Module):
@@ -290,7 +294,7 @@ class GatedDeltaNet(RecurrentLayer):
         batch, tokens, _ = x.shape
         qkv, conv_state, valid = self.convolve(self.in_proj_qkv(x), cache)
         key_width = self.key_heads * self.key_dims
-        q, k, v = mx.split(silu(qkv), [key_width, 2 * key_width], axis=-1)
+        q, k, v = mx.split(self.activate(qkv), [key_width, 2 * key_width], axis=-1)
         q = l2_normalize(spread_heads(q, self.key_heads, self.key_dims, self.value_heads)) * self.key_dims**-0.5
         k = l2_normalize(spread_heads(k, self.key_heads, self.key_dims, self.value_heads))
         v = spread_heads(v, self.value_heads, self.value_dims, self.value_heads)
@@ -309,6 +313,10 @@ class GatedDeltaNet(RecurrentLayer):
         z = self.in_proj_z(x).reshape(batch, tokens, self.value_heads, self.value_dims)
         out = self.norm(out, z).reshape(batch, tokens, -1)
         return self.out_proj(out)
+
+    def activate(self, qkv: mx.array) -> mx.array:
+        """silu of the convolution's output."""
+        return silu(qkv)
 
 
 class GatedShortConv(RecurrentLayer):

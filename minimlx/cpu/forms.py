@@ -7,15 +7,35 @@ it swaps `Linear` for a quantized form where the file holds packed weights; read
 knowing which device runs it.
 """
 
+import functools
+
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core import Attention, Block, GatedFFN, OffsetRMSNorm, RMSNorm, RoPE, SharedKVAttention, SwiGLU, Transformer
+from ..core import (
+    Attention,
+    Block,
+    Experts,
+    GatedDeltaNet,
+    GatedFFN,
+    GatedRMSNorm,
+    LayerInputBlock,
+    MoE,
+    OffsetRMSNorm,
+    RMSNorm,
+    RoPE,
+    SharedKVAttention,
+    SwiGLU,
+    Transformer,
+    UnscaledRMSNorm,
+)
 from ..core.cache import Can
+from ..core.moe import swiglu
 from ..core.positions import Positions
 from ..core.recorder import Recorder
 from . import attention, elementwise, native
 from .linear import (
+    GEGLU_ROWS,
     BlockEmbeddingByOps,
     BlockExpertsByOps,
     BlockLinearByOps,
@@ -30,6 +50,7 @@ from .linear import (
     block_inputs,
     exact,
     gated_product,
+    gelu_gated_product,
 )
 
 
@@ -114,9 +135,19 @@ class CpuRoPE(RoPE):
 
 class SwiGLUGate:
     """silu(gate(x)) * up(x) in float32 through the native kernel: both products and the gate in one op where the
-    projections allow it, else the products and then one gate op; without the kernel, `elementwise.silu`."""
+    projections allow it, else the products and then one gate op; without the kernel, `elementwise.silu`. A GeGLU's
+    gelu_approx(gate(x)) * up(x) over GGUF blocks, for a few rows, in one op as well; else its gate is one op (the
+    kernel's vectorized `geglu`, where MLX's CPU tanh is a scalar call per value: a prompt gates millions a layer)."""
 
     def gated(self, x: mx.array) -> mx.array:
+        if self.activation is nn.gelu_approx and x.dtype == mx.float32 and native.kernel is not None:
+            fused = gelu_gated_product(x, self.gate_proj, self.up_proj)
+            if fused is not None:
+                return fused
+            gate, up = self.gate_proj(x), self.up_proj(x)
+            if gate.dtype == up.dtype == mx.float32:
+                return native.kernel.geglu(gate, up)
+            return nn.gelu_approx(gate) * up
         if self.activation is not nn.silu or x.dtype != mx.float32:
             return super().gated(x)
         fused = gated_product(x, self.gate_proj, self.up_proj) if native.kernel is not None else None
@@ -134,6 +165,75 @@ class CpuGatedFFN(SwiGLUGate, GatedFFN):
 
 class CpuSwiGLU(SwiGLUGate, SwiGLU):
     pass
+
+
+class NativeExperts(Experts):
+    """`Experts` whose SwiGLU gate is the kernel's one vectorized op (MLX's CPU sigmoid is a scalar exp per value: a
+    prompt's 8 experts a token gate millions of values a layer)."""
+
+    def project(self, rows: mx.array, indices: mx.array, sort: bool) -> mx.array:
+        if self.activation is not swiglu:
+            return super().project(rows, indices, sort)
+        gate, up = self.gate_proj(rows, indices, sort), self.up_proj(rows, indices, sort)
+        if gate.dtype != mx.float32 or up.dtype != mx.float32:
+            return self.down_proj(swiglu(gate, up), indices, sort)
+        return self.down_proj(native.kernel.swiglu(gate, up), indices, sort)
+
+
+class NativeMoE(MoE):
+    """`MoE` whose steps over a few rows (a decode step's tokens, fewer (row, expert) pairs than `Experts.sort_from`)
+    run as one native op, `block_moe`, where its parts are those the op computes (`moe_parts`): the 25 MLX ops of a
+    step (scores, top-k, gathered products, weighted sum, shared expert) become one, and each row is quantized once for
+    all its experts' products rather than once per expert. Else the mixture as core wrote it."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        parts = moe_parts(self) if x.dtype == mx.float32 else None
+        if parts is None or x.size // x.shape[-1] * self.experts_per_token >= self.experts.sort_from:
+            return super().__call__(x)
+        router, weights, shared, types = parts
+        y = native.kernel.block_moe(
+            x.reshape(-1, x.shape[-1]),
+            router.proj.weight,
+            router.score_bias.astype(mx.float32) if "score_bias" in router else None,
+            weights,
+            shared,
+            types,
+            router.experts_per_token,
+            router.scoring == "sigmoid",
+            router.normalize,
+            router.scale,
+            exact=block_inputs(x)["exact"],
+        )
+        return y.reshape(x.shape)
+
+
+def moe_parts(moe: MoE) -> tuple | None:
+    """(router, the experts' [gate, up, down] weights, the shared expert's (or []), their ggml types) where `block_moe`
+    computes `moe`: a router of one group whose scores are a float32 map's without a bias, read from x itself; SwiGLU
+    experts held as GGUF blocks, without biases, each reading x unweighted; a shared SwiGLU expert (if any) held as
+    GGUF blocks, without biases or a gate; else None."""
+    router, experts, shared = moe.router, moe.experts, moe.get("shared_experts")
+    if moe.weighted_inputs or "input_norm" in moe or "shared_gate" in moe:
+        return None
+    if "input_scale" in router or "expert_scale" in router or router.groups > 1:
+        return None
+    proj = router.proj
+    if type(proj) is not NativeLinear or "bias" in proj or proj.weight.dtype != mx.float32:
+        return None
+    if type(experts) is not NativeExperts or experts.activation is not swiglu:
+        return None
+    projections = [experts.gate_proj, experts.up_proj, experts.down_proj]
+    if any(type(p) is not NativeBlockExperts or "bias" in p for p in projections):
+        return None
+    if shared is not None:
+        if type(shared) is not CpuSwiGLU or shared.activation is not nn.silu:
+            return None
+        shared_projections = [shared.gate_proj, shared.up_proj, shared.down_proj]
+        if any(type(p) is not NativeBlockLinear or "bias" in p for p in shared_projections):
+            return None
+        projections += shared_projections
+    weights = [p.weight for p in projections]
+    return router, weights[:3], weights[3:], [p.ggml_type for p in projections]
 
 
 class NativeNorm:
@@ -154,16 +254,38 @@ class NativeOffsetRMSNorm(NativeNorm, OffsetRMSNorm):
     pass
 
 
+class NativeUnscaledRMSNorm(UnscaledRMSNorm):
+    """x / rms(x) in one native op (the kernel's rms_norm with a weight of ones), where MLX's CPU `fast.rms_norm`
+    is composed of several."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            return super().__call__(x)
+        return native.kernel.rms_norm(x, ones(x.shape[-1]), self.eps)
+
+
+@functools.cache
+def ones(dims: int) -> mx.array:
+    """A weight of ones, made once per width."""
+    return mx.ones((dims,))
+
+
 class NativeBlock(Block):
     """A pre-norm block whose one-token steps (the compiled decode step over a `FixedKVCache`, a batch's eager step over
     growing caches) run as one native op, `block_step`, which also writes the tokens' keys and values into the cache's
     buffers, where its parts are those the op computes (`StepPlan`): the step's 20 MLX ops a layer, each of which
     MLX schedules onto its CPU thread for several microseconds, become one. The op computes each part as that part's
-    own native op does, so the step gives the same bits. Else the block as core wrote it."""
+    own native op does, so the step gives the same bits. A block whose feed-forward is a mixture of experts that
+    `block_moe` computes takes the op for its attention's half (to mid), then the mixture's one op. Else the block
+    as core wrote it."""
 
     def __call__(
         self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
     ) -> mx.array:
+        if recorder is None and self.residual_scale is None and type(self.get("attn")) is NativeGatedDeltaNet:
+            plan = delta_plan(self)
+            if plan.takes(x, cache):
+                return plan.step(x, cache)
         plan = step_plan(self) if recorder is None and self.residual_scale is None and steps_through(cache) else None
         if plan is None or not plan.takes(x, cache):
             return super().__call__(x, cache, recorder, positions)
@@ -176,10 +298,87 @@ class NativeBlock(Block):
             *positions.angles(plan.parts[2]),
             exact=block_inputs(x)["exact"] if plan.blocks else exact(),
             mask=mask,
+            biases=plan.biases(),
             **plan.settings,
         )
         cache.written(buffers, 1)
-        return y
+        return y + self.ffn_branch(y) if plan.attention_only else y
+
+
+class NativeLayerInputBlock(LayerInputBlock):
+    """`LayerInputBlock` whose layer input after the block, for a few rows (a decode step's), is one native op,
+    `block_layer_input`, where its parts are those the op computes (a GELU-tanh gate and projection held as GGUF blocks
+    without biases, a native RMS norm): the gate's product, GELU, the product with the layer's own input, the
+    projection, its norm, the residual and the scalar, nine MLX ops, become one."""
+
+    def __call__(
+        self, x: mx.array, cache=None, recorder: Recorder | None = None, positions: Positions | None = None
+    ) -> mx.array:
+        if recorder is not None or not self.input_dims or not self.takes_layer_input(x):
+            return super().__call__(x, cache, recorder, positions)
+        h = super(LayerInputBlock, self).__call__(x, cache, recorder, positions)
+        gate, proj, norm = self.input_gate, self.input_proj, self.input_norm
+        return native.kernel.block_layer_input(
+            *(h, gate.weight, gate.ggml_type, proj.weight, proj.ggml_type, positions.layer_input(self.layer)),
+            *(norm.scale(), norm.eps, self.layer_scalar.astype(mx.float32)),
+            exact=block_inputs(x)["exact"],
+        )
+
+    def takes_layer_input(self, x: mx.array) -> bool:
+        if x.dtype != mx.float32 or x.size // x.shape[-1] >= GEGLU_ROWS or self.activation is not nn.gelu_approx:
+            return False
+        if type(self.input_norm) not in (NativeRMSNorm, NativeOffsetRMSNorm):
+            return False
+        return all(type(p) is NativeBlockLinear and "bias" not in p for p in (self.input_gate, self.input_proj))
+
+
+class NativeGatedDeltaNet(GatedDeltaNet):
+    """A Gated DeltaNet whose one-token steps over a held state run everything after the projections (convolution,
+    normed q and k, gates, the delta rule, the gated norm) as one native op, `delta_step`, where MLX composes some
+    forty small ops; prompts, padded passes and first tokens are the core layer's."""
+
+    def mix(self, x: mx.array, cache) -> mx.array:
+        if not self.steps(x, cache):
+            return super().mix(x, cache)
+        out, conv, state = native.kernel.delta_step(
+            self.in_proj_qkv(x),
+            cache.conv,
+            self.conv1d.weight,
+            self.in_proj_a(x),
+            self.in_proj_b(x),
+            self.in_proj_z(x),
+            self.dt_bias,
+            self.A_log,
+            self.norm.weight,
+            cache.recurrent,
+            key_heads=self.key_heads,
+            key_dims=self.key_dims,
+            eps=self.norm.eps,
+        )
+        cache.update(conv, state, 1)
+        return self.out_proj(out)
+
+    def activate(self, qkv: mx.array) -> mx.array:
+        """silu in one native op with a vectorized exp: MLX's CPU sigmoid calls the scalar exp per element, and a
+        prompt's convolution outputs are thousands of channels a token."""
+        return native.kernel.silu(qkv) if qkv.dtype == mx.float32 else super().activate(qkv)
+
+    def steps(self, x: mx.array, cache) -> bool:
+        """Whether `delta_step` computes this pass: one float32 token a row, without padding, over a float32 state, with
+        float32 parameters and the plain gated norm."""
+        if x.shape[1] != 1 or x.dtype != mx.float32 or cache is None or cache.recurrent is None or any(cache.padding):
+            return False
+        if "bias" in self.conv1d or self.norm.gate_first:
+            return False
+        held = (cache.conv, cache.recurrent, self.conv1d.weight, self.dt_bias, self.A_log, self.norm.weight)
+        return all(a.dtype == mx.float32 for a in held)
+
+
+class NativeGatedRMSNorm(GatedRMSNorm):
+    """A gated RMSNorm whose gate's silu is one native op (see `NativeGatedDeltaNet.activate`)."""
+
+    def opening(self, gate: mx.array) -> mx.array:
+        return native.kernel.silu(gate)
 
 
 def quantized(cache) -> bool:
@@ -204,19 +403,25 @@ def parts_of(block: Block) -> tuple:
 
 class StepPlan:
     """What `block_step` takes of one block: its parts (`parts_of`) and, where the op computes them, the op's settings
-    (None where it does not): RMS norms, attention without biases, query/key norms, windows, chunks, sinks, capped
-    scores or query temperatures, RoPE unscaled, a SwiGLU feed-forward, and every projection packed on the kernel
-    (affine, or GGUF blocks) without a bias (gate and up alike). Made once per block and kept while its parts are the
-    same modules; the arrays are read at every step (`weights`), so that new weights (`Module.update`) are used."""
+    (None where it does not): RMS norms, attention without query/key norms, windows, chunks, sinks, capped scores or
+    query temperatures, RoPE unscaled, a SwiGLU feed-forward (or a mixture `block_moe` computes: the op then ends at
+    the attention's half, `attention_only`), and every projection packed on the kernel (affine, or GGUF blocks)
+    without a bias (gate and up alike), but for float32 biases on all of q, k and v. Made once per block and kept while
+    its parts are the same modules; the arrays are read at every step (`weights`), so that new weights (`Module.update`)
+    are used."""
 
     def __init__(self, parts: tuple):
         self.parts = parts
-        self.settings = self.settings_of(*parts)
+        self.attention_only = type(parts[8]) is NativeMoE and moe_parts(parts[8]) is not None
+        self.settings = self.settings_of(*parts, self.attention_only)
         self.blocks = self.settings is not None and not any(self.settings["layouts"][0::2])  # GGUF blocks only
+        self.biased = self.settings is not None and "bias" in parts[3]
 
     @staticmethod
-    def settings_of(attn_norm, attn, rope, q, k, v, o, ffn_norm, ffn, gate, up, down) -> dict | None:
-        if type(attn) is not CpuAttention or type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu:
+    def settings_of(attn_norm, attn, rope, q, k, v, o, ffn_norm, ffn, gate, up, down, attention_only) -> dict | None:
+        if type(attn) is not CpuAttention:
+            return None
+        if not attention_only and (type(ffn) not in (CpuGatedFFN, CpuSwiGLU) or ffn.activation is not nn.silu):
             return None
         if any(type(n) not in (NativeRMSNorm, NativeOffsetRMSNorm) for n in (attn_norm, ffn_norm)):
             return None
@@ -228,12 +433,15 @@ class StepPlan:
             return None
         if attn.output_gate:
             return None
-        if any(type(p) not in STEP_PRODUCTS or "bias" in p for p in (q, k, v, o, gate, up, down)):
+        products = (q, k, v, o) if attention_only else (q, k, v, o, gate, up, down)
+        if any(type(p) not in STEP_PRODUCTS for p in products) or any("bias" in p for p in products[3:]):
             return None
-        if layout(gate) != layout(up):
+        if len({"bias" in p for p in (q, k, v)}) > 1 or not attention_only and layout(gate) != layout(up):
+            return None
+        if "bias" in q and any(p.bias.dtype != mx.float32 for p in (q, k, v)):
             return None
         return {
-            "layouts": [n for p in (q, k, v, o, up, down) for n in layout(p)],
+            "layouts": [n for p in products if p is not gate for n in layout(p)],
             "heads": attn.heads,
             "kv_heads": attn.kv_heads,
             "rope_dims": rope.dims,
@@ -255,10 +463,16 @@ class StepPlan:
 
     def weights(self) -> list[mx.array]:
         """The op's 23 weights: the attention norm's, q, k, v and o's (weight, scales, biases), the feed-forward
-        norm's, up, gate and down's."""
+        norm's, up, gate and down's; the first 13 for the attention's half alone."""
         attn_norm, _, _, q, k, v, o, ffn_norm, _, gate, up, down = self.parts
-        packed = [step_weights(p) for p in (q, k, v, o, up, gate, down)]
+        packed = [step_weights(p) for p in (q, k, v, o, up, gate, down)[: 4 if self.attention_only else 7]]
+        if self.attention_only:
+            return [attn_norm.scale(), *sum(packed, [])]
         return [attn_norm.scale(), *sum(packed[:4], []), ffn_norm.scale(), *sum(packed[4:], [])]
+
+    def biases(self) -> list[mx.array] | None:
+        """q's, k's and v's biases, where they have them."""
+        return [p["bias"] for p in self.parts[3:6]] if self.biased else None
 
 
 STEP_PRODUCTS = (NativeQuantizedLinear, NativeBlockLinear)
@@ -288,6 +502,56 @@ def step_plan(block: Block) -> StepPlan:
     return plan
 
 
+class DeltaBlockPlan:
+    """What `delta_block_step` takes of a block around a `NativeGatedDeltaNet`: where its norms are RMS norms, its
+    feed-forward a SwiGLU, and every projection GGUF blocks without a bias (gate and up of one type), the block's
+    one-token steps are one op (its parts, read as `StepPlan` reads them, and the DeltaNet's). None of it otherwise."""
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        attn_norm, attn, ffn_norm, ffn, *products = parts
+        fits = type(ffn) in (CpuGatedFFN, CpuSwiGLU) and ffn.activation is nn.silu
+        fits = fits and all(type(n) in (NativeRMSNorm, NativeOffsetRMSNorm) for n in (attn_norm, ffn_norm))
+        fits = fits and all(type(p) is NativeBlockLinear and "bias" not in p for p in products)
+        self.types = (
+            [p.ggml_type for p in products] if fits and products[5].ggml_type == products[6].ggml_type else None
+        )
+
+    @staticmethod
+    def parts_of(block: Block) -> tuple:
+        attn, ffn = block["attn"], block.get("ffn")
+        projections = [attn.get(n) for n in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")]
+        ffn_parts = [ffn.get(n) for n in ("gate_proj", "up_proj", "down_proj")] if ffn else [None] * 3
+        return (block.get("attn_norm"), attn, block.get("ffn_norm"), ffn, *projections, *ffn_parts)
+
+    def takes(self, x: mx.array, cache) -> bool:
+        return self.types is not None and self.parts[1].steps(x, cache)
+
+    def step(self, x: mx.array, cache) -> mx.array:
+        attn_norm, attn, ffn_norm, _, qkv, z, a, b, out, gate, up, down = self.parts
+        weights = [attn_norm.scale(), qkv.weight, z.weight, a.weight, b.weight, attn.conv1d.weight, attn.dt_bias]
+        weights += [attn.A_log, attn.norm.weight, out.weight, ffn_norm.scale(), gate.weight, up.weight, down.weight]
+        y, conv, state = native.kernel.delta_block_step(
+            *(x, cache.conv, cache.recurrent, weights, self.types),
+            key_heads=attn.key_heads,
+            key_dims=attn.key_dims,
+            eps=attn.norm.eps,
+            attn_eps=attn_norm.eps,
+            ffn_eps=ffn_norm.eps,
+            exact=block_inputs(x)["exact"],
+        )
+        cache.update(conv, state, 1)
+        return y
+
+
+def delta_plan(block: Block) -> DeltaBlockPlan:
+    """The block's `DeltaBlockPlan`, made anew when one of its parts was replaced."""
+    parts, plan = DeltaBlockPlan.parts_of(block), block.__dict__.get("delta_plan")
+    if plan is None or any(a is not b for a, b in zip(parts, plan.parts)):
+        plan = block.delta_plan = DeltaBlockPlan(parts)
+    return plan
+
+
 FORMS = {
     Transformer: CpuTransformer,
     Attention: CpuAttention,
@@ -301,7 +565,13 @@ NATIVE_FORMS = {
     nn.Linear: NativeLinear,
     RMSNorm: NativeRMSNorm,
     OffsetRMSNorm: NativeOffsetRMSNorm,
+    UnscaledRMSNorm: NativeUnscaledRMSNorm,
     Block: NativeBlock,
+    MoE: NativeMoE,
+    LayerInputBlock: NativeLayerInputBlock,
+    Experts: NativeExperts,
+    GatedDeltaNet: NativeGatedDeltaNet,
+    GatedRMSNorm: NativeGatedRMSNorm,
 }
 """Core part -> its form on the native kernel, where it is installed."""
 

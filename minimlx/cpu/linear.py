@@ -333,6 +333,22 @@ def gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | Non
     return None
 
 
+GEGLU_ROWS = 8
+"""Fewer input rows than this take `block_geglu` (a decode step's; a prompt's products of more rows take the integer
+GEMM, as block_matmul's do from 8)."""
+
+
+def gelu_gated_product(x: mx.array, gate: nn.Module, up: nn.Module) -> mx.array | None:
+    """gelu_approx(gate(x)) * up(x) in one native op (`block_geglu`) for a few rows of x when both maps are bias-free
+    GGUF blocks of as many rows: both products from x quantized once, the gate on the way; else None."""
+    if type(gate) is not NativeBlockLinear or type(up) is not NativeBlockLinear or "bias" in gate or "bias" in up:
+        return None
+    if gate.weight.shape[0] != up.weight.shape[0] or x.size // x.shape[-1] >= GEGLU_ROWS:
+        return None
+    exact = block_inputs(x)["exact"]
+    return native.kernel.block_geglu(x, gate.weight, gate.ggml_type, up.weight, up.ggml_type, exact=exact)
+
+
 def packed_on_kernel(model: nn.Module, spec: dict[str, dict]) -> dict[str, dict]:
     """The part of `spec` (module path -> its packed layout) whose products the native kernel computes from the
     packed weights; none without the kernel."""

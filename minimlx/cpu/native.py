@@ -30,11 +30,17 @@ OPS = (
     "rms_norm",
     "rotate",
     "block_step",
+    "delta_step",
+    "delta_block_step",
     "integer_isa",
     "block_matmul",
     "block_swiglu",
     "block_gather_matmul",
     "block_rows",
+    "block_moe",
+    "block_geglu",
+    "geglu",
+    "block_layer_input",
 )
 """What this minimlx calls: a build that lacks one of them is older than it, and is not used."""
 

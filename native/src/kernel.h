@@ -225,6 +225,17 @@ void silu_avx512(const float* x, float* out, int64_t begin, int64_t end);
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end);
 #endif
 
+// Heads [begin, end) of the gated delta rule's one-token step (delta.h). One function per instruction set.
+struct DeltaHeads;
+void delta_heads_scalar(const DeltaHeads& d, int begin, int end);
+#if defined(__x86_64__) || defined(_M_X64)
+void delta_heads_avx2(const DeltaHeads& d, int begin, int end);
+void delta_heads_avx512(const DeltaHeads& d, int begin, int end);
+#endif
+#if defined(__aarch64__)
+void delta_heads_neon(const DeltaHeads& d, int begin, int end);
+#endif
+
 // out[i] = x[i] as float16 for i in [0, n) (`halves_range`). One function per instruction set.
 void halves_scalar(const float* x, Half* out, int64_t n);
 #if defined(__x86_64__) || defined(_M_X64)

@@ -1,5 +1,6 @@
 // AVX2 + FMA + F16C: 8 floats per vector. Compiled with -mavx2 -mfma -mf16c; called only when the CPU has them.
 #include "attention.h"
+#include "delta.h"
 #include "gemm.h"
 #include "integer.h"
 #include "kquant_x86.h"
@@ -125,5 +126,7 @@ void float_block_rows_avx2(const BlockProblem& p, int row_begin, int row_end) {
 void dequantize_blocks_avx2(const BlockProblem& p, int row_begin, int row_end, float* dst) {
   dequantize_block_rows(p, row_begin, row_end, dst);
 }
+
+void delta_heads_avx2(const DeltaHeads& d, int begin, int end) { delta_heads_range(d, begin, end); }
 
 }  // namespace minimlx_native

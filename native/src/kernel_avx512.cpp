@@ -1,6 +1,7 @@
 // AVX-512 (F + BW): 16 floats per vector. Compiled with -mavx512f -mavx512bw -mfma; called only when
 // the CPU has them.
 #include "attention.h"
+#include "delta.h"
 #include "gemm.h"
 #include "rows.h"
 #include "simd_avx512.h"
@@ -32,5 +33,7 @@ void attend_quantized_avx512(const QuantizedAttention& a, int row, int head, int
 void silu_avx512(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
 void halves_avx512(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
+void delta_heads_avx512(const DeltaHeads& d, int begin, int end) { delta_heads_range(d, begin, end); }
 
 }  // namespace minimlx_native

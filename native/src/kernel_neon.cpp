@@ -1,6 +1,7 @@
 // NEON (aarch64 baseline): 4 floats per vector. Not run on the project's x86-64 machine; it follows
 // the same chunk order as the other paths (low nibbles of 16 bytes, then high nibbles).
 #include "attention.h"
+#include "delta.h"
 #include "gemm.h"
 #include "rows.h"
 #include "simd_neon.h"
@@ -32,5 +33,7 @@ void attend_quantized_neon(const QuantizedAttention& a, int row, int head, int h
 void silu_neon(const float* x, float* out, int64_t begin, int64_t end) { silu_range(x, out, begin, end); }
 
 void halves_neon(const float* x, Half* out, int64_t n) { halves_range(x, out, n); }
+
+void delta_heads_neon(const DeltaHeads& d, int begin, int end) { delta_heads_range(d, begin, end); }
 
 }  // namespace minimlx_native

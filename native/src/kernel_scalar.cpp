@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attention.h"
+#include "delta.h"
 #include "gemm.h"
 #include "integer.h"
 #include "kquant.h"
@@ -158,5 +159,7 @@ void float_block_rows_scalar(const BlockProblem& p, int row_begin, int row_end) 
 void dequantize_blocks_scalar(const BlockProblem& p, int row_begin, int row_end, float* dst) {
   dequantize_block_rows(p, row_begin, row_end, dst);
 }
+
+void delta_heads_scalar(const DeltaHeads& d, int begin, int end) { delta_heads_range(d, begin, end); }
 
 }  // namespace minimlx_native

@@ -50,6 +50,17 @@ struct QuantizedBlockInputs {
   const int8_t* xq;      // M rows of K codes
   const float* xd;       // M rows of K / 32 block scales
   const int16_t* sums;   // M rows of K / 16 sums of 16 codes
+  // Where K is a multiple of 256 (`QuantizedBlocks` makes them): per row, super_block_steps (K / 16 floats) and the
+  // codes in the order the AVX-512 K-quant products read them (interleave_by_16, K codes).
+  const float* steps = nullptr;
+  const int8_t* interleaved = nullptr;
+
+  // The inputs from row m on (of K values each).
+  QuantizedBlockInputs from_row(int m, int K) const {
+    const int64_t at = static_cast<int64_t>(m) * K;
+    return {xq + at, xd + at / 32, sums + at / 16, steps ? steps + at / 16 : nullptr,
+            interleaved ? interleaved + at : nullptr};
+  }
 };
 
 // out (M x N) = x @ w.T for weights w (N rows of K / span blocks of `type`) and quantized inputs x.
@@ -73,13 +84,35 @@ inline void quantize_blocks(const float* x, int K, int8_t* xq, float* xd, int16_
     const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
     xd[b] = d;
     int8_t* q = xq + static_cast<int64_t>(b) * span;
-    for (int i = 0; i < span; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+    // |v inverse| <= 127: adding and taking away 1.5 * 2^23 rounds it to the nearest integer, ties to even (as
+    // nearbyint does in the default rounding mode), in a loop the compiler vectorizes rather than a libm call each
+    for (int i = 0; i < span; ++i) q[i] = static_cast<int8_t>((v[i] * inverse + 12582912.0f) - 12582912.0f);
   }
   for (int g = 0; g < K / 16; ++g) {
     int total = 0;
     for (int i = 0; i < 16; ++i) total += xq[16 * g + i];
     sums[g] = static_cast<int16_t>(total);
   }
+}
+
+// A row's steps per super-block of 256 values (K a multiple of 256) from its blocks' xd and 16-code sums: the eight
+// blocks' xd, then each xd times the sum of its 32 codes (the mins' and offsets' factors), 16 floats a super-block.
+inline void super_block_steps(const float* xd, const int16_t* sums, int K, float* steps) {
+  for (int s = 0; s < K / 256; ++s, xd += 8, sums += 16, steps += 16)
+    for (int j = 0; j < 8; ++j) {
+      steps[j] = xd[j];
+      steps[8 + j] = xd[j] * static_cast<float>(sums[2 * j] + sums[2 * j + 1]);
+    }
+}
+
+// A row's codes (K a multiple of 256) with each super-block's sixteen pieces of 16 codes transposed as a 4 x 4
+// matrix: piece 4v + k of the result is piece 4k + v of the row. Vector v (64 bytes) then holds, in its 128-bit lane k,
+// values 16v' .. 16v' + 15 of sub-block 2k + v / 2 (v' = v % 2): the values a Q4_K or Q5_K block's codes meet when its
+// four 32-byte chunks' v'-th halves are loaded as one vector (low nibbles for v < 2, high ones for v >= 2).
+inline void interleave_by_16(const int8_t* xq, int K, int8_t* out) {
+  for (int s = 0; s < K / 256; ++s, xq += 256, out += 256)
+    for (int v = 0; v < 4; ++v)
+      for (int k = 0; k < 4; ++k) std::memcpy(out + 64 * v + 16 * k, xq + 64 * k + 16 * v, 16);
 }
 
 // Q4_K's and Q5_K's eight 6-bit scales and eight 6-bit mins from their 12 bytes: sc_j, m_j are the low 6 bits of
@@ -178,10 +211,22 @@ struct InputRows {
   const int8_t* xq[MB];
   const float* xd[MB];
   const int16_t* sums[MB];
+  const float* steps[MB];          // super_block_steps, where the inputs have them
+  const int8_t* interleaved[MB];   // interleave_by_16's codes, where the inputs have them
 };
 
 // Weight rows per tile of the products: the rows a tile of input rows meets while it stays in L1.
 constexpr int kWeightRowsPerTile = 16;
+
+// The weight bytes ahead of the block being read that a row product asks for (about what one core has in flight from
+// memory): each block's products ask for the block that far on, so weights far beyond the caches stream in while the
+// blocks before them are computed, a few lines at a time. A whole row asked for at once (thousands of bytes) filled
+// the core's miss buffers and stalled the products behind the requests.
+constexpr int kPrefetchAhead = 2560;
+
+inline void prefetch_ahead(const uint8_t* block, int bytes) {
+  for (int at = 0; at < bytes; at += 64) __builtin_prefetch(block + kPrefetchAhead + at);
+}
 
 // Output row n for input rows [m0, m0 + MB), by `Dot`, which gives a weight row's dot products with MB quantized input
 // rows for each type (k_quant<FIVE, MB> for Q4_K and Q5_K, q6_k<MB>, q8_0<MB>), each row's sums in the same order
@@ -192,9 +237,12 @@ inline void block_tile(const BlockProblem& p, int n, int m0) {
   const uint8_t* w = p.w + n * p.row_bytes;
   InputRows<MB> x;
   for (int m = 0; m < MB; ++m) {
-    x.xq[m] = p.x.xq + static_cast<int64_t>(m0 + m) * p.K;
-    x.xd[m] = p.x.xd + static_cast<int64_t>(m0 + m) * (p.K / 32);
-    x.sums[m] = p.x.sums + static_cast<int64_t>(m0 + m) * (p.K / 16);
+    const QuantizedBlockInputs row = p.x.from_row(m0 + m, p.K);
+    x.xq[m] = row.xq;
+    x.xd[m] = row.xd;
+    x.sums[m] = row.sums;
+    x.steps[m] = row.steps;
+    x.interleaved[m] = row.interleaved;
   }
   float out[MB];
   switch (static_cast<Blocks>(p.type)) {
@@ -218,11 +266,7 @@ void integer_block_rows(const BlockProblem& p, int row_begin, int row_end) {
     for (; m + 4 <= p.M; m += 4)
       for (int n = n0; n < n1; ++n) block_tile<Dot, 4>(p, n, m);
     for (; m < p.M; ++m)
-      for (int n = n0; n < n1; ++n) {
-        if (m == 0 && n + 1 < row_end)  // the next weight row, while this one is computed
-          for (int64_t at = 0; at < p.row_bytes; at += 64) __builtin_prefetch(p.w + (n + 1) * p.row_bytes + at);
-        block_tile<Dot, 1>(p, n, m);
-      }
+      for (int n = n0; n < n1; ++n) block_tile<Dot, 1>(p, n, m);
   }
 }
 

@@ -45,6 +45,7 @@ struct X86BlockDot {
     __m256 acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b, w += FIVE ? 176 : 144) {
+      prefetch_ahead(w, FIVE ? 176 : 144);
       alignas(16) uint8_t sc[8], mn[8];
       scales_and_mins(w + 4, sc, mn);
       const uint8_t* qs = w + (FIVE ? 48 : 16);
@@ -87,6 +88,7 @@ struct X86BlockDot {
     __m256 acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b, w += 210) {
+      prefetch_ahead(w, 210);
       const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
       const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
       __m256i codes[8], group_scales[8];  // sub-block j's 32 codes, and its two groups' scales (16 lanes each)
@@ -121,6 +123,7 @@ struct X86BlockDot {
     __m256 acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b, w += 34) {
+      prefetch_ahead(w, 34);
       const __m256i q = load(w + 2), magnitude = _mm256_abs_epi8(q);  // signed codes: |q| times xq with q's sign
       const float d = half_at(w);
       for (int m = 0; m < MB; ++m) {

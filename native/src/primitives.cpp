@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__aarch64__) && !defined(__APPLE__)
@@ -36,6 +37,7 @@
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
+#include "delta.h"
 #include "kernel.h"
 #include "kquant.h"
 
@@ -79,6 +81,7 @@ struct Isa {
   const char* name;
   IntegerIsa integer;
   BlockIsa blocks;
+  void (*delta_heads)(const DeltaHeads&, int, int);
 };
 
 // The instruction sets by rank, widest last; MINIMLX_NATIVE_ISA names the widest to use (to run a narrower one
@@ -127,10 +130,10 @@ Isa best_isa() {
                                         : scalar_integer;
   if (avx512)
     return {rows_avx512, attend_avx512, attend_quantized_avx512, silu_avx512, halves_avx512, dequantize_avx512,
-            pack_avx512, gemm_avx512, 32, "avx512", integer, blocks};
+            pack_avx512, gemm_avx512, 32, "avx512", integer, blocks, delta_heads_avx512};
   if (avx2)
     return {rows_avx2, attend_avx2, attend_quantized_avx2, silu_avx2, halves_avx2, dequantize_avx2, pack_avx2,
-            gemm_avx2, 16, "avx2", integer, blocks};
+            gemm_avx2, 16, "avx2", integer, blocks, delta_heads_avx2};
 #elif defined(__aarch64__)
 #if defined(__APPLE__)
   const bool dotprod = true;  // every Apple arm64 CPU
@@ -141,10 +144,10 @@ Isa best_isa() {
     return {rows_neon, attend_neon, attend_quantized_neon, silu_neon, halves_neon, dequantize_neon, pack_neon,
             gemm_neon, 8, "neon",
             dotprod ? IntegerIsa{integer_rows_neon, quantize_inputs, 32, 32, 4, "neondot"} : scalar_integer,
-            scalar_blocks};
+            scalar_blocks, delta_heads_neon};
 #endif
   return {rows_scalar, attend_scalar, attend_quantized_scalar, silu_scalar, halves_scalar, dequantize_scalar,
-          pack_scalar, gemm_scalar, 2, "scalar", scalar_integer, scalar_blocks};
+          pack_scalar, gemm_scalar, 2, "scalar", scalar_integer, scalar_blocks, delta_heads_scalar};
 }
 
 const Isa kIsa = best_isa();
@@ -1043,21 +1046,34 @@ int block_product_rows(const BlockProblem& p) {
   return std::max(8, (p.N + blocks - 1) / blocks);
 }
 
-// The inputs quantized per block of 32 for the integer products (kquant.h), a row a block of the pool's.
+// The inputs quantized per block of 32 for the integer products (kquant.h), a row a block of the pool's; where K is a
+// multiple of 256 (every K-quant's), with their super-block steps and interleaved codes.
 struct QuantizedBlocks {
-  std::vector<int8_t, CacheAligned<int8_t>> xq;
-  Floats xd;
+  std::vector<int8_t, CacheAligned<int8_t>> xq, interleaved;
+  Floats xd, steps;
   std::vector<int16_t> sums;
+  bool super_blocks = false;
   void quantize(const float* x, int M, int K) {
     xq.resize(static_cast<size_t>(M) * K);
     xd.resize(static_cast<size_t>(M) * (K / 32));
     sums.resize(static_cast<size_t>(M) * (K / 16));
+    super_blocks = K % 256 == 0;
+    if (super_blocks) {
+      interleaved.resize(xq.size());
+      steps.resize(sums.size());
+    }
     share(M, [&](int m) {
-      quantize_blocks(x + static_cast<int64_t>(m) * K, K, xq.data() + static_cast<int64_t>(m) * K,
-                      xd.data() + static_cast<int64_t>(m) * (K / 32), sums.data() + static_cast<int64_t>(m) * (K / 16));
+      const int64_t at = static_cast<int64_t>(m) * K;
+      quantize_blocks(x + at, K, xq.data() + at, xd.data() + at / 32, sums.data() + at / 16);
+      if (!super_blocks) return;
+      super_block_steps(xd.data() + at / 32, sums.data() + at / 16, K, steps.data() + at / 16);
+      interleave_by_16(xq.data() + at, K, interleaved.data() + at);
     });
   }
-  QuantizedBlockInputs inputs() const { return {xq.data(), xd.data(), sums.data()}; }
+  QuantizedBlockInputs inputs() const {
+    return {xq.data(), xd.data(), sums.data(), super_blocks ? steps.data() : nullptr,
+            super_blocks ? interleaved.data() : nullptr};
+  }
 };
 
 // The integer products of float32 inputs xs (M x K, quantized once) by each block weight of `products` (their w,
@@ -1212,8 +1228,7 @@ Work block_gather_work(int type, bool exact, bool prompt) {
       BlockProblem p{w.data<uint8_t>() + expert * expert_bytes, row_bytes, type, {}, rows_out, count, N, K,
                      xs + static_cast<int64_t>(start) * K};
       if (!exact)
-        p.x = {qx.xq + static_cast<int64_t>(start) * K, qx.xd + static_cast<int64_t>(start) * (K / 32),
-               qx.sums + static_cast<int64_t>(start) * (K / 16)};
+        p.x = qx.from_row(start, K);
       const bool run_gemm = gemm && count >= kIntegerGemmRows;
       const int rows = run_gemm ? kGemmTileRows : block_product_rows(p);
       runs.push_back({p, run_gemm ? gx.from_row(start, K) : GemmInputs{}, run_gemm, rows});
@@ -1340,7 +1355,17 @@ struct BlockInputsStep {
   int rope_dims, heads;
   bool traditional, exact;
   int layouts[6];  // (group_size, bits) of q, k, v
+  bool biased = false;  // q, k and v add biases, in[13], in[14], in[15]
 };
+
+// rows (each of b.size() values, contiguous) += b.
+void add_bias(mx::array& rows, const mx::array& b) {
+  float* r = rows.data<float>();
+  const float* bias = b.data<float>();
+  const int64_t width = b.size(), count = static_cast<int64_t>(rows.size()) / width;
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t j = 0; j < width; ++j) r[i * width + j] += bias[j];
+}
 
 // out (float16) = the values of `values` (float32, as many).
 void to_half(const mx::array& values, mx::array& out) {
@@ -1372,6 +1397,11 @@ void block_inputs_step(const std::vector<mx::array>& in, std::vector<mx::array> 
     packed(in, kInQ, h, q, s.layouts, s.exact);
     packed(in, kInK, h, k, s.layouts + 2, s.exact);
     packed(in, kInV, h, v, s.layouts + 4, s.exact);
+  }
+  if (s.biased) {
+    add_bias(q, in[13]);
+    add_bias(k, in[14]);
+    add_bias(v, in[15]);
   }
   const Work rotate = rotate_work(s.rope_dims, s.traditional);
   mx::array rotated_k = half_kv ? scratch(out[1].shape()) : out[1];
@@ -1470,13 +1500,19 @@ void quantize_row(const float* x, int D, int group_size, int bits, uint32_t* cod
 // weights[0]. out (batch, 1, dims).
 void block_output_step(const mx::array& x, const mx::array& q, const mx::array* cache, int arrays, int start,
                        const mx::array* mask, const mx::array* weights, float scale, float eps, bool exact,
-                       const std::vector<int>& layouts, mx::array& out) {
+                       const std::vector<int>& layouts, mx::array& out, bool ffn = true) {
   const int batch = x.shape(0), heads = q.shape(1), head_dim = q.shape(3);
   const size_t values = x.size();
   mx::array attended = scratch({batch, 1, heads * head_dim}), o = scratch(x.shape());
   attend_cache(q, cache, arrays, start + 1, scale, mask, attended.data<float>());
-  const std::vector<mx::array> in(weights, weights + 13);  // o at 0, the norm at 3, up at 4, gate at 7, down at 10
+  const std::vector<mx::array> in(weights, weights + (ffn ? 13 : 3));  // o at 0, the norm at 3, up at 4, gate at 7, down at 10
   packed(in, 0, attended, o, layouts.data(), exact);
+  if (!ffn) {  // the attention's half alone: mid
+    const float *xs = x.data<float>(), *os = o.data<float>();
+    float* y = out.data<float>();
+    for (size_t d = 0; d < values; ++d) y[d] = xs[d] + os[d];
+    return;
+  }
   mx::array mid = scratch(x.shape()), normed = scratch(x.shape());
   mx::array gated = scratch({batch, 1, in[4].shape(0)}), down = scratch(x.shape());
   const float *xs = x.data<float>(), *os = o.data<float>(), *downs = down.data<float>();
@@ -1525,7 +1561,8 @@ struct BlockStepSettings {
   float scale, eps;
   std::vector<int> layouts;  // (group_size, bits) of the o, up-and-gate and down products
   int arrays;  // the cache's buffers: 2 (float) or 6 (quantized)
-  bool masked;  // whether a mask follows sin
+  bool masked;  // whether a mask follows sin (and the biases)
+  bool ffn = true;  // whether the feed-forward half follows (23 weights), or the step ends at mid (13)
 };
 
 // `to` (row-contiguous) = `from`, a 4-D array of the same shape and element size, whatever its strides.
@@ -1554,6 +1591,54 @@ char* row_at(mx::array& buffer, int b, int head, int start) {
   return buffer.data<char>() + ((static_cast<size_t>(b) * buffer.shape(1) + head) * buffer.shape(2) + start) * row;
 }
 
+// The cache buffers (by their data) that block_step ops have been scheduled to write and not yet written. A decode
+// step is scheduled while the one before it still runs (the engine queues step n + 1, then reads step n's tokens), so
+// a layer's buffer is still held then by the previous step's op of that layer (its own copies of its arrays, and
+// MLX's, released just after it runs): not donatable, though nothing else holds it, and copied whole (at a long
+// context, a seventh of a step). An op scheduled over a buffer that one in this set writes waits for that op first.
+class BuffersInFlight {
+ public:
+  void add(const void* data) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counts_[data];
+  }
+  void remove(const void* data) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--counts_[data] == 0) counts_.erase(data);
+    }
+    done_.notify_all();
+  }
+  // Whether an op was writing `data`; returns once none is.
+  bool wait(const void* data) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!counts_.count(data)) return false;
+    done_.wait(lock, [&] { return !counts_.count(data); });
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::unordered_map<const void*, int> counts_;
+};
+
+BuffersInFlight& buffers_in_flight() {
+  static BuffersInFlight* instance = new BuffersInFlight();
+  return *instance;
+}
+
+// Whether `buffer` may be written in place: donatable, once a previous step's op that writes it has run and MLX has
+// let go of its arrays (a task queued just after it: a few microseconds are waited for it; past them the buffer is
+// held by something else and is copied).
+bool writable_in_place(const mx::array& buffer) {
+  if (!buffer.flags().row_contiguous) return false;
+  if (buffer.is_donatable() || !buffers_in_flight().wait(buffer.data_shared_ptr().get())) return buffer.is_donatable();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  while (!buffer.is_donatable() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  return buffer.is_donatable();
+}
+
 class BlockStepOp : public mx::Primitive {
  public:
   explicit BlockStepOp(BlockStepSettings settings)
@@ -1569,7 +1654,7 @@ class BlockStepOp : public mx::Primitive {
     std::vector<bool> copied(arrays);  // the buffers: the inputs' own where they may be written, else copies
     for (int i = 0; i < arrays; ++i) {
       const mx::array& buffer = inputs[1 + i];
-      copied[i] = !buffer.is_donatable() || !buffer.flags().row_contiguous;
+      copied[i] = !writable_in_place(buffer);
       if (copied[i]) outputs[1 + i].set_data(mx::allocator::malloc(outputs[1 + i].nbytes()));
       else outputs[1 + i].copy_shared_buffer(buffer);
     }
@@ -1583,7 +1668,20 @@ class BlockStepOp : public mx::Primitive {
       encoder.set_output_array(output);
       out.push_back(mx::array::unsafe_weak_copy(output));
     }
-    encoder.dispatch([in = std::move(in), out = std::move(out), s = settings_, copied]() mutable {
+    std::vector<const void*> written;  // the buffers this op writes, in flight until it has run
+    for (int i = 0; i < arrays; ++i) written.push_back(outputs[1 + i].data_shared_ptr().get());
+    for (const void* data : written) buffers_in_flight().add(data);
+    encoder.dispatch([in = std::move(in), out = std::move(out), s = settings_, copied, written]() mutable {
+      struct Landed {  // the op's own copies of its arrays let go, then its buffers out of flight, however it ends
+        std::vector<mx::array>& in;
+        std::vector<mx::array>& out;
+        const std::vector<const void*>& written;
+        ~Landed() {
+          in.clear();
+          out.clear();
+          for (const void* data : written) buffers_in_flight().remove(data);
+        }
+      } landed{in, out, written};
       const int arrays = s.arrays, weights = 2 + arrays;
       const mx::array& x = in[0];
       for (int i = 0; i < arrays; ++i)
@@ -1593,8 +1691,10 @@ class BlockStepOp : public mx::Primitive {
         throw std::runtime_error("minimlx_native.block_step: start " + std::to_string(start) +
                                  " is outside the cache's capacity " + std::to_string(capacity));
       std::vector<mx::array> first{x};
+      const int count = s.ffn ? 23 : 13, angles = weights + count;  // cos, sin, then q, k, v's biases
       first.insert(first.end(), in.begin() + weights, in.begin() + weights + 10);
-      first.insert(first.end(), {in[weights + 23], in[weights + 24]});
+      first.insert(first.end(), {in[angles], in[angles + 1]});
+      if (s.inputs.biased) first.insert(first.end(), in.begin() + angles + 2, in.begin() + angles + 5);
       const int batch = x.shape(0), head_dim = in[weights + 1].shape(0) / s.inputs.heads;
       const mx::Dtype kv = arrays == 2 ? out[1].dtype() : mx::float32;
       mx::array q = scratch({batch, s.inputs.heads, 1, head_dim});
@@ -1618,11 +1718,11 @@ class BlockStepOp : public mx::Primitive {
                          reinterpret_cast<float*>(row_at(out[first_buffer + 1], b, h, start)),
                          reinterpret_cast<float*>(row_at(out[first_buffer + 2], b, h, start)));
         }
-      const mx::array* mask = s.masked ? &in[weights + 25] : nullptr;
+      const mx::array* mask = s.masked ? &in[angles + (s.inputs.biased ? 5 : 2)] : nullptr;
       if (mask && mask->shape(3) < start + 1)
         throw std::runtime_error("minimlx_native.block_step: the mask covers fewer keys than the cache holds");
       block_output_step(x, q, out.data() + 1, arrays, start, mask, in.data() + weights + 10, s.scale, s.eps,
-                        s.inputs.exact, s.layouts, out[0]);
+                        s.inputs.exact, s.layouts, out[0], s.ffn);
     });
   }
 
@@ -1638,7 +1738,7 @@ class BlockStepOp : public mx::Primitive {
     return a.eps == b.eps && a.rope_dims == b.rope_dims && a.traditional == b.traditional && a.exact == b.exact &&
            a.heads == b.heads && std::equal(a.layouts, a.layouts + 6, b.layouts) && settings_.scale == o.scale &&
            settings_.eps == o.eps && settings_.layouts == o.layouts && settings_.arrays == o.arrays &&
-           settings_.masked == o.masked;
+           settings_.masked == o.masked && settings_.ffn == o.ffn && a.biased == b.biased;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -1655,16 +1755,19 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
                                   const std::vector<mx::array>& weights, const mx::array& cos, const mx::array& sin,
                                   const std::vector<int>& layouts, int heads, int kv_heads, int rope_dims,
                                   bool traditional, float scale, float attn_eps, float ffn_eps, bool exact,
-                                  const std::optional<mx::array>& mask) {
+                                  const std::optional<mx::array>& mask,
+                                  const std::optional<std::vector<mx::array>>& biases) {
   const std::string name = "minimlx_native.block_step";
   auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
   if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(1) != 1)
     fail("x must be float32 (batch, 1, dims): one token of each sequence");
   const int batch = x.shape(0);
-  if (weights.size() != 23)
-    fail("weights must be the attention norm's weight, q's, k's, v's and o's (w, scales, biases), the feed-forward "
-         "norm's weight, up's, gate's and down's");
-  if (layouts.size() != 12) fail("layouts must be the (group_size, bits) of the q, k, v, o, up-and-gate and down products");
+  const bool ffn = weights.size() == 23;
+  if (weights.size() != 23 && weights.size() != 13)
+    fail("weights must be the attention norm's weight, q's, k's, v's and o's (w, scales, biases), then (for the whole "
+         "block) the feed-forward norm's weight, up's, gate's and down's");
+  if (layouts.size() != (ffn ? 12 : 8))
+    fail("layouts must be the (group_size, bits) of the q, k, v, o (and up-and-gate and down) products");
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads || weights[1].ndim() != 2 || weights[1].shape(0) % heads)
     fail("bad head counts");
   const int dims = x.shape(2), head_dim = weights[1].shape(0) / heads, arrays = static_cast<int>(cache.size());
@@ -1698,20 +1801,29 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   inputs.insert(inputs.end(), {cos, sin});
   const int w = 2 + arrays, width = heads * head_dim;
-  const int hidden = inputs[w + 14].ndim() == 2 ? inputs[w + 14].shape(0) : 0;
   check_norm(name, inputs[w], dims);
   check_product(name, inputs, w + 1, dims, width, layouts, 0);
   check_product(name, inputs, w + 4, dims, kv_heads * head_dim, layouts, 1);
   check_product(name, inputs, w + 7, dims, kv_heads * head_dim, layouts, 2);
   check_product(name, inputs, w + 10, width, dims, layouts, 3);
-  check_norm(name, inputs[w + 13], dims);
-  check_product(name, inputs, w + 14, dims, hidden, layouts, 4);
-  check_product(name, inputs, w + 17, dims, hidden, layouts, 4);
-  check_product(name, inputs, w + 20, hidden, dims, layouts, 5);
+  if (ffn) {
+    const int hidden = inputs[w + 14].ndim() == 2 ? inputs[w + 14].shape(0) : 0;
+    check_norm(name, inputs[w + 13], dims);
+    check_product(name, inputs, w + 14, dims, hidden, layouts, 4);
+    check_product(name, inputs, w + 17, dims, hidden, layouts, 4);
+    check_product(name, inputs, w + 20, hidden, dims, layouts, 5);
+  }
   if (cos.dtype() != mx::float32 || sin.dtype() != mx::float32 || sin.shape() != cos.shape() ||
       (cos.shape() != mx::Shape{rope_dims / 2} && cos.shape() != mx::Shape{batch, 1, rope_dims / 2}))
     fail("cos and sin must be float32, (rope_dims / 2,) or (batch, 1, rope_dims / 2): the angles of every row's "
          "position or of each row's");
+  if (biases.has_value()) {
+    const std::vector<mx::array>& b = *biases;
+    if (b.size() != 3 || b[0].dtype() != mx::float32 || b[0].shape() != mx::Shape{width} || b[1].dtype() != mx::float32 ||
+        b[1].shape() != mx::Shape{kv_heads * head_dim} || b[2].dtype() != mx::float32 || b[2].shape() != b[1].shape())
+      fail("biases must be q's, k's and v's, float32 of their outputs");
+    inputs.insert(inputs.end(), b.begin(), b.end());
+  }
   if (mask.has_value()) {
     const auto& m = *mask;
     if (m.dtype() != mx::bool_ || m.ndim() != 4 || (m.shape(0) != 1 && m.shape(0) != batch) || m.shape(1) != 1 ||
@@ -1719,8 +1831,8 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
       fail("mask must be boolean (batch or 1, 1, 1, keys), keys at most the cache's capacity");
     inputs.push_back(m);
   }
-  BlockStepSettings settings{{attn_eps, rope_dims, heads, traditional, exact, {}}, scale, ffn_eps,
-                             std::vector<int>(layouts.begin() + 6, layouts.end()), arrays, mask.has_value()};
+  BlockStepSettings settings{{attn_eps, rope_dims, heads, traditional, exact, {}, biases.has_value()}, scale, ffn_eps,
+                             std::vector<int>(layouts.begin() + 6, layouts.end()), arrays, mask.has_value(), ffn};
   std::copy(layouts.begin(), layouts.begin() + 6, settings.inputs.layouts);
   std::vector<mx::Shape> shapes{x.shape()};
   std::vector<mx::Dtype> dtypes{mx::float32};
@@ -1731,7 +1843,343 @@ std::vector<mx::array> block_step(const mx::array& x, const std::vector<mx::arra
   return mx::array::make_arrays(shapes, dtypes, std::make_shared<BlockStepOp>(std::move(settings)), inputs);
 }
 
+// What a CPU op of several outputs computes: its inputs, then its outputs (allocated), on the CPU stream's thread.
+using MultiWork = std::function<void(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs)>;
+
+// An MLX primitive of several outputs that runs `work` on the CPU (and refuses the GPU), as `CpuOp` for one output;
+// its outputs have the shapes `shapes` gives for its inputs. Output `donated.second` is written in input
+// `donated.first`'s buffer where nothing else holds it (a state replaced by the op's new one), so `work` must read
+// each of that input's values before it writes the output's.
+class CpuMultiOp : public mx::Primitive {
+ public:
+  using Shapes = std::function<std::vector<mx::Shape>(const std::vector<mx::array>&)>;
+  CpuMultiOp(const char* name, std::vector<float> params, MultiWork work, Shapes shapes,
+             std::optional<std::pair<int, int>> donated = std::nullopt)
+      : mx::Primitive(mx::default_stream(mx::Device::cpu)), name_(name), params_(std::move(params)),
+        work_(std::move(work)), shapes_(std::move(shapes)), donated_(donated) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    // Each output holds its own list of the op's inputs; the others' would keep the donated input from being
+    // donatable (MLX drops them once the op is evaluated anyway).
+    for (auto& output : outputs)
+      if (&output.inputs() != &inputs) output.inputs().clear();
+    for (int j = 0; j < static_cast<int>(outputs.size()); ++j) {
+      auto& output = outputs[j];
+      if (donated_ && donated_->second == j) {
+        const auto& input = inputs[donated_->first];
+        if (input.is_donatable() && input.flags().row_contiguous && input.nbytes() == output.nbytes()) {
+          output.copy_shared_buffer(input);
+          continue;
+        }
+      }
+      output.set_data(mx::allocator::malloc(output.nbytes()));
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in, out;
+    for (auto& input : inputs) {
+      encoder.set_input_array(input);
+      in.push_back(mx::array::unsafe_weak_copy(input));
+    }
+    for (auto& output : outputs) {
+      encoder.set_output_array(output);
+      out.push_back(mx::array::unsafe_weak_copy(output));
+    }
+    encoder.dispatch([in = std::move(in), out = std::move(out), work = work_]() mutable { work(in, out); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string(name_) + " runs on the CPU only");
+  }
+
+  const char* name() const override { return name_; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const CpuMultiOp&>(other);
+    return std::string(name_) == o.name_ && params_ == o.params_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return shapes_(inputs); }
+
+ private:
+  const char* name_;
+  std::vector<float> params_;
+  MultiWork work_;
+  Shapes shapes_;
+  std::optional<std::pair<int, int>> donated_;
+};
+
+// The Gated DeltaNet's one-token step after its projections (minimlx/core/recurrent.py's `GatedDeltaNet.mix` is the
+// reference), for a batch of rows: the causal convolution over qkv continuing `conv` and silu; q and k l2-normed
+// (q over sqrt(key_dims)); decay e^g, g = -e^A_log softplus(a + dt_bias), and beta = sigmoid(b); the delta rule over
+// `state` (delta.h); the output of each value head rms-normed, times the norm's weight and silu(z).
+// Inputs: qkv (batch, 1, channels), conv (batch, kernel - 1, channels), conv_weight (channels, kernel, 1), a and b
+// (batch, 1, value_heads), z (batch, 1, value_heads * value_dims), dt_bias and A_log (value_heads), norm_weight
+// (value_dims), state (batch, value_heads, key_dims, value_dims). Outputs: the normed output (z's shape), the new
+// conv state and the new recurrent state.
+struct DeltaStepSettings {
+  int key_heads, key_dims;
+  float eps;
+};
+
+void delta_step_work(const std::vector<mx::array>& in, std::vector<mx::array>& out, const DeltaStepSettings& s) {
+  thread_local Floats copies[10], mixed, qs, ks, decays, betas, heads_out;
+  const float* x = contiguous(in[0], copies[0]);
+  const float* conv = contiguous(in[1], copies[1]);
+  const float* conv_w = contiguous(in[2], copies[2]);
+  const float* a = contiguous(in[3], copies[3]);
+  const float* b = contiguous(in[4], copies[4]);
+  const float* z = contiguous(in[5], copies[5]);
+  const float* dt_bias = contiguous(in[6], copies[6]);
+  const float* a_log = contiguous(in[7], copies[7]);
+  const float* norm_w = contiguous(in[8], copies[8]);
+  const float* state = contiguous(in[9], copies[9]);
+  const int batch = in[0].shape(0), channels = in[0].shape(2), kept = in[1].shape(1), kernel = kept + 1;
+  const int value_heads = in[3].shape(2), Dk = s.key_dims, Dv = in[8].shape(0), Hk = s.key_heads;
+  const int key_width = Hk * Dk;
+  float* next_conv = out[1].data<float>();
+  mixed.resize(static_cast<size_t>(batch) * channels);
+  for (int r = 0; r < batch; ++r) {
+    const float* window = conv + static_cast<int64_t>(r) * kept * channels;
+    const float* token = x + static_cast<int64_t>(r) * channels;
+    float* y = mixed.data() + static_cast<int64_t>(r) * channels;
+    for (int c = 0; c < channels; ++c) {
+      const float* w = conv_w + static_cast<int64_t>(c) * kernel;
+      float sum = 0.0f;
+      for (int j = 0; j < kept; ++j) sum += window[static_cast<int64_t>(j) * channels + c] * w[j];
+      sum += token[c] * w[kept];
+      y[c] = sum;
+    }
+    kIsa.silu(y, y, 0, channels);
+    float* kept_out = next_conv + static_cast<int64_t>(r) * kept * channels;
+    if (kept > 1) std::memcpy(kept_out, window + channels, sizeof(float) * (kept - 1) * channels);
+    if (kept > 0) std::memcpy(kept_out + static_cast<int64_t>(kept - 1) * channels, token, sizeof(float) * channels);
+  }
+  qs.resize(static_cast<size_t>(batch) * key_width);
+  ks.resize(qs.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+  for (int r = 0; r < batch; ++r)
+    for (int h = 0; h < Hk; ++h) {
+      const float* y = mixed.data() + static_cast<int64_t>(r) * channels + h * Dk;
+      const int64_t at = (static_cast<int64_t>(r) * Hk + h) * Dk;
+      for (auto [from, to, times] : {std::tuple{y, qs.data() + at, scale}, std::tuple{y + key_width, ks.data() + at, 1.0f}}) {
+        float squares = 0.0f;
+        for (int d = 0; d < Dk; ++d) squares += from[d] * from[d];
+        const float inverse = 1.0f / std::sqrt(squares + 1e-6f);
+        for (int d = 0; d < Dk; ++d) to[d] = from[d] * inverse * times;
+      }
+    }
+  const int rows = batch * value_heads;
+  decays.resize(rows);
+  betas.resize(rows);
+  for (int at = 0; at < rows; ++at) {
+    const int h = at % value_heads;
+    const float shifted = a[at] + dt_bias[h];
+    const float softplus = std::max(shifted, 0.0f) + std::log1p(std::exp(-std::abs(shifted)));
+    decays[at] = std::exp(-std::exp(a_log[h]) * softplus);
+    betas[at] = 1.0f / (1.0f + std::exp(-b[at]));
+  }
+  // v of row r is mixed[r, 2 * key_width:], value heads after one another: as DeltaHeads reads it when batch is 1;
+  // a batch's rows are gathered.
+  const float* v = mixed.data() + 2 * key_width;
+  Floats values;
+  if (batch > 1) {
+    const int value_width = channels - 2 * key_width;
+    values.resize(static_cast<size_t>(batch) * value_width);
+    for (int r = 0; r < batch; ++r)
+      std::memcpy(values.data() + static_cast<int64_t>(r) * value_width, v + static_cast<int64_t>(r) * channels,
+                  sizeof(float) * value_width);
+    v = values.data();
+  }
+  heads_out.resize(static_cast<size_t>(rows) * Dv);
+  DeltaHeads d{qs.data(), ks.data(), v, decays.data(), betas.data(), state, out[2].data<float>(), heads_out.data(),
+               nullptr, value_heads, Hk, Dk, Dv};
+  constexpr int kHeadsPerBlock = 4;
+  const float* gates = z;
+  float* normed = out[0].data<float>();
+  share((rows + kHeadsPerBlock - 1) / kHeadsPerBlock, [&](int block) {
+    const int begin = block * kHeadsPerBlock, end = std::min(rows, begin + kHeadsPerBlock);
+    thread_local Floats scratch;
+    scratch.resize(static_cast<size_t>(kHeadsPerBlock) * Dv);
+    DeltaHeads mine = d;
+    mine.scratch = scratch.data();
+    kIsa.delta_heads(mine, begin, end);
+    for (int at = begin; at < end; ++at) {
+      const float* o = d.out + static_cast<int64_t>(at) * Dv;  // (thread_local names are this thread's own)
+      const float* gate = gates + static_cast<int64_t>(at) * Dv;
+      float* y = normed + static_cast<int64_t>(at) * Dv;
+      const float inverse = 1.0f / std::sqrt(sum_of_squares(o, Dv) / Dv + s.eps);
+      kIsa.silu(gate, y, 0, Dv);
+      for (int j = 0; j < Dv; ++j) y[j] *= o[j] * inverse * norm_w[j];
+    }
+  });
+}
+
+
+// A DeltaNet step's state and parameters, checked for `batch` rows of qkv of `channels`.
+void check_delta(const std::string& name, int batch, int channels, const mx::array& conv, const mx::array& conv_weight,
+                 const mx::array& dt_bias, const mx::array& A_log, const mx::array& norm_weight, const mx::array& state,
+                 int key_heads, int key_dims) {
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
+  for (const auto* input : {&conv, &conv_weight, &dt_bias, &A_log, &norm_weight, &state})
+    if (input->dtype() != mx::float32) fail("every input must be float32");
+  if (state.ndim() != 4 || state.shape(0) != batch || state.shape(2) != key_dims)
+    fail("state must be (batch, value_heads, key_dims, value_dims)");
+  const int value_heads = state.shape(1), value_dims = state.shape(3);
+  if (key_heads <= 0 || key_dims <= 0 || value_heads % key_heads ||
+      channels != 2 * key_heads * key_dims + value_heads * value_dims)
+    fail("qkv's channels must be 2 * key_heads * key_dims + value_heads * value_dims, value_heads a multiple of "
+         "key_heads");
+  if (conv_weight.ndim() != 3 || conv_weight.shape(0) != channels || conv_weight.shape(2) != 1)
+    fail("conv_weight must be (channels, kernel, 1)");
+  if (conv.shape() != mx::Shape{batch, conv_weight.shape(1) - 1, channels})
+    fail("conv must be (batch, kernel - 1, channels)");
+  if (dt_bias.shape() != mx::Shape{value_heads} || A_log.shape() != dt_bias.shape())
+    fail("dt_bias and A_log must be (value_heads,)");
+  if (norm_weight.shape() != mx::Shape{value_dims}) fail("norm_weight must be (value_dims,)");
+}
+
+std::vector<mx::array> delta_step(const mx::array& qkv, const mx::array& conv, const mx::array& conv_weight,
+                                  const mx::array& a, const mx::array& b, const mx::array& z, const mx::array& dt_bias,
+                                  const mx::array& A_log, const mx::array& norm_weight, const mx::array& state,
+                                  int key_heads, int key_dims, float eps) {
+  const std::string name = "minimlx_native.delta_step";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
+  for (const auto* input : {&qkv, &a, &b, &z})
+    if (input->dtype() != mx::float32) fail("every input must be float32");
+  if (qkv.ndim() != 3 || qkv.shape(1) != 1) fail("qkv must be (batch, 1, channels): one token of each sequence");
+  const int batch = qkv.shape(0);
+  check_delta(name, batch, qkv.shape(2), conv, conv_weight, dt_bias, A_log, norm_weight, state, key_heads, key_dims);
+  const int value_heads = state.shape(1);
+  if (a.shape() != mx::Shape{batch, 1, value_heads} || b.shape() != a.shape())
+    fail("a and b must be (batch, 1, value_heads)");
+  if (z.shape() != mx::Shape{batch, 1, value_heads * state.shape(3)})
+    fail("z must be (batch, 1, value_heads * value_dims)");
+  return mx::array::make_arrays({z.shape(), conv.shape(), state.shape()}, {mx::float32, mx::float32, mx::float32},
+                                std::make_shared<CpuMultiOp>(
+                                    "MinimlxNativeDeltaStep", std::vector<float>{float(key_heads), float(key_dims), eps},
+                                    [s = DeltaStepSettings{key_heads, key_dims, eps}](const auto& in, auto& out) {
+                                      delta_step_work(in, out, s);
+                                    },
+                                    [](const std::vector<mx::array>& in) {
+                                      return std::vector<mx::Shape>{in[5].shape(), in[1].shape(), in[9].shape()};
+                                    },
+                                    std::pair{9, 2}),
+                                {qkv, conv, conv_weight, a, b, z, dt_bias, A_log, norm_weight, state});
+}
+
+// A pre-norm block around a Gated DeltaNet, one token a row, every projection held as GGUF blocks: n = rms_norm(x)
+// (attn_eps); qkv, z, a, b = n's products (one quantization of n, one pass over the pool); the DeltaNet's step
+// (`delta_step_work`) and its out projection; mid = x + that; mid + down(silu(gate(m)) * up(m)) for m =
+// rms_norm(mid) (ffn_eps). Each product computed as block_matmul / block_swiglu compute it.
+// Inputs: x (batch, 1, dims), conv, state, the attention norm's weight, qkv's, z's, a's and b's blocks, conv_weight,
+// dt_bias, A_log, the gated norm's weight, out's blocks, the feed-forward norm's weight, gate's, up's and down's blocks.
+// Outputs: the block's output (x's shape), the new conv state, the new state.
+enum DeltaBlockInputs {
+  kDeltaX, kDeltaConv, kDeltaState, kDeltaNorm, kDeltaQkv, kDeltaZ, kDeltaA, kDeltaB, kDeltaConvWeight, kDeltaDtBias,
+  kDeltaALog, kDeltaGatedNorm, kDeltaOut, kDeltaFfnNorm, kDeltaGate, kDeltaUp, kDeltaDown, kDeltaInputs
+};
+
+struct DeltaBlockSettings {
+  DeltaStepSettings step;
+  float attn_eps, ffn_eps;
+  bool exact;
+  std::vector<int> types;  // of qkv, z, a, b, out, gate, up, down
+};
+
+// out = x @ W.T for W held as blocks of `type`, as block_matmul computes it (with `gate`, block_swiglu).
+void block_product_into(const mx::array& x, const mx::array& w, int type, bool exact, mx::array& out,
+                        const mx::array* gate = nullptr) {
+  if (gate == nullptr) return block_product_work({type}, exact, false)({x, w}, out);
+  block_product_work({type, type}, exact, false)({x, *gate, w}, out);
+}
+
+void delta_block_work(const std::vector<mx::array>& in, std::vector<mx::array>& out, const DeltaBlockSettings& s) {
+  const mx::array& x = in[kDeltaX];
+  const int batch = x.shape(0), dims = x.shape(2), value_heads = in[kDeltaState].shape(1);
+  const int value_width = value_heads * in[kDeltaState].shape(3);
+  mx::array h = scratch(x.shape());
+  rms_norm_work(s.attn_eps)({x, in[kDeltaNorm]}, h);
+  mx::array qkv = scratch({batch, 1, in[kDeltaQkv].shape(0)}), z = scratch({batch, 1, value_width});
+  mx::array a = scratch({batch, 1, value_heads}), b = scratch({batch, 1, value_heads});
+  const std::tuple<int, mx::array*, int> products[] = {{kDeltaQkv, &qkv, 0}, {kDeltaZ, &z, 1}, {kDeltaA, &a, 2},
+                                                       {kDeltaB, &b, 3}};
+  if (s.exact) {
+    for (auto [w, result, type] : products) block_product_into(h, in[w], s.types[type], true, *result);
+  } else {
+    std::vector<BlockProblem> problems;
+    for (auto [w, result, type] : products)
+      problems.push_back(block_problem(in[w], s.types[type], batch, dims, result->data<float>()));
+    integer_block_products(h.data<float>(), batch, dims, problems);
+  }
+  mx::array mixed = scratch(z.shape());
+  std::vector<mx::array> mix_out{mixed, out[1], out[2]};
+  delta_step_work({qkv, in[kDeltaConv], in[kDeltaConvWeight], a, b, z, in[kDeltaDtBias], in[kDeltaALog],
+                     in[kDeltaGatedNorm], in[kDeltaState]},
+                    mix_out, s.step);
+  mx::array o = scratch(x.shape()), mid = scratch(x.shape()), normed = scratch(x.shape());
+  block_product_into(mixed, in[kDeltaOut], s.types[4], s.exact, o);
+  const size_t values = x.size();
+  thread_local Floats x_copy;
+  const float *xs = contiguous(x, x_copy), *os = o.data<float>();
+  float* mids = mid.data<float>();
+  for (size_t d = 0; d < values; ++d) mids[d] = xs[d] + os[d];
+  rms_norm_work(s.ffn_eps)({mid, in[kDeltaFfnNorm]}, normed);
+  mx::array gated = scratch({batch, 1, in[kDeltaUp].shape(0)}), down = scratch(x.shape());
+  block_product_into(normed, in[kDeltaUp], s.types[6], s.exact, gated, &in[kDeltaGate]);
+  block_product_into(gated, in[kDeltaDown], s.types[7], s.exact, down);
+  const float* downs = down.data<float>();
+  float* y = out[0].data<float>();
+  for (size_t d = 0; d < values; ++d) y[d] = mids[d] + downs[d];
+}
+
+
+std::vector<mx::array> delta_block_step(const mx::array& x, const mx::array& conv, const mx::array& state,
+                                        const std::vector<mx::array>& weights, const std::vector<int>& types,
+                                        int key_heads, int key_dims, float eps, float attn_eps, float ffn_eps,
+                                        bool exact) {
+  const std::string name = "minimlx_native.delta_block_step";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(name + ": " + what); };
+  if (weights.size() != kDeltaInputs - kDeltaNorm)
+    fail("weights must be the attention norm's weight, qkv's, z's, a's and b's blocks, conv_weight, dt_bias, A_log, "
+         "the gated norm's weight, out's blocks, the feed-forward norm's weight, gate's, up's and down's blocks");
+  if (types.size() != 8) fail("types must be those of qkv, z, a, b, out, gate, up and down");
+  if (types[5] != types[6]) fail("gate and up must be blocks of one type");
+  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(1) != 1)
+    fail("x must be float32 (batch, 1, dims): one token of each sequence");
+  std::vector<mx::array> inputs{x, conv, state};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  const int dims = x.shape(2), batch = x.shape(0);
+  if (state.ndim() != 4) fail("state must be (batch, value_heads, key_dims, value_dims)");
+  const int value_width = state.shape(1) * state.shape(3);
+  const int qkv_width = 2 * key_heads * key_dims + value_width;
+  check_norm(name, inputs[kDeltaNorm], dims);
+  check_norm(name, inputs[kDeltaFfnNorm], dims);
+  const std::tuple<int, int, int, int> products[] = {
+      {kDeltaQkv, 0, dims, qkv_width}, {kDeltaZ, 1, dims, value_width}, {kDeltaA, 2, dims, state.shape(1)},
+      {kDeltaB, 3, dims, state.shape(1)}, {kDeltaOut, 4, value_width, dims}, {kDeltaGate, 5, dims, -1},
+      {kDeltaUp, 6, dims, -1}, {kDeltaDown, 7, -1, dims}};
+  const int hidden = inputs[kDeltaUp].ndim() == 2 ? inputs[kDeltaUp].shape(0) : 0;
+  for (auto [at, type, K, N] : products) {
+    if (block_features(name, inputs[at], types[type]) != (K < 0 ? hidden : K) || inputs[at].shape(0) != (N < 0 ? hidden : N))
+      fail("weight " + std::to_string(at - kDeltaNorm) + " held as blocks must be (outputs, row bytes) for its inputs");
+  }
+  check_delta(name, batch, qkv_width, conv, inputs[kDeltaConvWeight], inputs[kDeltaDtBias], inputs[kDeltaALog],
+              inputs[kDeltaGatedNorm], state, key_heads, key_dims);
+  DeltaBlockSettings settings{{key_heads, key_dims, eps}, attn_eps, ffn_eps, exact, types};
+  std::vector<float> params{float(key_heads), float(key_dims), eps, attn_eps, ffn_eps, float(exact)};
+  for (int t : types) params.push_back(float(t));
+  auto work = [settings](const auto& in, auto& out) { delta_block_work(in, out, settings); };
+  auto shapes = [](const std::vector<mx::array>& in) {
+    return std::vector<mx::Shape>{in[kDeltaX].shape(), in[kDeltaConv].shape(), in[kDeltaState].shape()};
+  };
+  return mx::array::make_arrays({x.shape(), conv.shape(), state.shape()}, {mx::float32, mx::float32, mx::float32},
+                                std::make_shared<CpuMultiOp>("MinimlxNativeDeltaBlockStep", params, work, shapes,
+                                                             std::pair{int(kDeltaState), 2}),
+                                inputs);
+}
 }  // namespace minimlx_native
+
+#include "feedforward_step.h"  // block_moe, block_geglu, block_layer_input: over the block products above
 
 NB_MODULE(_ext, m) {
   m.doc() = "Quantized matrix products for MLX's CPU backend, reading affine-packed weights directly.";
@@ -1782,7 +2230,7 @@ NB_MODULE(_ext, m) {
         "every token, in adjacent pairs (traditional) or pairs (i, i + dims / 2).");
   m.def("block_step", &minimlx_native::block_step, "x"_a, "cache"_a, "start"_a, "weights"_a, "cos"_a,
         "sin"_a, "layouts"_a, "heads"_a, "kv_heads"_a, "rope_dims"_a, "traditional"_a, "scale"_a, "attn_eps"_a,
-        "ffn_eps"_a, "exact"_a = false, "mask"_a = nb::none(),
+        "ffn_eps"_a, "exact"_a = false, "mask"_a = nb::none(), "biases"_a = nb::none(),
         "A pre-norm block's one-token decode step in one op, for each row of x (batch, 1, dims) float32: h = "
         "rms_norm(x) (attn_eps), q, k, v = its products, RoPE of q and k by cos, sin ((rope_dims / 2,), or (batch, 1, "
         "rope_dims / 2) for a position per row), k and v written into the cache's buffers at position `start` "
@@ -1794,7 +2242,28 @@ NB_MODULE(_ext, m) {
         "k's, v's and o's (w, scales, biases) laid out as quantized_matmul's, the feed-forward norm's weight, up's, "
         "gate's and down's; `layouts` the (group_size, bits) of the q, k, v, o, up-and-gate and down products, or (0, "
         "type) for one held as GGUF blocks (block_matmul's w, given in place of its w, scales and biases alike). "
+        "With only the first 13 weights (and 8 layouts) the step ends at mid, the attention's half of a block whose "
+        "feed-forward is another op. `biases`: q's, k's and v's biases (float32), added to their products. "
         "Returns [the block's output, *the cache's buffers], written in place where nothing else holds them.");
+  m.def("delta_step", &minimlx_native::delta_step, "qkv"_a, "conv"_a, "conv_weight"_a, "a"_a, "b"_a, "z"_a,
+        "dt_bias"_a, "A_log"_a, "norm_weight"_a, "state"_a, "key_heads"_a, "key_dims"_a, "eps"_a,
+        "A Gated DeltaNet's one-token step after its projections, all float32: the causal convolution of qkv (batch, "
+        "1, channels) continuing conv (batch, kernel - 1, channels) with conv_weight (channels, kernel, 1), then silu; "
+        "q and k (key_heads of key_dims) l2-normed, q over sqrt(key_dims); decay exp(-exp(A_log) * softplus(a + "
+        "dt_bias)) and beta = sigmoid(b) from a, b (batch, 1, value_heads); the gated delta rule over state (batch, "
+        "value_heads, key_dims, value_dims), each key head serving value_heads / key_heads consecutive value heads; "
+        "each value head's output rms-normed (eps) times norm_weight (value_dims) and silu(z). Returns [that output "
+        "(z's shape), the new conv state, the new state].");
+  m.def("delta_block_step", &minimlx_native::delta_block_step, "x"_a, "conv"_a, "state"_a, "weights"_a, "types"_a,
+        "key_heads"_a, "key_dims"_a, "eps"_a, "attn_eps"_a, "ffn_eps"_a, "exact"_a = false,
+        "A pre-norm block around a Gated DeltaNet, one token a row (x float32 (batch, 1, dims)), every projection held "
+        "as GGUF blocks (block_matmul's w): n = rms_norm(x) (attn_eps); the DeltaNet's projections of n (qkv, z, a, b) "
+        "and its step as delta_step computes it over conv and state; mid = x + out(that); mid + down(silu(gate(m)) * "
+        "up(m)) for m = rms_norm(mid) (ffn_eps). `weights`: the attention norm's weight, qkv's, z's, a's and b's "
+        "blocks, conv_weight, dt_bias, A_log, the gated norm's weight, out's blocks, the feed-forward norm's weight, "
+        "gate's, up's and down's blocks; `types` the blocks' types (qkv, z, a, b, out, gate, up, down). Products take "
+        "8-bit inputs for integer dot products unless `exact`. Returns [the block's output, the new conv state, the "
+        "new state].");
   m.def("block_matmul", [](const mx::array& x, const mx::array& w, int type, bool exact, bool prompt) {
           return minimlx_native::block_product("minimlx_native.block_matmul", x, {w}, {type}, exact, prompt);
         }, "x"_a, "w"_a, "type"_a, "exact"_a = false, "prompt"_a = false,
@@ -1817,6 +2286,27 @@ NB_MODULE(_ext, m) {
         "(experts, N, row bytes) uint8 whose rows are block_matmul's, ids (pairs) int32; each run of equal "
         "consecutive ids one product of its rows, as block_matmul computes one (`exact`, `prompt` alike). An id "
         "outside the experts gives zeros.");
+  m.def("block_moe", &minimlx_native::block_moe, "x"_a, "router"_a, "score_bias"_a, "experts"_a, "shared"_a,
+        "types"_a, "k"_a, "sigmoid"_a, "normalize"_a, "scale"_a, "exact"_a = false,
+        "A mixture of experts' step for a few rows of x (..., K) float32, in one op: scores = sigmoid (or softmax) "
+        "of router (experts, K) float32 @ x, the k experts of the largest scores + score_bias (float32 (experts,), or "
+        "None), weighted by their scores (renormalised to sum 1 with `normalize`) times `scale`; sum over them of "
+        "weight * down(silu(gate(x)) * up(x)), for experts = [gate, up, down] held as block_gather_matmul's w, plus "
+        "the shared expert's down(silu(gate(x)) * up(x)) for shared = [gate, up, down] held as block_matmul's (or "
+        "[]); `types` the ggml types of the six (or three) weights. Each row is quantized once for all its products "
+        "(as block_matmul's, unless `exact`).");
+  m.def("block_geglu", &minimlx_native::block_geglu, "x"_a, "gate_w"_a, "gate_type"_a, "up_w"_a, "up_type"_a,
+        "exact"_a = false,
+        "gelu(x @ gate.T) * (x @ up.T) with GELU's tanh form (Gemma's GeGLU) for a few rows of x (..., K) float32 "
+        "and weights held as block_matmul's, of as many rows: both products from each row quantized once (unless "
+        "`exact`) and the gate, in one op.");
+  m.def("geglu", &minimlx_native::geglu, "gate"_a, "up"_a,
+        "gelu(gate) * up for float32 arrays of one shape, elementwise, GELU's tanh form: a GeGLU's gate in one pass.");
+  m.def("block_layer_input", &minimlx_native::block_layer_input, "h"_a, "gate_w"_a, "gate_type"_a, "proj_w"_a,
+        "proj_type"_a, "own"_a, "norm_weight"_a, "eps"_a, "scalar"_a, "exact"_a = false,
+        "Gemma 4's per-layer input for a few rows of h (..., D) float32, in one op: (h + rms_norm(proj(gelu(gate(h)) "
+        "* own)) * norm_weight) * scalar, gelu the tanh form, gate (I, row bytes) and proj (D, row bytes) held as "
+        "block_matmul's, own (..., I) the rows' own inputs, scalar float32 of one value.");
   m.def("block_rows", &minimlx_native::block_rows_of, "w"_a, "ids"_a, "type"_a,
         "Rows `ids` (int32) of a weight held as block_matmul's, dequantized to float32: (*ids.shape, K).");
   m.attr("block_isa") = minimlx_native::kIsa.blocks.name;

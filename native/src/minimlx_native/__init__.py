@@ -10,10 +10,15 @@ the same over keys and values quantized as `mx.quantize` holds them (8 or 4 bits
 `silu(x)` is x * sigmoid(x) with a vectorized exp (`swiglu(gate, up)`: silu(gate) * up); `rms_norm(x, weight, eps)` and `rotate(x, cos, sin, dims,
 traditional)` (rotary embedding by given angles) are single ops where MLX's CPU backend composes several, and
 `block_step(...)` is a pre-norm block's one-token decode step in one op, which writes the token's keys and values
-into the cache's buffers. `block_matmul(x, w, type)` is `x @ W.T` for W held as a GGUF file stores it (rows of Q4_K,
+into the cache's buffers; `delta_step(...)` is a Gated DeltaNet's one-token step after its projections
+(convolution, normed q and k, gates, the delta rule over its state, the gated norm) in one op, and
+`delta_block_step(...)` the whole pre-norm block around it (GGUF blocks) in one op.
+`block_matmul(x, w, type)` is `x @ W.T` for W held as a GGUF file stores it (rows of Q4_K,
 Q5_K, Q6_K or Q8_0 blocks, uint8), with integer dot products for a few rows of x, `block_swiglu` its gated form,
 `block_gather_matmul(x, w, type, ids)` its form for stacked experts (each row by its expert's weight) and
-`block_rows(w, ids, type)` its rows dequantized (an embedding's lookup). `isa` names the instruction
+`block_rows(w, ids, type)` its rows dequantized (an embedding's lookup), and `block_moe(...)` a mixture of experts'
+step over such experts (router, chosen experts, weighted sum, shared expert) in one op, `block_geglu` a GeGLU's gated
+product (Gemma's) over such weights (`geglu` its gate alone), `block_layer_input` Gemma 4's per-layer input after a block. `isa` names the instruction
 set in use (avx512, avx2, neon or scalar), `integer_isa` the one of the integer products (avx512vnni, avxvnni, avx2,
 neondot or scalar; `MINIMLX_NATIVE_ISA` names the widest to use), `block_isa` the one of the block products,
 `threads` the threads that split the output rows.
@@ -41,10 +46,16 @@ swiglu = _ext.swiglu
 rms_norm = _ext.rms_norm
 rotate = _ext.rotate
 block_step = _ext.block_step
+delta_step = _ext.delta_step
+delta_block_step = _ext.delta_block_step
 block_matmul = _ext.block_matmul
 block_swiglu = _ext.block_swiglu
 block_gather_matmul = _ext.block_gather_matmul
 block_rows = _ext.block_rows
+block_moe = _ext.block_moe
+block_geglu = _ext.block_geglu
+geglu = _ext.geglu
+block_layer_input = _ext.block_layer_input
 isa: str = _ext.isa
 integer_isa: str = _ext.integer_isa
 block_isa: str = _ext.block_isa
