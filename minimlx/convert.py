@@ -59,7 +59,7 @@ from .text.gguf_vocab import read_vocab
 from .text.tokenizer import add_special_tokens
 
 SHARD_SIZE = 5 << 30  # bytes: mlx-lm's (and the Hugging Face Hub's) largest file
-TOKENIZER_FILES = (
+SIDE_FILES = (  # what a model needs beside its weights and config: tokenizer, chat template, processors
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -70,6 +70,9 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "generation_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 
 
@@ -328,7 +331,7 @@ def read_source(path: Path, dtype: str | None) -> tuple[Checkpoint, dict | None,
     tensors (`gguf_standins`: the checkpoint holds those, and nothing is read yet) or None for a folder (whose tensors
     are read when evaluated), and a function that writes its tokenizer files into a folder."""
     if path.is_dir() or path.suffix.lower() != ".gguf":
-        return read_checkpoint(path, dtype), None, lambda out: copy_tokenizer(path, out)
+        return read_checkpoint(path, dtype), None, lambda out: copy_side_files(path, out)
     _, standins, checkpoint = gguf_standins(path, DTYPES.get(dtype))
     config = checkpoint.config
     scaling = config.get("rope_scaling") or {}
@@ -582,9 +585,9 @@ def write_config(config: dict, quantization: dict | None, torch_dtype: str, path
     path.write_text(json.dumps(dict(sorted(config.items())), indent=4) + "\n")
 
 
-def copy_tokenizer(folder: Path, out: Path) -> None:
-    """The tokenizer, chat template and generation settings files the source folder has."""
-    for name in TOKENIZER_FILES:
+def copy_side_files(folder: Path, out: Path) -> None:
+    """The tokenizer, chat template, generation settings and image processor files the source folder has."""
+    for name in SIDE_FILES:
         if (folder / name).is_file():
             shutil.copy(folder / name, out / name)
     if not (folder / "tokenizer.json").is_file():

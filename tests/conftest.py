@@ -56,6 +56,16 @@ def qwen3_vl_chat(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def idefics3_chat(tmp_path_factory):
+    """(folder, torch model, transformers processor) of vision_models.py's tiny random Idefics3 over the character
+    tokenizer and its chat template, built once for the modules that test it directly and through the server."""
+    from vision_models import save_idefics3
+
+    folder = tmp_path_factory.mktemp("idefics3")
+    return folder, *save_idefics3(folder, seed=7)
+
+
+@pytest.fixture(scope="session")
 def adapted_llama(hf_folder, tmp_path_factory):
     """(folder, adapter folder): `hf_folder`'s tiny llama and a rank-4 LoRA of its last block's q, v and down
     projections, B random (as training leaves it), saved in PEFT's format."""

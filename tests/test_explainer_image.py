@@ -8,7 +8,7 @@ import json
 import mlx.core as mx
 import pytest
 from explain_browser import Explained, Page, chromium
-from vision_models import pictures, save_gemma3_chat
+from vision_models import gemma3_processor, pictures, save_gemma3_chat
 
 import minimlx
 from minimlx.anatomy.lens import top_guesses
@@ -21,18 +21,21 @@ PROMPT = "What is it?"
 
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory):
-    """(model, tokenizer, the page after walking PROMPT, its ExplainedImage, the picture's path)."""
+    """(model, tokenizer, the page after walking PROMPT, its ExplainedImage, the picture's path, Gemma3Processor's ids
+    of the picture before PROMPT)."""
     folder = tmp_path_factory.mktemp("gemma3-explain")
-    save_gemma3_chat(folder)
+    _, image_processor = save_gemma3_chat(folder)
     model, tokenizer = minimlx.load(folder, dtype="float32")
     path = folder / "picture.png"
     pictures([(40, 72)])[0].save(path)
     image = ExplainedImage.read(model, tokenizer, path)
+    processor = gemma3_processor(folder, image_processor)
+    expected = processor(text=f"<start_of_image>{PROMPT}", images=pictures([(40, 72)]))["input_ids"][0]
     server = Explained(model, tokenizer, "tiny-gemma3", image=image)
     playwright, browser = chromium()
     page = Page(browser, server.url + "/")
     page.explain(PROMPT)
-    yield model, tokenizer, page, image, path
+    yield model, tokenizer, page, image, path, expected
     browser.close()
     playwright.stop()
     server.stop()
@@ -45,10 +48,10 @@ def shown_heatmap(page: Page) -> tuple[dict, mx.array]:
 
 
 def test_the_heatmap_over_the_image_is_traces_attention_to_its_soft_tokens(explained):
-    model, tokenizer, page, image, _ = explained
+    model, tokenizer, page, image, _, expected = explained
     p = page.page
     ids = p.locator(".mx-tokens .mx-token").evaluate_all("t => t.map(e => Number(e.dataset.id))")
-    assert ids == image.ids(tokenizer.encode(image.prompt(PROMPT)), 256)  # the picture before the text
+    assert ids == expected  # the picture before the text, written out as Gemma 3's processor writes it
     start, stop = ids.index(model.config.image_token), len(ids) - ids[::-1].index(model.config.image_token)
     assert stop - start == 16 and p.locator(".mx-image-token").count() == 16
     assert json.loads(p.locator("canvas.mx-image-heat").get_attribute("data-grid")) == [4, 4]
@@ -75,7 +78,7 @@ def test_the_heatmap_over_the_image_is_traces_attention_to_its_soft_tokens(expla
 
 
 def test_the_lens_and_next_token_are_the_image_conditioned_prompts(explained, tmp_path):
-    model, tokenizer, page, image, path = explained
+    model, tokenizer, page, image, path, _ = explained
     ids = page.page.locator(".mx-tokens .mx-token").evaluate_all("t => t.map(e => Number(e.dataset.id))")
     names = ["embed"] + [f"layers.{i}.resid_post" for i in range(len(model.layers))] + ["logits"]
     values = minimlx.trace(model, ids, names, images=image.placed(ids))
@@ -102,7 +105,7 @@ def test_bad_images_are_one_line(explained, tmp_path):
     from minimlx.cli import main
     from minimlx.errors import InvalidSettingError
 
-    model, tokenizer, _, image, path = explained
+    model, tokenizer, _, image, path, _ = explained
     args = ["explain", "--image", str(tmp_path / "none.png"), "--html", str(tmp_path / "x.html"), "--prompt", "a"]
     missing = CliRunner().invoke(main, args)
     assert missing.exit_code == 2 and "no such image file" in missing.output

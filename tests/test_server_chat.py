@@ -111,6 +111,12 @@ BAD_REQUESTS = {
     ),
     "prompt_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),
     "completion_without_prompt": ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    "completion_ids_outside_the_vocabulary": (
+        "/v1/completions",
+        {"prompt": [1, 49152], "max_tokens": 3},
+        400,
+        "prompt",
+    ),
     "json_nested_100000_deep": (CHAT, b"[" * 100_000 + b"]" * 100_000, 400, None),
     "stop_list_of_numbers": (CHAT, {"messages": QUESTION, "stop": [1]}, 400, "stop"),
     "tools_not_a_list": (CHAT, {"messages": QUESTION, "tools": "weather"}, 400, "tools"),

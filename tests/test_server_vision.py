@@ -25,12 +25,20 @@ from reference import require
 from vision_models import (
     CHAT_IMAGE_TOKEN,
     EOS,
+    IDEFICS3_SHAPES,
+    MISTRAL3_CHAT_TOKENS,
+    PARTS_TEMPLATE,
     QWEN_SHAPES,
+    gemma3_processor,
     gemma4_inputs,
     pictures,
+    pixtral_inputs,
+    pixtral_layout,
     qwen_inputs,
     save_gemma3_chat,
     save_gemma4_chat,
+    save_mistral3_chat,
+    save_qwen3_image_text,
 )
 
 import minimlx
@@ -79,10 +87,11 @@ class InProcessServer:
         return require("anthropic").Anthropic(base_url="http://testserver", api_key="-", http_client=self.client)
 
     def prompt(self, messages: list[dict]) -> list[int]:
-        """The ids of `messages` templated, each image's place the model's image start token (not yet written out)."""
+        """The ids of `messages` templated, each image's place the model's image start token, written in the text as
+        the family's processor writes it (its places in the ids not yet written out)."""
         marker = self.tokenizer.decode([self.model.config.image_start_token])
         text = self.tokenizer.apply_chat_template(messages).replace("\ue000", marker)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(self.model.config.write_images_text(text), add_special_tokens=False)
 
     def cold(self, messages: list[dict], images: list, logit_bias: dict | None = None) -> str:
         """The greedy answer to `messages` (their image places as the model's image start token) read from an empty
@@ -96,21 +105,29 @@ class InProcessServer:
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
-    """(the server, the transformers model, its image processor)."""
+    """(the server, the transformers model, its Gemma3Processor)."""
     folder = tmp_path_factory.mktemp("gemma3-chat")
-    torch_model, processor = save_gemma3_chat(folder)
+    torch_model, image_processor = save_gemma3_chat(folder)
     served = InProcessServer(folder, "tiny")
     with served.client:
-        yield served, torch_model, processor
+        yield served, torch_model, gemma3_processor(folder, image_processor)
+
+
+def processor_inputs(processor, messages: list[dict], images: list) -> dict:
+    """Gemma3Processor's inputs (ids, pixels, token types as torch tensors) of `messages` (with image parts) and
+    `images`: the text its chat template writes, each image written out as the processor writes it."""
+    text = processor.tokenizer.apply_chat_template(messages, chat_template=PARTS_TEMPLATE, tokenize=False)
+    return processor(text=text, images=images, add_special_tokens=False, return_tensors="pt")
 
 
 def transformers_answer(served: InProcessServer, torch_model, processor, picture) -> str:
-    """transformers' greedy answer to the user message ASK around `picture`: each token the argmax of its forward
-    pass over the whole text so far (the image's tokens marked, so that they see each other both ways)."""
+    """transformers' greedy answer to the user message ASK around `picture`, its processor's inputs: each token the
+    argmax of its forward pass over the whole text so far (the image's tokens marked, so that they see each other
+    both ways)."""
     torch = require("torch")
-    text = served.tokenizer.apply_chat_template([{"role": "user", "content": "<start_of_image>".join(ASK)}])
-    ids = torch.tensor([served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False))])
-    pixels = torch.tensor(processor(images=[picture], return_tensors="np")["pixel_values"])
+    parts = [{"type": "text", "text": ASK[0]}, {"type": "image"}, {"type": "text", "text": ASK[1]}]
+    inputs = processor_inputs(processor, [{"role": "user", "content": parts}], [picture])
+    ids, pixels = inputs["input_ids"], inputs["pixel_values"]
     answer = []
     with torch.no_grad():
         while len(answer) < MAX_TOKENS and EOS not in answer:
@@ -163,6 +180,51 @@ def test_each_api_answers_an_image_as_transformers_does_streamed_and_not(gemma3)
     count = {"model": "tiny", "messages": [{"role": "user", "content": content}]}  # the image's places counted too
     counted = served.client.post("/v1/messages/count_tokens", json=count).json()["input_tokens"]
     assert counted == message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+def test_gemma3_prompts_hold_their_images_as_its_processor_writes_them(gemma3):
+    """One or two images in raw text and in a chat message's parts, through generate's prompt, a chat, the server's
+    count and the explainer: Gemma3Processor's ids (blank lines around each image's tokens, which a tokenizer merges
+    with the text beside them); a prompt written out already is kept as it is."""
+    from minimlx.decode.conversation import Conversation
+    from minimlx.decode.images import PromptImages
+    from minimlx.decode.prompt import prompt_ids
+    from minimlx.explainer.images import ExplainedImage
+    from minimlx.explainer.walk import prompt_ids as explainer_ids
+
+    served, _, processor = gemma3
+    model, tokenizer, start = served.model, served.tokenizer, "<start_of_image>"
+
+    def ours(text: str, images: list, chat_template: bool) -> list[int]:
+        return PromptImages.read(model, prompt_ids(model, tokenizer, text, chat_template, images=True), images)[0]
+
+    for images in (pictures()[:1], pictures()[1:]):
+        raw = "Compare " + " with ".join([start] * len(images)) + " please."
+        expected = processor(text=raw, images=images)["input_ids"][0]
+        assert expected.count(CHAT_IMAGE_TOKEN) == 16 * len(images) and ours(raw, images, False) == expected
+        assert ours(model.config.write_images_text(raw), images, False) == expected
+
+        parts = [{"type": "text", "text": "Compare "}, {"type": "image"}, {"type": "text", "text": " with "}]
+        parts = parts[: 2 * len(images)] + [{"type": "image"}] * (len(images) == 2) + [{"type": "text", "text": "!"}]
+        expected = processor_inputs(processor, [{"role": "user", "content": parts}], images)["input_ids"][0].tolist()
+        text = "".join(start if p["type"] == "image" else p["text"] for p in parts)
+        assert ours(text, images, True) == expected
+        blocks = [{"type": "image", "source": {"type": "base64", "data": data(i)}} for i in images]
+        content = [{"type": "text", "text": "Compare "}, blocks[0]] + [{"type": "text", "text": " with "}] + blocks[1:]
+        content = content[: 2 * len(images)] + [{"type": "text", "text": "!"}]
+        count = {"model": "tiny", "messages": [{"role": "user", "content": content}]}
+        assert served.client.post("/v1/messages/count_tokens", json=count).json()["input_tokens"] == len(expected)
+
+        chat = Conversation(model, tokenizer)
+        list(chat.say("What?", images=images, max_tokens=1))
+        parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": "What?"}]
+        expected = processor_inputs(processor, [{"role": "user", "content": parts}], images)["input_ids"][0].tolist()
+        assert chat.cached_ids[: len(expected)] == expected
+
+    image = ExplainedImage.read(model, tokenizer, pictures()[0])
+    parts = [{"type": "image"}, {"type": "text", "text": "What?"}]
+    expected = processor_inputs(processor, [{"role": "user", "content": parts}], [pictures()[0]])["input_ids"][0]
+    assert image.ids(explainer_ids(tokenizer, "What?", True, image), 256) == expected.tolist()
 
 
 def test_a_forced_tool_call_with_an_image_is_a_valid_call(gemma3):
@@ -222,8 +284,7 @@ def test_three_turns_about_one_image_prefill_only_their_new_tokens(gemma3):
 
 def prompt_tokens(served: InProcessServer, messages: list[dict]) -> int:
     """The prompt tokens of `messages` (their image places as the model writes them out)."""
-    text = served.tokenizer.apply_chat_template(messages).replace("\ue000", "<start_of_image>")
-    return len(served.model.config.expand_images(served.tokenizer.encode(text, add_special_tokens=False)))
+    return len(served.model.config.expand_images(served.prompt(messages)))
 
 
 def test_four_image_requests_decode_in_one_batch(gemma3, monkeypatch):
@@ -260,26 +321,15 @@ def qwen2_5_vl(qwen2_5_vl_chat):
 
 def test_qwen2_5_vl_answers_as_transformers_generate_and_its_next_turn_reuses_the_cache(qwen2_5_vl):
     """A picture resized to a 16 x 10 patch grid (8 x 5 soft tokens): the answer equals transformers' `generate`
-    through chat completions (streamed and not), Responses and Messages; the next turn prefills only its new tokens
-    (the positions after the image shifted as in the first turn) and answers as a cold read does."""
+    through chat completions (streamed and not); the next turn prefills only its new tokens (the positions after the
+    image shifted as in the first turn) and answers as a cold read does; Responses and Messages (streamed and not)
+    give the same answer and a forced tool call is valid."""
     served, torch_model, processor = qwen2_5_vl
     picture, openai = pictures(QWEN_SHAPES)[2], served.openai()
     expected, prompt_tokens = qwen_greedy_answer(served, torch_model, processor, picture)
     first = assert_chat_completions_answer(openai, [{"role": "user", "content": chat_content(picture)}], expected)
-    image = {"type": "input_image", "image_url": data_url(picture)}
-    content = [{"type": "input_text", "text": ASK[0]}, image, {"type": "input_text", "text": ASK[1]}]
-    responses = dict(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=MAX_TOKENS)
-    assert openai.responses.create(**responses, temperature=0).output_text == expected
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data(picture)}}
-    content = [{"type": "text", "text": ASK[0]}, block, {"type": "text", "text": ASK[1]}]
-    message = served.anthropic().messages.create(
-        messages=[{"role": "user", "content": content}],
-        model="tiny",
-        max_tokens=MAX_TOKENS,
-        extra_body={"temperature": 0},
-    )
-    assert "".join(b.text for b in message.content) == expected
     check_next_turn(served, picture, first, prompt_tokens)
+    assert_every_api_answers(served, picture, expected)
 
 
 def check_next_turn(served: InProcessServer, picture, first, prompt_tokens: int) -> None:
@@ -346,17 +396,106 @@ def assert_chat_completions_answer(openai, history: list[dict], expected: str):
     return first
 
 
-def test_qwen3_vl_answers_as_transformers_generate(qwen3_vl_chat):
-    """Qwen3-VL (DeepStack levels, an interleaved multimodal RoPE) through chat completions, streamed and not, with the
-    picture of 16 x 10 patches: the answer equals transformers' `generate`; so do Responses' and Messages', and a
-    forced tool call is a valid call."""
-    folder, torch_model, processor = qwen3_vl_chat
+@pytest.mark.parametrize("family", ["Qwen3VL", "Qwen3_5"])
+def test_qwen3_vl_and_qwen3_5_answer_as_transformers_generate(family, qwen3_vl_chat, tmp_path):
+    """Qwen3-VL (DeepStack levels, an interleaved multimodal RoPE) and Qwen3.5 (its hybrid text model) through chat
+    completions, streamed and not, with the picture of 16 x 10 patches: the answer equals transformers' `generate`;
+    so do Responses' and Messages', and a forced tool call is a valid call."""
+    if family == "Qwen3VL":
+        folder, torch_model, processor = qwen3_vl_chat
+    else:
+        folder, (torch_model, processor) = tmp_path, save_qwen3_image_text(tmp_path, family, chat=True)
     served = InProcessServer(folder, "tiny")
     with served.client:
         picture = pictures(QWEN_SHAPES)[2]
         expected, _ = qwen_greedy_answer(served, torch_model, processor, picture)
         assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
         assert_every_api_answers(served, picture, expected)
+
+
+def test_idefics3_answers_as_transformers_generate(idefics3_chat):
+    """Idefics3 (pictures cut into tiles): a chat completion whose user message holds three pictures between its words
+    (the chat template's image places become `<image>`s, written out as the processor writes them) answers as
+    transformers' greedy `generate` on that text, and its usage counts the written-out prompt; one picture of 2 x 2
+    tiles answers as `generate` does through chat completions (streamed and not), Responses and Messages, and a
+    forced tool call with it is a valid call."""
+    folder, torch_model, processor = idefics3_chat
+    served = InProcessServer(folder, "tiny")
+    with served.client:
+        three = pictures(IDEFICS3_SHAPES)
+        content = [{"type": "text", "text": "What is"}]
+        content += [{"type": "image_url", "image_url": {"url": data_url(picture)}} for picture in three]
+        content += [{"type": "text", "text": " this?"}]
+        answer = served.openai().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_TOKENS, temperature=0
+        )
+        expected, prompt_tokens = idefics3_answer(processor, torch_model, "What is<image><image><image> this?", three)
+        assert answer.usage.prompt_tokens == prompt_tokens
+        assert answer.choices[0].message.content == expected
+
+        picture = three[1]
+        expected, _ = idefics3_answer(processor, torch_model, "<image>".join(ASK), [picture])
+        assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
+        assert_every_api_answers(served, picture, expected)
+
+
+def idefics3_answer(processor, torch_model, question: str, images) -> tuple[str, int]:
+    """(transformers' greedy answer to the user message `question` about `images` under the character tokenizer's
+    chat template, as text; the prompt's tokens as the processor writes them out)."""
+    torch = require("torch")
+    inputs = processor(text=f"user:{question}\nassistant:", images=[images], return_tensors="pt")
+    with torch.no_grad():
+        out = torch_model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    prompt_tokens, end = inputs["input_ids"].shape[1], processor.tokenizer.eos_token_id
+    return processor.tokenizer.decode([t for t in out[0, prompt_tokens:].tolist() if t != end]), prompt_tokens
+
+
+def test_mistral3_answers_as_transformers_generate(tmp_path):
+    """Mistral 3 (the Pixtral encoder; its [IMG_BREAK] and [IMG_END] the tokenizer's, not at tekken's ids): three
+    pictures side by side in a message answer as transformers' `generate` on the layout Pixtral's processor writes;
+    a wide picture scaled down to 3 x 6 soft tokens does so through chat completions (streamed and not), Responses
+    and Messages, and a forced tool call with it is a valid call."""
+    torch_model, processor = save_mistral3_chat(tmp_path, seed=2)  # a seed whose answers follow the picture
+    served = InProcessServer(tmp_path, "tiny")
+    with served.client:
+        three = pictures()
+        content = [{"type": "text", "text": "What is"}]
+        content += [{"type": "image_url", "image_url": {"url": data_url(picture)}} for picture in three]
+        content += [{"type": "text", "text": " this?"}]
+        answer = served.openai().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": content}], max_tokens=MAX_TOKENS, temperature=0
+        )
+        expected, prompt_tokens = mistral3_answer(
+            served, torch_model, processor, "What is\ue000\ue000\ue000 this?", three
+        )
+        assert answer.usage.prompt_tokens == prompt_tokens
+        assert answer.choices[0].message.content == expected
+
+        picture = pictures()[0]
+        expected, _ = mistral3_answer(served, torch_model, processor, "\ue000".join(ASK), [picture])
+        plain = [{"role": "user", "content": "\ue000".join(ASK)}]
+        assert served.cold(plain, [picture]) == expected != served.cold(plain, [pictures()[2]])
+        assert_chat_completions_answer(served.openai(), [{"role": "user", "content": chat_content(picture)}], expected)
+        assert_every_api_answers(served, picture, expected)
+
+
+def mistral3_answer(served: InProcessServer, torch_model, processor, question: str, images) -> tuple[str, int]:
+    """(transformers' greedy answer to the user message `question` (its image places "\ue000") about `images`, each
+    place written out as Pixtral's processor writes it, as text; the prompt's tokens)."""
+    torch = require("torch")
+    reference = pixtral_inputs(processor, images)
+    sizes, ids = iter(reference["image_sizes"]), []
+    for token in served.prompt([{"role": "user", "content": question}]):
+        ids += pixtral_layout(*next(sizes), MISTRAL3_CHAT_TOKENS) if token == MISTRAL3_CHAT_TOKENS[0] else [token]
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=torch.tensor([ids]),
+            pixel_values=torch.tensor(reference["pixel_values"]),
+            image_sizes=torch.tensor(reference["image_sizes"]),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+        )
+    return served.tokenizer.decode([t for t in out[0, len(ids) :].tolist() if t != EOS]), len(ids)
 
 
 @pytest.fixture(scope="module")

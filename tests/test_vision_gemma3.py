@@ -110,6 +110,16 @@ def test_generate_with_images_gives_transformers_greedy_ids(gemma3):
     assert_greedy_ids_match(folder, torch_model, processor)
 
 
+def test_a_text_prompts_images_are_written_out_once(gemma3):
+    """Each start token not yet written out gets its blank lines, soft tokens and end token (Gemma3Processor's
+    layout, checked against it in test_server_vision.py); a prompt written out already is kept."""
+    config, start, end, soft = gemma3[3].config, "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+    once = config.write_images_text(f"Compare {start} with {start}.")
+    assert once.count(soft) == 2 * TOKENS_PER_IMAGE and once.count(f"{end}\n\n") == once.count(f"\n\n{start}") == 2
+    assert config.write_images_text(once) == once
+    assert config.write_images_text(f"a {start}{soft * 3} b") == f"a {start}{soft * 3} b"
+
+
 def test_generate_with_images_over_fixed_capacity_caches(tmp_path):
     """A model of global layers only decodes over the compiled step's fixed-capacity caches, whose mask has room
     beyond the prompt."""
@@ -194,6 +204,22 @@ def test_the_published_layout_loads_as_transformers_5s_does(gemma3, tmp_path):
     pixels = [ImageInput(p) for p in reference_pixels(processor, pictures())]
     published = minimlx.load_model(tmp_path, dtype="float32")
     assert np.array_equal(np.array(published.encode_images(pixels)), np.array(model.encode_images(pixels)))
+
+
+def test_a_converted_folder_keeps_the_tower_and_the_image_processor(gemma3, tmp_path):
+    """`convert` writes the vision tower and copies the image processor's settings: the converted folder answers an
+    image prompt as its source does."""
+    from minimlx.convert import convert
+
+    folder, *_ = gemma3
+    convert(folder, tmp_path / "converted", dtype="float32")
+    assert (tmp_path / "converted" / "preprocessor_config.json").is_file()
+    prompt, images = image_prompt(TEXT_IDS[:8], 2), pictures()[:2]
+    answers = []
+    for path in (folder, tmp_path / "converted"):
+        model, tokenizer = minimlx.load(path, dtype="float32")
+        answers.append(minimlx.generate(model, tokenizer, prompt, images=images, max_tokens=6))
+    assert answers[0] and answers[1] == answers[0]
 
 
 def test_encoded_images_keep_the_latest_within_their_bytes(gemma3, monkeypatch):

@@ -70,10 +70,14 @@ def written_prompt(words: list[int], places: list[int]) -> list[int]:
     return ids
 
 
-def test_prompt_layout_is_the_processors(gemma4):
+@pytest.mark.parametrize(
+    "prompt", [[3, GEMMA4_IMAGE, 4, 5, GEMMA4_IMAGE, 6, GEMMA4_IMAGE, 7], [3] + [GEMMA4_IMAGE] * 3]
+)
+def test_prompt_layout_is_the_processors(gemma4, prompt):
+    """Each image token written out for its image, those next to each other (a message's pictures without text
+    between them) too; a prompt written out is kept."""
     _, _, _, model, _, images = gemma4
     inputs = model.image_processor(images)
-    prompt = [3, GEMMA4_IMAGE, 4, 5, GEMMA4_IMAGE, 6, GEMMA4_IMAGE, 7]
     written = model.config.expand_images(prompt, inputs)
     assert written == written_prompt(prompt, [65, 66, 60])
     assert model.config.expand_images(written, inputs) == written  # written out: kept
@@ -107,12 +111,29 @@ def test_logits_of_a_prompt_with_three_images_equal_transformers(gemma4):
     assert relative_error(torch_logits(torch_model, ids, reference, both_ways=False), theirs) > 1e-2
 
 
+def test_the_explainers_image_panel_grids_the_pooled_tokens_and_its_walk_reads_the_picture(gemma4, tmp_path):
+    """`explain --image` on Gemma 4: the panel's grid is the pooled soft tokens' over the picture's patches, and the
+    walk's pass (the image in place) gives transformers' logits."""
+    from minimlx.explainer.images import ExplainedImage
+
+    _, torch_model, processor, model, tokenizer, images = gemma4
+    images[0].save(tmp_path / "picture.png")
+    image = ExplainedImage.read(model, tokenizer, tmp_path / "picture.png")
+    ids = image.ids([3, GEMMA4_IMAGE, 4, 5], 256)
+    reference = gemma4_inputs(processor, images[:1])
+    assert ids == written_prompt([3, GEMMA4_IMAGE, 4, 5], reference["soft_tokens"])
+    panel = image.panel(ids)
+    assert (panel["patches"], panel["grid"]) == ([10, 26], [5, 13]) and panel["stop"] - panel["start"] == 65
+    logits = minimlx.trace(model, ids, ["logits"], images=image.placed(ids))["logits"]
+    assert relative_error(np.array(logits), torch_logits(torch_model, ids, reference)) <= 1e-4
+
+
 def test_run_with_three_images_gives_transformers_greedy_ids(gemma4, tmp_path):
-    """`minimlx run --image` three times (three sizes and aspects) prints what transformers' greedy `generate` gives
-    on the processor's pixels and layout."""
+    """`minimlx run --image` three times (three sizes and aspects, two side by side) prints what transformers' greedy
+    `generate` gives on the processor's pixels and layout."""
     torch = require("torch")
     folder, torch_model, processor, model, tokenizer, images = gemma4
-    words = [3, 4, GEMMA4_IMAGE, 5, GEMMA4_IMAGE, 6, 7, GEMMA4_IMAGE, 8, 9]
+    words = [3, 4, GEMMA4_IMAGE, GEMMA4_IMAGE, 5, 6, 7, GEMMA4_IMAGE, 8, 9]
     reference = gemma4_inputs(processor, images)
     ids = written_prompt(words, reference["soft_tokens"])
     with torch.no_grad():

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from reference import relative_error, require
-from vision_models import IDEFICS3_TOKENS_PER_TILE, pictures, save_idefics3
+from vision_models import IDEFICS3_SHAPES, IDEFICS3_TOKENS_PER_TILE, pictures, save_idefics3
 
 import minimlx
 from minimlx.core.vision import PlacedImages
@@ -14,15 +14,12 @@ from minimlx.decode.images import PromptImages
 from minimlx.vision import TiledImages
 
 PROMPT = "User:<image>What is<image> this?\n<image><end_of_utterance>\nAssistant:"
-SHAPES = [(37, 91), (120, 64), (61, 50)]  # (height, width): wide (1 x 2 tiles), tall (2 x 2), near square (2 x 2)
 
 
 @pytest.fixture(scope="module")
-def idefics3(tmp_path_factory):
+def idefics3(idefics3_chat):
     """(folder, torch model, transformers processor, minimlx model and tokenizer in float32)."""
-    folder = tmp_path_factory.mktemp("idefics3")
-    torch_model, processor = save_idefics3(folder, seed=7)
-    return folder, torch_model, processor, *minimlx.load(folder, dtype="float32")
+    return *idefics3_chat, *minimlx.load(idefics3_chat[0], dtype="float32")
 
 
 def reference_inputs(processor, images, prompt=PROMPT):
@@ -38,13 +35,15 @@ def test_pixels_equal_the_processors_for_pictures_of_three_shapes(split):
         size={"longest_edge": 56}, max_image_size={"longest_edge": 28}, do_image_splitting=split
     )
     ours = TiledImages.from_config(reference.to_dict())
-    for image, picture in zip(ours(pictures(SHAPES)), pictures(SHAPES)):
+    for image, picture in zip(ours(pictures(IDEFICS3_SHAPES)), pictures(IDEFICS3_SHAPES)):
         theirs = reference(images=[picture], return_tensors="np", return_row_col_info=True)
         assert image.grid == (theirs["rows"][0][0], theirs["cols"][0][0])
         assert image.pixels.shape == theirs["pixel_values"].shape[1:] and image.pixels.dtype == np.float32
         assert np.abs(image.pixels - theirs["pixel_values"][0]).max() <= 1e-5
         assert theirs["pixel_attention_mask"].all()
-    assert [image.grid for image in ours(pictures(SHAPES))] == ([(1, 2), (2, 2), (2, 2)] if split else [(0, 0)] * 3)
+    assert [image.grid for image in ours(pictures(IDEFICS3_SHAPES))] == (
+        [(1, 2), (2, 2), (2, 2)] if split else [(0, 0)] * 3
+    )
 
 
 def test_prompt_places_and_logits_equal_the_processors_and_transformers(idefics3):
@@ -53,7 +52,7 @@ def test_prompt_places_and_logits_equal_the_processors_and_transformers(idefics3
     those without the pictures."""
     torch = require("torch")
     _, torch_model, processor, model, tokenizer = idefics3
-    images = pictures(SHAPES)
+    images = pictures(IDEFICS3_SHAPES)
     reference = reference_inputs(processor, images)
     inputs = model.image_processor(images)
     ids = model.config.expand_images(tokenizer.encode(PROMPT, add_special_tokens=False), inputs)
@@ -79,9 +78,9 @@ def test_pictures_left_whole_are_written_as_the_processor_writes_them(idefics3):
         **{**processor.image_processor.to_dict(), "do_image_splitting": False}
     )
     reference = transformers.Idefics3Processor(whole, processor.tokenizer, image_seq_len=IDEFICS3_TOKENS_PER_TILE)
-    inputs = TiledImages.from_config(whole.to_dict())(pictures(SHAPES))
+    inputs = TiledImages.from_config(whole.to_dict())(pictures(IDEFICS3_SHAPES))
     ids = model.config.expand_images(tokenizer.encode(PROMPT, add_special_tokens=False), inputs)
-    assert ids == reference(text=PROMPT, images=[pictures(SHAPES)])["input_ids"][0]
+    assert ids == reference(text=PROMPT, images=[pictures(IDEFICS3_SHAPES)])["input_ids"][0]
     assert [model.config.image_runs(image) for image in inputs] == [(IDEFICS3_TOKENS_PER_TILE,)] * 3
 
 
@@ -92,7 +91,7 @@ def test_run_with_three_images_gives_transformers_greedy_ids(idefics3, tmp_path)
 
     torch = require("torch")
     folder, torch_model, processor, model, tokenizer = idefics3
-    images = pictures(SHAPES)
+    images = pictures(IDEFICS3_SHAPES)
     reference = reference_inputs(processor, images)
     with torch.no_grad():
         out = torch_model.generate(**reference, max_new_tokens=8, do_sample=False)
@@ -132,51 +131,9 @@ def test_smolvlm_from_mlx_vlms_folder_layout_equals_transformers(tmp_path):
             shutil.copy(file, layout / file.name)
     model = minimlx.load_model(layout, dtype="float32")
     assert model.config.image_text_type == "idefics3" and not model.tied_head
-    images = pictures(SHAPES[:1])
+    images = pictures(IDEFICS3_SHAPES[:1])
     pixels = processor(text="<image>", images=[images], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         theirs = torch_model.model.get_image_features(pixels).pooler_output[0].numpy()
     ours = np.array(model.encode_images(TiledImages.from_config(processor.image_processor.to_dict())(images)))
     assert relative_error(ours, theirs) <= 1e-4
-
-
-@pytest.mark.slow  # a server
-def test_serve_answers_with_three_images_as_transformers_generates(idefics3):
-    """An OpenAI chat completion whose user message holds three pictures (data URLs) between its words: the chat
-    template's image places become `<image>`s, written out as the processor writes them; the answer equals
-    transformers' greedy `generate` on that text, and the usage counts its written-out prompt."""
-    import base64
-    import io
-
-    from starlette.testclient import TestClient
-
-    from minimlx.decode import Engine
-    from minimlx.server.app import Server
-    from minimlx.server.models import Models
-
-    torch, openai = require("torch"), require("openai")
-    _, torch_model, processor, model, tokenizer = idefics3
-    images = pictures(SHAPES)
-    parts = []
-    for picture in images:
-        png = io.BytesIO()
-        picture.save(png, "PNG")
-        parts.append(
-            {
-                "type": "image_url",
-                "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()},
-            }
-        )
-    content = [{"type": "text", "text": "What is"}, *parts, {"type": "text", "text": " this?"}]
-    with TestClient(Server(Models.one(Engine(model, tokenizer), "smol")).app) as client:
-        answer = openai.OpenAI(
-            base_url="http://testserver/v1", api_key="-", http_client=client
-        ).chat.completions.create(
-            model="smol", messages=[{"role": "user", "content": content}], max_tokens=8, temperature=0
-        )
-    reference = reference_inputs(processor, images, "user:What is<image><image><image> this?\nassistant:")
-    with torch.no_grad():
-        out = torch_model.generate(**reference, max_new_tokens=8, do_sample=False)
-    theirs = out[0, reference["input_ids"].shape[1] :].tolist()
-    assert answer.usage.prompt_tokens == reference["input_ids"].shape[1]
-    assert answer.choices[0].message.content == tokenizer.decode(theirs)

@@ -8,11 +8,16 @@ import numpy as np
 import pytest
 from reference import relative_error, require
 from vision_models import (
+    MISTRAL3_CHAT_TOKENS,
+    MISTRAL3_SPECIALS,
+    PIXTRAL_BREAK,
+    PIXTRAL_END,
     PIXTRAL_IMAGE,
     check_run_with_images,
     pictures,
     pixtral_inputs,
     pixtral_layout,
+    save_character_tokenizer,
     save_mistral3_image_text,
 )
 
@@ -59,14 +64,41 @@ def test_soft_tokens_of_three_pictures_in_one_pass_equal_transformers(mistral3):
     assert relative_error(alone, theirs[1].numpy()) <= 1e-4
 
 
-def test_prompt_layout_is_the_processors(mistral3):
+@pytest.mark.parametrize(
+    "prompt", [[3, PIXTRAL_IMAGE, 4, 5, PIXTRAL_IMAGE, 6, PIXTRAL_IMAGE, 7], [3] + [PIXTRAL_IMAGE] * 3]
+)
+def test_prompt_layout_is_the_processors(mistral3, prompt):
+    """Each `[IMG]` written out for its image, those next to each other (a message's pictures without text between
+    them) too; a prompt written out is kept."""
     _, _, processor, model, images = mistral3
-    sizes = pixtral_inputs(processor, images)["image_sizes"]
-    prompt = [3, PIXTRAL_IMAGE, 4, 5, PIXTRAL_IMAGE, 6, PIXTRAL_IMAGE, 7]
-    expected = [3, *pixtral_layout(*sizes[0]), 4, 5, *pixtral_layout(*sizes[1]), 6, *pixtral_layout(*sizes[2]), 7]
+    expected = written_prompt(prompt, pixtral_inputs(processor, images)["image_sizes"])
     written = model.config.expand_images(prompt, model.image_processor(images))
-    assert written == expected
+    assert written == expected and len(written) == len(prompt) - 3 + 3 * 7 + 6 * 5 + 3 * 5
     assert model.config.expand_images(written, model.image_processor(images)) == expected  # written out: kept
+
+
+def test_image_break_and_end_ids_are_the_tokenizers_or_the_configs(mistral3, tmp_path):
+    """Where the config does not name [IMG_BREAK] and [IMG_END] (Hugging Face's do not), their ids are the
+    tokenizer's (here not tekken's 12 and 13); where it names them, the config's."""
+    import json
+    import shutil
+
+    folder, _, processor, _, images = mistral3
+    for name in ("model.safetensors", "preprocessor_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    save_character_tokenizer(tmp_path, MISTRAL3_SPECIALS)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    sizes = pixtral_inputs(processor, images[:1])["image_sizes"]
+    model, _ = minimlx.load(tmp_path, dtype="float32")
+    tokens = (PIXTRAL_IMAGE, *MISTRAL3_CHAT_TOKENS[1:])
+    written = model.config.expand_images([3, PIXTRAL_IMAGE, 4], model.image_processor(images[:1]))
+    assert written == [3, *pixtral_layout(*sizes[0], tokens), 4] and tokens[1:] != (PIXTRAL_BREAK, PIXTRAL_END)
+    config |= dict(image_break_token_id=20, image_end_token_id=21)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, _ = minimlx.load(tmp_path, dtype="float32")
+    written = model.config.expand_images([3, PIXTRAL_IMAGE, 4], model.image_processor(images[:1]))
+    assert written == [3, *pixtral_layout(*sizes[0], (PIXTRAL_IMAGE, 20, 21)), 4]
 
 
 def written_prompt(words: list[int], sizes) -> list[int]:
@@ -99,11 +131,11 @@ def test_logits_of_a_prompt_with_three_images_equal_transformers(mistral3):
 
 
 def test_run_with_three_images_gives_transformers_greedy_ids(mistral3, tmp_path):
-    """`minimlx run --image` three times (three sizes and aspects) prints what transformers' greedy `generate`
-    gives on the processor's pixels and the layout its processor writes."""
+    """`minimlx run --image` three times (three sizes and aspects, two side by side) prints what transformers' greedy
+    `generate` gives on the processor's pixels and the layout its processor writes."""
     torch = require("torch")
     folder, torch_model, processor, model, images = mistral3
-    words = [3, 4, PIXTRAL_IMAGE, 5, PIXTRAL_IMAGE, 6, 7, PIXTRAL_IMAGE, 8, 9]
+    words = [3, 4, PIXTRAL_IMAGE, PIXTRAL_IMAGE, 5, 6, 7, PIXTRAL_IMAGE, 8, 9]
     reference = pixtral_inputs(processor, images)
     ids = written_prompt(words, reference["image_sizes"])
     with torch.no_grad():

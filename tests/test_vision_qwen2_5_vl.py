@@ -98,6 +98,24 @@ def test_prompt_and_decode_positions_equal_transformers(qwen):
     assert relative_error(wrong, reference[-4:]) > 1e-2
 
 
+def test_the_explainers_image_panel_grids_the_merged_tokens_and_its_walk_reads_the_picture(qwen, tmp_path):
+    """`explain --image` on Qwen: the panel's grid is the merged soft tokens' over the picture's patches, and the
+    walk's pass (the image in place, on its multimodal RoPE grid) gives transformers' logits."""
+    from minimlx.explainer.images import ExplainedImage
+
+    _, torch_model, processor, model, tokenizer = qwen
+    picture = pictures([(60, 90)])[0]
+    picture.save(tmp_path / "picture.png")
+    image = ExplainedImage.read(model, tokenizer, tmp_path / "picture.png")
+    ids = image.ids(tokenizer.encode(image.prompt("What is it?")), 256)
+    panel = image.panel(ids)
+    (rows, cols), (patch_rows, patch_cols) = panel["grid"], panel["patches"]
+    assert (patch_rows, patch_cols) == (2 * rows, 2 * cols) and panel["stop"] - panel["start"] == rows * cols > 1
+    assert rows != cols  # a wide picture: the grid follows its shape
+    logits = minimlx.trace(model, ids, ["logits"], images=image.placed(ids))["logits"][0]
+    assert relative_error(np.array(logits), reference_logits(torch_model, processor, ids, [picture])) <= 1e-4
+
+
 def test_generate_with_images_gives_transformers_greedy_ids(qwen):
     _, torch_model, processor, model, tokenizer = qwen
     assert_greedy_ids_match(torch_model, processor, model, tokenizer, image_prompt(TEXT_IDS[:14], 3), IMAGE_PAD)

@@ -2,7 +2,7 @@
 added after the first text layers; an interleaved multimodal RoPE), against transformers on tiny random checkpoints
 saved with their processor (`save_qwen3_image_text`, over the character tokenizer): pixels, soft tokens and DeepStack
 features, the logits after three images of different sizes read through the caches, and the greedy ids of
-`minimlx run --image` (Qwen3-VL) and `stream_generate` (Qwen3.5) against `generate`; the MoE variants' logits."""
+`minimlx run --image` (Qwen3-VL) and `stream_generate` (Qwen3.5 and both MoE variants) against `generate`."""
 
 import mlx.core as mx
 import numpy as np
@@ -99,10 +99,13 @@ def test_qwen3_vl_pixels_features_logits_and_run_equal_transformers(qwen3_vl_cha
     assert answer.strip() and result.stdout.strip() == answer.strip()
 
 
-def test_qwen3_5_pixels_logits_and_greedy_ids_equal_transformers(tmp_path):
-    """Qwen3.5: its hybrid text model (a DeltaNet layer and a gated attention layer turning half of each head) reads
-    Qwen3-VL's tower's soft tokens (no DeepStack)."""
-    torch_model, processor = save_qwen3_image_text(tmp_path, "Qwen3_5", chat=True)
+@pytest.mark.parametrize("family", ["Qwen3_5", "Qwen3VLMoe", "Qwen3_5Moe"])
+def test_qwen3_5_and_the_moe_variants_pixels_logits_and_greedy_ids_equal_transformers(family, tmp_path):
+    """Qwen3.5 (its hybrid text model: a DeltaNet layer and a gated attention layer turning half of each head, reading
+    Qwen3-VL's tower's soft tokens without DeepStack), Qwen3-VL-MoE (its chosen experts' weights always renormalised,
+    one DeepStack level) and Qwen3.5-MoE, with the three pictures of 8 x 12, 18 x 10 and 16 x 10 patches (the last
+    resized down)."""
+    torch_model, processor = save_qwen3_image_text(tmp_path, family, chat=True)
     model, tokenizer = minimlx.load(tmp_path, dtype="float32")
     images = pictures(QWEN_SHAPES)
     pixels = np.concatenate([image.pixels for image in model.image_processor(images)])
@@ -111,14 +114,6 @@ def test_qwen3_5_pixels_logits_and_greedy_ids_equal_transformers(tmp_path):
     prompt = image_prompt(TEXT_IDS[:14], 3)
     ours = [r.token for r in minimlx.stream_generate(model, tokenizer, prompt, images=images, max_tokens=8)]
     assert len(ours) >= 2 and ours == transformers_greedy(torch_model, processor, model, prompt, images, 8)[: len(ours)]
-
-
-@pytest.mark.parametrize("family", ["Qwen3VLMoe", "Qwen3_5Moe"])
-def test_moe_variants_logits_after_an_image_equal_transformers(family, tmp_path):
-    """Qwen3-VL-MoE (its chosen experts' weights always renormalised, one DeepStack level) and Qwen3.5-MoE."""
-    torch_model, processor = save_qwen3_image_text(tmp_path, family, chat=True)
-    model, _ = minimlx.load(tmp_path, dtype="float32")
-    assert_logits_after_images_match(torch_model, processor, model, pictures(QWEN_SHAPES[2:]))
 
 
 def test_a_folder_without_the_tower_reads_its_text_model(qwen3_vl_chat, tmp_path):

@@ -109,11 +109,29 @@ def save_gemma3_chat(folder: Path, seed: int = 0):
     return model, processor
 
 
-def with_character_tokenizer(folder: Path) -> None:
-    """The word tokenizer a save wrote into `folder` replaced by the character tokenizer and its chat template."""
+GEMMA3_PROCESSOR_TOKENS = {"boi_token": SPECIALS[1], "eoi_token": SPECIALS[2], "image_token": SPECIALS[3]}
+# Gemma 3's chat template's way with a message's parts: an image part is its start token, text parts as they are
+PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}:{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{{ '<start_of_image>' if p['type'] == 'image' else p['text'] }}{% endfor %}"
+    "{% endif %}{{ '\\n' }}{% endfor %}assistant:"
+)
+
+
+def gemma3_processor(folder: Path, image_processor):
+    """transformers' Gemma3Processor over `save_gemma3_chat`'s tokenizer and image processor (what writes each image
+    of a text prompt out, blank lines around it, before tokenizing)."""
+    transformers = require("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, extra_special_tokens=GEMMA3_PROCESSOR_TOKENS)
+    return transformers.Gemma3Processor(image_processor, tokenizer, image_seq_length=TOKENS_PER_IMAGE)
+
+
+def with_character_tokenizer(folder: Path, specials: list[str] = SPECIALS) -> None:
+    """The word tokenizer a save wrote into `folder` replaced by the character tokenizer (with `specials`) and its
+    chat template."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
-    save_character_tokenizer(folder)
+    save_character_tokenizer(folder, specials)
 
 
 def check_run_with_images(folder: Path, words: list[int], images: list, expected: str, tmp_path: Path) -> None:
@@ -309,13 +327,13 @@ MISTRAL3_IMAGE_TEXT = dict(
 )
 
 
-def save_mistral3_image_text(folder: Path, seed: int = 0):
-    """The tiny random Mistral3ForConditionalGeneration saved to `folder` with Pixtral's image processor (the Pillow
-    one) and a word tokenizer; returns the torch model and the transformers image processor."""
+def save_mistral3_image_text(folder: Path, seed: int = 0, outer: dict | None = None, **text):
+    """The tiny random Mistral3ForConditionalGeneration (its text config updated with `text`, its own with `outer`)
+    saved to `folder` with Pixtral's image processor (the Pillow one) and a word tokenizer; returns the torch model and
+    the transformers image processor."""
     transformers = require("transformers")
-    model = save_reference(
-        folder, "Mistral3Config", seed, model_class="Mistral3ForConditionalGeneration", **MISTRAL3_IMAGE_TEXT
-    )
+    config = {**MISTRAL3_IMAGE_TEXT, **(outer or {}), "text_config": {**MISTRAL3_IMAGE_TEXT["text_config"], **text}}
+    model = save_reference(folder, "Mistral3Config", seed, model_class="Mistral3ForConditionalGeneration", **config)
     size = {"height": PIXTRAL_PATCH, "width": PIXTRAL_PATCH}
     processor = transformers.PixtralImageProcessorPil(patch_size=size, size={"longest_edge": PIXTRAL_LONGEST_EDGE})
     processor.save_pretrained(folder)
@@ -330,12 +348,31 @@ def pixtral_inputs(processor, images) -> dict:
     return processor(images=images, patch_size={"height": side, "width": side}, return_tensors="np")
 
 
-def pixtral_layout(height: int, width: int) -> list[int]:
+def pixtral_layout(height: int, width: int, tokens=(PIXTRAL_IMAGE, PIXTRAL_BREAK, PIXTRAL_END)) -> list[int]:
     """An image's places as PixtralProcessor.replace_image_token writes them (the processor itself needs
-    torchvision): [IMG] per merged square, [IMG_BREAK] after each row, the last replaced by [IMG_END]."""
+    torchvision): [IMG] per merged square, [IMG_BREAK] after each row, the last replaced by [IMG_END] (`tokens`:
+    their ids)."""
+    image, row_break, end = tokens
     side = PIXTRAL_PATCH * PIXTRAL_MERGE
-    places = ([PIXTRAL_IMAGE] * (width // side) + [PIXTRAL_BREAK]) * (height // side)
-    return places[:-1] + [PIXTRAL_END]
+    places = ([image] * (width // side) + [row_break]) * (height // side)
+    return places[:-1] + [end]
+
+
+# Mistral 3 over the character tokenizer: Pixtral's tokens its special ones, at other ids than tekken's; the config
+# names [IMG] alone, as Hugging Face's do (the model reads [IMG_BREAK] and [IMG_END] from the tokenizer)
+MISTRAL3_SPECIALS = ["<eos>", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+MISTRAL3_CHAT_TOKENS = (CHAT_IMAGE_START, CHAT_IMAGE_END, CHAT_IMAGE_TOKEN)  # [IMG], [IMG_BREAK], [IMG_END]
+
+
+def save_mistral3_chat(folder: Path, seed: int = 0):
+    """`save_mistral3_image_text`'s model over the character tokenizer with `MISTRAL3_SPECIALS` and its chat
+    template; returns the torch model and the transformers image processor."""
+    text = dict(
+        vocab_size=EOS + len(MISTRAL3_SPECIALS), eos_token_id=EOS, bos_token_id=EOS, max_position_embeddings=1024
+    )
+    model, processor = save_mistral3_image_text(folder, seed, dict(image_token_index=MISTRAL3_CHAT_TOKENS[0]), **text)
+    with_character_tokenizer(folder, MISTRAL3_SPECIALS)
+    return model, processor
 
 
 # Gemma 4: a tower of 4-pixel patches pooled 2 x 2 into each soft token, pictures resized to at most 70 soft tokens
@@ -451,6 +488,11 @@ IDEFICS3_SPECIALS = ["<end_of_utterance>", "<fake_token_around_image>", "<image>
 ]
 IDEFICS3_IMAGE_TOKEN = len(CHARACTERS) + 1 + IDEFICS3_SPECIALS.index("<image>")
 IDEFICS3_TILE, IDEFICS3_TOKENS_PER_TILE = 28, 4
+IDEFICS3_SHAPES = [
+    (37, 91),
+    (120, 64),
+    (61, 50),
+]  # (height, width): wide (1 x 2 tiles), tall (2 x 2), near square (2 x 2)
 
 
 def save_idefics3(folder: Path, model_class: str = "Idefics3", seed: int = 0, **processor):

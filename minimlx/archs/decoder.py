@@ -434,6 +434,12 @@ class DecoderConfig:
         order), as the family's processor writes them (these: as given)."""
         return ids
 
+    def write_images_text(self, text: str) -> str:
+        """A text prompt holding images (after its chat template) as the family's processor rewrites it before
+        tokenizing, where that rewrite adds text the tokenizer merges with its neighbours (Gemma 3's blank lines);
+        as it is for most, whose places `expand_images` writes out in the ids. A place already written out is kept."""
+        return text
+
     def fused_parts(self) -> dict[str, list[tuple[str, int]]]:
         """The checkpoint's fused modules (`fused`), each with the projections it stacks and their rows."""
         kv_rows = self.kv_heads * self.head_dim

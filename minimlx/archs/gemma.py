@@ -18,6 +18,7 @@ LayerNorm) and a projector that average-pools its patch grid to `mm_tokens_per_i
 and projects them; an image's soft tokens see each other both ways in every layer (within the window in local ones).
 """
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -298,9 +299,19 @@ class Gemma3Config(ImageText, Gemma3TextConfig):
         side, tokens = self.vision.image_size // self.vision.patch, int(round(self.vision.tokens**0.5))
         return (side, side), (tokens, tokens)
 
+    def write_images_text(self, text: str) -> str:
+        """Each image start token of `text` not yet followed by soft tokens written out as Gemma 3's processor writes
+        it: between blank lines, which its tokenizer merges with the text around them, its soft-token places and its
+        end token."""
+        if self.vision is None:
+            return text
+        start, end, soft = self.image_tokens
+        written = f"\n\n{start}{soft * self.vision.tokens}{end}\n\n"
+        return re.sub(f"{re.escape(start)}(?!{re.escape(soft)})", lambda _: written, text)
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
-        """A prompt's ids with each image start token followed by the image's soft-token places and its end token
-        (as Gemma 3's processor writes them), unless they already are."""
+        """A prompt's ids with each image start token followed by the image's soft-token places and its end token,
+        unless they already are (a prompt of ids; one of text is written out by `write_images_text`)."""
         out = []
         for i, token in enumerate(ids):
             out.append(token)

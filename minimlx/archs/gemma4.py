@@ -33,7 +33,7 @@ from .config import choice, flag, number, require, rope_scaling
 from .decoder import DecoderConfig
 from .experts import MoEConfig
 from .gguf import Metadata, llama_config, windows
-from .image_text import ImageText, text_model_names, with_vision_names
+from .image_text import ImageText, text_model_names, with_vision_names, write_out_images
 from .names import LLAMA_GGUF_NAMES, LLAMA_NAMES, POST_NORM_GGUF_NAMES
 from .registry import register
 
@@ -439,16 +439,16 @@ class Gemma4Config(ImageText, Gemma4TextConfig):
         rows, cols = image.grid
         return rows * cols // self.vision.pooling**2
 
+    def image_grids(self, image) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The picture's patches and its pooled soft tokens, both row-major over it."""
+        rows, cols = image.grid
+        return (rows, cols), (rows // self.vision.pooling, cols // self.vision.pooling)
+
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
-        """Each lone image token (as the chat template writes one per image) written out as the processor does: the
-        image start token, the image's places, the image end token; images already written out are kept."""
-        out, image = [], 0
-        for i, token in enumerate(ids):
-            lone = token == self.image_token and (i == 0 or ids[i - 1] not in (token, self.image_begin_token))
-            lone = lone and (i + 1 == len(ids) or ids[i + 1] != token)
-            if lone and image < len(images):
-                out += [self.image_begin_token, *[token] * self.image_places(images[image]), self.image_end_token]
-            else:
-                out.append(token)
-            image += token == self.image_token and (i == 0 or ids[i - 1] != token)
-        return out
+        """Each image token the chat template writes (one per image) written out as the processor does: the image
+        start token, the image's places, the image end token; images already written out are kept."""
+        return write_out_images(ids, images, self.image_token, self.image_layout)
+
+    def image_layout(self, image) -> list[int]:
+        """An image's ids in the prompt: its start token, a place per soft token, its end token."""
+        return [self.image_begin_token, *[self.image_token] * self.image_places(image), self.image_end_token]

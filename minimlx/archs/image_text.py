@@ -8,7 +8,7 @@ saying so.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.ffn import ACTIVATIONS
@@ -183,3 +183,24 @@ def vocabulary_ids(metadata: dict, tokens: Sequence[str], family: str) -> list[i
 def shaped_kernel(weights: dict, name: str, shape: tuple[int, ...]) -> dict:
     """`weights` with the flattened kernel `name` back in the convolution's `shape` (as checkpoints store it)."""
     return {**weights, name: weights[name].reshape(shape)} if name in weights else weights
+
+
+def write_out_images(ids: list[int], images: Sequence, placeholder: int, layout: Callable) -> list[int]:
+    """`ids` with each `placeholder` (as a chat template writes one per image, side by side where no text comes
+    between) replaced by the ids `layout(image)` of its image, image after image, as a processor that writes each
+    image's places does; an image already written out (its whole layout) is kept and counted, placeholders past the
+    last image left as they are."""
+    layouts = [layout(image) for image in images]
+    out, image, i = [], 0, 0
+    while i < len(ids):
+        written = layouts[image] if image < len(layouts) else None
+        if written is not None and ids[i] == written[0] and ids[i : i + len(written)] == written:
+            out.extend(written)
+            i, image = i + len(written), image + 1
+        elif written is not None and ids[i] == placeholder:
+            out.extend(written)
+            i, image = i + 1, image + 1
+        else:
+            out.append(ids[i])
+            i += 1
+    return out

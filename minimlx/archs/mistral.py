@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from ..core.ffn import ACTIVATIONS
 from ..core.grid_vision import GridEncoder, GridImageEncoder, MergedProjector
-from ..errors import UnsupportedArchitectureError
+from ..errors import CheckpointError, UnsupportedArchitectureError
 from .config import choice, number, require, sliding_window
 from .decoder import DecoderConfig
 from .deepseek_moe import GGUF_NAMES as LATENT_GGUF_NAMES
@@ -31,7 +31,7 @@ from .deepseek_moe import DeepseekV2Config
 from .experts import MoEConfig
 from .fused import split_fused
 from .gguf import Metadata, llama_config
-from .image_text import ImageText, text_model_names, with_vision_names
+from .image_text import ImageText, text_model_names, with_vision_names, write_out_images
 from .llama3 import Llama3Config
 from .names import LLAMA_NAMES, NameMap
 from .registry import register
@@ -221,8 +221,9 @@ class Mistral3Config(ImageText, Ministral3Config):
 
     vision: PixtralSettings | None = None
     image_token: int = 10
-    image_break_token: int = 12  # Mistral's tekken ids, which the configs do not name
+    image_break_token: int = 12  # tekken's ids, where neither the config nor the tokenizer names them
     image_end_token: int = 13
+    layout_named: bool = False  # whether the config named [IMG_BREAK] and [IMG_END] (else the tokenizer spells them)
 
     @classmethod
     def from_config(cls, config: dict):
@@ -232,12 +233,28 @@ class Mistral3Config(ImageText, Ministral3Config):
         arch = super().from_config(config)
         if not isinstance(config.get("vision_config"), dict):
             return arch
-        return replace(
-            arch,
-            vision=PixtralSettings.from_config(config),
-            image_token=number(config, "image_token_index", 10, low=0),
-            image_start_token=number(config, "image_token_index", 10, low=0),
+        image = number(config, "image_token_index", 10, low=0)
+        named = {**config["vision_config"], **config}  # (Mistral's params.json names them under its vision encoder)
+        break_token, end_token = (
+            number(named, key, None, low=0) for key in ("image_break_token_id", "image_end_token_id")
         )
+        if (break_token is None) != (end_token is None):
+            raise CheckpointError(
+                "the config names one of image_break_token_id and image_end_token_id but not the other: name both"
+            )
+        arch = replace(arch, vision=PixtralSettings.from_config(config), image_token=image, image_start_token=image)
+        if break_token is None:
+            return arch
+        return replace(arch, image_break_token=break_token, image_end_token=end_token, layout_named=True)
+
+    def with_tokenizer(self, tokenizer) -> "Mistral3Config":
+        """`[IMG_BREAK]` and `[IMG_END]` as the tokenizer's vocabulary has them, where the config does not name them."""
+        if self.layout_named:
+            return self
+        ids = [tokenizer.token_id(token) for token in ("[IMG_BREAK]", "[IMG_END]")]
+        if None in ids:  # a vocabulary without them: tekken's
+            return self
+        return replace(self, image_break_token=ids[0], image_end_token=ids[1])
 
     def image_encoder(self) -> GridImageEncoder | None:
         v = self.vision
@@ -270,20 +287,9 @@ class Mistral3Config(ImageText, Ministral3Config):
         return (row * rows)[:-1] + [self.image_end_token]
 
     def expand_images(self, ids: list[int], images: Sequence = ()) -> list[int]:
-        """A prompt's ids with each lone `[IMG]` (as the chat template writes one per image) replaced by its image's
-        layout (`image_layout`); images already written out are kept and counted."""
-        out, image = [], 0
-        for i, token in enumerate(ids):
-            starts = token == self.image_token and (i == 0 or ids[i - 1] not in (token, self.image_break_token))
-            lone = starts and (
-                i + 1 == len(ids) or ids[i + 1] not in (token, self.image_break_token, self.image_end_token)
-            )
-            if lone and image < len(images):
-                out += self.image_layout(images[image])
-            else:
-                out.append(token)
-            image += starts
-        return out
+        """A prompt's ids with each `[IMG]` the chat template writes (one per image) replaced by its image's layout
+        (`image_layout`), as Pixtral's processor does; an image already written out is kept."""
+        return write_out_images(ids, images, self.image_token, self.image_layout)
 
     def convert_weights(self, weights: dict) -> dict:
         """The text model's and the towers' tensors; the patch convolution's kernel, (dims, channels, p, p) as torch

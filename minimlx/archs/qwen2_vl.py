@@ -257,6 +257,11 @@ class QwenImages:
         frames, rows, cols = image.grid
         return frames * rows * cols // self.vision.merge**2
 
+    def image_grids(self, image: ImageInput) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The picture's patches and its merged soft tokens, both row-major over it."""
+        _, rows, cols = image.grid
+        return (rows, cols), (rows // self.vision.merge, cols // self.vision.merge)
+
     def expand_images(self, ids: list[int], images: Sequence[ImageInput] = ()) -> list[int]:
         """Each `<|vision_start|>` followed by its image's `<|image_pad|>` places and `<|vision_end|>` (a single pad
         after it, as Qwen's chat template writes one, stands for them all), image after image."""

@@ -52,10 +52,12 @@ class Conversation:
         self.prompt = ""
         self.warned = False
 
-    def render(self, messages: list[dict]) -> list[int]:
-        """The prompt ids of `messages`; its text stays in `prompt` (it tells whether the answer opens thinking)."""
+    def render(self, messages: list[dict], images: bool = False) -> list[int]:
+        """The prompt ids of `messages` (holding `images`: written out as the model's processor writes them); its
+        text stays in `prompt` (it tells whether the answer opens thinking)."""
         self.prompt = self.tokenizer.apply_chat_template(messages)
-        return self.tokenizer.encode(self.prompt, add_special_tokens=False)
+        text = self.model.config.write_images_text(self.prompt) if images else self.prompt
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def keep(self, count: int) -> int:
         """Forget every cached token after the first `count` (back to fewer where a layer cannot go back there: a
@@ -83,13 +85,13 @@ class Conversation:
             text = self.tokenizer.decode([self.model.config.image_start_token]) * len(images) + text
         pictures = self.images + list(images)
         messages = self.messages + [{"role": "user", "content": text}]
-        ids = self.render(messages)
+        ids = self.render(messages, bool(pictures))
         context = getattr(self.model.config, "max_positions", None)
         room = min(settings.max_tokens, context // 4) if context else 0
         first = 1 if self.system is not None else 0  # the first message that may be dropped
         while context and len(ids) + room > context and len(messages) - first > 1:
             messages = messages[:first] + messages[first + 2 :]  # the oldest exchange: a question and its answer
-            ids = self.render(messages)
+            ids = self.render(messages, bool(pictures))
             if not self.warned:
                 warnings.warn(
                     f"the conversation no longer fits the model's context of {context} tokens: dropping its oldest "

@@ -106,7 +106,7 @@ def stream_generate(
     pixels.
     """
     settings = sampling_settings(settings, sampling)
-    ids = prompt_ids(model, tokenizer, prompt, chat_template, system)
+    ids = prompt_ids(model, tokenizer, prompt, chat_template, system, images=bool(images))
     engine = Engine(
         model,
         tokenizer,
@@ -208,7 +208,7 @@ def batch_generate(
         raise InvalidSettingError(f"images holds {len(images)} lists for {len(prompts)} prompts; give one per prompt")
     requests = []
     for prompt, own, pictures in zip(prompts, per_prompt, images):
-        ids, placed = prompt_ids(model, tokenizer, prompt, chat_template, system), None
+        ids, placed = prompt_ids(model, tokenizer, prompt, chat_template, system, images=bool(pictures)), None
         if pictures:
             ids, placed = PromptImages.read(model, ids, pictures, image_limits)
         requests.append(Request(ids, replace(settings, **own), images=placed))

@@ -4,7 +4,7 @@ An id outside the vocabulary would read past the embedding (a crash, or a silent
 before any work is done (InvalidSettingError naming it); `trace` checks its ids the same way.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import InvalidSettingError
 from .settings import whole
@@ -36,8 +36,19 @@ def check_prompt(prompt, vocab_size: int | None) -> str | list[int]:
     return prompt if isinstance(prompt, str) else check_ids(prompt, vocab_size)
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int], chat_template: bool = True, system: str | None = None):
-    """Token ids of the prompt: ids pass through; text goes through the chat template when the model has one."""
+def as_written(text: str) -> str:
+    return text
+
+
+def encode_prompt(
+    tokenizer,
+    prompt: str | Sequence[int],
+    chat_template: bool = True,
+    system: str | None = None,
+    write_images: Callable[[str], str] = as_written,
+):
+    """Token ids of the prompt: ids pass through; text goes through the chat template when the model has one, then
+    `write_images` (a prompt holding images: the family's `write_images_text`), as a processor tokenizes it."""
     if not isinstance(prompt, str):
         return list(prompt)
     if system is not None and not chat_template:
@@ -45,8 +56,8 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int], chat_template: bool = 
     if chat_template and (tokenizer.chat_template is not None or system is not None):
         system_message = [{"role": "system", "content": system}] if system is not None else []
         messages = system_message + [{"role": "user", "content": prompt}]
-        return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
-    return tokenizer.encode(prompt)
+        return tokenizer.encode(write_images(tokenizer.apply_chat_template(messages)), add_special_tokens=False)
+    return tokenizer.encode(write_images(prompt))
 
 
 def encode_prefix(tokenizer, text: str, chat_template: bool = True, system: str | None = None) -> list[int]:
@@ -65,7 +76,11 @@ def encode_prefix(tokenizer, text: str, chat_template: bool = True, system: str 
     return tokenizer.encode(rendered[:end], add_special_tokens=False)
 
 
-def prompt_ids(model, tokenizer, prompt, chat_template: bool = True, system: str | None = None) -> list[int]:
-    """The checked token ids generation continues, from text or ids."""
+def prompt_ids(
+    model, tokenizer, prompt, chat_template: bool = True, system: str | None = None, images: bool = False
+) -> list[int]:
+    """The checked token ids generation continues, from text or ids; text holding `images` written out as the
+    model's processor writes it (`write_images_text`)."""
     vocab = vocab_size(model)
-    return check_ids(encode_prompt(tokenizer, check_prompt(prompt, vocab), chat_template, system), vocab)
+    write = model.config.write_images_text if images else as_written
+    return check_ids(encode_prompt(tokenizer, check_prompt(prompt, vocab), chat_template, system, write), vocab)

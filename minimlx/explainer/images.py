@@ -2,7 +2,7 @@
 the prompt's text, unless the prompt writes it), its soft tokens placed in each pass; and what the image panel draws:
 the picture, its encoder's patches and its soft tokens' grid over it, and where those tokens stand in the
 prompt (the panel's heatmap is a chosen token's attention to them, read from the walk's attention weights). The
-family says what grids its images make (`image_grids`): Gemma 3's alone for now."""
+family says what grids its images make (`image_grids`): Gemma 3's and Gemma 4's pooled grids, Qwen's merged ones."""
 
 import base64
 import io
@@ -37,7 +37,9 @@ class ExplainedImage:
         """`source` (a path, bytes or a Pillow image) for `model`; one line when the model reads no images, its
         images make no grid the panel draws, or the picture cannot be read."""
         if "vision" not in model:
-            raise InvalidSettingError("this model reads text only; --image needs an image-text model (Gemma 3)")
+            raise InvalidSettingError(
+                "this model reads text only; --image needs an image-text model (Gemma 3 or 4, Qwen2.5-VL, Qwen3-VL)"
+            )
         if model.image_processor is None:
             raise InvalidSettingError("the model has no image processor: put its preprocessor_config.json beside it")
         picture = open_image(source)
@@ -45,7 +47,10 @@ class ExplainedImage:
         grids = model.config.image_grids(image)
         if grids is None:
             kind = type(model.config).__name__
-            raise InvalidSettingError(f"the explainer's image panel draws Gemma 3's images, not {kind}'s yet")
+            raise InvalidSettingError(
+                f"the explainer's image panel draws one run of soft tokens on a grid per picture; {kind}'s images "
+                "make none (tiles, or rows split by break tokens): pick a Gemma or Qwen image-text model"
+            )
         features = model.encode_images([image])
         mx.eval(features)
         picture = picture.copy()
@@ -63,6 +68,11 @@ class ExplainedImage:
     def prompt(self, text: str) -> str:
         """`text` with the image's start token before it, unless it writes the token itself."""
         return text if self.start_text in text else self.start_text + text
+
+    def written(self, text: str) -> str:
+        """A prompt's text (after its chat template) with the image's place written out as the model's processor
+        writes it (`write_images_text`)."""
+        return self.model.config.write_images_text(text)
 
     def ids(self, ids: list[int], limit: int) -> list[int]:
         """A prompt's ids with the image's places written out (`expand_images`), holding exactly this one image; one

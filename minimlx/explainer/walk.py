@@ -19,6 +19,7 @@ from ..anatomy.lens import top_guesses
 from ..anatomy.similarity import cosine
 from ..anatomy.trace import trace
 from ..core.sampling import filtered_logits
+from ..decode.prompt import encode_prompt
 from ..errors import InvalidSettingError
 from ..tune.lora import adapters
 from .images import ExplainedImage, placed
@@ -32,14 +33,12 @@ KEPT_SHOWN = 50
 
 def prompt_ids(tokenizer, prompt: str, chat_template: bool = False, image: ExplainedImage | None = None) -> list[int]:
     """The ids of `prompt`, as a user message in the model's chat template when `chat_template`; with `image`, its
-    start token before the text (unless the text writes it)."""
-    prompt = image.prompt(prompt) if image is not None else prompt
-    if not chat_template:
-        return tokenizer.encode(prompt)
-    if tokenizer.chat_template is None:
+    start token before the text (unless the text writes it), written out as the model's processor writes it."""
+    if chat_template and tokenizer.chat_template is None:
         raise InvalidSettingError("this model has no chat template; turn chat_template off")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    return tokenizer.encode(text, add_special_tokens=False)
+    if image is None:
+        return encode_prompt(tokenizer, prompt, chat_template)
+    return encode_prompt(tokenizer, image.prompt(prompt), chat_template, write_images=image.written)
 
 
 def bounded(ids: list[int]) -> tuple[list[int], str | None]:

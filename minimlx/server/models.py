@@ -16,6 +16,7 @@ from mlx.utils import tree_map
 
 from ..decode import Engine
 from ..decode.images import PromptImages
+from ..decode.prompt import as_written, check_ids, vocab_size
 from ..embedding import Embedder, reranker
 from ..errors import InvalidSettingError, MinimlxError
 from ..vision import ImageLimits
@@ -67,9 +68,12 @@ class ServedModel:
         model = engine.model
         self.reads_images = "vision" in model
         self.inputs = ("text", "image") if self.reads_images else ("text",)
-        image_text = self.tokenizer.decode([model.config.image_start_token]) if self.reads_images else None
+        image_text, write_images = None, as_written
+        if self.reads_images:
+            image_text = self.tokenizer.decode([model.config.image_start_token])
+            write_images = model.config.write_images_text
         self.renderer = Renderer(
-            engine.tokenizer, serving.chat_template, serving.reasoning, serving.forced_call, image_text
+            engine.tokenizer, serving.chat_template, serving.reasoning, serving.forced_call, image_text, write_images
         )
         capabilities = self.renderer.capabilities() + (("embedding",) if embedder is not None else ())
         capabilities += ("vision",) if self.reads_images else ()
@@ -92,7 +96,7 @@ class ServedModel:
 
     def count_tokens(self, turn: Turn) -> int:
         """The turn's prompt tokens, each image's places among them (as `expand_images` writes them out)."""
-        count = self.renderer.count_tokens(turn)
+        ids = self.renderer.prompt_ids(self.renderer.render(turn), turn)
         model = self.engine.model
         if turn.images and model.image_processor is not None:
             limits = self.serving.image_limits
@@ -101,9 +105,8 @@ class ServedModel:
                 inputs = model.image_processor(turn.images, limits.max_pixels)
             except InvalidSettingError as e:
                 raise bad(turn.messages_param, str(e)) from None
-            start = model.config.image_start_token
-            count += sum(len(model.config.expand_images([start], [image])) - 1 for image in inputs)
-        return count
+            ids = model.config.expand_images(ids, inputs)
+        return len(ids)
 
     async def start(self, turn: Turn) -> Answer:
         """Start the turn's choices: its template, its tool choice or answer grammar, its settings, its images (read
@@ -130,6 +133,10 @@ class ServedModel:
         context (or --max-tokens); one above that is capped, and the answer says so."""
         if turn.n > self.engine.max_batch:
             raise bad("n", f"'n' is {turn.n} but this server decodes at most {self.engine.max_batch} (--max-batch)")
+        try:  # a client's ids outside the vocabulary would read past the embedding
+            prompt = check_ids(prompt, vocab_size(self.engine.model))
+        except InvalidSettingError as e:
+            raise bad(param, f"'{param}': {e}") from None
         asked = turn.settings.get("max_tokens")
         limit = (self.serving.max_tokens if bounded else None) or self.engine.context or UNBOUNDED_MAX_TOKENS
         fields = {**turn.settings, "max_tokens": limit if asked is None else min(asked, limit)}

@@ -2,9 +2,11 @@
 grammar of the template's tool-call format, and the parsers that split the reply back into content, reasoning and
 tool calls."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..decode.grammar import Constraint
+from ..decode.prompt import as_written
 from ..errors import MinimlxError
 from ..text.replies import ReplyParser, tool_format
 from .fields import APIError, bad, unsupported_image
@@ -16,7 +18,8 @@ class Renderer:
     """Renders turns with the tokenizer's chat template (`chat_template` replaces the model's own); `reasoning`
     splits thinking text from the answer (False keeps it in the content); `forced_call` is serve's
     --force-tool-call; `image_text` is the text of the token an image-text model's prompts write where an image goes
-    (None: the model reads text only)."""
+    (None: the model reads text only), and `write_images` writes a prompt's images out as its processor writes them
+    in text (`write_images_text`)."""
 
     def __init__(
         self,
@@ -25,9 +28,10 @@ class Renderer:
         reasoning: bool,
         forced_call: ForcedCall | None,
         image_text: str | None = None,
+        write_images: Callable[[str], str] = as_written,
     ):
         self.tokenizer, self.reasoning, self.forced_call = tokenizer, reasoning, forced_call
-        self.image_text = image_text
+        self.image_text, self.write_images = image_text, write_images
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         self.tool_format = tool_format(tokenizer.chat_template)
@@ -43,7 +47,7 @@ class Renderer:
         if forced:
             constraint = Constraint.lark(self.tool_format.grammar(tools, turn.tool_choice, turn.parallel_tool_calls))
         text = self.render(turn)
-        prompt = self.tokenizer.encode(self.with_images(text, turn), add_special_tokens=False)
+        prompt = self.prompt_ids(text, turn)
 
         def parser() -> ReplyParser:
             return ReplyParser(self.tokenizer.chat_template, bool(tools), self.reasoning, text, forced=forced)
@@ -91,16 +95,13 @@ class Renderer:
         thinks = "enable_thinking" in template or any(marker in template for marker in self.tool_format.reasoning)
         return ("completion", "tools", *(("thinking",) if thinks else ()))
 
-    def with_images(self, text: str, turn: Turn) -> str:
-        """`text` with the turn's image places as the model's image token (a text-only model is refused)."""
-        if not turn.images:
-            return text
-        if self.image_text is None:
+    def prompt_ids(self, text: str, turn: Turn) -> list[int]:
+        """The ids of the turn's rendered `text`, its images' places written in (a text-only model refuses them)."""
+        if turn.images and self.image_text is None:
             raise unsupported_image(turn.messages_param)
-        return text.replace(IMAGE_PLACE, self.image_text)
-
-    def count_tokens(self, turn: Turn) -> int:
-        return len(self.tokenizer.encode(self.with_images(self.render(turn), turn), add_special_tokens=False))
+        if turn.images:
+            text = self.write_images(text.replace(IMAGE_PLACE, self.image_text))
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def token_logprob(self, token: int, logprob: float, top) -> TokenLogprob:
         """A token's logprob with its text and bytes, and its alternatives' (`top`: (id, logprob) pairs)."""

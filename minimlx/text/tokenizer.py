@@ -88,6 +88,10 @@ class Tokenizer:
         """How many ids the tokenizer knows, added tokens included."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of the vocabulary's token `token` (a special token's text, say), or None where it has none."""
+        return self.backend.token_to_id(token)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.encoder.encode(text, add_special_tokens=add_special_tokens).ids
 
