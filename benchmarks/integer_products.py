@@ -1,4 +1,5 @@
-"""How closely decoding with the native kernel's integer products follows float32 inputs, on SmolLM2's Q4_1 GGUF.
+"""How closely decoding with the native kernel's integer products follows float32 inputs, on SmolLM2's Q4_1 GGUF
+(or `--model`, e.g. benchmarks/synthetic_gguf.py's 1.1B LLaMA-shaped Q4_K_M).
 
 For each prompt: a greedy run of N tokens with float32 inputs (`MINIMLX_NATIVE_PRODUCTS=float`'s path), then the
 same tokens fed through the integer products' decode steps (teacher-forced, so one flipped token does not change
@@ -7,6 +8,7 @@ and the median difference of the logits, and the largest relative (norm) differe
 integer decode first leaves the float text.
 
     python benchmarks/integer_products.py --tokens 512
+    python benchmarks/integer_products.py --tokens 512 --prompts 4 --model /tmp/kq-bench/llama1b-Q4_K_M.gguf
 """
 
 import argparse
@@ -18,6 +20,7 @@ import mlx.core as mx
 from minimlx.core.steps import decode_steps
 from minimlx.cpu import native
 from minimlx.decode.prompt import encode_prompt
+from minimlx.errors import MinimlxError
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -69,9 +72,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--model", default="smollm2-135m", help="a GGUF file (default: SmolLM2-135M's Q4_1)")
     args = parser.parse_args()
-    model, tokenizer = load("smollm2-135m")
-    print(f"SmolLM2-135M Q4_1 GGUF on the native kernel ({native.kernel.integer_isa} integer products),")
+    try:
+        model, tokenizer = load(args.model)
+    except MinimlxError as e:
+        parser.error(f"--model {args.model}: {e}")
+    shown = "SmolLM2-135M Q4_1 GGUF" if args.model == "smollm2-135m" else args.model
+    print(f"{shown} on the native kernel ({native.kernel.integer_isa} integer products),")
     print(f"{args.tokens} greedy tokens per prompt, teacher-forced on the float32 path's tokens\n")
     print("| prompt | same greedy token | largest logit difference | median | largest relative | free run parts at |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -1,7 +1,11 @@
-"""Concurrent streaming requests against minimlx serve and its peers, SmolLM2-135M, same weights.
+"""Concurrent streaming requests against minimlx serve and its peers, SmolLM2-135M (or --model), same weights.
 
     python benchmarks/serve.py [--clients 1 4 8 16] [--tokens 64] [--prompt-tokens 128] [--rounds 3]
-                               [--build-llamacpp] [--skip NAMES] [--work DIR] [--json-schema]
+                               [--build-llamacpp] [--skip NAMES] [--work DIR] [--json-schema] [--model FILE]
+
+--model serves another GGUF file with SmolLM2's vocabulary (benchmarks/synthetic_gguf.py's, e.g. the 1.1B
+LLaMA-shaped Q4_K_M) by minimlx serve as it starts by default and by llama-server, the two rows compared; the
+float32 and Python peers' rows are SmolLM2's alone.
 
 Every server starts in its own process on a free port, all of them before the first burst, and answers one
 warm-up request. A round then gives each server in turn, for each N in --clients, N clients that send one
@@ -65,10 +69,13 @@ WORDS = (
 END_OF_TEXT = (0, 2)  # SmolLM2's <|endoftext|> and <|im_end|>: banned, so that every answer runs to max_tokens
 
 
-def prompt_text(words: int, seed: str) -> str:
+def prompt_text(words: int, seed: str, ids: bool = False) -> str | list[int]:
     """`words` random words, each a token of its own: the same text for every server, a new one per request (so
-    that no server answers from a cached prefix)."""
+    that no server answers from a cached prefix). With `ids`, as many random ordinary token ids instead (a --model
+    file's tokenizer need not split the words as SmolLM2's does)."""
     rng = random.Random(seed)
+    if ids:
+        return [rng.randrange(1000, 30000) for _ in range(words)]  # ordinary ids in a 32k or a 49k vocabulary
     return "".join(" " + rng.choice(WORDS) for _ in range(words))
 
 
@@ -117,7 +124,7 @@ STORY = {
 
 
 def stream_completion(
-    url: str, model: str, prompt: str, tokens: int, schema: dict | None = None
+    url: str, model: str, prompt: str | list[int], tokens: int, schema: dict | None = None
 ) -> tuple[float | None, int, int | None, bool]:
     """(seconds to the first text delta, generated tokens, prompt tokens the server counted, whether it failed) of
     one streaming raw completion. Generated tokens come from the usage the server reports, else one per delta."""
@@ -178,8 +185,7 @@ def burst(server: "Server", prompts: list[str], tokens: int, schema: dict | None
     }
 
 
-MINIMLX, MINIMLX_KERNEL = "minimlx serve --dtype float32", "minimlx serve (default: Q4_1 on the native kernel)"
-LLAMA_SERVER = "llama-server -np 8 -cb -t 2, Q4_1"
+MINIMLX = "minimlx serve --dtype float32"
 
 
 @dataclasses.dataclass
@@ -194,24 +200,35 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
-def servers(work: Path, prompt_tokens: int, tokens: int, build: bool) -> tuple[dict[str, Server], list[str]]:
-    """name -> Server for everything installed here; and notes on peers left out."""
-    gguf, notes, found = smollm2_gguf(), [], {}
-    minimlx = [sys.executable, "-m", "minimlx", "serve", "--max-batch", "16"]
-    port = free_port()
-    found[MINIMLX] = Server(minimlx + ["--port", str(port), "--dtype", "float32"], {}, port, "smollm2-135m")
+def servers(
+    work: Path, prompt_tokens: int, tokens: int, build: bool, model: Path | None = None
+) -> tuple[dict[str, Server], list[str]]:
+    """name -> Server for everything installed here, over SmolLM2's Q4_1 GGUF or the GGUF file `model`; and notes on
+    peers left out."""
+    gguf, notes, found = model or smollm2_gguf(), [], {}
+    kind, name = ("Q4_1", "smollm2-135m") if model is None else (model.name, str(model))
+    minimlx = [sys.executable, "-m", "minimlx", "serve", "--max-batch", "16"] + (
+        [] if model is None else ["--model", name]
+    )
+    if model is None:
+        port = free_port()
+        found[MINIMLX] = Server(minimlx + ["--port", str(port), "--dtype", "float32"], {}, port, name)
     if importlib.util.find_spec("minimlx_native") is not None:
         port = free_port()
-        found[MINIMLX_KERNEL] = Server(minimlx + ["--port", str(port)], {}, port, "smollm2-135m")
+        found[f"minimlx serve (default: {kind} on the native kernel)"] = Server(
+            minimlx + ["--port", str(port)], {}, port, name
+        )
     else:
         notes.append("the native kernel is not built here: minimlx's packed row was left out")
     try:
         folder, port = llamacpp_peer.binaries(build), free_port()
         context = 8 * (prompt_tokens + tokens + 64)  # each of the 8 slots holds a whole request
         command = [str(folder / "llama-server"), "-m", str(gguf), "--port", str(port), "-np", "8", "-cb", "-t", "2"]
-        found[LLAMA_SERVER] = Server(command + ["-c", str(context)], {}, port, "smollm2-135m")
+        found[f"llama-server -np 8 -cb -t 2, {kind}"] = Server(command + ["-c", str(context)], {}, port, name)
     except llamacpp_peer.PeerMissing as missing:
         notes.append(f"{missing}: llama-server was left out")
+    if model is not None:
+        return found, notes
     if importlib.util.find_spec("mlx_lm") is not None:
         from minimlx.cpu import blas
 
@@ -258,7 +275,7 @@ def medians(rounds: list[dict], clients: list[int]) -> dict[int, tuple[float, fl
 
 def report(args, rows: dict, structured: dict, prompt_lengths: dict, notes: list[str], loads: list[str]) -> None:
     print(
-        f"\n{machine()}\n{llamacpp_peer.description()}\n\nSmolLM2-135M-Instruct, raw completions of "
+        f"\n{machine()}\n{llamacpp_peer.description()}\n\n{args.model or 'SmolLM2-135M-Instruct'}, raw completions of "
         f"{args.prompt_tokens}-token prompts, {args.tokens} generated tokens per request, temperature 0, medians of "
         f"{args.rounds} interleaved rounds; load average before each round: {', '.join(loads)}:\n"
     )
@@ -278,7 +295,7 @@ def report(args, rows: dict, structured: dict, prompt_lengths: dict, notes: list
         )
     )
     peers = [name for name in rows if not name.startswith("minimlx")]
-    ours = [name for name in (MINIMLX, MINIMLX_KERNEL) if name in rows]
+    ours = [name for name in rows if name.startswith("minimlx")]
     if ours and peers:
         print("\nminimlx / peer, aggregate tok/s (and TTFT, lower is better):\n")
         print("| minimlx row / peer | " + " | ".join(f"{n} clients" for n in args.clients) + " |")
@@ -287,6 +304,8 @@ def report(args, rows: dict, structured: dict, prompt_lengths: dict, notes: list
             for peer in peers:
                 cells = (
                     f"{rows[mine][n][0] / rows[peer][n][0]:.2f}x (TTFT {rows[mine][n][1] / rows[peer][n][1]:.2f}x)"
+                    if rows[peer][n][0] > 0
+                    else "- (the peer answered nothing)"
                     for n in args.clients
                 )
                 print(f"| {mine} / {peer} | " + " | ".join(cells) + " |")
@@ -317,14 +336,17 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "minimlx-bench")
     parser.add_argument("--skip", default="", help="comma-separated substrings of servers to leave out")
     parser.add_argument("--json-schema", action="store_true", help="also time minimlx's bursts under a JSON schema")
+    parser.add_argument("--model", type=Path, help="a GGUF file with SmolLM2's vocabulary (default: SmolLM2's Q4_1)")
     parser.add_argument(
         "--build-llamacpp", action="store_true", help="build llama.cpp's llama-server first if it is not built"
     )
     args = parser.parse_args()
     if args.rounds < 1 or args.tokens < 1 or args.prompt_tokens < 1 or min(args.clients) < 1:
         parser.error("--rounds, --tokens, --prompt-tokens and every --clients count must be at least 1")
+    if args.model is not None and not args.model.is_file():
+        parser.error(f"--model {args.model}: no such file; give a GGUF file (benchmarks/synthetic_gguf.py makes them)")
     args.work.mkdir(parents=True, exist_ok=True)
-    found, notes = servers(args.work, args.prompt_tokens, args.tokens, args.build_llamacpp)
+    found, notes = servers(args.work, args.prompt_tokens, args.tokens, args.build_llamacpp, args.model)
     found = {name: server for name, server in found.items() if not any(s and s in name for s in args.skip.split(","))}
     rounds = {name: [] for name in found}
     schema_rounds = {name: [] for name in found if args.json_schema and name.startswith("minimlx")}
@@ -335,14 +357,19 @@ def main() -> None:
             log = args.work / (re.sub(r"[^\w.-]+", "-", name).strip("-") + ".log")
             running.enter_context(start(server, log))
         for server in found.values():
-            stream_completion(server.url, server.model, prompt_text(args.prompt_tokens, seed="warm-up"), 8)
+            stream_completion(
+                server.url, server.model, prompt_text(args.prompt_tokens, seed="warm-up", ids=args.model is not None), 8
+            )
         for round_ in range(args.rounds):
             loads.append(load_average())
             for name, server in found.items():
                 rounds[name].append({})
                 schema_rounds.get(name, []).append({})
                 for n in args.clients:  # every server gets the same prompts, each burst new ones
-                    prompts = [prompt_text(args.prompt_tokens, seed=f"{round_}-{n}-{i}") for i in range(n)]
+                    prompts = [
+                        prompt_text(args.prompt_tokens, seed=f"{round_}-{n}-{i}", ids=args.model is not None)
+                        for i in range(n)
+                    ]
                     rounds[name][-1][n] = result = burst(server, prompts, args.tokens)
                     prompt_lengths[name] |= result["prompt_tokens"]
                     if name in schema_rounds:  # the two kinds of burst alternate, so that both see the same machine

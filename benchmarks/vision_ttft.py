@@ -9,7 +9,9 @@ SigLIP 12 x 768 over 512-pixel tiles, pixel shuffle by 4, a 30-layer 576-wide LL
 --dtype float32), saved by transformers with its processor (Pillow's image processor, the published settings) and a
 byte-level tokenizer whose special tokens sit at the published ids: the layout mlx-vlm reads. mlx-vlm runs in its own
 environment (`--peer-python`, e.g. a venv made by `python -m venv /tmp/mlxvlm && /tmp/mlxvlm/bin/pip install
-mlx-vlm mlx[cpu]==0.32.4`), which shares nothing with this project's.
+mlx-vlm mlx[cpu]==0.32.4`), which shares nothing with this project's but the BLAS under MLX's float32 matmuls: the
+Linux `mlx[cpu]` wheel links the reference BLAS, so the library minimlx loads is preloaded into the peer too
+(`--peer-blas`), and both engines run the same MLX on the same BLAS.
 
 Every measurement is a fresh process: it loads the folder (timed apart), answers a short text prompt once (so that
 one-time setup is not counted), then times the image prompt from the call to its first token: the picture decoded
@@ -253,12 +255,16 @@ def measure(engine: str, folder: str, image: str, prompt: str) -> dict:
     return {"load_s": loaded - started, "ttft_s": time.perf_counter() - begin, "token": int(token)}
 
 
-def run_worker(python: str, engine: str, folder: Path, image: Path, prompt: str, timeout: float) -> dict | None:
+def run_worker(
+    python: str, engine: str, folder: Path, image: Path, prompt: str, timeout: float, peer_blas: str | None
+) -> dict | None:
     """One measurement in a fresh process; None where it failed or ran past `timeout`."""
     command = [python, __file__, "--worker", engine, "--folder", str(folder), "--image", str(image), "--prompt", prompt]
     env = dict(os.environ)
     if engine != "minimlx":
         env.pop("PYTHONPATH", None)  # the peer's environment holds nothing of this project
+        if peer_blas:  # bound before mlx.core's own reference BLAS, as minimlx binds its library
+            env |= {"LD_PRELOAD": peer_blas, "MKL_THREADING_LAYER": "GNU", "OMP_WAIT_POLICY": "PASSIVE"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
@@ -273,6 +279,11 @@ def run_worker(python: str, engine: str, folder: Path, image: Path, prompt: str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peer-python", help="the python of an environment with mlx-vlm (none: minimlx alone)")
+    parser.add_argument(
+        "--peer-blas",
+        default="same",
+        help="the BLAS library preloaded into the peer: 'same' (the one minimlx loads), a path, or 'none'",
+    )
     parser.add_argument("--folder", default="/tmp/minimlx-vision-ttft", help="where the model folders are built")
     parser.add_argument("--models", default="smolvlm,qwen2_5_vl", help="of: " + ", ".join(MODELS))
     parser.add_argument("--rounds", type=int, default=2)
@@ -291,6 +302,13 @@ def main() -> None:
         print(json.dumps(measure(args.worker, args.folder, args.image, args.prompt)))
         return
 
+    if args.peer_blas == "same":
+        from minimlx.cpu import blas
+
+        args.peer_blas = blas.loaded
+    peer_blas = None if args.peer_blas == "none" else args.peer_blas
+    if peer_blas is not None and not os.path.isfile(peer_blas):
+        parser.error(f"--peer-blas {peer_blas}: no such library; give a BLAS library's path, 'same' or 'none'")
     root = Path(args.folder) / args.dtype
     root.mkdir(parents=True, exist_ok=True)
     image = picture(root / "picture-1024x768.png")
@@ -304,7 +322,7 @@ def main() -> None:
         times: dict[str, list[dict]] = {engine: [] for engine, _ in engines}
         for round_ in range(args.rounds):
             for engine, python in engines if round_ % 2 == 0 else engines[::-1]:
-                result = run_worker(python, engine, folder, image, spec["prompt"], args.timeout)
+                result = run_worker(python, engine, folder, image, spec["prompt"], args.timeout, peer_blas)
                 loads.append(os.getloadavg()[0])
                 if result is not None:
                     times[engine].append(result)
@@ -316,6 +334,7 @@ def main() -> None:
             rows.append((spec["label"], engine, ttft, load, len(got)))
     print(
         f"\n1024 x 768 picture, {args.dtype} weights, {args.rounds} interleaved rounds, medians; MLX on the CPU; "
+        f"the peer's BLAS: {peer_blas or 'its own'}; "
         f"load average {min(loads):.1f}-{max(loads):.1f} (1 min) during the run\n"
     )
     print("| model | engine | time to first token s | load s | runs |")
