@@ -668,6 +668,7 @@ except InvalidSettingError:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "prompt, settings",
     [("[10**6]", ""), ("[-1]", ""), ("[64]", ""), ('b"ab"', ""), ('"w2"', "max_tokens=1.5")],
@@ -746,6 +747,7 @@ def test_invalid_utf8_on_stdin_is_replaced_and_said_once(tiny):
 # ---------------------------------------------------------------------------------------------------- stdio
 
 
+@pytest.mark.slow
 def test_closed_stdout(tiny):
     refused(process("run", "w2", "--model", tiny, "--no-chat-template", close=1), "standard output is closed")
 
@@ -978,6 +980,7 @@ def test_bench_with_a_billion_tokens_refuses_at_once():
     refused(bounded("bench", smollm2(), "--gen-tokens", 10**9), "--gen-tokens 1000000000", "context of 8192")
 
 
+@pytest.mark.slow
 def test_anatomy_of_ten_million_layers_refuses_at_once(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": 10**7}))
     refused(bounded("anatomy", tmp_path, "--per-layer"), "'num_hidden_layers'")

@@ -52,6 +52,7 @@ def matmuls(tmp_path, name: str, **env):
     return loaded, np.load(gemm), np.load(gemv)
 
 
+@pytest.mark.slow
 def test_the_best_blas_found_is_loaded(tmp_path):
     assert matmuls(tmp_path, "on")[0] == optimized_blas()
 
@@ -85,6 +86,7 @@ def test_mkl_runs_mlx_matmuls_with_gnu_openmp(tmp_path):
     assert "SGEMM(T,N,384,96,512" in out or "SGEMM(N,N,384,96,512" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "setting, warning", [("off", None), ("missing", "does not exist"), ("not_a_library", "could not load")]
 )

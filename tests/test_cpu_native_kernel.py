@@ -784,6 +784,7 @@ def test_rotate_rows_at_their_own_positions(monkeypatch, tokens):
     assert mx.abs(rope(x, offsets) - rotated).max().item() < 1e-6
 
 
+@pytest.mark.slow
 def test_minimlx_native_off_keeps_the_kernel_out():
     """The kernel is probed once, at import: MINIMLX_NATIVE=off then leaves every CPU form on MLX's ops."""
     import subprocess

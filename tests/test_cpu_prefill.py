@@ -64,6 +64,7 @@ def test_greedy_ids_unchanged_on_smollm2(smollm2, monkeypatch):
     assert greedy_ids(model, tokenizer, ids, max_tokens=12, prefill_step=128) == ours
 
 
+@pytest.mark.slow
 def test_mkl_threads_sleep_between_products():
     """Spinning OpenMP threads starve the working one on a busy machine (27-36 s prefills instead of 0.6-0.9 s)."""
     import os

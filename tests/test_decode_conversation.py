@@ -3,12 +3,14 @@
 import subprocess
 import sys
 
+import pytest
 from models import chat_model
 
 import minimlx
 from minimlx.decode import Conversation
 
 
+@pytest.mark.slow
 def test_a_chat_that_fills_the_context_drops_its_oldest_turns(tmp_path):
     folder = chat_model(tmp_path, context=64)
     turns = "".join(f"w{i} w{i + 1} w{i + 2} w{i + 3}\n" for i in range(2, 14))
@@ -27,6 +29,7 @@ def test_a_chat_that_fills_the_context_drops_its_oldest_turns(tmp_path):
     ), result.stderr
 
 
+@pytest.mark.slow
 def test_memory_grows_only_by_the_cache(tmp_path):
     """From the 10th turn to the 100th, MLX holds no more than the conversation's cache; from the 20th call of
     `generate` to the 200th, no more at all (in a fresh process, where no other test's engine allocates)."""

@@ -59,6 +59,7 @@ def test_greedy_smollm2_prompt_lookup_equals_plain_decoding(smollm2):
     assert looked_up[-1].accepted_tokens >= 8
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_model_distribution(tiny):
     """The first token a round emits, over 3000 seeded rounds, is distributed as the model's filtered p:
     for a sampled draft model's drafts and for prompt lookup's certain ones."""

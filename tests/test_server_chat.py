@@ -545,7 +545,7 @@ def test_the_fields_ignored_and_refused_are_the_ones_serve_md_lists():
         assert refused == (set(UNSTORED) if api == "responses" else set())
 
 
-def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, caplog):
+def test_a_failure_in_one_requests_step_fails_it_alone(hf_folder, monkeypatch, caplog):
     """A sampler that raises for one request (seed 13): that request is a 500 in OpenAI's shape, logged; the one
     decoded beside it in the same batch answers."""
     from starlette.testclient import TestClient
@@ -556,8 +556,7 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
     from minimlx.server.app import Server
     from minimlx.server.models import Models
 
-    save_hf_model(tmp_path, "llama")
-    model, tokenizer = minimlx.load(tmp_path)
+    model, tokenizer = minimlx.load(hf_folder("llama"))
     sample = Generation.sample
 
     def failing(generation, logits, fed):
@@ -577,7 +576,7 @@ def test_a_failure_in_one_requests_step_fails_it_alone(tmp_path, monkeypatch, ca
     assert any("a generation failed" in r.message for r in caplog.records)
 
 
-def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path, monkeypatch):
+def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(hf_folder, monkeypatch):
     """Four requests sent at once reach the engine one by one; the idle server waits while they keep coming
     (`EngineBridge.gather`, its quiet time raised here so that a slow machine's gaps fit) and prefills them in one
     pass."""
@@ -589,8 +588,7 @@ def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path,
     from minimlx.server import app, bridge
     from minimlx.server.models import Models
 
-    save_hf_model(tmp_path, "llama")
-    model, tokenizer = minimlx.load(tmp_path)
+    model, tokenizer = minimlx.load(hf_folder("llama"))
     monkeypatch.setattr(bridge, "GATHER_QUIET", 0.2)
     groups, together, alone = [], Runner.prefill_together, Runner.prefill_alone
     monkeypatch.setattr(Runner, "prefill_together", lambda self, g: groups.append(len(g)) or together(self, g))
@@ -613,7 +611,7 @@ def test_requests_sent_together_to_an_idle_server_prefill_as_one_group(tmp_path,
         ("/v1/messages", {"messages": QUESTION, "max_tokens": 5, "stream": "yes"}),
     ],
 )
-def test_a_request_refused_starts_nothing(tmp_path, path, body):
+def test_a_request_refused_starts_nothing(hf_folder, path, body):
     """Every field is read before a generation starts: a refused request leaves nothing behind (no generation
     in the engine, no listener left for one)."""
     from starlette.testclient import TestClient
@@ -623,8 +621,7 @@ def test_a_request_refused_starts_nothing(tmp_path, path, body):
     from minimlx.server.app import Server
     from minimlx.server.models import Models, Serving
 
-    save_hf_model(tmp_path, "llama")
-    engine = Engine(*minimlx.load(tmp_path), max_batch=4)
+    engine = Engine(*minimlx.load(hf_folder("llama")), max_batch=4)
     template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     server = Server(Models.one(engine, "tiny", Serving(chat_template=template)))
     with TestClient(server.app) as client:

@@ -54,6 +54,7 @@ def test_full_fine_tuning_trains_the_last_blocks(tune_folders, tmp_path):
     assert len(tree_flatten(trainer.model.trainable_parameters())) == len(saved)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_with_the_same_losses(tune_folders, tmp_path):
     """Dropout draws random numbers and the batches are shuffled: both must come back as they were."""
     options = dict(adapter=AdapterSettings(rank=4, dropout=0.2, targets="all-linear"), save_every=3)
@@ -98,6 +99,7 @@ def test_checkpointing_and_accumulation_keep_the_numbers(tune_folders, tmp_path)
         np.testing.assert_allclose(np.array(value), np.array(after[1][name]), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_keeps_less_memory():
     """A stage at a time, the backward pass recomputes what each block made instead of holding it, and the scores
     never exist whole: the same loss and gradients in less peak memory (a 4-block model over 2 x 256 tokens)."""
