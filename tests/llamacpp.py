@@ -45,7 +45,8 @@ TOOLS = CACHE.parent / f"llama.cpp-{VERSION}-tools"  # src/: the vendored tree; 
 LLAMA_QUANTIZE = Path(os.environ.get("MINIMLX_LLAMA_QUANTIZE") or TOOLS / "build" / "bin" / "llama-quantize")
 # -DGGML_NATIVE=ON builds crashed with illegal instructions on one machine
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
-CMAKE_FLAGS += ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+CMAKE_FLAGS += ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON"]
+TOOL_NAMES = ("llama-tokenize", "llama-quantize", "llama-server")  # what `llamacpp_tool` builds
 QUANTS = CACHE.parent / f"llama.cpp-{VERSION}-quants"  # src/: ggml-quants.c and its headers; the library beside it
 QUANTS_SOURCE = "ggml/src/ggml-quants.c"
 QUANTS_PARTS = ("ggml/include/", "ggml/src/ggml-quants.", "ggml/src/ggml-common.h", "ggml/src/ggml-impl.h")
@@ -111,18 +112,23 @@ def llamacpp_template(name: str) -> str:
 
 
 def llamacpp_tool(name: str) -> Path:
-    """llama.cpp's tool `name` (`llama-tokenize`, `llama-quantize`): from the cache, or built there now (with every
-    tool of the list, so that one build serves them all)."""
+    """llama.cpp's tool `name` (`llama-tokenize`, `llama-quantize`, `llama-server`): from the cache, or built there now
+    (with every tool of the list, so that one build serves them all)."""
     binary = TOOLS / "build" / "bin" / name
     if binary.is_file():
         return binary
     if not (TOOLS / "src" / "CMakeLists.txt").is_file():
         with downloaded_sdist() as sdist:
             extract(sdist, TOOLS / "src", ("",), "CMakeLists.txt")
-    build = ["cmake", "--build", str(TOOLS / "build"), "-j2", "--target", "llama-tokenize", "llama-quantize"]
+    build = ["cmake", "--build", str(TOOLS / "build"), "-j2", "--target", *TOOL_NAMES]
     subprocess.run(["cmake", "-S", str(TOOLS / "src"), "-B", str(TOOLS / "build"), *CMAKE_FLAGS], check=True)
     subprocess.run(build, check=True)
     return binary
+
+
+def llama_quantize() -> Path:
+    """llama.cpp's llama-quantize: `$MINIMLX_LLAMA_QUANTIZE`, or the cache's (built there now if it is not yet)."""
+    return LLAMA_QUANTIZE if os.environ.get("MINIMLX_LLAMA_QUANTIZE") else llamacpp_tool("llama-quantize")
 
 
 def llama_tokenize(gguf: Path, texts: list[str], add_bos: bool) -> list[list[int]]:

@@ -7,7 +7,7 @@ the layout mlx-lm reads for it (published checkpoints' keys).
 
 GGUF files: the f32 file gives transformers' logits of the source model; the packed ones (the converter's q8_0, and
 the Q4_K_M gguf_quantize.py writes of the f32 file as llama-quantize does; for DeepSeek V3.2 and Mistral 4,
-llama-quantize's own where it is built) the logits of their tensors dequantized by gguf-py, llama.cpp's reference
+llama-quantize's own) the logits of their tensors dequantized by gguf-py, llama.cpp's reference
 code. llama.cpp's converter converts Mistral 4 only as the text of an image-text `Mistral3ForConditionalGeneration`
 and writes no query temperature for it, which llama.cpp then does not apply: minimlx reads the file so too, and
 applies a temperature a file holds as llama.cpp does.
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from families_2026 import GGUF_FAMILIES, GGUF_VOCAB, VOCAB, convert_families, family_config, save_family
 from gguf_files import load_gguf
-from llamacpp import LLAMA_QUANTIZE
+from llamacpp import llama_quantize
 from mlx_lm_reference import mlx_lm_convert, mlx_lm_logits, save_tokenizer
 from reference import random_ids, reference_logits, relative_error, to_v4_layout
 
@@ -85,7 +85,7 @@ def test_mlx_lm_folder_matches_mlx_lm(mlx_lm_folders, variant):
 
 # the packed files of each architecture: Mistral 3's text model is Ministral 3's (`mistral3` files both)
 PACKED = [name for name in GGUF_FAMILIES if name != "mistral3"]
-LLAMA_QUANTIZED = ("deepseek_v32", "mistral3_mistral4")  # their Q4_K_M files: llama-quantize's, where it is built
+LLAMA_QUANTIZED = ("deepseek_v32", "mistral3_mistral4")  # their Q4_K_M files: llama-quantize's
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,8 @@ def gguf_families(tmp_path_factory):
         source, target = root / f"{name}-f32.gguf", root / f"{name}-Q4_K_M.gguf"
         if name not in LLAMA_QUANTIZED:
             quantize(Reader(source), target, "Q4_K_M")
-        elif LLAMA_QUANTIZE.is_file():
-            subprocess.run([LLAMA_QUANTIZE, source, target, "Q4_K_M"], check=True, capture_output=True)
+        else:
+            subprocess.run([llama_quantize(), source, target, "Q4_K_M"], check=True, capture_output=True)
     ids = random_ids(GGUF_VOCAB)
     return root, {name: reference_logits(model, ids) for name, model in models.items()}, ids
 
@@ -128,8 +128,6 @@ def test_packed_gguf_matches_its_reference_dequantization(gguf_families, name, k
 
     root, _, ids = gguf_families
     path = root / f"{name}-{kind}.gguf"
-    if not path.is_file():
-        pytest.skip(f"no llama-quantize at {LLAMA_QUANTIZE} (build it or set MINIMLX_LLAMA_QUANTIZE)")
     tensors, metadata = read_gguf(path, mx.float32)
     assert any(key.endswith(".scales") for key in tensors)
     reference = {t.name: mx.array(dequantize(t.data, t.tensor_type).astype(np.float32)) for t in Reader(path).tensors}

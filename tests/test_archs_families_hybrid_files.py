@@ -232,12 +232,10 @@ def test_packed_gguf_converts_to_a_packed_mlx_folder(gguf_files, tmp_path):
 @pytest.fixture(scope="module")
 def q4_k_m_files(gguf_files):
     """The f32 files quantized by llama.cpp's llama-quantize to Q4_K_M: their rows of 64 fall back to Q5_0, Q8_0 and
-    the like, as many tensors of small published models do. Skipped where llama-quantize is not built."""
-    from llamacpp import TOOLS
+    the like, as many tensors of small published models do."""
+    from llamacpp import llama_quantize
 
-    tool = TOOLS / "build" / "bin" / "llama-quantize"
-    if not tool.is_file():
-        pytest.skip(f"no llama-quantize at {tool} (build llama.cpp's tools into the test cache)")
+    tool = llama_quantize()
     root = gguf_files[0]
     for name in [*GGUF, WIDE]:
         source, target = root / f"{name}-f32.gguf", root / f"{name}-q4_k_m.gguf"

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf_files import load_gguf
 from gguf_quantize import FTYPES, quantize
-from llamacpp import LLAMA_QUANTIZE, Reader
+from llamacpp import Reader, llama_quantize
 from llamacpp_models import IDS, MODELS, SENTENCEPIECE, SP_VOCAB, convert_models, logits_of
 from reference import reference_logits, relative_error, require
 
@@ -88,22 +88,21 @@ def test_k_quant_file_matches_its_reference(wide, name, ftype):
 EQUALLED = [name for name in MODELS if name != "deepseek_v2_lite"]
 
 
-@pytest.mark.slow  # runs llama.cpp's llama-quantize over every family when it is built
+@pytest.mark.slow  # runs llama.cpp's llama-quantize over every family
 @pytest.mark.parametrize("ftype", FTYPES)
 def test_files_equal_llama_quantize(request, ftype, tmp_path):
     """The files are llama-quantize's, byte for byte: for the seven families' wide models, for the F32 files of
     test_io_gguf_llamacpp.py's models of every family, whose rows of 64 and 96 make every K-quant fall back, and for
-    kquant_llama.py's llama. Runs where a llama-quantize binary is at hand: built into the test cache
-    (tests/llamacpp.py's `llamacpp_tool`, about 25 minutes) or named by $MINIMLX_LLAMA_QUANTIZE; skipped otherwise."""
-    if not LLAMA_QUANTIZE.is_file():
-        pytest.skip(f"no llama-quantize at {LLAMA_QUANTIZE} (build it or set MINIMLX_LLAMA_QUANTIZE)")
+    kquant_llama.py's llama. llama-quantize is $MINIMLX_LLAMA_QUANTIZE or built into the test cache (tests/llamacpp.py's
+    `llamacpp_tool`; .ci/run builds it before the tests)."""
+    quantize_tool = llama_quantize()
     wide, narrow = request.getfixturevalue("wide"), request.getfixturevalue("converted")
     sources = [wide / f"{name}-f32.gguf" for name in FAMILIES] + [narrow / f"{name}-f32.gguf" for name in EQUALLED]
     sources.append(request.getfixturevalue("kquant_llama")["F32"])
     ours, theirs = tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
     for source in sources:
         quantize(read(source), ours, ftype)
-        subprocess.run([LLAMA_QUANTIZE, "--allow-requantize", source, theirs, ftype], check=True, capture_output=True)
+        subprocess.run([quantize_tool, "--allow-requantize", source, theirs, ftype], check=True, capture_output=True)
         assert ours.read_bytes() == theirs.read_bytes(), f"{source.name}: {difference(ours, theirs)}"
 
 

@@ -1,7 +1,7 @@
 """An adapter minimlx saves (PEFT's files) in llama.cpp: its `convert_lora_to_gguf.py` converts it (conftest.py's
 `fused_families`), and llama-server with `--lora` on the GGUF of the base gives the greedy tokens minimlx gives with
-the adapter. The tools are built from the vendored sources (tests/llamacpp.py's `llamacpp_tool`, about 25 minutes); the
-test is skipped when they are not."""
+the adapter. llama-server is built from the vendored sources into the test cache (tests/llamacpp.py's `llamacpp_tool`;
+.ci/run builds it before the tests)."""
 
 import json
 import subprocess
@@ -10,20 +10,20 @@ import time
 import urllib.request
 
 import pytest
-from llamacpp import TOOLS
+from llamacpp import llamacpp_tool
 from servers import free_port
 
 import minimlx
 from minimlx.decode import Engine, Request, SamplingSettings
 
-LLAMA_SERVER = TOOLS / "build" / "bin" / "llama-server"
 PROMPT = [5, 17, 230, 41, 9, 1200, 77]
 
 
 def llama_server_tokens(base, adapter, prompt: list[int], count: int) -> list[int]:
     """llama-server's greedy tokens after the token ids `prompt`, on the GGUF `base` with the GGUF adapter `adapter`."""
     port = free_port()
-    command = [str(LLAMA_SERVER), "-m", str(base), "--lora", str(adapter), "--port", str(port), "-c", "256"]
+    binary = str(llamacpp_tool("llama-server"))
+    command = [binary, "-m", str(base), "--lora", str(adapter), "--port", str(port), "-c", "256"]
     with tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen([*command, "-t", "2", "--no-warmup"], stdout=log, stderr=log)
         try:
@@ -50,8 +50,6 @@ def llama_server_tokens(base, adapter, prompt: list[int], count: int) -> list[in
 
 @pytest.mark.slow
 def test_llama_cpp_applies_minimlx_s_saved_adapter_as_minimlx_does(fused_families):
-    if not LLAMA_SERVER.is_file():
-        pytest.skip(f"no llama-server at {LLAMA_SERVER} (tests/llamacpp.py's llamacpp_tool builds llama.cpp's tools)")
     base, adapter = fused_families / "llama", fused_families / "llama-minimlx-adapter"
     tokenizer = minimlx.load(base, "float32")[1]
     expected = []
