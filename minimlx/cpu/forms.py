@@ -496,9 +496,15 @@ def step_weights(linear: NativeQuantizedLinear | NativeBlockLinear) -> list[mx.a
 
 def step_plan(block: Block) -> StepPlan:
     """The block's `StepPlan`, made anew when one of its parts was replaced."""
-    parts, plan = parts_of(block), block.__dict__.get("step_plan")
+    return kept_plan(block, "step_plan", parts_of(block), StepPlan)
+
+
+def kept_plan(block: Block, name: str, parts: tuple, make):
+    """The plan `make(parts)` kept on `block` as `name`: made once, and anew when one of its parts was replaced."""
+    plan = block.__dict__.get(name)
     if plan is None or any(a is not b for a, b in zip(parts, plan.parts)):
-        plan = block.step_plan = StepPlan(parts)
+        plan = make(parts)
+        setattr(block, name, plan)
     return plan
 
 
@@ -546,10 +552,7 @@ class DeltaBlockPlan:
 
 def delta_plan(block: Block) -> DeltaBlockPlan:
     """The block's `DeltaBlockPlan`, made anew when one of its parts was replaced."""
-    parts, plan = DeltaBlockPlan.parts_of(block), block.__dict__.get("delta_plan")
-    if plan is None or any(a is not b for a, b in zip(parts, plan.parts)):
-        plan = block.delta_plan = DeltaBlockPlan(parts)
-    return plan
+    return kept_plan(block, "delta_plan", DeltaBlockPlan.parts_of(block), DeltaBlockPlan)
 
 
 FORMS = {
